@@ -1,0 +1,31 @@
+"""The `mili` command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mili", description="MILI: an OpenAI-compatible server for Qwen-family models")
+    sub = parser.add_subparsers(dest="command", required=True)
+    convert = sub.add_parser("convert-gguf", help="convert a llama/qwen2/qwen3 GGUF file into an HF-format directory")
+    convert.add_argument("gguf_file")
+    convert.add_argument("out_dir")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "convert-gguf":
+        from worker.gguf_import import GGUFImportError, convert_gguf
+
+        try:
+            out = convert_gguf(args.gguf_file, args.out_dir)
+        except (GGUFImportError, FileNotFoundError) as e:
+            print(f"mili convert-gguf: {e}", file=sys.stderr)
+            return 2
+        print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""Offline engine throughput on the default model, beside transformers' generate in the same process.
+
+    python -m loadtest.bench_engine [--requests 64] [--output-len 64] [--hf-requests 32]
+
+Prints absolute numbers for this machine and the ratios that matter: engine vs transformers, and
+engine decode vs the model's matmuls alone (the bound the engine could reach with free attention and
+zero overhead). Nothing here asserts; it measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+
+import torch
+
+from shared.config import EngineConfig
+from shared.sampling_params import SamplingParams
+from worker.default_model import default_model_path
+from worker.engine import LLMEngine
+
+
+class StageTimer:
+    """Accumulates wall time of wrapped callables, by stage name."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    def wrap(self, obj, attr: str, stage: str) -> None:
+        fn = getattr(obj, attr)
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[stage] += time.perf_counter() - t0
+
+        setattr(obj, attr, timed)
+
+
+@contextmanager
+def stopwatch(label: str, results: dict):
+    t0 = time.perf_counter()
+    yield
+    results[label] = time.perf_counter() - t0
+
+
+def make_prompts(n: int, lo: int, hi: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(100, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+
+
+def bench_engine(engine: LLMEngine, prompts, output_len: int) -> tuple[float, StageTimer]:
+    timer = StageTimer()
+    timer.wrap(engine.runner, "prepare", "prepare inputs")
+    timer.wrap(engine.runner, "execute", "model forward")
+    timer.wrap(engine.attention_backend, "attend", "  of which attention")
+    timer.wrap(engine.attention_backend, "write_kv", "  of which KV write")
+    timer.wrap(engine, "sampler", "sampler")
+    timer.wrap(engine.scheduler, "schedule", "schedule")
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    t0 = time.perf_counter()
+    engine.generate(prompts, params)
+    return time.perf_counter() - t0, timer
+
+
+def bench_decode(engine: LLMEngine, batch: int, context: int, steps: int, vocab: int) -> float:
+    """Decode tokens/s at a fixed batch: prefill first (untimed), then time `steps` pure decode steps."""
+    prompts = make_prompts(batch, context, context, vocab, seed=batch)
+    params = SamplingParams(temperature=0.0, max_tokens=steps + 1, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        engine.add_request(f"decode-{batch}-{i}", p, params)
+    while any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running) or engine.scheduler.waiting:
+        engine.step()
+    t0 = time.perf_counter()
+    tokens = 0
+    while engine.has_unfinished_requests():
+        tokens += sum(len(o.new_token_ids) for o in engine.step())
+    return tokens / (time.perf_counter() - t0)
+
+
+def bench_matmuls(engine: LLMEngine, batch: int, iters: int = 20) -> float:
+    """Tokens/s of the model's linear layers alone (all layers + lm_head) at `batch` tokens."""
+    model = engine.runner.model
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    head = model.embed_tokens.weight if model.config.tie_word_embeddings else model.lm_head.weight
+    with torch.inference_mode():
+        xs = {m.in_features: torch.randn(batch, m.in_features, dtype=engine.dtype) for m in linears}
+        hidden = torch.randn(batch, head.shape[1], dtype=engine.dtype)
+        for _ in range(3):
+            for m in linears:
+                m(xs[m.in_features])
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            for m in linears:
+                m(xs[m.in_features])
+            torch.nn.functional.linear(hidden, head)
+        return batch * iters / (time.perf_counter() - t0)
+
+
+def bench_transformers(model_dir, prompts, output_len: int, dtype: torch.dtype, batch: int) -> float:
+    """Output tokens/s of transformers' batched generate (left-padded batches of `batch`)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    t0 = time.perf_counter()
+    produced = 0
+    for i in range(0, len(prompts), batch):
+        chunk = prompts[i:i + batch]
+        width = max(map(len, chunk))
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=output_len,
+                                 min_new_tokens=output_len, do_sample=False, pad_token_id=pad)
+        produced += (out.shape[1] - width) * len(chunk)
+    return produced / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--min-prompt", type=int, default=32)
+    ap.add_argument("--max-prompt", type=int, default=512)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--hf-requests", type=int, default=32, help="requests given to transformers (it is slower)")
+    ap.add_argument("--batch", type=int, default=32, help="transformers generate batch size")
+    ap.add_argument("--dtype", default="auto")
+    args = ap.parse_args()
+
+    model_dir = default_model_path()
+    engine = LLMEngine(EngineConfig(model=str(model_dir), dtype=args.dtype, attention_backend="torch",
+                                    max_model_len=2048))
+    vocab = engine.model_config.vocab_size
+    print(f"model {model_dir.name}, dtype {engine.dtype}, attention {engine.attention_backend.name}, "
+          f"torch threads {torch.get_num_threads()}")
+    prompts = make_prompts(args.requests, args.min_prompt, args.max_prompt, vocab, seed=0)
+    engine.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))  # warm-up
+
+    elapsed, timer = bench_engine(engine, prompts, args.output_len)
+    out_tokens = args.requests * args.output_len
+    in_tokens = sum(map(len, prompts))
+    engine_tps = out_tokens / elapsed
+    print(f"\nengine offline: {args.requests} requests, prompts {args.min_prompt}..{args.max_prompt} tokens, "
+          f"{args.output_len} output tokens each")
+    print(f"  {elapsed:.2f} s, {engine_tps:.1f} output tok/s, {(in_tokens + out_tokens) / elapsed:.1f} total tok/s")
+    print("  where the time went:")
+    for stage, sec in timer.seconds.items():
+        print(f"    {stage:<22} {sec:7.2f} s  {100 * sec / elapsed:5.1f}%")
+    accounted = sum(v for k, v in timer.seconds.items() if not k.startswith("  "))
+    print(f"    {'rest (update, Python)':<22} {elapsed - accounted:7.2f} s  {100 * (elapsed - accounted) / elapsed:5.1f}%")
+
+    print("\ndecode steps alone vs the model's matmuls alone:")
+    for batch in (1, 32):
+        dec = bench_decode(engine, batch, context=128, steps=32, vocab=vocab)
+        mm = bench_matmuls(engine, batch)
+        print(f"  batch {batch:>2}: engine decode {dec:7.1f} tok/s, matmuls alone {mm:7.1f} tok/s, "
+              f"ratio {dec / mm:.2f}")
+
+    hf_prompts = prompts[:args.hf_requests]
+    hf_tps = bench_transformers(model_dir, hf_prompts, args.output_len, engine.dtype, args.batch)
+    print(f"\ntransformers generate ({len(hf_prompts)} requests, batches of {args.batch}): {hf_tps:.1f} output tok/s")
+    print(f"engine / transformers: {engine_tps / hf_tps:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""Engine settings, built once from the command line (or by tests) and never mutated afterwards."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+ATTENTION_BACKENDS = ("auto", "mojo", "torch")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str  # HF-format directory
+    dtype: str = "auto"
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # wins over kv_cache_memory when set
+    kv_cache_memory: int = 1 << 30  # bytes
+    attention_backend: str = "auto"
+    enable_prefix_caching: bool = True
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
+                             f"got {self.attention_backend!r}")
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block size must be a power of two, got {self.block_size}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "kv_cache_memory"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """'4GiB', '512M', '1.5g', '1000000' -> bytes (binary units: K = 1024)."""
+    match = _SIZE.match(text)
+    if not match:
+        raise ValueError(f"cannot read {text!r} as a size (examples: 512MiB, 4G, 1000000)")
+    number, unit = float(match.group(1)), match.group(2).lower()
+    return int(number * 1024 ** "_kmgt".index(unit)) if unit else int(number)

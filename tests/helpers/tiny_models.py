@@ -1,0 +1,46 @@
+"""Random tiny Qwen3 / Qwen2 / Llama checkpoints built with transformers, the engine's oracle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+# name -> config overrides; together they cover GQA ratios 1, 2, 4, tied and untied embeddings,
+# head_dim != hidden / heads, qkv bias, q/k norm and llama3 rope scaling.
+TINY_MODELS: dict[str, dict] = {
+    "qwen3": dict(arch="Qwen3", hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                  tie_word_embeddings=True),
+    "qwen2": dict(arch="Qwen2", hidden_size=64, num_attention_heads=8, num_key_value_heads=2,
+                  tie_word_embeddings=False),
+    "llama": dict(arch="Llama", hidden_size=64, num_attention_heads=4, num_key_value_heads=4,
+                  tie_word_embeddings=False,
+                  rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+}
+
+
+def build_tiny_model(name: str, seed: int, out_dir: Path, vocab_size: int = 320, num_layers: int = 2,
+                     max_positions: int = 512):
+    """Save a random model to out_dir (safetensors + generation_config) and return it (float32, eval)."""
+    import transformers
+
+    spec = dict(TINY_MODELS[name])
+    arch = spec.pop("arch")
+    config_cls = getattr(transformers, f"{arch}Config")
+    model_cls = getattr(transformers, f"{arch}ForCausalLM")
+    config = config_cls(
+        vocab_size=vocab_size, intermediate_size=128, num_hidden_layers=num_layers,
+        max_position_embeddings=max_positions, rms_norm_eps=1e-6, rope_theta=10000.0,
+        # A wider init than the default 0.02 keeps the logits peaked, so greedy picks are not near-ties.
+        initializer_range=0.25, bos_token_id=1, eos_token_id=2, pad_token_id=0, **spec)
+    torch.manual_seed(seed)
+    model = model_cls(config).float().eval()
+    if arch == "Qwen2":  # the default init leaves biases at zero; make them matter
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0, 0.25)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    model.config._attn_implementation = "eager"
+    return model

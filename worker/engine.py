@@ -1,0 +1,215 @@
+"""The engine: requests in, tokens out, one `step()` at a time (schedule -> execute -> sample -> update).
+
+The worker process drives it: `add_request`, `abort_request` and `step` from one thread. Everything
+here speaks token ids; text belongs to the gateway.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import torch
+
+from shared.config import EngineConfig
+from shared.sampling_params import SamplingParams, SamplingParamsError
+from worker.attention import get_attention_backend
+from worker.block_manager import BlockManager
+from worker.dtype import resolve_dtype
+from worker.kv_cache import allocate_kv_caches, num_blocks_for_memory
+from worker.model_config import ModelConfig
+from worker.model_runner import ModelRunner
+from worker.outputs import Completion, EngineStats, RequestRejected, SequenceOutput
+from worker.sampler import Sampler, SamplingRow, make_generator
+from worker.scheduler import ScheduledBatch, Scheduler
+from worker.sequence import Sequence
+from worker.weight_loader import load_model
+
+log = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.model_config = mc = ModelConfig.from_dir(config.model)
+        self.dtype = resolve_dtype(config.dtype, config.device)
+        self.max_model_len = config.max_model_len or mc.max_position_embeddings
+        if self.max_model_len > mc.max_position_embeddings:
+            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's "
+                             f"max_position_embeddings {mc.max_position_embeddings}")
+        self.attention_backend = get_attention_backend(config.attention_backend)
+        model = load_model(config.model, mc, self.attention_backend, self.dtype, self.max_model_len,
+                           device=config.device)
+        num_blocks = config.num_kv_blocks or num_blocks_for_memory(mc, config.block_size, self.dtype,
+                                                                    config.kv_cache_memory)
+        self.max_model_len = self._fit_context_to_cache(num_blocks * config.block_size)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        kv_caches = allocate_kv_caches(mc, num_blocks, config.block_size, self.dtype, config.device)
+        self.runner = ModelRunner(model, kv_caches, config.block_size, config.device)
+        self.eos_token_ids = frozenset(mc.eos_token_ids)
+        self.sampler = Sampler(mc.vocab_size, self.eos_token_ids)
+        self._requests: dict[str, list[Sequence]] = {}
+        # Choices 1..n-1 of a request wait until choice 0 has prefilled the prompt, then share its blocks.
+        self._forks: dict[str, list[Sequence]] = {}
+        self._pending: list[SequenceOutput] = []  # aborts to report on the next step
+        log.info("engine ready: %s, dtype %s, attention %s, %d KV blocks of %d tokens, max_model_len %d",
+                 mc.architecture, self.dtype, self.attention_backend.name, num_blocks, config.block_size,
+                 self.max_model_len)
+
+    def _fit_context_to_cache(self, cache_tokens: int) -> int:
+        """A request up to max_model_len must fit the whole cache alone, or it could never finish."""
+        if cache_tokens >= self.max_model_len:
+            return self.max_model_len
+        if self.config.max_model_len is not None:
+            raise ValueError(f"max_model_len {self.max_model_len} does not fit the KV cache ({cache_tokens} tokens); "
+                             "raise --num-kv-blocks or --kv-cache-memory, or lower --max-model-len")
+        log.warning("max_model_len lowered from %d to %d tokens, all the KV cache holds",
+                    self.max_model_len, cache_tokens)
+        return cache_tokens
+
+    # ----- requests -----
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Queue a request, or raise RequestRejected if it can never be served."""
+        prompt = [int(t) for t in prompt_token_ids]
+        max_tokens = self._validate(request_id, prompt, params)
+        seqs = [Sequence(request_id, i, prompt, params, max_tokens,
+                         make_generator(None if params.seed is None else params.seed + i))
+                for i in range(params.n)]
+        self._requests[request_id] = seqs
+        self.scheduler.add(seqs[0])
+        if len(seqs) > 1:
+            self._forks[request_id] = seqs[1:]
+
+    def _validate(self, request_id: str, prompt: list[int], params: SamplingParams) -> int:
+        if request_id in self._requests:
+            raise RequestRejected(f"request id {request_id!r} is already in use")
+        if not prompt:
+            raise RequestRejected("the prompt is empty", "prompt")
+        vocab = self.model_config.vocab_size
+        bad = next((t for t in prompt if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise RequestRejected(f"prompt token id {bad} is outside the vocabulary (size {vocab})", "prompt")
+        try:
+            params.check_token_ids(vocab)
+        except SamplingParamsError as e:
+            raise RequestRejected(str(e), e.param) from e
+        limit = self.max_model_len
+        if len(prompt) >= limit:
+            raise RequestRejected(f"the prompt has {len(prompt)} tokens; this model's context length is {limit}, "
+                                  "which leaves no room for output", "prompt")
+        max_tokens = params.max_tokens if params.max_tokens is not None else limit - len(prompt)
+        if len(prompt) + max_tokens > limit:
+            raise RequestRejected(f"the prompt ({len(prompt)} tokens) plus max_tokens ({max_tokens}) exceeds "
+                                  f"this model's context length of {limit} tokens", "max_tokens")
+        # No check against the cache size is needed: __init__ made sure one max_model_len sequence fits.
+        return max_tokens
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request in any state; its blocks are free when this returns. Unknown ids are ignored
+        (the request may just have finished)."""
+        seqs = self._requests.pop(request_id, None)
+        self._forks.pop(request_id, None)
+        for seq in seqs or ():
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "abort")
+                self._pending.append(self._output(seq, [], None))
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests) or bool(self._pending)
+
+    # ----- the loop -----
+    def step(self) -> list[SequenceOutput]:
+        outputs, self._pending = self._pending, []
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            return outputs
+        inputs = self.runner.prepare(batch)
+        logits = self.runner.execute(inputs)  # [num_sampling, vocab]
+        sampling_seqs = [batch.seqs[i] for i in inputs.sampling_rows]
+        sampled = self.sampler(logits, [_sampling_row(seq) for seq in sampling_seqs])
+        self._advance(batch)
+        for seq, token, logprobs in zip(sampling_seqs, sampled.token_ids, sampled.logprobs):
+            seq.token_ids.append(token)
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                self.scheduler.finish(seq, reason)
+            outputs.append(self._output(seq, [token], None if logprobs is None else [logprobs]))
+            if reason is not None:
+                self._forget_if_done(seq.request_id)
+        return outputs
+
+    def _advance(self, batch: ScheduledBatch) -> None:
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            seq.num_computed_tokens += n
+            self.block_manager.register_computed_blocks(seq)
+            if seq.index == 0 and seq.num_computed_tokens >= seq.num_prompt_tokens:
+                forks = self._forks.pop(seq.request_id, None)
+                if forks:
+                    self.scheduler.add_front(forks)
+
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        params = seq.params
+        if token in params.stop_token_ids:
+            seq.stop_token_id = token
+            return "stop"
+        if token in self.eos_token_ids and not params.ignore_eos:
+            return "stop"
+        if seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _forget_if_done(self, request_id: str) -> None:
+        seqs = self._requests.get(request_id)
+        if seqs is not None and all(s.is_finished for s in seqs):
+            del self._requests[request_id]
+
+    @staticmethod
+    def _output(seq: Sequence, tokens: list[int], logprobs) -> SequenceOutput:
+        return SequenceOutput(
+            request_id=seq.request_id, index=seq.index, new_token_ids=tokens, logprobs=logprobs,
+            finish_reason=seq.finish_reason, num_prompt_tokens=seq.num_prompt_tokens,
+            num_cached_tokens=seq.num_cached_prompt_tokens or 0, stop_token_id=seq.stop_token_id)
+
+    # ----- observability -----
+    def stats(self) -> EngineStats:
+        bm, sch = self.block_manager, self.scheduler
+        return EngineStats(
+            num_running=len(sch.running), num_waiting=len(sch.waiting) + sum(map(len, self._forks.values())),
+            kv_blocks_total=bm.num_blocks, kv_blocks_used=bm.num_used_blocks,
+            prefix_cache_query_tokens=sch.prefix_query_tokens, prefix_cache_hit_tokens=sch.prefix_hit_tokens,
+            num_preemptions=sch.num_preemptions)
+
+    # ----- offline use -----
+    def generate(self, prompts: list[list[int]], params: SamplingParams | Iterable[SamplingParams]) -> list[Completion]:
+        """Run prompts to completion; results in prompt order."""
+        params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        results: dict[str, Completion] = {}
+        for i, (prompt, p) in enumerate(zip(prompts, params_list, strict=True)):
+            rid = f"generate-{id(results)}-{i}"
+            self.add_request(rid, prompt, p)
+            results[rid] = Completion(rid, len(prompt), [[] for _ in range(p.n)], [[] for _ in range(p.n)],
+                                      [None] * p.n)
+        while any(r.finish_reasons.count(None) for r in results.values()):
+            for out in self.step():
+                result = results[out.request_id]
+                result.token_ids[out.index].extend(out.new_token_ids)
+                result.logprobs[out.index].extend(out.logprobs or ())
+                result.num_cached_tokens = out.num_cached_tokens
+                if out.finish_reason is not None:
+                    result.finish_reasons[out.index] = out.finish_reason
+        return list(results.values())
+
+
+def _sampling_row(seq: Sequence) -> SamplingRow:
+    params = seq.params
+    # Histories are copied only for requests whose sampling reads them.
+    needs_prompt = params.repetition_penalty != 1.0
+    needs_output = needs_prompt or params.presence_penalty or params.frequency_penalty or params.min_tokens
+    return SamplingRow(
+        params=params,
+        prompt_token_ids=seq.prompt_token_ids if needs_prompt else (),
+        output_token_ids=seq.output_token_ids if needs_output else (),
+        generator=seq.generator,
+    )
+

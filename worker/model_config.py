@@ -1,0 +1,140 @@
+"""The model's shape, read from an HF-format config.json and checked against what the engine supports.
+
+Anything we cannot run exactly (sliding windows, unknown rope scaling, other activations) is refused
+here with a message naming the setting, so a model never silently produces wrong tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM")
+
+
+class UnsupportedModelError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """llama3-style frequency scaling (Llama 3.1/3.2 and models derived from them)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: RopeScaling | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool  # Qwen2 (and Llama with attention_bias)
+    qk_norm: bool  # Qwen3: RMSNorm over head_dim on q and k before rope
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+    torch_dtype: str | None
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path) -> ModelConfig:
+        model_dir = Path(model_dir)
+        cfg = _read_json(model_dir / "config.json")
+        if cfg is None:
+            raise UnsupportedModelError(f"{model_dir} has no config.json")
+        gen = _read_json(model_dir / "generation_config.json") or {}
+        return cls.from_dicts(cfg, gen)
+
+    @classmethod
+    def from_dicts(cls, cfg: dict, gen: dict | None = None) -> ModelConfig:
+        gen = gen or {}
+        archs = cfg.get("architectures") or []
+        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None:
+            raise UnsupportedModelError(
+                f"unsupported architecture {archs!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+        _refuse_unsupported_settings(cfg)
+        num_heads = cfg["num_attention_heads"]
+        hidden = cfg["hidden_size"]
+        head_dim = cfg.get("head_dim") or hidden // num_heads
+        rope_theta = cfg.get("rope_theta")
+        if rope_theta is None:  # transformers 5 nests it under rope_parameters
+            rope_theta = (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+        return cls(
+            architecture=arch,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=hidden,
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
+            head_dim=head_dim,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope_theta),
+            rope_scaling=_parse_rope_scaling(cfg),
+            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
+            qk_norm=arch == "Qwen3ForCausalLM",
+            eos_token_ids=_eos_ids(gen.get("eos_token_id", cfg.get("eos_token_id"))),
+            bos_token_id=gen.get("bos_token_id", cfg.get("bos_token_id")),
+            torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
+        )
+
+
+def _read_json(path: Path) -> dict | None:
+    if not path.exists():
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _eos_ids(value) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(v) for v in value)
+
+
+def _refuse_unsupported_settings(cfg: dict) -> None:
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise UnsupportedModelError(f"unsupported hidden_act {act!r} (only 'silu')")
+    if cfg.get("mlp_bias"):
+        raise UnsupportedModelError("unsupported setting mlp_bias=true")
+    if cfg.get("use_sliding_window"):
+        raise UnsupportedModelError("unsupported setting use_sliding_window=true (sliding-window attention)")
+    layer_types = cfg.get("layer_types") or []
+    other = sorted({t for t in layer_types if t != "full_attention"})
+    if other:
+        raise UnsupportedModelError(f"unsupported layer_types {other} (only full_attention)")
+
+
+def _parse_rope_scaling(cfg: dict) -> RopeScaling | None:
+    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or None
+    if not scaling:
+        return None
+    kind = scaling.get("rope_type") or scaling.get("type") or "default"
+    if kind == "default":
+        return None
+    if kind != "llama3":
+        raise UnsupportedModelError(f"unsupported rope_scaling type {kind!r} (supported: llama3)")
+    return RopeScaling(
+        factor=float(scaling["factor"]),
+        low_freq_factor=float(scaling["low_freq_factor"]),
+        high_freq_factor=float(scaling["high_freq_factor"]),
+        original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
+    )

@@ -1,0 +1,108 @@
+"""One decoder-only transformer that covers Qwen3, Qwen2 and Llama checkpoints.
+
+The three differ only in flags on ModelConfig: Qwen2 adds q/k/v biases, Qwen3 adds per-head RMSNorm
+on q and k (and may set head_dim != hidden / heads), Llama may use llama3 rope scaling. Projections
+are fused (q|k|v, gate|up) so each layer runs four matmuls; the weight loader fills the fused
+tensors from the checkpoint's separate ones.
+
+The model sees the step's tokens flattened: [num_tokens] ids and positions, attention metadata
+describing which sequence each token belongs to, and per-layer paged K/V caches.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from worker.attention import AttentionBackend, AttentionMetadata
+from worker.model_config import ModelConfig
+from worker.models.layers import RMSNorm, RotaryEmbedding
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, backend: AttentionBackend, **factory):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias, **factory)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False, **factory)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, **factory)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, **factory)
+        self.qk_norm = cfg.qk_norm
+        self.scale = cfg.head_dim ** -0.5
+        self.rotary = rotary
+        self.backend = backend
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
+                meta: AttentionMetadata) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        qkv = self.qkv_proj(x)  # [num_tokens, q_size + 2 * kv_size]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(num_tokens, self.num_heads, self.head_dim)
+        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        k_cache, v_cache = kv_cache
+        self.backend.write_kv(k_cache, v_cache, k, v, meta)
+        out = self.backend.attend(q, k_cache, v_cache, meta, self.scale)  # [num_tokens, heads, head_dim]
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, **factory):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False, **factory)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False, **factory)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, backend: AttentionBackend, **factory):
+        super().__init__()
+        self.self_attn = Attention(cfg, rotary, backend, **factory)
+        self.mlp = MLP(cfg, **factory)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
+
+    def forward(self, x, positions, kv_cache, meta):
+        x = x + self.self_attn(self.input_layernorm(x), positions, kv_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, max_positions: int,
+                 dtype: torch.dtype, device: torch.device | str = "cpu",
+                 rotary_device: torch.device | str = "cpu"):
+        """`device="meta"` builds the module without allocating weights (the loader materializes them)."""
+        super().__init__()
+        factory = {"dtype": dtype, "device": device}
+        self.config = cfg
+        self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling,
+                                      device=rotary_device)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, **factory)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, self.rotary, backend, **factory)
+                                    for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, **factory)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
+        """input_ids, positions: [num_tokens] -> final hidden states [num_tokens, hidden]."""
+        x = self.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            x = layer(x, positions, kv_cache, meta)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[num_sampled, hidden] -> [num_sampled, vocab] float32."""
+        weight = self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
+        return F.linear(hidden, weight).float()

@@ -1,0 +1,53 @@
+"""What the engine reports per step: typed values the worker process turns into wire messages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from worker.sampler import TokenLogprobs
+
+
+class RequestRejected(ValueError):
+    """A request the engine can never serve (too long, bad token ids, duplicate id); ``param`` names the
+    offending request field where there is one."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass
+class SequenceOutput:
+    """New tokens of one choice (request_id, index) since the previous step."""
+
+    request_id: str
+    index: int
+    new_token_ids: list[int]
+    logprobs: list[TokenLogprobs] | None  # one per new token when the request asked for logprobs
+    finish_reason: str | None  # None while running; "stop", "length" or "abort"
+    num_prompt_tokens: int
+    num_cached_tokens: int  # prompt tokens served from the prefix cache
+    stop_token_id: int | None = None  # the stop_token_ids entry that ended the choice
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_running: int  # sequences
+    num_waiting: int
+    kv_blocks_total: int
+    kv_blocks_used: int  # held by live sequences; unreferenced cached blocks do not count
+    prefix_cache_query_tokens: int
+    prefix_cache_hit_tokens: int
+    num_preemptions: int
+
+
+@dataclass
+class Completion:
+    """A finished request, gathered by LLMEngine.generate (offline use and tests)."""
+
+    request_id: str
+    num_prompt_tokens: int
+    token_ids: list[list[int]] = field(default_factory=list)  # per choice
+    logprobs: list[list[TokenLogprobs]] = field(default_factory=list)
+    finish_reasons: list[str | None] = field(default_factory=list)
+    num_cached_tokens: int = 0
