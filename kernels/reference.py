@@ -1,9 +1,9 @@
 """Torch reference implementations of the attention kernels: the oracle the Mojo kernels are tested against.
 
-Written for obviousness first: float32 math, explicit masks, no fused library calls whose numerics
-could hide a bug. Decode rows (one query token) are batched into one padded gather so the reference
-stays usable as a serving backend; prefill rows go one sequence at a time, tiled over queries to bound
-memory.
+Written for obviousness: gather each sequence's pages into contiguous K/V, build the visibility mask
+explicitly, and hand both to torch's scaled_dot_product_attention. Decode rows (one query token) are
+batched into one padded gather so the reference stays usable as a serving backend; prefill rows go one
+sequence at a time.
 
 Cache layout, per layer: K and V as [num_blocks, block_size, num_kv_heads, head_dim].
 """
@@ -11,9 +11,7 @@ Cache layout, per layer: K and V as [num_blocks, block_size, num_kv_heads, head_
 from __future__ import annotations
 
 import torch
-
-# Query rows per tile in prefill; bounds the [kv_heads, group, tile, context] score tensor.
-_PREFILL_QUERY_TILE = 256
+import torch.nn.functional as F
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -61,51 +59,44 @@ def _exclusive_cumsum(values: list[int]) -> list[int]:
 
 
 def _gather_kv(cache: torch.Tensor, block_ids: torch.Tensor, length: int) -> torch.Tensor:
-    """[..., n_blocks] block ids -> [..., length, kv_heads, head_dim] float32 rows in context order."""
+    """[..., n_blocks] block ids -> [..., kv_heads, length, head_dim], the layout SDPA takes."""
     blocks = cache[block_ids.long()]  # [..., n_blocks, block_size, kv_heads, head_dim]
     lead = blocks.shape[:-4]
-    rows = blocks.reshape(*lead, -1, cache.shape[2], cache.shape[3])
-    return rows[..., :length, :, :].float()
+    rows = blocks.reshape(*lead, -1, cache.shape[2], cache.shape[3])[..., :length, :, :]
+    return rows.transpose(-3, -2)
 
 
 def _decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
             context_lens: list[int], scale: float) -> torch.Tensor:
     """One query token per sequence. query: [batch, num_heads, head_dim]."""
-    batch, num_heads, head_dim = query.shape
-    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
-    group = num_heads // kv_heads
+    block_size = k_cache.shape[1]
     max_len = max(context_lens)
     n_blocks = -(-max_len // block_size)
-    k = _gather_kv(k_cache, block_tables[:, :n_blocks], max_len)  # [batch, max_len, kv_heads, head_dim]
+    k = _gather_kv(k_cache, block_tables[:, :n_blocks], max_len)  # [batch, kv_heads, max_len, head_dim]
     v = _gather_kv(v_cache, block_tables[:, :n_blocks], max_len)
-    q = query.float().view(batch, kv_heads, group, head_dim)
-    scores = torch.einsum("bhgd,blhd->bhgl", q, k) * scale  # [batch, kv_heads, group, max_len]
-    lens = torch.tensor(context_lens).view(batch, 1, 1, 1)
-    scores.masked_fill_(torch.arange(max_len).view(1, 1, 1, max_len) >= lens, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.einsum("bhgl,blhd->bhgd", probs, v)  # [batch, kv_heads, group, head_dim]
-    return out.reshape(batch, num_heads, head_dim).to(query.dtype)
+    lens = torch.tensor(context_lens).view(-1, 1, 1, 1)
+    visible = torch.arange(max_len).view(1, 1, 1, max_len) < lens  # [batch, 1, 1, max_len]
+    out = _sdpa(query.unsqueeze(2), k, v, visible, scale)  # [batch, num_heads, 1, head_dim]
+    return out.squeeze(2)
 
 
 def _prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
              context_len: int, scale: float) -> torch.Tensor:
     """A chunk of q_len new tokens at the end of a context_len context. query: [q_len, num_heads, head_dim]."""
-    q_len, num_heads, head_dim = query.shape
-    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
-    group = num_heads // kv_heads
-    n_blocks = -(-context_len // block_size)
-    k = _gather_kv(k_cache, block_table[:n_blocks], context_len)  # [context_len, kv_heads, head_dim]
+    q_len = query.shape[0]
+    n_blocks = -(-context_len // k_cache.shape[1])
+    k = _gather_kv(k_cache, block_table[:n_blocks], context_len)  # [kv_heads, context_len, head_dim]
     v = _gather_kv(v_cache, block_table[:n_blocks], context_len)
     first_pos = context_len - q_len  # absolute position of the chunk's first token
-    key_pos = torch.arange(context_len)
-    out = torch.empty_like(query)
-    for t0 in range(0, q_len, _PREFILL_QUERY_TILE):
-        t1 = min(q_len, t0 + _PREFILL_QUERY_TILE)
-        q = query[t0:t1].float().view(t1 - t0, kv_heads, group, head_dim)
-        scores = torch.einsum("thgd,lhd->hgtl", q, k) * scale  # [kv_heads, group, tile, context_len]
-        query_pos = torch.arange(first_pos + t0, first_pos + t1).view(-1, 1)
-        scores.masked_fill_(key_pos.view(1, -1) > query_pos, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        tile = torch.einsum("hgtl,lhd->thgd", probs, v)  # [tile, kv_heads, group, head_dim]
-        out[t0:t1] = tile.reshape(t1 - t0, num_heads, head_dim).to(query.dtype)
-    return out
+    query_pos = torch.arange(first_pos, context_len).view(-1, 1)
+    visible = torch.arange(context_len).view(1, -1) <= query_pos  # [q_len, context_len]: causal over the prefix
+    out = _sdpa(query.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), visible, scale)
+    return out[0].transpose(0, 1)  # [q_len, num_heads, head_dim]
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float) -> torch.Tensor:
+    """q: [b, heads, q_len, d]; k, v: [b, kv_heads, len, d]; visible: bool, broadcast to [b, heads, q_len, len].
+    torch's fused CPU kernel accumulates in float32 for bfloat16 inputs, the precision the Mojo kernels
+    promise; float32 inputs give float32 math."""
+    return F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=visible, scale=scale,
+                                          enable_gqa=q.shape[1] != k.shape[1])
