@@ -60,9 +60,11 @@ def _exclusive_cumsum(values: list[int]) -> list[int]:
 
 def _gather_kv(cache: torch.Tensor, block_ids: torch.Tensor, length: int) -> torch.Tensor:
     """[..., n_blocks] block ids -> [..., kv_heads, length, head_dim], the layout SDPA takes."""
-    blocks = cache[block_ids.long()]  # [..., n_blocks, block_size, kv_heads, head_dim]
-    lead = blocks.shape[:-4]
-    rows = blocks.reshape(*lead, -1, cache.shape[2], cache.shape[3])[..., :length, :, :]
+    num_blocks, block_size, kv_heads, head_dim = cache.shape
+    lead = block_ids.shape[:-1]
+    # index_select over whole blocks copies contiguous rows; advanced indexing would go element-wise.
+    blocks = cache.view(num_blocks, -1).index_select(0, block_ids.reshape(-1))
+    rows = blocks.view(*lead, -1, kv_heads, head_dim)[..., :length, :, :]  # [..., length, kv_heads, head_dim]
     return rows.transpose(-3, -2)
 
 
