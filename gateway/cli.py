@@ -17,10 +17,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "convert-gguf":
         from worker.gguf_import import GGUFImportError, convert_gguf
+        from worker.gguf_reader import GGUFFormatError
 
         try:
             out = convert_gguf(args.gguf_file, args.out_dir)
-        except (GGUFImportError, FileNotFoundError) as e:
+        except (GGUFImportError, GGUFFormatError, FileNotFoundError, FileExistsError) as e:
             print(f"mili convert-gguf: {e}", file=sys.stderr)
             return 2
         print(out)

@@ -1,14 +1,20 @@
 """Torch reference implementations of the attention kernels: the oracle the Mojo kernels are tested against.
 
 Written for obviousness: gather each sequence's pages into contiguous K/V, build the visibility mask
-explicitly, and hand both to torch's scaled_dot_product_attention. Decode rows (one query token) are
-batched into one padded gather so the reference stays usable as a serving backend; prefill rows go one
-sequence at a time.
+explicitly, and hand both to torch's scaled_dot_product_attention (whose CPU kernel accumulates in
+float32 for bfloat16 inputs, the precision the Mojo kernels promise). Decode rows (one query token)
+are batched into one padded gather so the reference stays usable as a serving backend; prefill rows go
+one sequence at a time.
+
+Everything that depends only on the step's shape (indices, masks) is computed once per step in
+`plan_attention` and reused by every layer.
 
 Cache layout, per layer: K and V as [num_blocks, block_size, num_kv_heads, head_dim].
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -23,30 +29,72 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, key: torch.Tensor, va
     v_cache.view(num_blocks * block_size, kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
 
 
-def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    block_tables: torch.Tensor, context_lens: list[int], query_lens: list[int],
-                    scale: float) -> torch.Tensor:
-    """Causal attention of a ragged batch of query chunks over their paged K/V.
+@dataclass(frozen=True)
+class PrefillRow:
+    start: int  # first token of the chunk in the step
+    q_len: int
+    context_len: int
+    block_ids: torch.Tensor  # [blocks covering context_len] int64
+    visible: torch.Tensor  # [q_len, context_len] bool: causal over the cached prefix and the chunk
 
-    query: [num_tokens, num_heads, head_dim], sequences' chunks back to back in batch order.
-    block_tables: [batch, max_blocks] int32 (padding entries must be valid block ids, e.g. 0).
-    context_lens[i]: keys sequence i attends to, its new tokens included (already written to the cache).
-    query_lens[i]: new tokens of sequence i; they are the last query_lens[i] of its context.
-    Returns [num_tokens, num_heads, head_dim] in query's dtype.
-    """
-    out = torch.empty_like(query)
-    decode_rows = [i for i, n in enumerate(query_lens) if n == 1]
+
+@dataclass(frozen=True)
+class DecodeRows:
+    tokens: torch.Tensor | None  # [n] int64 token index of each decode row; None when every row decodes
+    max_len: int
+    block_ids: torch.Tensor  # [n, blocks covering max_len] int64
+    visible: torch.Tensor  # [n, 1, 1, max_len] bool
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    decode: DecodeRows | None
+    prefills: tuple[PrefillRow, ...]
+
+
+def plan_attention(block_tables: torch.Tensor, context_lens: list[int], query_lens: list[int],
+                   block_size: int) -> AttentionPlan:
+    """block_tables: [batch, max_blocks]; context_lens[i] keys of sequence i (new tokens included);
+    query_lens[i] its new tokens, the last query_lens[i] of its context."""
     starts = _exclusive_cumsum(query_lens)
+    decode_rows = [i for i, n in enumerate(query_lens) if n == 1]
+    decode = None
     if decode_rows:
-        tokens = torch.tensor([starts[i] for i in decode_rows])
-        rows = torch.tensor(decode_rows)
-        out[tokens] = _decode(query[tokens], k_cache, v_cache, block_tables[rows],
-                              [context_lens[i] for i in decode_rows], scale)
+        every_row = len(decode_rows) == len(query_lens)
+        lens = [context_lens[i] for i in decode_rows]
+        max_len = max(lens)
+        tables = block_tables if every_row else block_tables[torch.tensor(decode_rows)]
+        decode = DecodeRows(
+            tokens=None if every_row else torch.tensor([starts[i] for i in decode_rows]),
+            max_len=max_len,
+            block_ids=tables[:, :_blocks(max_len, block_size)].long(),
+            visible=torch.arange(max_len).view(1, 1, 1, -1) < torch.tensor(lens).view(-1, 1, 1, 1))
+    prefills = []
     for i, q_len in enumerate(query_lens):
         if q_len > 1:
-            s = starts[i]
-            out[s:s + q_len] = _prefill(query[s:s + q_len], k_cache, v_cache, block_tables[i],
-                                        context_lens[i], scale)
+            ctx = context_lens[i]
+            query_pos = torch.arange(ctx - q_len, ctx).view(-1, 1)
+            prefills.append(PrefillRow(starts[i], q_len, ctx, block_tables[i, :_blocks(ctx, block_size)].long(),
+                                       torch.arange(ctx).view(1, -1) <= query_pos))
+    return AttentionPlan(decode, tuple(prefills))
+
+
+def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    plan: AttentionPlan, scale: float) -> torch.Tensor:
+    """Causal attention of a ragged batch of query chunks over their paged K/V.
+
+    query: [num_tokens, num_heads, head_dim], sequences' chunks back to back in batch order; their K/V
+    are already in the cache. Returns [num_tokens, num_heads, head_dim] in query's dtype.
+    """
+    decode = plan.decode
+    if decode is not None and decode.tokens is None:
+        return _decode(query, k_cache, v_cache, decode, scale)
+    out = torch.empty_like(query)
+    if decode is not None:
+        out[decode.tokens] = _decode(query[decode.tokens], k_cache, v_cache, decode, scale)
+    for row in plan.prefills:
+        chunk = slice(row.start, row.start + row.q_len)
+        out[chunk] = _prefill(query[chunk], k_cache, v_cache, row, scale)
     return out
 
 
@@ -56,6 +104,10 @@ def _exclusive_cumsum(values: list[int]) -> list[int]:
         starts.append(total)
         total += v
     return starts
+
+
+def _blocks(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)
 
 
 def _gather_kv(cache: torch.Tensor, block_ids: torch.Tensor, length: int) -> torch.Tensor:
@@ -68,37 +120,24 @@ def _gather_kv(cache: torch.Tensor, block_ids: torch.Tensor, length: int) -> tor
     return rows.transpose(-3, -2)
 
 
-def _decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-            context_lens: list[int], scale: float) -> torch.Tensor:
-    """One query token per sequence. query: [batch, num_heads, head_dim]."""
-    block_size = k_cache.shape[1]
-    max_len = max(context_lens)
-    n_blocks = -(-max_len // block_size)
-    k = _gather_kv(k_cache, block_tables[:, :n_blocks], max_len)  # [batch, kv_heads, max_len, head_dim]
-    v = _gather_kv(v_cache, block_tables[:, :n_blocks], max_len)
-    lens = torch.tensor(context_lens).view(-1, 1, 1, 1)
-    visible = torch.arange(max_len).view(1, 1, 1, max_len) < lens  # [batch, 1, 1, max_len]
-    out = _sdpa(query.unsqueeze(2), k, v, visible, scale)  # [batch, num_heads, 1, head_dim]
-    return out.squeeze(2)
+def _decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: DecodeRows,
+            scale: float) -> torch.Tensor:
+    """One query token per sequence. query: [n, num_heads, head_dim] -> same shape."""
+    k = _gather_kv(k_cache, rows.block_ids, rows.max_len)  # [n, kv_heads, max_len, head_dim]
+    v = _gather_kv(v_cache, rows.block_ids, rows.max_len)
+    return _sdpa(query.unsqueeze(2), k, v, rows.visible, scale).squeeze(2)
 
 
-def _prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-             context_len: int, scale: float) -> torch.Tensor:
-    """A chunk of q_len new tokens at the end of a context_len context. query: [q_len, num_heads, head_dim]."""
-    q_len = query.shape[0]
-    n_blocks = -(-context_len // k_cache.shape[1])
-    k = _gather_kv(k_cache, block_table[:n_blocks], context_len)  # [kv_heads, context_len, head_dim]
-    v = _gather_kv(v_cache, block_table[:n_blocks], context_len)
-    first_pos = context_len - q_len  # absolute position of the chunk's first token
-    query_pos = torch.arange(first_pos, context_len).view(-1, 1)
-    visible = torch.arange(context_len).view(1, -1) <= query_pos  # [q_len, context_len]: causal over the prefix
-    out = _sdpa(query.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), visible, scale)
-    return out[0].transpose(0, 1)  # [q_len, num_heads, head_dim]
+def _prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, row: PrefillRow,
+             scale: float) -> torch.Tensor:
+    """One sequence's chunk. query: [q_len, num_heads, head_dim] -> same shape."""
+    k = _gather_kv(k_cache, row.block_ids, row.context_len)  # [kv_heads, context_len, head_dim]
+    v = _gather_kv(v_cache, row.block_ids, row.context_len)
+    out = _sdpa(query.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), row.visible, scale)
+    return out[0].transpose(0, 1)
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float) -> torch.Tensor:
-    """q: [b, heads, q_len, d]; k, v: [b, kv_heads, len, d]; visible: bool, broadcast to [b, heads, q_len, len].
-    torch's fused CPU kernel accumulates in float32 for bfloat16 inputs, the precision the Mojo kernels
-    promise; float32 inputs give float32 math."""
+    """q: [b, heads, q_len, d]; k, v: [b, kv_heads, len, d]; visible: bool, broadcast to [b, heads, q_len, len]."""
     return F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=visible, scale=scale,
                                           enable_gqa=q.shape[1] != k.shape[1])

@@ -8,7 +8,7 @@ value; backends never keep per-step state. The torch backend calls the reference
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -26,6 +26,7 @@ class AttentionMetadata:
     # Host copies of the lengths: kernels' launch shapes and the reference's loops need them without a sync.
     context_lens_host: tuple[int, ...]
     query_lens_host: tuple[int, ...]
+    block_size: int
 
     @property
     def num_seqs(self) -> int:
@@ -37,14 +38,19 @@ class AttentionMetadata:
 
 
 class AttentionBackend(Protocol):
+    """`plan` runs once per step; its result goes to every layer's `write_kv` and `attend`, so work that
+    depends only on the step's shape (indices, masks, launch grids) is not repeated per layer."""
+
     name: str
 
+    def plan(self, meta: AttentionMetadata) -> Any: ...
+
     def write_kv(self, k_cache: torch.Tensor, v_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                 meta: AttentionMetadata) -> None:
+                 meta: AttentionMetadata, plan: Any) -> None:
         """key/value: [num_tokens, kv_heads, head_dim] -> cache slots meta.slot_mapping."""
 
     def attend(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-               meta: AttentionMetadata, scale: float) -> torch.Tensor:
+               meta: AttentionMetadata, plan: Any, scale: float) -> torch.Tensor:
         """query: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim]."""
 
 
@@ -53,12 +59,15 @@ class TorchAttentionBackend:
 
     name = "torch"
 
-    def write_kv(self, k_cache, v_cache, key, value, meta: AttentionMetadata) -> None:
+    def plan(self, meta: AttentionMetadata) -> reference.AttentionPlan:
+        return reference.plan_attention(meta.block_tables, list(meta.context_lens_host),
+                                        list(meta.query_lens_host), meta.block_size)
+
+    def write_kv(self, k_cache, v_cache, key, value, meta: AttentionMetadata, plan) -> None:
         reference.write_kv(k_cache, v_cache, key, value, meta.slot_mapping)
 
-    def attend(self, query, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        return reference.paged_attention(query, k_cache, v_cache, meta.block_tables, list(meta.context_lens_host),
-                                         list(meta.query_lens_host), scale)
+    def attend(self, query, k_cache, v_cache, meta: AttentionMetadata, plan, scale: float) -> torch.Tensor:
+        return reference.paged_attention(query, k_cache, v_cache, plan, scale)
 
 
 def get_attention_backend(name: str) -> AttentionBackend:

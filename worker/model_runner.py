@@ -65,6 +65,7 @@ class ModelRunner:
             query_start_loc=torch.tensor(query_start, dtype=torch.int32, device=dev),
             context_lens_host=tuple(context_lens),
             query_lens_host=query_lens,
+            block_size=bs,
         )
         return StepInputs(
             input_ids=torch.tensor(input_ids, dtype=torch.int64, device=dev),

@@ -11,17 +11,30 @@ describing which sequence each token belongs to, and per-layer paged K/V caches.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from worker.attention import AttentionBackend, AttentionMetadata
 from worker.model_config import ModelConfig
-from worker.models.layers import RMSNorm, RotaryEmbedding
+from worker.models.layers import RMSNorm, RotaryEmbedding, apply_rotary
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What every layer needs about the step, computed once by the model's forward."""
+
+    meta: AttentionMetadata
+    plan: Any  # the attention backend's per-step plan
+    cos: torch.Tensor  # [num_tokens, 1, head_dim]
+    sin_signed: torch.Tensor  # [num_tokens, 1, head_dim]
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, backend: AttentionBackend, **factory):
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, **factory):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = cfg.num_heads * cfg.head_dim
@@ -33,23 +46,22 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, **factory)
         self.qk_norm = cfg.qk_norm
         self.scale = cfg.head_dim ** -0.5
-        self.rotary = rotary
         self.backend = backend
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor],
-                meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], step: StepContext) -> torch.Tensor:
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x)  # [num_tokens, q_size + 2 * kv_size]
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.reshape(num_tokens, self.num_heads, self.head_dim)
-        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+        q = apply_rotary(q, step.cos, step.sin_signed)
+        k = apply_rotary(k, step.cos, step.sin_signed)
         k_cache, v_cache = kv_cache
-        self.backend.write_kv(k_cache, v_cache, k, v, meta)
-        out = self.backend.attend(q, k_cache, v_cache, meta, self.scale)  # [num_tokens, heads, head_dim]
+        self.backend.write_kv(k_cache, v_cache, k, v, step.meta, step.plan)
+        out = self.backend.attend(q, k_cache, v_cache, step.meta, step.plan, self.scale)  # [tokens, heads, dim]
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
@@ -60,20 +72,20 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False, **factory)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [num_tokens, intermediate] each
+        return self.down_proj(F.silu(gate).mul_(up))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding, backend: AttentionBackend, **factory):
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, **factory):
         super().__init__()
-        self.self_attn = Attention(cfg, rotary, backend, **factory)
+        self.self_attn = Attention(cfg, backend, **factory)
         self.mlp = MLP(cfg, **factory)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
 
-    def forward(self, x, positions, kv_cache, meta):
-        x = x + self.self_attn(self.input_layernorm(x), positions, kv_cache, meta)
+    def forward(self, x: torch.Tensor, kv_cache, step: StepContext) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), kv_cache, step)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -85,11 +97,12 @@ class DecoderForCausalLM(nn.Module):
         super().__init__()
         factory = {"dtype": dtype, "device": device}
         self.config = cfg
+        self.backend = backend
+        # Not a submodule: its tables are computed, not loaded, and must survive to_empty().
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling,
                                       device=rotary_device)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, **factory)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, self.rotary, backend, **factory)
-                                    for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, backend, **factory) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, **factory)
@@ -98,8 +111,10 @@ class DecoderForCausalLM(nn.Module):
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions: [num_tokens] -> final hidden states [num_tokens, hidden]."""
         x = self.embed_tokens(input_ids)
+        cos, sin_signed = self.rotary.tables(positions, x.dtype)
+        step = StepContext(meta, self.backend.plan(meta), cos, sin_signed)
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(x, positions, kv_cache, meta)
+            x = layer(x, kv_cache, step)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from worker.model_config import RopeScaling
@@ -22,10 +23,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        # float32 normalization, then the weight in the activation dtype: transformers' order.
+        return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
 
 
 def rope_inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
@@ -45,27 +44,27 @@ def rope_inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling |
     return torch.where(is_medium, smoothed, scaled)
 
 
-class RotaryEmbedding(nn.Module):
+class RotaryEmbedding:
     """NeoX-style rotary embedding (rotate_half), the layout HF checkpoints of these models use."""
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: RopeScaling | None,
                  device: torch.device | str = "cpu"):
-        super().__init__()
         inv_freq = rope_inverse_frequencies(head_dim, theta, scaling)
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)  # [max_positions, head_dim]
-        # Plain attributes, not buffers: the weight loader materializes parameters with to_empty(),
-        # which must not wipe these computed tables.
+        half = head_dim // 2
         self.cos = emb.cos().to(device)
-        self.sin = emb.sin().to(device)
+        # rotate_half(x) * sin == roll(x, half) * sin_signed with the first half of sin negated: one roll
+        # instead of two slices, a negation and a cat per call, and bit-identical results.
+        sin = emb.sin()
+        self.sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1).to(device)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions: [num_tokens]; q: [num_tokens, heads, head_dim]; k: [num_tokens, kv_heads, head_dim]."""
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [num_tokens, 1, head_dim]
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions: [num_tokens] -> (cos, sin_signed), each [num_tokens, 1, head_dim] in dtype (transformers
+        casts the tables to the activation dtype too). Computed once per step, used by every layer."""
+        return self.cos[positions].unsqueeze(1).to(dtype), self.sin_signed[positions].unsqueeze(1).to(dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """x: [num_tokens, heads, head_dim]."""
+    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin_signed
