@@ -16,12 +16,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "convert-gguf":
-        from worker.gguf_import import GGUFImportError, convert_gguf
-        from worker.gguf_reader import GGUFFormatError
+        from worker.gguf_import import convert_gguf
 
         try:
             out = convert_gguf(args.gguf_file, args.out_dir)
-        except (GGUFImportError, GGUFFormatError, FileNotFoundError, FileExistsError) as e:
+        # The importer's errors (bad file, unsupported architecture, quant type or tokenizer) are all
+        # ValueErrors that name the problem; the user needs that line, not a traceback.
+        except (ValueError, OSError) as e:
             print(f"mili convert-gguf: {e}", file=sys.stderr)
             return 2
         print(out)

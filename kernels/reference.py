@@ -40,7 +40,7 @@ class PrefillRow:
 
 @dataclass(frozen=True)
 class DecodeRows:
-    tokens: torch.Tensor | None  # [n] int64 token index of each decode row; None when every row decodes
+    tokens: torch.Tensor | None  # [n] int64 token index of each row; None: the rows are the whole step, in order
     max_len: int
     block_ids: torch.Tensor  # [n, blocks covering max_len] int64
     visible: torch.Tensor  # [n, 1, 1, max_len] bool
@@ -48,7 +48,7 @@ class DecodeRows:
 
 @dataclass(frozen=True)
 class AttentionPlan:
-    decode: DecodeRows | None
+    decode: tuple[DecodeRows, ...]
     prefills: tuple[PrefillRow, ...]
 
 
@@ -58,17 +58,16 @@ def plan_attention(block_tables: torch.Tensor, context_lens: list[int], query_le
     query_lens[i] its new tokens, the last query_lens[i] of its context."""
     starts = _exclusive_cumsum(query_lens)
     decode_rows = [i for i, n in enumerate(query_lens) if n == 1]
-    decode = None
-    if decode_rows:
-        every_row = len(decode_rows) == len(query_lens)
-        lens = [context_lens[i] for i in decode_rows]
-        max_len = max(lens)
-        tables = block_tables if every_row else block_tables[torch.tensor(decode_rows)]
-        decode = DecodeRows(
-            tokens=None if every_row else torch.tensor([starts[i] for i in decode_rows]),
-            max_len=max_len,
-            block_ids=tables[:, :_blocks(max_len, block_size)].long(),
-            visible=torch.arange(max_len).view(1, 1, 1, -1) < torch.tensor(lens).view(-1, 1, 1, 1))
+    decode = []
+    if len(decode_rows) == len(query_lens) and _padding_is_cheap([context_lens[i] for i in decode_rows]):
+        decode.append(_decode_rows(None, decode_rows, block_tables, context_lens, block_size))
+    else:
+        # Decode rows are padded to the longest context of their group; grouping rows of similar
+        # length bounds the copied and attended padding when lengths are ragged.
+        by_length = sorted(decode_rows, key=lambda i: context_lens[i])
+        for group in _length_groups(by_length, [context_lens[i] for i in by_length]):
+            tokens = torch.tensor([starts[i] for i in group])
+            decode.append(_decode_rows(tokens, group, block_tables, context_lens, block_size))
     prefills = []
     for i, q_len in enumerate(query_lens):
         if q_len > 1:
@@ -76,7 +75,7 @@ def plan_attention(block_tables: torch.Tensor, context_lens: list[int], query_le
             query_pos = torch.arange(ctx - q_len, ctx).view(-1, 1)
             prefills.append(PrefillRow(starts[i], q_len, ctx, block_tables[i, :_blocks(ctx, block_size)].long(),
                                        torch.arange(ctx).view(1, -1) <= query_pos))
-    return AttentionPlan(decode, tuple(prefills))
+    return AttentionPlan(tuple(decode), tuple(prefills))
 
 
 def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -86,16 +85,52 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     query: [num_tokens, num_heads, head_dim], sequences' chunks back to back in batch order; their K/V
     are already in the cache. Returns [num_tokens, num_heads, head_dim] in query's dtype.
     """
-    decode = plan.decode
-    if decode is not None and decode.tokens is None:
-        return _decode(query, k_cache, v_cache, decode, scale)
+    if len(plan.decode) == 1 and plan.decode[0].tokens is None:
+        return _decode(query, k_cache, v_cache, plan.decode[0], scale)  # every row decodes, one group
     out = torch.empty_like(query)
-    if decode is not None:
-        out[decode.tokens] = _decode(query[decode.tokens], k_cache, v_cache, decode, scale)
+    for group in plan.decode:
+        out[group.tokens] = _decode(query[group.tokens], k_cache, v_cache, group, scale)
     for row in plan.prefills:
         chunk = slice(row.start, row.start + row.q_len)
         out[chunk] = _prefill(query[chunk], k_cache, v_cache, row, scale)
     return out
+
+
+# Grouping costs a few more calls per layer; it pays once padding would be a large share of the work.
+_MIN_GROUP_ROWS = 8
+_MAX_PADDING_SHARE = 0.25
+
+
+def _padding_is_cheap(lengths: list[int]) -> bool:
+    return sum(lengths) >= (1 - _MAX_PADDING_SHARE) * len(lengths) * max(lengths)
+
+
+def _length_groups(rows: list[int], lengths: list[int]) -> list[list[int]]:
+    """Split rows (sorted by ascending length) into consecutive groups of at least _MIN_GROUP_ROWS,
+    closing a group when its padding would exceed _MAX_PADDING_SHARE of its work."""
+    groups: list[list[int]] = []
+    start = 0
+    while start < len(rows):
+        end = min(len(rows), start + _MIN_GROUP_ROWS)
+        while end < len(rows) and _padding_is_cheap(lengths[start:end + 1]):
+            end += 1
+        if len(rows) - end < _MIN_GROUP_ROWS:
+            end = len(rows)  # too few left for a group of their own
+        groups.append(rows[start:end])
+        start = end
+    return groups
+
+
+def _decode_rows(tokens: torch.Tensor | None, rows: list[int], block_tables: torch.Tensor,
+                 context_lens: list[int], block_size: int) -> DecodeRows:
+    lens = [context_lens[i] for i in rows]
+    max_len = max(lens)
+    tables = block_tables if tokens is None else block_tables[torch.tensor(rows)]
+    return DecodeRows(
+        tokens=tokens,
+        max_len=max_len,
+        block_ids=tables[:, :_blocks(max_len, block_size)].long(),
+        visible=torch.arange(max_len).view(1, 1, 1, -1) < torch.tensor(lens).view(-1, 1, 1, 1))
 
 
 def _exclusive_cumsum(values: list[int]) -> list[int]:

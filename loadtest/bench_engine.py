@@ -162,6 +162,8 @@ def main() -> None:
         print(f"  batch {batch:>2}: engine decode {dec:7.1f} tok/s, matmuls alone {mm:7.1f} tok/s, "
               f"ratio {dec / mm:.2f}")
 
+    if args.hf_requests <= 0:
+        return
     hf_prompts = prompts[:args.hf_requests]
     hf_tps = bench_transformers(model_dir, hf_prompts, args.output_len, engine.dtype, args.batch)
     print(f"\ntransformers generate ({len(hf_prompts)} requests, batches of {args.batch}): {hf_tps:.1f} output tok/s")
