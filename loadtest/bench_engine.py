@@ -41,6 +41,24 @@ class StageTimer:
 
         setattr(obj, attr, timed)
 
+    def install(self, engine: LLMEngine) -> None:
+        self.wrap(engine.runner, "prepare", "prepare inputs")
+        self.wrap(engine.runner, "execute", "model forward")
+        self.wrap(engine.attention_backend, "attend", "  of which attention")
+        self.wrap(engine.attention_backend, "write_kv", "  of which KV write")
+        self.wrap(engine, "sampler", "sampler")
+        self.wrap(engine.scheduler, "schedule", "schedule")
+
+    def since(self, before: dict[str, float]) -> dict[str, float]:
+        return {k: v - before.get(k, 0.0) for k, v in self.seconds.items()}
+
+
+def print_breakdown(seconds: dict[str, float], elapsed: float) -> None:
+    for stage, sec in seconds.items():
+        print(f"    {stage:<22} {sec:7.2f} s  {100 * sec / elapsed:5.1f}%")
+    rest = elapsed - sum(v for k, v in seconds.items() if not k.startswith("  "))
+    print(f"    {'rest (update, Python)':<22} {rest:7.2f} s  {100 * rest / elapsed:5.1f}%")
+
 
 @contextmanager
 def stopwatch(label: str, results: dict):
@@ -54,37 +72,34 @@ def make_prompts(n: int, lo: int, hi: int, vocab: int, seed: int) -> list[list[i
     return [[rng.randrange(100, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
 
 
-def bench_engine(engine: LLMEngine, prompts, output_len: int) -> tuple[float, StageTimer]:
-    timer = StageTimer()
-    timer.wrap(engine.runner, "prepare", "prepare inputs")
-    timer.wrap(engine.runner, "execute", "model forward")
-    timer.wrap(engine.attention_backend, "attend", "  of which attention")
-    timer.wrap(engine.attention_backend, "write_kv", "  of which KV write")
-    timer.wrap(engine, "sampler", "sampler")
-    timer.wrap(engine.scheduler, "schedule", "schedule")
+def bench_engine(engine: LLMEngine, prompts, output_len: int) -> float:
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
     t0 = time.perf_counter()
     engine.generate(prompts, params)
-    return time.perf_counter() - t0, timer
+    return time.perf_counter() - t0
 
 
-def bench_decode(engine: LLMEngine, batch: int, context: int, steps: int, vocab: int) -> float:
-    """Decode tokens/s at a fixed batch: prefill first (untimed), then time `steps` pure decode steps."""
+def bench_decode(engine: LLMEngine, timer: StageTimer, batch: int, context: int, steps: int,
+                 vocab: int) -> tuple[float, float, dict[str, float]]:
+    """Decode at a fixed batch: prefill first (untimed), then time `steps` pure decode steps.
+    Returns (tokens/s, seconds, time per stage during the decode steps)."""
     prompts = make_prompts(batch, context, context, vocab, seed=batch)
     params = SamplingParams(temperature=0.0, max_tokens=steps + 1, ignore_eos=True)
     for i, p in enumerate(prompts):
         engine.add_request(f"decode-{batch}-{i}", p, params)
     while any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()
+    before = dict(timer.seconds)
     t0 = time.perf_counter()
     tokens = 0
     while engine.has_unfinished_requests():
         tokens += sum(len(o.new_token_ids) for o in engine.step())
-    return tokens / (time.perf_counter() - t0)
+    elapsed = time.perf_counter() - t0
+    return tokens / elapsed, elapsed, timer.since(before)
 
 
-def bench_matmuls(engine: LLMEngine, batch: int, iters: int = 20) -> float:
-    """Tokens/s of the model's linear layers alone (all layers + lm_head) at `batch` tokens."""
+def bench_matmuls(engine: LLMEngine, batch: int, with_head: bool, iters: int = 20) -> float:
+    """Tokens/s of the model's linear layers alone at `batch` tokens, with or without the lm_head."""
     model = engine.runner.model
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     head = model.embed_tokens.weight if model.config.tie_word_embeddings else model.lm_head.weight
@@ -98,7 +113,8 @@ def bench_matmuls(engine: LLMEngine, batch: int, iters: int = 20) -> float:
         for _ in range(iters):
             for m in linears:
                 m(xs[m.in_features])
-            torch.nn.functional.linear(hidden, head)
+            if with_head:
+                torch.nn.functional.linear(hidden, head)
         return batch * iters / (time.perf_counter() - t0)
 
 
@@ -142,7 +158,9 @@ def main() -> None:
     prompts = make_prompts(args.requests, args.min_prompt, args.max_prompt, vocab, seed=0)
     engine.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))  # warm-up
 
-    elapsed, timer = bench_engine(engine, prompts, args.output_len)
+    timer = StageTimer()
+    timer.install(engine)
+    elapsed = bench_engine(engine, prompts, args.output_len)
     out_tokens = args.requests * args.output_len
     in_tokens = sum(map(len, prompts))
     engine_tps = out_tokens / elapsed
@@ -150,17 +168,16 @@ def main() -> None:
           f"{args.output_len} output tokens each")
     print(f"  {elapsed:.2f} s, {engine_tps:.1f} output tok/s, {(in_tokens + out_tokens) / elapsed:.1f} total tok/s")
     print("  where the time went:")
-    for stage, sec in timer.seconds.items():
-        print(f"    {stage:<22} {sec:7.2f} s  {100 * sec / elapsed:5.1f}%")
-    accounted = sum(v for k, v in timer.seconds.items() if not k.startswith("  "))
-    print(f"    {'rest (update, Python)':<22} {elapsed - accounted:7.2f} s  {100 * (elapsed - accounted) / elapsed:5.1f}%")
+    print_breakdown(timer.seconds, elapsed)
 
-    print("\ndecode steps alone vs the model's matmuls alone:")
+    print("\ndecode steps alone (context 128) vs the model's matmuls alone:")
     for batch in (1, 32):
-        dec = bench_decode(engine, batch, context=128, steps=32, vocab=vocab)
-        mm = bench_matmuls(engine, batch)
-        print(f"  batch {batch:>2}: engine decode {dec:7.1f} tok/s, matmuls alone {mm:7.1f} tok/s, "
-              f"ratio {dec / mm:.2f}")
+        dec, dec_elapsed, decode_stages = bench_decode(engine, timer, batch, context=128, steps=32, vocab=vocab)
+        layers = bench_matmuls(engine, batch, with_head=False)
+        full = bench_matmuls(engine, batch, with_head=True)
+        print(f"  batch {batch:>2}: engine decode {dec:7.1f} tok/s; matmuls alone: layers {layers:7.1f} tok/s, "
+              f"layers + lm_head {full:7.1f} tok/s; engine / matmuls {dec / full:.2f}")
+        print_breakdown(decode_stages, dec_elapsed)
 
     if args.hf_requests <= 0:
         return
