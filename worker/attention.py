@@ -2,7 +2,7 @@
 
 The model runner builds one `AttentionMetadata` per step and passes it down through the model as a
 value; backends never keep per-step state. The torch backend calls the reference kernels in
-`kernels.reference`; the Mojo backend (kernels/) implements the same two operations.
+`kernels.reference`; any other backend implements the same three methods (plan, write_kv, attend).
 """
 
 from __future__ import annotations
@@ -27,14 +27,6 @@ class AttentionMetadata:
     context_lens_host: tuple[int, ...]
     query_lens_host: tuple[int, ...]
     block_size: int
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.query_lens_host)
-
-    @property
-    def max_context_len(self) -> int:
-        return max(self.context_lens_host)
 
 
 class AttentionBackend(Protocol):
