@@ -71,3 +71,26 @@ def test_preemption_by_recompute(tiny, test_seed):
     assert engine.scheduler.num_preemptions > 0
     assert_matches_reference(run, hf_model)
     assert engine.block_manager.num_used_blocks == 0
+
+
+def test_bfloat16_follows_the_reference(tiny, test_seed):
+    """bfloat16 (the default dtype on CPUs with native bf16): every greedy token is transformers' bf16
+    argmax, except where its top two logits are a near-tie that rounding may break either way. Exactness
+    is the float32 tests' job; this one catches a bf16 path that is broken (bad casts, wrong accumulation):
+    over many seeds the largest logit difference seen was 12% of the largest logit, the bound is 25%."""
+    import torch
+
+    model_dir, hf_model = tiny
+    engine = make_engine(model_dir, dtype="bfloat16", max_num_batched_tokens=16, block_size=8)
+    run = run_greedy(engine, random_prompts(test_seed, [3, 20, 47]), STEPS, stagger=2)
+    hf_bf16 = hf_model.to(torch.bfloat16)
+    for rid, tokens in run.tokens.items():
+        with torch.no_grad():
+            ref = hf_bf16(torch.tensor([tokens])).logits[0].float()
+        for pos, ours in run.logits[rid]:
+            expected = ref[pos - 1]
+            assert (ours - expected).abs().max() < 0.25 * expected.abs().max(), f"{rid} position {pos}"
+            best = int(expected.argmax())
+            gap = float(expected[best] - expected[tokens[pos]])
+            assert tokens[pos] == best or gap < 0.05 * float(expected.abs().max()), (
+                f"{rid}: token {tokens[pos]} at position {pos}, reference {best}, gap {gap}")
