@@ -77,7 +77,7 @@ def test_bfloat16_follows_the_reference(tiny, test_seed):
     """bfloat16 (the default dtype on CPUs with native bf16): every greedy token is transformers' bf16
     argmax, except where its top two logits are a near-tie that rounding may break either way. Exactness
     is the float32 tests' job; this one catches a bf16 path that is broken (bad casts, wrong accumulation):
-    over many seeds the largest logit difference seen was 12% of the largest logit, the bound is 25%."""
+    in repeated runs the largest logit difference seen was 12% of the largest logit, the bound is 25%."""
     import torch
 
     model_dir, hf_model = tiny
