@@ -8,7 +8,6 @@ naming the tensor. Files are memory-mapped by safetensors, so loading never hold
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import torch
@@ -23,8 +22,8 @@ class WeightLoadError(ValueError):
     pass
 
 
-# Checkpoint names that carry no information we need.
-_IGNORED = re.compile(r"(.*rotary_emb\.inv_freq$)")
+# Checkpoint tensors that carry nothing we need: older exports store the rotary table they computed.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 # Separate checkpoint projections -> (fused parameter, shard index): q|k|v and gate|up.
 _FUSED = {
@@ -74,7 +73,7 @@ def load_model(model_dir: str | Path, cfg: ModelConfig, backend: AttentionBacken
 
 def _target(name: str, cfg: ModelConfig) -> tuple[str, str | None, int] | None:
     """Checkpoint tensor name -> (model parameter name, fused kind or None, shard index)."""
-    if _IGNORED.match(name):
+    if name.endswith(_IGNORED_SUFFIXES):
         return None
     if name == "lm_head.weight" and cfg.tie_word_embeddings:
         return None  # some tied checkpoints store the embedding twice; the embedding wins
