@@ -169,7 +169,8 @@ class LLMEngine:
         return SequenceOutput(
             request_id=seq.request_id, index=seq.index, new_token_ids=tokens, logprobs=logprobs,
             finish_reason=seq.finish_reason, num_prompt_tokens=seq.num_prompt_tokens,
-            num_cached_tokens=seq.num_cached_prompt_tokens or 0, stop_token_id=seq.stop_token_id)
+            num_cached_tokens=seq.num_cached_prompt_tokens or 0, stop_token_id=seq.stop_token_id,
+            queue_time=seq.queue_time)
 
     # ----- observability -----
     def stats(self) -> EngineStats:

@@ -28,6 +28,7 @@ class SequenceOutput:
     num_prompt_tokens: int
     num_cached_tokens: int  # prompt tokens served from the prefix cache
     stop_token_id: int | None = None  # the stop_token_ids entry that ended the choice
+    queue_time: float | None = None  # seconds from arrival to first admission (None before admission)
 
 
 @dataclass(frozen=True)

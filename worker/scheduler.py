@@ -10,6 +10,7 @@ as prefix-cache hits).
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -89,6 +90,7 @@ class Scheduler:
             self.block_manager.allocate(seq, num_new, hits)
             if seq.num_cached_prompt_tokens is None:
                 seq.num_cached_prompt_tokens = min(seq.num_computed_tokens, seq.num_prompt_tokens)
+                seq.queue_time = time.monotonic() - seq.arrival_time
             self.prefix_query_tokens += seq.num_tokens
             self.prefix_hit_tokens += seq.num_computed_tokens
             seq.status = SequenceStatus.RUNNING

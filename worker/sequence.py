@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from enum import Enum
 
 import torch
@@ -35,6 +36,8 @@ class Sequence:
         self.finish_reason: str | None = None
         self.stop_token_id: int | None = None
         self.num_preemptions = 0
+        self.arrival_time = time.monotonic()
+        self.queue_time: float | None = None  # seconds from arrival to first admission
 
     @property
     def num_tokens(self) -> int:
