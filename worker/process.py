@@ -1,0 +1,155 @@
+"""The worker process: one engine behind two ZeroMQ sockets.
+
+The main thread runs the engine loop (drain the inbox -> step -> emit). Two I/O threads own the
+sockets (ZeroMQ sockets are not thread-safe): one receives and validates requests into the inbox, one
+sends outputs from the outbox, so the sockets never wait on the model and the model never waits on a
+socket. The gateway binds both sockets; this process connects, announces itself with WorkerReady and
+exits when the gateway goes away.
+
+Started by the gateway as `python -m worker.process --requests ADDR --outputs ADDR --config JSON`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import queue
+import sys
+import threading
+
+import zmq
+
+from shared import wire
+from shared.config import EngineConfig
+from shared.sampling_params import SamplingParamsError
+from worker.engine import LLMEngine
+from worker.outputs import EngineStats, RequestRejected, SequenceOutput
+
+log = logging.getLogger("mili.worker")
+
+# While idle the worker still reports every HEARTBEAT_S, so the gateway's gauges stay fresh.
+HEARTBEAT_S = 0.5
+_STOP = object()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m worker.process")
+    parser.add_argument("--requests", required=True, help="ZeroMQ address the gateway pushes requests on")
+    parser.add_argument("--outputs", required=True, help="ZeroMQ address the gateway pulls outputs from")
+    parser.add_argument("--config", required=True, help="EngineConfig fields as JSON")
+    parser.add_argument("--served-model-name", required=True)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--name", default="worker")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {args.name}: %(message)s")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+    inbox: queue.Queue = queue.Queue()
+    outbox: queue.Queue = queue.Queue()
+    ctx = zmq.Context()
+    threading.Thread(target=_receive, args=(ctx, args.requests, inbox, os.getppid()), daemon=True,
+                     name="requests").start()
+    sender = threading.Thread(target=_send, args=(ctx, args.outputs, outbox), daemon=True, name="outputs")
+    sender.start()
+
+    engine = LLMEngine(EngineConfig(**json.loads(args.config)))
+    mc = engine.model_config
+    outbox.put(wire.WorkerReady(model=args.served_model_name, architecture=mc.architecture, dtype=str(engine.dtype).removeprefix("torch."),
+                                attention_backend=engine.attention_backend.name, max_model_len=engine.max_model_len,
+                                vocab_size=mc.vocab_size, stats=_stats(engine.stats())))
+    try:
+        _engine_loop(engine, inbox, outbox)
+    finally:
+        outbox.put(_STOP)
+        sender.join(timeout=2)
+    return 0
+
+
+def _engine_loop(engine: LLMEngine, inbox: queue.Queue, outbox: queue.Queue) -> None:
+    while True:
+        messages = []
+        if not engine.has_unfinished_requests():
+            try:
+                messages.append(inbox.get(timeout=HEARTBEAT_S))
+            except queue.Empty:
+                outbox.put(wire.Heartbeat(stats=_stats(engine.stats())))
+                continue
+        while True:
+            try:
+                messages.append(inbox.get_nowait())
+            except queue.Empty:
+                break
+        for message in messages:
+            if message is _STOP:
+                return
+            _handle(engine, message, outbox)
+        if engine.has_unfinished_requests():
+            outputs = engine.step()
+            outbox.put(wire.StepOutputs(deltas=[_delta(o) for o in outputs], stats=_stats(engine.stats())))
+
+
+def _handle(engine: LLMEngine, message, outbox: queue.Queue) -> None:
+    if isinstance(message, wire.AbortRequests):
+        for request_id in message.request_ids:
+            engine.abort_request(request_id)
+        return
+    try:
+        params = wire.sampling_params_from_wire(message.params)
+        engine.add_request(message.request_id, message.prompt_token_ids, params)
+    except (RequestRejected, SamplingParamsError) as e:
+        outbox.put(wire.RequestFailed(request_id=message.request_id, message=str(e), param=e.param))
+    except wire.WireError as e:
+        outbox.put(wire.RequestFailed(request_id=message.request_id, message=str(e)))
+
+
+def _receive(ctx: zmq.Context, address: str, inbox: queue.Queue, parent_pid: int) -> None:
+    sock = ctx.socket(zmq.PULL)
+    sock.connect(address)
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    while True:
+        if os.getppid() != parent_pid:
+            log.warning("the gateway has gone away; exiting")
+            inbox.put(_STOP)
+            return
+        if not poller.poll(timeout=int(HEARTBEAT_S * 1000)):
+            continue
+        frame = sock.recv(copy=True)
+        try:
+            inbox.put(wire.decode(frame, (wire.AddRequest, wire.AbortRequests)))
+        except wire.WireError as e:
+            log.warning("rejected a frame from the gateway: %s", e)
+
+
+def _send(ctx: zmq.Context, address: str, outbox: queue.Queue) -> None:
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 1000)
+    sock.connect(address)
+    while (message := outbox.get()) is not _STOP:
+        sock.send(wire.encode(message), copy=False)
+    sock.close()
+
+
+def _delta(out: SequenceOutput) -> wire.TokenDelta:
+    logprobs = None
+    if out.logprobs is not None:
+        logprobs = [[lp.token_id, lp.logprob, [list(t) for t in lp.top]] for lp in out.logprobs]
+    return wire.TokenDelta(request_id=out.request_id, index=out.index, token_ids=out.new_token_ids,
+                           finish_reason=out.finish_reason, num_prompt_tokens=out.num_prompt_tokens,
+                           num_cached_tokens=out.num_cached_tokens, logprobs=logprobs,
+                           stop_token_id=out.stop_token_id, queue_time=out.queue_time)
+
+
+def _stats(s: EngineStats) -> wire.WorkerStats:
+    return wire.WorkerStats(num_running=s.num_running, num_waiting=s.num_waiting, kv_blocks_total=s.kv_blocks_total,
+                            kv_blocks_used=s.kv_blocks_used, prefix_cache_query_tokens=s.prefix_cache_query_tokens,
+                            prefix_cache_hit_tokens=s.prefix_cache_hit_tokens, num_preemptions=s.num_preemptions)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
