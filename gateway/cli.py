@@ -6,15 +6,27 @@ import argparse
 import logging
 import sys
 
+from gateway.serve import add_arguments as add_serve_arguments
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mili", description="MILI: an OpenAI-compatible server for Qwen-family models")
     sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve a model over the OpenAI-compatible HTTP API")
+    add_serve_arguments(serve)
     convert = sub.add_parser("convert-gguf", help="convert a llama/qwen2/qwen3 GGUF file into an HF-format directory")
     convert.add_argument("gguf_file")
     convert.add_argument("out_dir")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "serve":
+        from gateway.serve import run
+
+        try:
+            return run(args)
+        except ValueError as e:  # a bad flag value or model path: one line, not a traceback
+            print(f"mili serve: {e}", file=sys.stderr)
+            return 2
     if args.command == "convert-gguf":
         from worker.gguf_import import convert_gguf
 

@@ -56,8 +56,13 @@ def cache_dir() -> Path:
 
 def default_model_path() -> Path:
     """The HF-format directory of the default model, converting the GGUF on first use."""
-    source = default_gguf_path()
-    target = cache_dir() / "models" / f"{DEFAULT_SERVED_NAME}-{_source_key(source)}"
+    return converted_gguf(default_gguf_path(), DEFAULT_SERVED_NAME)
+
+
+def converted_gguf(source: Path, name: str) -> Path:
+    """The HF-format conversion of a GGUF file, made once and kept under the cache as `name-<key>`."""
+    source = Path(source)
+    target = cache_dir() / "models" / f"{name}-{_source_key(source)}"
     if _is_complete(target):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -71,7 +76,7 @@ def default_model_path() -> Path:
 
 def _source_key(source: Path) -> str:
     stat = source.stat()
-    ident = f"{stat.st_size}:{stat.st_mtime_ns}:v{CONVERTER_VERSION}"
+    ident = f"{source.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:v{CONVERTER_VERSION}"
     return hashlib.sha256(ident.encode()).hexdigest()[:16]
 
 

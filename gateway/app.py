@@ -1,0 +1,169 @@
+"""The gateway's Starlette application: routes, API-key check, error objects, lifespan of the workers."""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gateway import openapi
+from gateway.errors import ApiError
+from gateway.http_io import ClientDisconnected
+from gateway.metrics import Metrics
+from gateway.model_text import ModelText
+from gateway.openai_routes import chat_completions, completions
+from gateway.protocol import Limits
+from gateway.responses import TokenNames
+from gateway.worker_pool import WorkerPool
+from shared import wire
+from shared.config import EngineConfig
+
+log = logging.getLogger("mili.gateway")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    served_model_name: str
+    api_key: str | None = None
+    limits: Limits = Limits()
+    max_body_bytes: int = 16 << 20
+    max_waiting_requests: int = 512  # beyond what the workers run at once
+    sse_ping_s: float = 5.0
+    num_workers: int = 1
+    worker_threads: int = 0  # torch threads per worker; 0: the cores divided among the workers
+    worker_tcp_host: str | None = None
+    worker_tcp_port: int = 5555
+
+
+class GatewayState:
+    def __init__(self, settings: ServerSettings, engine_config: EngineConfig):
+        self.settings = settings
+        self.engine_config = engine_config
+        self.text = ModelText(engine_config.model)
+        self.token_names = TokenNames(self.text.tokenizer)
+        self.metrics = Metrics(settings.served_model_name)
+        threads = settings.worker_threads or max(1, (os.cpu_count() or 1) // settings.num_workers)
+        self.pool = WorkerPool(engine_config, settings.served_model_name, settings.num_workers, threads,
+                               tcp_host=settings.worker_tcp_host, tcp_port=settings.worker_tcp_port,
+                               on_stats=self._on_worker_stats)
+        self.capacity = settings.num_workers * engine_config.max_num_seqs + settings.max_waiting_requests
+        self.draining = False
+        self.started = int(time.time())
+
+    def _on_worker_stats(self, slot, previous: wire.WorkerStats | None, stats: wire.WorkerStats) -> None:
+        self.metrics.worker_counters(previous, stats)
+
+    def refresh_gauges(self) -> None:
+        live = [s.stats for s in self.pool.slots if s.is_ready and s.stats is not None]
+        self.metrics.worker_stats(live, len(self.pool.ready_slots))
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _api(handler: Handler) -> Handler:
+    """Every failure becomes an OpenAI error object; a client that left gets nothing."""
+
+    async def wrapped(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except ApiError as e:
+            return e.response()
+        except ClientDisconnected:
+            return Response(status_code=499)
+        except Exception:
+            log.exception("unexpected error serving %s", request.url.path)
+            return ApiError(500, "internal server error").response()
+
+    return wrapped
+
+
+async def health(request: Request) -> Response:
+    state: GatewayState = request.app.state.mili
+    pool = state.pool
+    if state.draining:
+        return JSONResponse({"status": "draining", "reason": "the server is shutting down"}, status_code=503)
+    info = pool.info
+    if info is None:
+        reason = "; ".join(pool.down_reasons()) or "starting"
+        return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503)
+    return JSONResponse({
+        "status": "ok", "model": state.settings.served_model_name, "attention_backend": info.attention_backend,
+        "dtype": info.dtype, "architecture": info.architecture, "max_model_len": info.max_model_len,
+        "workers": len(pool.slots), "workers_ready": len(pool.ready_slots), "workers_down": pool.down_reasons()})
+
+
+async def models(request: Request) -> Response:
+    state: GatewayState = request.app.state.mili
+    info = state.pool.info
+    card = {"id": state.settings.served_model_name, "object": "model", "created": state.started, "owned_by": "mili",
+            "root": state.engine_config.model}
+    if info is not None:
+        card["max_model_len"] = info.max_model_len
+    return JSONResponse({"object": "list", "data": [card]})
+
+
+async def metrics(request: Request) -> Response:
+    state: GatewayState = request.app.state.mili
+    state.refresh_gauges()
+    return Response(state.metrics.render(), media_type=state.metrics.content_type)
+
+
+async def openapi_json(request: Request) -> Response:
+    return JSONResponse(openapi.document(request.app.state.mili.settings.served_model_name))
+
+
+class ApiKeyMiddleware:
+    """Bearer-token check on every route but /health, compared in constant time."""
+
+    def __init__(self, app, api_key: str | None):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode() if api_key else None
+
+    async def __call__(self, scope, receive, send):
+        if self.expected is None or scope["type"] != "http" or scope["path"] == "/health":
+            return await self.app(scope, receive, send)
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        if not hmac.compare_digest(given, self.expected):
+            response = ApiError(401, "invalid or missing API key (Authorization: Bearer ...)",
+                                code="invalid_api_key").response()
+            return await response(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    return ApiError(exc.status_code, exc.detail or "not found").response()
+
+
+def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlette:
+    state = GatewayState(settings, engine_config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        state.pool.start()
+        try:
+            yield
+        finally:
+            await state.pool.stop()
+
+    app = Starlette(routes=[
+        Route("/v1/completions", _api(completions), methods=["POST"]),
+        Route("/v1/chat/completions", _api(chat_completions), methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/openapi.json", openapi_json, methods=["GET"]),
+    ], exception_handlers={HTTPException: _http_error}, lifespan=lifespan)
+    app.state.mili = state
+    app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    return app

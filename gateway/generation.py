@@ -1,0 +1,184 @@
+"""One request's token deltas turned into text events: detokenization, stop strings, reasoning split,
+logprobs, timings. Streaming and non-streaming responses both consume `run`.
+
+Leaving `run` early (a client disconnect cancels the consuming task, or every choice hit a stop
+string) aborts the request in its worker, so its KV blocks are freed within one engine step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from tokenizers import Tokenizer
+
+from gateway.detokenizer import IncrementalDetokenizer
+from gateway.errors import ApiError
+from gateway.metrics import Metrics
+from gateway.reasoning import ReasoningSplitter
+from gateway.stop_strings import StopStringMatcher
+from gateway.worker_pool import RequestHandle, WorkerLost, WorkerPool
+from shared import wire
+from shared.sampling_params import SamplingParams
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass
+class ChoiceEvent:
+    """New output of one choice. `text` is final (never retracted); `reasoning` is the part of the
+    output inside <think>...</think> when the request splits reasoning."""
+
+    index: int
+    text: str = ""
+    reasoning: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class TextOptions:
+    stop: tuple[str, ...] = ()
+    split_reasoning: bool = False
+    starts_in_reasoning: bool = False
+    skip_special_tokens: bool = True
+
+
+class _Choice:
+    def __init__(self, index: int, tokenizer: Tokenizer, prompt: list[int], options: TextOptions):
+        self.index = index
+        self.detok = IncrementalDetokenizer(tokenizer, prompt, skip_special_tokens=options.skip_special_tokens)
+        self.stops = StopStringMatcher(list(options.stop)) if options.stop else None
+        self.reasoning = ReasoningSplitter(options.starts_in_reasoning) if options.split_reasoning else None
+        self.num_tokens = 0
+        self.finished = False
+        self.last_token_time: float | None = None
+
+    def advance(self, delta: wire.TokenDelta) -> ChoiceEvent:
+        self.num_tokens += len(delta.token_ids)
+        event = ChoiceEvent(self.index, logprobs=[TokenLogprob(t, lp, [(a, b) for a, b in top])
+                                                  for t, lp, top in delta.logprobs or ()])
+        text = self.detok.push(delta.token_ids)
+        finish = delta.finish_reason
+        if finish is not None:
+            text += self.detok.flush()
+        if self.stops is not None:
+            text, hit = self.stops.feed(text)
+            if hit:
+                finish = "stop"
+            elif finish is not None:
+                text += self.stops.flush()
+        if self.reasoning is not None:
+            event.reasoning, text = self.reasoning.feed(text)
+            if finish is not None:
+                tail_reasoning, tail_text = self.reasoning.flush()
+                event.reasoning += tail_reasoning
+                text += tail_text
+        event.text = text
+        if finish is not None:
+            self.finished = True
+            event.finish_reason = "stop" if finish == "abort" else finish
+        return event
+
+
+class GenerationStream:
+    """Submits one prompt and yields its ChoiceEvents; `usage` is complete once the iteration ends."""
+
+    def __init__(self, pool: WorkerPool, metrics: Metrics, tokenizer: Tokenizer, prompt: list[int],
+                 params: SamplingParams, options: TextOptions, arrival: float):
+        self.pool = pool
+        self.metrics = metrics
+        self.arrival = arrival
+        self.handle: RequestHandle = pool.submit(prompt, params)
+        self.choices = [_Choice(i, tokenizer, prompt, options) for i in range(params.n)]
+        self.usage = Usage(prompt_tokens=len(prompt))
+        self.finish_reasons: list[str | None] = [None] * params.n
+
+    async def events(self) -> AsyncIterator[ChoiceEvent]:
+        first_token_seen = False
+        queue_time_seen = False
+        try:
+            while not all(c.finished for c in self.choices):
+                item = await self.handle.queue.get()
+                if isinstance(item, WorkerLost):
+                    raise ApiError(503, item.message, code="worker_lost")
+                if isinstance(item, wire.RequestFailed):
+                    raise ApiError(400, item.message, item.param)
+                choice = self.choices[item.index]
+                if choice.finished:
+                    continue  # this choice already stopped on a stop string
+                now = time.monotonic()
+                if item.queue_time is not None and not queue_time_seen:
+                    queue_time_seen = True
+                    self.metrics.queue_time.labels(self.metrics.model).observe(item.queue_time)
+                self.usage.cached_tokens = item.num_cached_tokens
+                if item.token_ids:
+                    if not first_token_seen:
+                        first_token_seen = True
+                        self.metrics.ttft.labels(self.metrics.model).observe(now - self.arrival)
+                    elif choice.last_token_time is not None:
+                        self.metrics.itl.labels(self.metrics.model).observe(now - choice.last_token_time)
+                    choice.last_token_time = now
+                    self.metrics.generation_tokens.labels(self.metrics.model).inc(len(item.token_ids))
+                event = choice.advance(item)
+                if event.finish_reason is not None:
+                    self.finish_reasons[choice.index] = event.finish_reason
+                yield event
+            self.metrics.e2e.labels(self.metrics.model).observe(time.monotonic() - self.arrival)
+        finally:
+            self.usage.completion_tokens = sum(c.num_tokens for c in self.choices)
+            # One count per request, under its first choice's reason ("abort" when it never finished).
+            self.metrics.finished(self.finish_reasons[0] or "abort", self.usage.prompt_tokens)
+            # A no-op when the worker already finished every choice; otherwise (disconnect, stop string,
+            # error) the worker drops the request and frees its blocks.
+            self.pool.abort(self.handle)
+
+
+async def merge(streams: list[GenerationStream], choices_per_stream: int) -> AsyncIterator[ChoiceEvent]:
+    """Several prompts' events as one stream, choice indices renumbered prompt-major (as OpenAI does)."""
+    if len(streams) == 1:
+        async for event in streams[0].events():
+            yield event
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(i: int, stream: GenerationStream) -> None:
+        try:
+            async for event in stream.events():
+                event.index += i * choices_per_stream
+                await queue.put(event)
+        except BaseException as e:  # handed to the consumer, which re-raises
+            await queue.put(e)
+        finally:
+            await queue.put(done)
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

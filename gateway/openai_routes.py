@@ -1,0 +1,207 @@
+"""POST /v1/completions and POST /v1/chat/completions, streaming and not.
+
+Every check that can fail (body, parameters, model, context length, capacity) runs before a request
+is submitted, so errors are plain HTTP responses, never a broken stream. Once streaming, a worker that
+dies or refuses the request ends the stream with an error event.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from sse_starlette import EventSourceResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gateway.errors import ApiError, invalid
+from gateway.generation import ChoiceEvent, GenerationStream, TextOptions, Usage, merge
+from gateway.http_io import collect_unless_disconnected, read_json
+from gateway.protocol import CommonFields, parse_chat, parse_completion, require_model
+from gateway.responses import ChatFormat, CompletionFormat
+from gateway.worker_pool import NoWorkerAvailable
+from shared.sampling_params import SamplingParams, SamplingParamsError
+
+log = logging.getLogger("mili.gateway")
+
+
+@dataclass
+class Admitted:
+    """A validated request, submitted to a worker."""
+
+    streams: list[GenerationStream]
+    n: int
+
+    @property
+    def usage(self) -> Usage:
+        total = Usage()
+        for s in self.streams:
+            total.prompt_tokens += s.usage.prompt_tokens
+            total.completion_tokens += s.usage.completion_tokens
+            total.cached_tokens += s.usage.cached_tokens
+        return total
+
+    def events(self) -> AsyncIterator[ChoiceEvent]:
+        return merge(self.streams, self.n)
+
+
+async def completions(request: Request) -> Response:
+    state = request.app.state.mili
+    req = parse_completion(await read_json(request, state.settings.max_body_bytes), state.settings.limits)
+    _check_served(state, req)
+    if req.echo and req.params.logprobs is not None:
+        raise invalid("echo together with logprobs is not supported", "echo")
+    prompts = [state.text.encode_prompt(p) for p in req.prompts]
+    admitted = _admit(state, req, prompts, TextOptions(stop=req.stop))
+    fmt = CompletionFormat(req.model, state.token_names)
+    echo = [state.text.decode(p) if req.echo else "" for p in prompts]
+    if req.stream:
+        return _sse(state, _completion_chunks(fmt, req, admitted, echo))
+    events = await _collect(request, admitted)
+    texts, logprobs, reasons = _gather(events, len(prompts) * req.params.n)
+    choices = []
+    for i, text in enumerate(texts):
+        lp = fmt.logprobs(logprobs[i], 0) if req.params.logprobs is not None else None
+        choices.append(fmt.choice(i, echo[i // req.params.n] + text, lp, reasons[i]))
+    return JSONResponse(fmt.body(choices, admitted.usage))
+
+
+async def chat_completions(request: Request) -> Response:
+    state = request.app.state.mili
+    req = parse_chat(await read_json(request, state.settings.max_body_bytes), state.settings.limits)
+    _check_served(state, req)
+    rendered, prompt = state.text.render_chat(list(req.messages), req.template_kwargs)
+    options = TextOptions(stop=req.stop, split_reasoning=state.text.split_reasoning,
+                          starts_in_reasoning=state.text.starts_in_reasoning(rendered))
+    admitted = _admit(state, req, [prompt], options)
+    fmt = ChatFormat(req.model, state.token_names)
+    if req.stream:
+        return _sse(state, _chat_chunks(fmt, req, admitted))
+    events = await _collect(request, admitted)
+    texts, logprobs, reasons = _gather(events, req.params.n)
+    reasoning = [""] * req.params.n
+    for e in events:
+        reasoning[e.index] += e.reasoning
+    choices = [fmt.message_choice(i, texts[i], reasoning[i] if options.split_reasoning else None,
+                                  fmt.logprobs(logprobs[i]) if req.top_logprobs is not None else None, reasons[i])
+               for i in range(req.params.n)]
+    return JSONResponse(fmt.body(choices, admitted.usage))
+
+
+# ----- admission -----
+def _check_served(state, req: CommonFields) -> None:
+    require_model(req, state.settings.served_model_name)
+    if state.draining:
+        raise ApiError(503, "the server is shutting down", code="draining")
+
+
+def _admit(state, req: CommonFields, prompts: list[list[int]], options: TextOptions) -> Admitted:
+    info = state.pool.info
+    if info is None:
+        raise ApiError(503, "no worker is ready: " + ("; ".join(state.pool.down_reasons()) or "starting"),
+                       code="worker_unavailable", headers={"Retry-After": "5"})
+    _check_tokens(req.params, prompts, info.vocab_size, info.max_model_len)
+    if state.pool.num_in_flight() + len(prompts) > state.capacity:
+        raise ApiError(503, "the server's request queue is full; retry later", code="queue_full",
+                       headers={"Retry-After": "1"})
+    arrival = time.monotonic()
+    streams: list[GenerationStream] = []
+    try:
+        for prompt in prompts:
+            streams.append(GenerationStream(state.pool, state.metrics, state.text.tokenizer, prompt, req.params,
+                                            options, arrival))
+    except NoWorkerAvailable as e:
+        for s in streams:
+            state.pool.abort(s.handle)
+        raise ApiError(503, f"no worker is ready: {e}", code="worker_unavailable") from None
+    return Admitted(streams, req.params.n)
+
+
+def _check_tokens(params: SamplingParams, prompts: list[list[int]], vocab: int, context: int) -> None:
+    try:
+        params.check_token_ids(vocab)
+    except SamplingParamsError as e:
+        raise invalid(str(e), e.param) from None
+    for prompt in prompts:
+        if not prompt:
+            raise invalid("the prompt is empty after tokenization", "prompt")
+        bad = next((t for t in prompt if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise invalid(f"prompt token id {bad} is outside the vocabulary (size {vocab})", "prompt")
+        if len(prompt) >= context:
+            raise invalid(f"the prompt has {len(prompt)} tokens, but this model's context length is {context} "
+                          "tokens, which leaves no room for output", "prompt")
+        if params.max_tokens is not None and len(prompt) + params.max_tokens > context:
+            raise invalid(f"this model's context length is {context} tokens, but the prompt ({len(prompt)} tokens) "
+                          f"plus max_tokens ({params.max_tokens}) asks for {len(prompt) + params.max_tokens}",
+                          "max_tokens")
+
+
+# ----- non-streaming -----
+async def _collect(request: Request, admitted: Admitted) -> list[ChoiceEvent]:
+    return await collect_unless_disconnected(request, admitted.events())
+
+
+def _gather(events: list[ChoiceEvent], num_choices: int):
+    texts = [""] * num_choices
+    logprobs: list[list] = [[] for _ in range(num_choices)]
+    reasons: list[str | None] = [None] * num_choices
+    for e in events:
+        texts[e.index] += e.text
+        logprobs[e.index].extend(e.logprobs)
+        reasons[e.index] = e.finish_reason or reasons[e.index]
+    return texts, logprobs, reasons
+
+
+# ----- streaming -----
+def _sse(state, chunks: AsyncIterator[str]) -> EventSourceResponse:
+    return EventSourceResponse(chunks, ping=state.settings.sse_ping_s, sep="\n")
+
+
+async def _with_error_event(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
+    try:
+        async for chunk in chunks:
+            yield json.dumps(chunk, ensure_ascii=False)
+    except ApiError as e:
+        log.warning("stream ended with an error: %s", e.message)
+        yield json.dumps(e.body())
+    yield "[DONE]"
+
+
+def _completion_chunks(fmt: CompletionFormat, req, admitted: Admitted, echo: list[str]) -> AsyncIterator[str]:
+    async def chunks() -> AsyncIterator[dict]:
+        n = req.params.n
+        offsets = [len(echo[i // n]) for i in range(len(echo) * n)]
+        if req.echo:
+            for i in range(len(offsets)):
+                yield fmt.body([fmt.choice(i, echo[i // n], None, None)], None, req.include_usage)
+        async for e in admitted.events():
+            lp = None
+            if req.params.logprobs is not None and e.logprobs:
+                lp = fmt.logprobs(e.logprobs, offsets[e.index])
+            offsets[e.index] += len(e.text)
+            if e.text or lp or e.finish_reason:
+                yield fmt.body([fmt.choice(e.index, e.text, lp, e.finish_reason)], None, req.include_usage)
+        if req.include_usage:
+            yield fmt.body([], admitted.usage)
+
+    return _with_error_event(chunks())
+
+
+def _chat_chunks(fmt: ChatFormat, req, admitted: Admitted) -> AsyncIterator[str]:
+    async def chunks() -> AsyncIterator[dict]:
+        for i in range(req.params.n):  # the role first, before any token: clients see the stream is live
+            yield fmt.body([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                             "finish_reason": None}], None, chunk=True, include_usage_field=req.include_usage)
+        with_logprobs = req.top_logprobs is not None
+        async for e in admitted.events():
+            if e.text or e.reasoning or e.finish_reason or (with_logprobs and e.logprobs):
+                yield fmt.body([fmt.delta_choice(e, False, with_logprobs)], None, chunk=True,
+                               include_usage_field=req.include_usage)
+        if req.include_usage:
+            yield fmt.body([], admitted.usage, chunk=True)
+
+    return _with_error_event(chunks())

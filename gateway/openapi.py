@@ -1,0 +1,68 @@
+"""The OpenAPI description served at /openapi.json: the routes, their parameters and error shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_NUMBER = {"type": "number"}
+_INT = {"type": "integer"}
+_BOOL = {"type": "boolean"}
+_STOP = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+
+_SAMPLING = {
+    "model": {"type": "string"}, "n": _INT, "temperature": _NUMBER, "top_p": _NUMBER, "stop": _STOP, "seed": _INT,
+    "presence_penalty": _NUMBER, "frequency_penalty": _NUMBER,
+    "logit_bias": {"type": "object", "additionalProperties": _NUMBER}, "stream": _BOOL,
+    "stream_options": {"type": "object", "properties": {"include_usage": _BOOL}}, "user": {"type": "string"},
+    # Extensions, as vLLM names them.
+    "top_k": _INT, "min_p": _NUMBER, "repetition_penalty": _NUMBER, "ignore_eos": _BOOL, "min_tokens": _INT,
+    "stop_token_ids": {"type": "array", "items": _INT},
+}
+
+_COMPLETION = {"type": "object", "required": ["model", "prompt"], "properties": {
+    **_SAMPLING, "max_tokens": _INT, "echo": _BOOL, "logprobs": _INT,
+    "prompt": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}},
+                         {"type": "array", "items": _INT}, {"type": "array", "items": {"type": "array", "items": _INT}}]},
+}}
+
+_MESSAGE = {"type": "object", "required": ["role", "content"], "properties": {
+    "role": {"enum": ["system", "developer", "user", "assistant"]}, "name": {"type": "string"},
+    "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object", "properties": {
+        "type": {"enum": ["text"]}, "text": {"type": "string"}}}}]},
+}}
+
+_CHAT = {"type": "object", "required": ["model", "messages"], "properties": {
+    **_SAMPLING, "messages": {"type": "array", "items": _MESSAGE}, "max_tokens": _INT, "max_completion_tokens": _INT,
+    "logprobs": _BOOL, "top_logprobs": _INT, "response_format": {"type": "object"},
+    "chat_template_kwargs": {"type": "object"},
+}}
+
+_ERROR = {"type": "object", "properties": {"error": {"type": "object", "properties": {
+    "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": ["string", "null"]},
+    "code": {"type": ["string", "null"]}}}}}
+
+
+def _post(summary: str, schema: dict) -> dict[str, Any]:
+    errors = {str(code): {"description": text, "content": {"application/json": {"schema": _ERROR}}}
+              for code, text in ((400, "invalid request"), (401, "missing or wrong API key"), (404, "unknown model"),
+                                 (413, "body too large"), (503, "no worker ready, queue full, or draining"))}
+    return {"post": {"summary": summary, "requestBody": {"required": True,
+                                                         "content": {"application/json": {"schema": schema}}},
+                     "responses": {"200": {"description": "a JSON response, or text/event-stream when stream is true"},
+                                   **errors}}}
+
+
+def document(model: str) -> dict[str, Any]:
+    get = {"get": {"responses": {"200": {"description": "OK"}}}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "MILI", "version": "0.1.0", "description": f"OpenAI-compatible API serving {model}"},
+        "paths": {
+            "/v1/completions": _post("Text completion", _COMPLETION),
+            "/v1/chat/completions": _post("Chat completion", _CHAT),
+            "/v1/models": get,
+            "/health": {"get": {"responses": {"200": {"description": "a worker is ready"},
+                                              "503": {"description": "loading, no worker alive, or draining"}}}},
+            "/metrics": get,
+        },
+    }

@@ -1,0 +1,109 @@
+"""`mili serve`: resolve the model, build the app, run uvicorn, drain on SIGTERM.
+
+Draining: the first SIGTERM (or Ctrl-C) makes /health and new requests answer 503 and stops accepting
+connections, while running requests, streams included, finish; after --drain-timeout seconds the rest
+are cut off and the workers are stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+
+import uvicorn
+from sse_starlette.sse import AppStatus
+
+from gateway.app import ServerSettings, build_app
+from gateway.protocol import Limits
+from shared.config import ATTENTION_BACKENDS, DTYPES, EngineConfig, parse_size
+
+log = logging.getLogger("mili.gateway")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="default",
+                   help="an HF-format directory, a .gguf file (converted once into the cache), or 'default'")
+    p.add_argument("--served-model-name", help="the name clients ask for (default: the model's directory name)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=os.environ.get("MILI_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on every route but /health (or set MILI_API_KEY)")
+    p.add_argument("--dtype", choices=DTYPES, default="auto")
+    p.add_argument("--max-model-len", type=int)
+    p.add_argument("--max-num-seqs", type=int, default=128)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--num-kv-blocks", type=int)
+    p.add_argument("--kv-cache-memory", type=parse_size, default="1GiB", help="KV cache size per worker (e.g. 4GiB)")
+    p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto")
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--workers", type=int, default=1, help="engine processes behind this gateway")
+    p.add_argument("--worker-threads", type=int, default=0, help="torch threads per worker (0: cores / workers)")
+    p.add_argument("--worker-tcp", metavar="HOST:PORT",
+                   help="talk to workers over tcp from PORT up (default: ipc sockets in a private directory)")
+    p.add_argument("--max-body-size", type=parse_size, default="16MiB")
+    p.add_argument("--max-n", type=int, default=Limits.max_n)
+    p.add_argument("--max-stop-strings", type=int, default=Limits.max_stop)
+    p.add_argument("--max-stop-length", type=int, default=Limits.max_stop_length)
+    p.add_argument("--max-waiting-requests", type=int, default=512,
+                   help="requests queued beyond what the workers run at once before new ones get 503")
+    p.add_argument("--sse-ping-interval", type=float, default=5.0, help="seconds between SSE keep-alive comments")
+    p.add_argument("--drain-timeout", type=float, default=30.0)
+    p.add_argument("--log-level", default="info")
+
+
+def resolve_model(model: str) -> tuple[Path, str]:
+    """The HF-format directory to serve and the name it is served under by default."""
+    from worker.default_model import DEFAULT_SERVED_NAME, converted_gguf, default_model_path
+
+    if model == "default":
+        return default_model_path(), DEFAULT_SERVED_NAME
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return converted_gguf(path, path.stem), path.stem
+    if not (path / "config.json").is_file():
+        raise ValueError(f"--model {model}: not an HF-format directory (no config.json) nor a .gguf file")
+    return path, path.name
+
+
+class _DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state):
+        super().__init__(config)
+        self.mili_state = state
+
+    def handle_exit(self, sig, frame) -> None:
+        if not self.mili_state.draining:
+            log.info("draining: no new requests; running ones get up to %.0f s",
+                     self.config.timeout_graceful_shutdown)
+        self.mili_state.draining = True
+        super().handle_exit(sig, frame)
+
+
+def run(args: argparse.Namespace) -> int:
+    model_dir, default_name = resolve_model(args.model)
+    engine_config = EngineConfig(
+        model=str(model_dir), dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
+        attention_backend=args.attention_backend, enable_prefix_caching=not args.no_prefix_caching)
+    tcp_host, tcp_port = None, 0
+    if args.worker_tcp:
+        tcp_host, _, port = args.worker_tcp.rpartition(":")
+        tcp_port = int(port)
+    settings = ServerSettings(
+        served_model_name=args.served_model_name or default_name, api_key=args.api_key,
+        limits=Limits(max_n=args.max_n, max_stop=args.max_stop_strings, max_stop_length=args.max_stop_length),
+        max_body_bytes=args.max_body_size, max_waiting_requests=args.max_waiting_requests,
+        sse_ping_s=args.sse_ping_interval, num_workers=args.workers, worker_threads=args.worker_threads,
+        worker_tcp_host=tcp_host, worker_tcp_port=tcp_port)
+    app = build_app(settings, engine_config)
+    # Running streams finish during the drain; sse-starlette would otherwise end them at the first SIGTERM.
+    AppStatus.disable_automatic_graceful_drain()
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            timeout_graceful_shutdown=args.drain_timeout, access_log=False)
+    server = _DrainingServer(config, app.state.mili)
+    log.info("serving %s as %r on http://%s:%d", model_dir, settings.served_model_name, args.host, args.port)
+    server.run()
+    return 0
