@@ -1,0 +1,76 @@
+"""The default model served by `mili serve` exactly as a user starts it, driven by the official openai SDK."""
+
+from __future__ import annotations
+
+import asyncio
+
+import openai
+import pytest
+
+from tests.helpers.server import Server
+
+MODEL = "SmolLM2-135M-Instruct"
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    # No --model: the embedded default, in the default dtype, as `make serve` runs it.
+    srv = Server("default", "--dtype", "auto", log_path=tmp_path_factory.mktemp("e2e") / "server.log").start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def test_models_list(client):
+    assert [m.id for m in client.models.list()] == [MODEL]
+
+
+def test_chat_answers_paris(client):
+    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0)
+    assert "Paris" in r.choices[0].message.content
+    assert r.choices[0].finish_reason == "stop"
+    assert r.usage.prompt_tokens > 10 and r.usage.completion_tokens <= 20
+
+
+def test_chat_stream_sync(client):
+    stream = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    parts, usage = [], None
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            parts.append(choice.delta.content or "")
+    text = "".join(parts)
+    assert "Paris" in text and "\ufffd" not in text
+    assert usage.completion_tokens >= 1
+
+
+def test_async_completions_and_chat(server):
+    async def run():
+        async with openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0) as c:
+            completion, chat = await asyncio.gather(
+                c.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=5, temperature=0),
+                c.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0, stream=True))
+            text = "".join([ch.choices[0].delta.content or "" async for ch in chat if ch.choices])
+            return completion.choices[0].text, text
+
+    completion, chat_text = asyncio.run(run())
+    assert "Paris" in completion and "Paris" in chat_text
+
+
+def test_unicode_streams_without_replacement_characters(client):
+    prompt = [{"role": "user", "content": "Écris une phrase en français avec des accents: é, è, à, ç. 日本語も。"}]
+    # Warm the prefix cache first, so both compared runs compute exactly the same (cached) way.
+    client.chat.completions.create(model=MODEL, messages=prompt, max_tokens=1)
+    pieces = [c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model=MODEL, messages=prompt, max_tokens=40, temperature=0.8, seed=7, stream=True) if c.choices]
+    whole = client.chat.completions.create(model=MODEL, messages=prompt, max_tokens=40, temperature=0.8, seed=7)
+    assert "".join(pieces) == whole.choices[0].message.content
+    # A reply cut off by max_tokens inside a character ends with U+FFFD in both; nothing else may hold one.
+    assert sum(p.count("\ufffd") for p in pieces) == whole.choices[0].message.content.count("\ufffd")

@@ -1,0 +1,103 @@
+"""The real `mili serve` as a subprocess (gateway and worker processes, real sockets), for integration
+and e2e tests; and tiny random models with a real tokenizer and chat template to serve."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx2
+
+from tests.helpers.tiny_models import build_tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def build_served_tiny_model(arch: str, seed: int, out_dir: Path, max_positions: int = 512) -> Path:
+    """A random tiny model with the default model's tokenizer and chat template (SmolLM2's ChatML, whose
+    <|im_end|> is id 2, the tiny models' EOS)."""
+    from tokenizers import Tokenizer
+
+    from worker.default_model import default_model_path
+
+    source = default_model_path()
+    vocab = Tokenizer.from_file(str(source / "tokenizer.json")).get_vocab_size()
+    build_tiny_model(arch, seed, out_dir, vocab_size=vocab, max_positions=max_positions)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(source / name, out_dir / name)
+    return out_dir
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`mili serve` on a free port; `start()` returns once /health says ready."""
+
+    def __init__(self, model: str | Path, *flags: str, log_path: Path, env: dict[str, str] | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.cmd = [sys.executable, "-m", "gateway.cli", "serve", "--model", str(model), "--port", str(self.port),
+                    "--dtype", "float32", *flags]
+        self.log_path = log_path
+        self.env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 180.0) -> "Server":
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT)
+        self.wait_healthy(timeout)
+        return self
+
+    def wait_healthy(self, timeout: float = 60.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mili serve exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                r = httpx2.get(f"{self.url}/health", timeout=2)
+                if r.status_code == 200:
+                    return r.json()
+            except httpx2.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"mili serve not healthy after {timeout} s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def worker_pids(self) -> list[int]:
+        """The gateway's child processes (its workers)."""
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+        return [int(p) for p in children]
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of a metric's samples that carry the given labels (0 when it has none yet)."""
+        text = httpx2.get(f"{self.url}/metrics", timeout=5).text
+        total = 0.0
+        wanted = [f'{k}="{v}"' for k, v in labels.items()]
+        for line in text.splitlines():
+            if line.startswith(name) and line[len(name)] in " {" and all(w in line for w in wanted):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+        finally:
+            self._log.close()

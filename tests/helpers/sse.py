@@ -1,0 +1,28 @@
+"""Raw SSE reading for framing tests: what a `curl -N` user sees, line by line."""
+
+from __future__ import annotations
+
+import json
+
+import httpx2
+
+
+def stream_lines(url: str, body: dict, headers: dict | None = None, timeout: float = 60) -> tuple[int, list[str]]:
+    """POST and return the status and every line of the response body as it arrived."""
+    with httpx2.stream("POST", url, json=body, headers=headers, timeout=timeout) as r:
+        return r.status_code, list(r.iter_lines())
+
+
+def data_payloads(lines: list[str]) -> list[str]:
+    return [line[len("data: "):] for line in lines if line.startswith("data: ")]
+
+
+def chunks(lines: list[str]) -> list[dict]:
+    """The JSON chunks of a stream, checking the framing: `data: ` lines separated by blank lines, and
+    `data: [DONE]` last."""
+    payloads = data_payloads(lines)
+    assert payloads and payloads[-1] == "[DONE]", lines[-5:]
+    assert "[DONE]" not in payloads[:-1]
+    for line in lines:
+        assert line == "" or line.startswith(("data: ", ":")), f"unexpected SSE line {line!r}"
+    return [json.loads(p) for p in payloads[:-1]]

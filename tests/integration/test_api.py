@@ -1,0 +1,142 @@
+"""The OpenAI API of a real server on a tiny random model, through the official SDK and raw SSE."""
+
+from __future__ import annotations
+
+import random
+
+import httpx2
+import openai
+import pytest
+
+from tests.helpers.sse import chunks, stream_lines
+from tests.integration.conftest import SERVED_NAME
+
+GREEDY = dict(temperature=0.0, extra_body={"ignore_eos": True})
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_health_models_openapi(server):
+    health = httpx2.get(f"{server.url}/health").json()
+    assert health["status"] == "ok" and health["model"] == SERVED_NAME
+    assert health["attention_backend"] in ("mojo", "torch")
+    assert health["workers_ready"] == 1
+    models = httpx2.get(f"{server.url}/v1/models").json()
+    assert [m["id"] for m in models["data"]] == [SERVED_NAME]
+    spec = httpx2.get(f"{server.url}/openapi.json").json()
+    assert {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"} <= set(spec["paths"])
+
+
+def test_completion_stream_equals_non_stream(client):
+    kwargs = dict(model=SERVED_NAME, prompt="The quick brown fox", max_tokens=12, **GREEDY)
+    full = client.completions.create(**kwargs)
+    assert full.choices[0].finish_reason == "length"
+    assert full.usage.completion_tokens == 12
+    assert full.usage.total_tokens == full.usage.prompt_tokens + 12
+    pieces = list(client.completions.create(stream=True, **kwargs))
+    assert "".join(c.choices[0].text for c in pieces if c.choices) == full.choices[0].text
+    assert [c.choices[0].finish_reason for c in pieces if c.choices and c.choices[0].finish_reason] == ["length"]
+
+
+def test_chat_sse_framing_role_finish_usage(server):
+    body = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "n": 2,
+            "stream": True, "stream_options": {"include_usage": True}, "temperature": 0, "ignore_eos": True}
+    status, lines = stream_lines(f"{server.url}/v1/chat/completions", body)
+    assert status == 200
+    got = chunks(lines)
+    assert all(c["object"] == "chat.completion.chunk" for c in got)
+    assert len({c["id"] for c in got}) == 1
+    for index in (0, 1):
+        mine = [c["choices"][0] for c in got if c["choices"] and c["choices"][0]["index"] == index]
+        assert mine[0]["delta"]["role"] == "assistant"
+        assert all("role" not in c["delta"] for c in mine[1:])
+        assert [c["finish_reason"] for c in mine if c["finish_reason"]] == ["length"]
+    usage_chunks = [c for c in got if c.get("usage")]
+    assert len(usage_chunks) == 1 and usage_chunks[0] is got[-1] and got[-1]["choices"] == []
+    assert usage_chunks[0]["usage"]["completion_tokens"] == 12
+    assert all(c["usage"] is None for c in got[:-1])  # include_usage: null on every other chunk
+
+
+def test_chat_non_stream_with_logprobs(client):
+    r = client.chat.completions.create(model=SERVED_NAME, messages=[{"role": "system", "content": "be brief"},
+                                                                    {"role": "user", "content": "hello"}],
+                                       max_completion_tokens=5, logprobs=True, top_logprobs=3, **GREEDY)
+    choice = r.choices[0]
+    assert choice.message.role == "assistant" and choice.finish_reason == "length"
+    assert len(choice.logprobs.content) == 5
+    for entry in choice.logprobs.content:
+        assert len(entry.top_logprobs) == 3
+        # greedy: the chosen token is the most likely one
+        assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob, abs=1e-5)
+
+
+def test_stop_string_spanning_tokens_never_leaks(client, server, test_seed):
+    kwargs = dict(model=SERVED_NAME, prompt="Once upon a time", max_tokens=40, **GREEDY)
+    text = client.completions.create(**kwargs).choices[0].text
+    rng = random.Random(test_seed)
+    start = rng.randrange(len(text) // 3, 2 * len(text) // 3)
+    stop = text[start:start + 6]
+    expected = text[:text.find(stop)]
+    r = client.completions.create(stop=[stop, "\x00never"], **kwargs)
+    assert r.choices[0].text == expected and r.choices[0].finish_reason == "stop"
+    status, lines = stream_lines(f"{server.url}/v1/completions", {**_raw(kwargs), "stream": True, "stop": stop})
+    pieces = [c["choices"][0]["text"] for c in chunks(lines) if c["choices"]]
+    assert "".join(pieces) == expected
+    assert not any(stop in p for p in pieces)
+
+
+def _raw(kwargs: dict) -> dict:
+    body = {k: v for k, v in kwargs.items() if k != "extra_body"}
+    body.update(kwargs.get("extra_body", {}))
+    return body
+
+
+def test_several_prompts_n_echo_and_token_prompts(client):
+    r = client.completions.create(model=SERVED_NAME, prompt=["one", "two three"], n=2, max_tokens=3, **GREEDY)
+    assert sorted(c.index for c in r.choices) == [0, 1, 2, 3]
+    by_index = {c.index: c.text for c in r.choices}
+    assert by_index[0] == by_index[1] and by_index[2] == by_index[3]  # greedy: choices of a prompt agree
+    echoed = client.completions.create(model=SERVED_NAME, prompt="echo me", echo=True, max_tokens=2, **GREEDY)
+    assert echoed.choices[0].text.startswith("echo me")
+    ids = client.completions.create(model=SERVED_NAME, prompt=[[1, 2, 3, 4]], max_tokens=2, **GREEDY)
+    assert ids.usage.prompt_tokens == 4
+
+
+def test_seed_reproduces_sampling(client):
+    kwargs = dict(model=SERVED_NAME, prompt="Roll the dice", max_tokens=16, temperature=1.0, seed=1234)
+    assert client.completions.create(**kwargs).choices[0].text == client.completions.create(**kwargs).choices[0].text
+
+
+def test_completion_logprobs(client):
+    r = client.completions.create(model=SERVED_NAME, prompt="a b c", max_tokens=4, logprobs=2, **GREEDY)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
+    assert all(len(top) >= 2 for top in lp.top_logprobs)
+    assert lp.text_offset == sorted(lp.text_offset)
+
+
+def test_prefix_cache_reported_in_usage_and_metrics(client, server):
+    prompt = "shared prefix " * 30
+    before = server.metric("mili_prefix_cache_hits_total")
+    client.completions.create(model=SERVED_NAME, prompt=prompt + "first", max_tokens=1, **GREEDY)
+    second = client.completions.create(model=SERVED_NAME, prompt=prompt + "second", max_tokens=1, **GREEDY)
+    assert second.usage.prompt_tokens_details.cached_tokens >= 16
+    assert server.metric("mili_prefix_cache_hits_total") - before >= 16
+
+
+def test_metrics_names(server, client):
+    client.completions.create(model=SERVED_NAME, prompt="count me", max_tokens=2, **GREEDY)
+    text = httpx2.get(f"{server.url}/metrics").text
+    for name in ("mili_requests_running", "mili_requests_waiting", "mili_kv_blocks_total", "mili_kv_blocks_used",
+                 "mili_worker_up", "mili_prompt_tokens_total", "mili_generation_tokens_total",
+                 "mili_prefix_cache_queries_total", "mili_prefix_cache_hits_total", "mili_preemptions_total",
+                 "mili_requests_total", "mili_time_to_first_token_seconds_bucket",
+                 "mili_inter_token_latency_seconds_bucket", "mili_e2e_request_latency_seconds_bucket",
+                 "mili_request_queue_time_seconds_bucket"):
+        assert f"\n{name}" in text, name
+    assert 'mili_requests_total{finish_reason="length",model="tiny-qwen3"}' in text
+    assert server.metric("mili_worker_up") == 1
+    assert server.metric("mili_kv_blocks_total") == 512

@@ -1,0 +1,121 @@
+"""Process lifecycle with real processes: a worker killed mid-stream, a gateway killed under its workers,
+SIGTERM draining, and several workers behind one gateway."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import threading
+import time
+
+import httpx2
+import pytest
+
+from tests.helpers.server import Server
+from tests.helpers.sse import chunks
+
+NAME = "tiny-qwen3"
+LONG = {"model": NAME, "prompt": "keep talking", "max_tokens": 400, "ignore_eos": True, "temperature": 0,
+        "stream": True}
+
+
+def start(tiny_model_dir, tmp_path, *flags) -> Server:
+    return Server(tiny_model_dir, "--served-model-name", NAME, "--num-kv-blocks", "256", *flags,
+                  log_path=tmp_path / "server.log").start()
+
+
+def wait_gone(pid: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} still alive after {timeout} s")
+
+
+def test_worker_crash_ends_streams_then_recovers(tiny_model_dir, tmp_path):
+    server = start(tiny_model_dir, tmp_path)
+    try:
+        (worker,) = server.worker_pids()
+        with httpx2.stream("POST", f"{server.url}/v1/completions", json=LONG, timeout=30) as r:
+            lines = r.iter_lines()
+            next(line for line in lines if line.startswith("data: "))  # decoding now
+            killed_at = time.monotonic()
+            os.kill(worker, signal.SIGKILL)
+            rest = list(lines)
+        got = [json.loads(line[6:]) for line in rest if line.startswith("data: {")]
+        assert "error" in got[-1] and rest[-1 if rest[-1] else -2] == "data: [DONE]"
+        assert time.monotonic() - killed_at < 1.5  # the stream ended promptly, not at a timeout
+        health = httpx2.get(f"{server.url}/health")
+        assert health.status_code == 503 and "exited" in health.json()["reason"]
+        refused = httpx2.post(f"{server.url}/v1/completions", json={**LONG, "stream": False, "max_tokens": 2})
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "worker_unavailable"
+        assert server.metric("mili_worker_up") == 0
+        server.wait_healthy(timeout=60)  # restarted after the backoff
+        assert server.worker_pids() != [worker]
+        ok = httpx2.post(f"{server.url}/v1/completions", json={**LONG, "stream": False, "max_tokens": 2})
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+    finally:
+        server.stop()
+
+
+def test_workers_exit_when_the_gateway_dies(tiny_model_dir, tmp_path):
+    server = start(tiny_model_dir, tmp_path, "--workers", "2")
+    workers = server.worker_pids()
+    assert len(workers) == 2
+    server.proc.kill()
+    server.proc.wait()
+    for pid in workers:
+        wait_gone(pid, timeout=5)
+
+
+def test_sigterm_drains_running_streams(tiny_model_dir, tmp_path):
+    server = start(tiny_model_dir, tmp_path, "--drain-timeout", "30")
+    result: dict = {}
+
+    def consume():
+        with httpx2.stream("POST", f"{server.url}/v1/completions", json={**LONG, "max_tokens": 200},
+                           timeout=60) as r:
+            lines = r.iter_lines()
+            next(line for line in lines if line.startswith("data: "))
+            result["started"] = True
+            result["lines"] = list(lines)
+
+    reader = threading.Thread(target=consume)
+    reader.start()
+    deadline = time.monotonic() + 30
+    while "started" not in result:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    server.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    with pytest.raises(httpx2.HTTPError):  # the listening socket is closed: no new requests
+        httpx2.get(f"{server.url}/health", timeout=2)
+    reader.join(timeout=60)
+    got = chunks(["data: {}"] + result["lines"])[1:]
+    assert [c["choices"][0]["finish_reason"] for c in got if c["choices"] and c["choices"][0]["finish_reason"]] \
+        == ["length"]
+    # uvicorn re-raises the SIGTERM it handled once the drain is done, as a signal-terminated process.
+    assert server.proc.wait(timeout=30) in (0, -signal.SIGTERM)
+    assert "Traceback" not in server.log_tail(200)
+
+
+def test_requests_spread_over_two_workers(tiny_model_dir, tmp_path):
+    server = start(tiny_model_dir, tmp_path, "--workers", "2")
+    try:
+        deadline = time.monotonic() + 60  # /health is 200 once the first worker is ready
+        while server.wait_healthy()["workers_ready"] < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        body = {**LONG, "stream": False, "max_tokens": 60}
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            texts = list(pool.map(lambda _: httpx2.post(f"{server.url}/v1/completions", json=body, timeout=60)
+                                  .json()["choices"][0]["text"], range(8)))
+        assert len(set(texts)) == 1  # greedy: the same answer from either worker
+        assert server.metric("mili_kv_blocks_total") == 512  # two workers' caches
+    finally:
+        server.stop()
