@@ -19,7 +19,8 @@ from tests.helpers.tiny_models import build_tiny_model
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def build_served_tiny_model(arch: str, seed: int, out_dir: Path, max_positions: int = 512) -> Path:
+def build_served_tiny_model(arch: str, seed: int, out_dir: Path, max_positions: int = 512,
+                            vocab_size: int | None = None) -> Path:
     """A random tiny model with the default model's tokenizer and chat template (SmolLM2's ChatML, whose
     <|im_end|> is id 2, the tiny models' EOS)."""
     from tokenizers import Tokenizer
@@ -27,7 +28,7 @@ def build_served_tiny_model(arch: str, seed: int, out_dir: Path, max_positions: 
     from worker.default_model import default_model_path
 
     source = default_model_path()
-    vocab = Tokenizer.from_file(str(source / "tokenizer.json")).get_vocab_size()
+    vocab = vocab_size or Tokenizer.from_file(str(source / "tokenizer.json")).get_vocab_size()
     build_tiny_model(arch, seed, out_dir, vocab_size=vocab, max_positions=max_positions)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(source / name, out_dir / name)

@@ -140,3 +140,12 @@ def test_metrics_names(server, client):
     assert 'mili_requests_total{finish_reason="length",model="tiny-qwen3"}' in text
     assert server.metric("mili_worker_up") == 1
     assert server.metric("mili_kv_blocks_total") == 512
+
+
+def test_sse_keep_alive_comments_while_streaming(server):
+    # The shared server pings every 0.2 s; a stream of 400 tokens lasts longer than that.
+    body = {"model": SERVED_NAME, "prompt": "long one", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    status, lines = stream_lines(f"{server.url}/v1/completions", body)
+    assert status == 200
+    assert any(line.startswith(":") for line in lines)
+    chunks(lines)  # comments do not disturb the framing

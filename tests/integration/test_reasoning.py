@@ -1,0 +1,69 @@
+"""Qwen3-style reasoning through the real server: a tokenizer with <think> tags gets reasoning_content,
+and chat_template_kwargs.enable_thinking reaches the template.
+
+The random model's output is steered with logit_bias onto the </think> token, so what the split must
+produce is known: with thinking on, the prompt ends inside <think> and the first </think> closes it;
+with thinking off, the template closed an empty think block already and everything is content.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import openai
+import pytest
+from tokenizers import AddedToken, Tokenizer
+
+from tests.helpers.server import Server, build_served_tiny_model
+from tests.helpers.sse import chunks, stream_lines
+
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and enable_thinking is false %}"
+    "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def thinking_server(tmp_path_factory):
+    out = tmp_path_factory.mktemp("thinking") / "tiny-think"
+    out.mkdir()
+    # The tokenizer gains the two tags first, so the model's vocabulary can cover them.
+    from worker.default_model import default_model_path
+
+    tok = Tokenizer.from_file(str(default_model_path() / "tokenizer.json"))
+    tok.add_tokens([AddedToken("<think>", special=False), AddedToken("</think>", special=False)])
+    seed = random.randrange(2**31)
+    print(f"\n[thinking model] seed={seed}")
+    build_served_tiny_model("qwen3", seed, out, vocab_size=tok.get_vocab_size())
+    tok.save(str(out / "tokenizer.json"))
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    config["chat_template"] = TEMPLATE
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    srv = Server(out, "--served-model-name", "think", "--num-kv-blocks", "64",
+                 log_path=tmp_path_factory.mktemp("logs") / "server.log").start()
+    yield srv, tok.token_to_id("</think>")
+    srv.stop()
+
+
+def ask(server, close_id: int, thinking: bool, stream: bool) -> tuple[str | None, str]:
+    """(reasoning_content, content) of a 3-token answer."""
+    standard = {"model": "think", "messages": [{"role": "user", "content": "think"}], "max_tokens": 3,
+                "logit_bias": {str(close_id): 100}, "temperature": 0}
+    extensions = {"ignore_eos": True, "chat_template_kwargs": {"enable_thinking": thinking}}
+    if not stream:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        message = client.chat.completions.create(**standard, extra_body=extensions).choices[0].message
+        return message.model_extra.get("reasoning_content"), message.content
+    status, lines = stream_lines(f"{server.url}/v1/chat/completions", {**standard, **extensions, "stream": True})
+    deltas = [c["choices"][0]["delta"] for c in chunks(lines) if c["choices"]]
+    return "".join(d.get("reasoning_content", "") for d in deltas), "".join(d.get("content") or "" for d in deltas)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_reasoning_split_and_enable_thinking(thinking_server, stream):
+    server, close_id = thinking_server
+    # Thinking on: the prompt ends inside <think>; the first </think> ends an empty reasoning.
+    assert ask(server, close_id, thinking=True, stream=stream) == ("", "</think></think>")
+    # Thinking off: the template closed the think block in the prompt; every token is content.
+    assert ask(server, close_id, thinking=False, stream=stream) == ("", "</think></think></think>")
