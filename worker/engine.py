@@ -37,7 +37,7 @@ class LLMEngine:
         if self.max_model_len > mc.max_position_embeddings:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's "
                              f"max_position_embeddings {mc.max_position_embeddings}")
-        self.attention_backend = get_attention_backend(config.attention_backend)
+        self.attention_backend = get_attention_backend(config.attention_backend, config.device)
         model = load_model(config.model, mc, self.attention_backend, self.dtype, self.max_model_len,
                            device=config.device)
         num_blocks = config.num_kv_blocks or num_blocks_for_memory(mc, config.block_size, self.dtype,

@@ -1,4 +1,5 @@
-"""The engine against transformers on random tiny Qwen3 / Qwen2 / Llama models, float32.
+"""The engine against transformers on random tiny Qwen3 / Qwen2 / Llama models, float32, with each
+attention backend (the torch reference and the Mojo kernels).
 
 Every sampled position's logits must match the reference forward pass (rtol 1e-4) and every greedy
 token must be the reference's argmax, through mixed batches, tiny prefill chunks, prefix-cache hits
@@ -18,6 +19,12 @@ VOCAB = 320
 STEPS = 32
 
 
+@pytest.fixture(params=["torch", "mojo"])
+def backend(request) -> str:
+    """Both attention backends must match transformers; "mojo" fails (never skips) if the kernels do not load."""
+    return request.param
+
+
 @pytest.fixture(params=sorted(TINY_MODELS))
 def tiny(request, tmp_path, test_seed):
     model_dir = tmp_path / request.param
@@ -30,26 +37,26 @@ def random_prompts(seed: int, lengths: list[int]) -> list[list[int]]:
     return [[rng.randrange(3, VOCAB) for _ in range(n)] for n in lengths]
 
 
-def test_mixed_batch(tiny, test_seed):
+def test_mixed_batch(tiny, backend, test_seed):
     model_dir, hf_model = tiny
-    engine = make_engine(model_dir)
+    engine = make_engine(model_dir, attention_backend=backend)
     prompts = random_prompts(test_seed, [1, 5, 16, 17, 33, 64, 100])
     run = run_greedy(engine, prompts, STEPS)
     assert_matches_reference(run, hf_model)
 
 
-def test_tiny_prefill_chunks_mixed_with_decodes(tiny, test_seed):
+def test_tiny_prefill_chunks_mixed_with_decodes(tiny, backend, test_seed):
     model_dir, hf_model = tiny
-    engine = make_engine(model_dir, max_num_batched_tokens=7, block_size=8)
+    engine = make_engine(model_dir, attention_backend=backend, max_num_batched_tokens=7, block_size=8)
     prompts = random_prompts(test_seed, [3, 15, 40, 9])
     # Staggered arrivals put new prompts' chunks into the same steps as older requests' decodes.
     run = run_greedy(engine, prompts, STEPS, stagger=3)
     assert_matches_reference(run, hf_model)
 
 
-def test_prefix_cache_hits(tiny, test_seed):
+def test_prefix_cache_hits(tiny, backend, test_seed):
     model_dir, hf_model = tiny
-    engine = make_engine(model_dir, block_size=8)
+    engine = make_engine(model_dir, attention_backend=backend, block_size=8)
     shared = random_prompts(test_seed, [45])[0]
     tails = random_prompts(test_seed + 1, [1, 7, 20])
     first = run_greedy(engine, [shared + tails[0]], STEPS)
@@ -62,10 +69,10 @@ def test_prefix_cache_hits(tiny, test_seed):
     assert engine.scheduler.prefix_hit_tokens - queries_before >= 3 * 40
 
 
-def test_preemption_by_recompute(tiny, test_seed):
+def test_preemption_by_recompute(tiny, backend, test_seed):
     model_dir, hf_model = tiny
     # 12 blocks of 8 tokens: each request needs up to 9 blocks, so they cannot all stay resident.
-    engine = make_engine(model_dir, block_size=8, num_kv_blocks=12, max_model_len=96)
+    engine = make_engine(model_dir, attention_backend=backend, block_size=8, num_kv_blocks=12, max_model_len=96)
     prompts = random_prompts(test_seed, [30, 25, 38, 12])
     run = run_greedy(engine, prompts, STEPS)
     assert engine.scheduler.num_preemptions > 0
@@ -73,7 +80,7 @@ def test_preemption_by_recompute(tiny, test_seed):
     assert engine.block_manager.num_used_blocks == 0
 
 
-def test_bfloat16_follows_the_reference(tiny, test_seed):
+def test_bfloat16_follows_the_reference(tiny, backend, test_seed):
     """bfloat16 (the default dtype on CPUs with native bf16): every greedy token is transformers' bf16
     argmax, except where its top two logits are a near-tie that rounding may break either way. Exactness
     is the float32 tests' job; this one catches a bf16 path that is broken (bad casts, wrong accumulation):
@@ -81,7 +88,8 @@ def test_bfloat16_follows_the_reference(tiny, test_seed):
     import torch
 
     model_dir, hf_model = tiny
-    engine = make_engine(model_dir, dtype="bfloat16", max_num_batched_tokens=16, block_size=8)
+    engine = make_engine(model_dir, attention_backend=backend, dtype="bfloat16", max_num_batched_tokens=16,
+                         block_size=8)
     run = run_greedy(engine, random_prompts(test_seed, [3, 20, 47]), STEPS, stagger=2)
     hf_bf16 = hf_model.to(torch.bfloat16)
     for rid, tokens in run.tokens.items():

@@ -1,0 +1,280 @@
+# MILI's CPU attention kernels over the paged KV cache, called from Python (kernels/mojo_ops.py).
+#
+# Cache layout per layer: K and V as [num_blocks, block_size, kv_heads, head_dim], float32 or bfloat16.
+# Every pointer, shape and stride arrives as an integer in one argument tuple; kernels/mojo_ops.py has
+# checked them (dtypes, contiguity, index ranges) before the call, so nothing here re-validates.
+#
+# paged_attention handles a whole ragged batch in one call: decode rows (one query token) and prefill
+# chunks (causal over their own tokens, attending to their cached prefix) alike. Work items are
+# (sequence, KV head, range of query rows), planned once per step in Python; each item walks the
+# sequence's pages with an online softmax in float32, one page at a time, for the query heads that
+# share its KV head, so K and V are read from the cache in place (no gather copy).
+
+from std.python import PythonObject
+from std.python.bindings import PythonModuleBuilder
+from std.os import abort
+from std.math import exp
+from max.algorithm import parallelize
+from std.sys import simd_width_of
+
+comptime F32 = DType.float32
+comptime BF16 = DType.bfloat16
+comptime W = simd_width_of[F32]()  # 16 lanes with AVX-512
+comptime W8 = 8  # head_dim is a multiple of 8; a 16-lane loop leaves at most one 8-lane tail
+
+comptime DTYPE_F32 = 0
+comptime DTYPE_BF16 = 1
+
+
+@export
+def PyInit_mili_attention() abi("C") -> PythonObject:
+    try:
+        var m = PythonModuleBuilder("mili_attention")
+        m.def_function[paged_attention]("paged_attention", docstring="ragged paged attention (decode + prefill)")
+        m.def_function[write_kv]("write_kv", docstring="scatter new K/V rows into the paged cache")
+        return m.finalize()
+    except e:
+        abort(String("error creating module:", e))
+
+
+def _ptr[dt: DType](obj: PythonObject) raises -> Pointer[Scalar[dt], MutAnyOrigin]:
+    return Pointer[Scalar[dt], MutAnyOrigin](unsafe_from_address=Int(py=obj))
+
+
+def _dot[dt: DType](q: Pointer[Scalar[F32], MutAnyOrigin], k: Pointer[Scalar[dt], MutAnyOrigin], n: Int) -> Float32:
+    """sum(q[:n] * k[:n]) in float32; q is float32, k in the cache dtype."""
+    var acc = SIMD[F32, W](0)
+    var d = 0
+    while d + W <= n:
+        acc += q.unsafe_offset(d).unsafe_load[width=W]() * k.unsafe_offset(d).unsafe_load[width=W]().cast[F32]()
+        d += W
+    var s = acc.reduce_add()
+    if d < n:
+        s += (q.unsafe_offset(d).unsafe_load[width=W8]() * k.unsafe_offset(d).unsafe_load[width=W8]().cast[F32]()).reduce_add()
+    return s
+
+
+def _scale_add[dt: DType](acc: Pointer[Scalar[F32], MutAnyOrigin], corr: Float32, w: Float32,
+                          v: Pointer[Scalar[dt], MutAnyOrigin], n: Int):
+    """acc[:n] = acc[:n] * corr + w * v[:n]."""
+    var d = 0
+    while d + W <= n:
+        var a = acc.unsafe_offset(d).unsafe_load[width=W]()
+        acc.unsafe_offset(d).unsafe_store(a * corr + v.unsafe_offset(d).unsafe_load[width=W]().cast[F32]() * w)
+        d += W
+    if d < n:
+        var a8 = acc.unsafe_offset(d).unsafe_load[width=W8]()
+        acc.unsafe_offset(d).unsafe_store(a8 * corr + v.unsafe_offset(d).unsafe_load[width=W8]().cast[F32]() * w)
+
+
+def _attend_rows[dt: DType](args: PythonObject) raises:
+    var out = _ptr[dt](args[0])
+    var query = _ptr[dt](args[1])
+    var k_cache = _ptr[dt](args[2])
+    var v_cache = _ptr[dt](args[3])
+    var block_tables = _ptr[DType.int32](args[4])
+    var context_lens = _ptr[DType.int32](args[5])
+    var query_start = _ptr[DType.int32](args[6])
+    var items = _ptr[DType.int32](args[7])
+    var n_items = Int(py=args[8])
+    var num_heads = Int(py=args[9])
+    var kv_heads = Int(py=args[10])
+    var head_dim = Int(py=args[11])
+    var block_size = Int(py=args[12])
+    var max_blocks = Int(py=args[13])
+    var q_stride = Int(py=args[14])
+    var out_stride = Int(py=args[15])
+    var scale = Float32(Float64(py=args[16]))
+    var scratch = _ptr[F32](args[17])
+    var group = num_heads // kv_heads
+    var row_stride = kv_heads * head_dim  # between consecutive tokens of a page
+    var scratch_per_item = 2 * head_dim + block_size
+
+    def item(i: Int) {imm out, imm query, imm k_cache, imm v_cache, imm block_tables, imm context_lens,
+                      imm query_start, imm items, imm head_dim, imm block_size, imm max_blocks, imm q_stride,
+                      imm out_stride, imm scale, imm scratch, imm group, imm row_stride, imm scratch_per_item}:
+        var seq = Int(items[unsafe_offset=4 * i])
+        var kvh = Int(items[unsafe_offset=4 * i + 1])
+        var row_begin = Int(items[unsafe_offset=4 * i + 2])
+        var row_end = Int(items[unsafe_offset=4 * i + 3])
+        var ctx = Int(context_lens[unsafe_offset=seq])
+        var q0 = Int(query_start[unsafe_offset=seq])
+        var q_len = Int(query_start[unsafe_offset=seq + 1]) - q0
+        var acc = scratch.unsafe_offset(i * scratch_per_item)
+        var q = acc.unsafe_offset(head_dim)
+        var scores = q.unsafe_offset(head_dim)
+        for r in range(row_begin, row_end):
+            var token = q0 + r
+            var visible = ctx - q_len + r + 1  # causal: keys up to this token's own position
+            for g in range(group):
+                var head = kvh * group + g
+                var q_in = query.unsafe_offset(token * q_stride + head * head_dim)
+                for d in range(head_dim):
+                    q[unsafe_offset=d] = q_in[unsafe_offset=d].cast[F32]() * scale
+                    acc[unsafe_offset=d] = 0
+                var m = Float32(-3.0e38)
+                var l = Float32(0)
+                var n_blocks = (visible + block_size - 1) // block_size
+                for b in range(n_blocks):
+                    var page = Int(block_tables[unsafe_offset=seq * max_blocks + b])
+                    var n = min(block_size, visible - b * block_size)
+                    var base = (page * block_size) * row_stride + kvh * head_dim
+                    var block_max = Float32(-3.0e38)
+                    for j in range(n):
+                        var s = _dot[dt](q, k_cache.unsafe_offset(base + j * row_stride), head_dim)
+                        scores[unsafe_offset=j] = s
+                        block_max = max(block_max, s)
+                    var new_m = max(m, block_max)
+                    var corr = exp(m - new_m)
+                    l = l * corr
+                    for j in range(n):
+                        var w = exp(scores[unsafe_offset=j] - new_m)
+                        l += w
+                        # The correction applies once per page; later rows of the page add with corr 1.
+                        _scale_add[dt](acc, corr if j == 0 else Float32(1), w,
+                                       v_cache.unsafe_offset(base + j * row_stride), head_dim)
+                    m = new_m
+                var inv = Float32(1) / l
+                var o = out.unsafe_offset(token * out_stride + head * head_dim)
+                for d in range(head_dim):
+                    o[unsafe_offset=d] = (acc[unsafe_offset=d] * inv).cast[dt]()
+
+    if Int(py=args[19]) != 0:
+        parallelize(item, n_items)
+    else:
+        for i in range(n_items):
+            item(i)
+
+
+def _attend_rows_fixed[dt: DType, HD: Int](args: PythonObject) raises:
+    """The same computation as _attend_rows for a head_dim known at compile time: q and the accumulator
+    live in registers, and each page's weights are exponentiated 8 at a time."""
+    var out = _ptr[dt](args[0])
+    var query = _ptr[dt](args[1])
+    var k_cache = _ptr[dt](args[2])
+    var v_cache = _ptr[dt](args[3])
+    var block_tables = _ptr[DType.int32](args[4])
+    var context_lens = _ptr[DType.int32](args[5])
+    var query_start = _ptr[DType.int32](args[6])
+    var items = _ptr[DType.int32](args[7])
+    var n_items = Int(py=args[8])
+    var num_heads = Int(py=args[9])
+    var kv_heads = Int(py=args[10])
+    var block_size = Int(py=args[12])
+    var max_blocks = Int(py=args[13])
+    var q_stride = Int(py=args[14])
+    var out_stride = Int(py=args[15])
+    var scale = Float32(Float64(py=args[16]))
+    var scratch = _ptr[F32](args[17])
+    var group = num_heads // kv_heads
+    var row_stride = kv_heads * HD
+    var scratch_per_item = 2 * HD + block_size
+
+    def item(i: Int) {imm out, imm query, imm k_cache, imm v_cache, imm block_tables, imm context_lens,
+                      imm query_start, imm items, imm block_size, imm max_blocks, imm q_stride,
+                      imm out_stride, imm scale, imm scratch, imm group, imm row_stride, imm scratch_per_item}:
+        var seq = Int(items[unsafe_offset=4 * i])
+        var kvh = Int(items[unsafe_offset=4 * i + 1])
+        var row_begin = Int(items[unsafe_offset=4 * i + 2])
+        var row_end = Int(items[unsafe_offset=4 * i + 3])
+        var ctx = Int(context_lens[unsafe_offset=seq])
+        var q0 = Int(query_start[unsafe_offset=seq])
+        var q_len = Int(query_start[unsafe_offset=seq + 1]) - q0
+        var scores = scratch.unsafe_offset(i * scratch_per_item)
+        for r in range(row_begin, row_end):
+            var token = q0 + r
+            var visible = ctx - q_len + r + 1
+            for g in range(group):
+                var head = kvh * group + g
+                var q = query.unsafe_offset(token * q_stride + head * HD).unsafe_load[width=HD]().cast[F32]() * scale
+                var acc = SIMD[F32, HD](0)
+                var m = Float32(-3.0e38)
+                var l = Float32(0)
+                var n_blocks = (visible + block_size - 1) // block_size
+                for b in range(n_blocks):
+                    var page = Int(block_tables[unsafe_offset=seq * max_blocks + b])
+                    var n = min(block_size, visible - b * block_size)
+                    var base = (page * block_size) * row_stride + kvh * HD
+                    var block_max = Float32(-3.0e38)
+                    for j in range(n):
+                        var k = k_cache.unsafe_offset(base + j * row_stride).unsafe_load[width=HD]().cast[F32]()
+                        var s = (q * k).reduce_add()
+                        scores[unsafe_offset=j] = s
+                        block_max = max(block_max, s)
+                    var new_m = max(m, block_max)
+                    var corr = exp(m - new_m)
+                    acc = acc * corr
+                    l = l * corr
+                    # Weights 8 at a time; lanes past n are -inf, so they weigh 0.
+                    var padded = (n + W8 - 1) // W8 * W8
+                    for j in range(n, padded):
+                        scores[unsafe_offset=j] = Float32(-3.0e38)
+                    var j8 = 0
+                    while j8 < padded:
+                        var w = exp(scores.unsafe_offset(j8).unsafe_load[width=W8]() - new_m)
+                        scores.unsafe_offset(j8).unsafe_store(w)
+                        l += w.reduce_add()
+                        j8 += W8
+                    for j in range(n):
+                        var v = v_cache.unsafe_offset(base + j * row_stride).unsafe_load[width=HD]().cast[F32]()
+                        acc += v * scores[unsafe_offset=j]
+                    m = new_m
+                out.unsafe_offset(token * out_stride + head * HD).unsafe_store((acc / l).cast[dt]())
+
+    if Int(py=args[19]) != 0:
+        parallelize(item, n_items)
+    else:
+        for i in range(n_items):
+            item(i)
+
+
+def paged_attention(args: PythonObject) raises -> PythonObject:
+    var code = Int(py=args[18])
+    var head_dim = Int(py=args[11])
+    if code == DTYPE_BF16:
+        if head_dim == 64:
+            _attend_rows_fixed[BF16, 64](args)
+        elif head_dim == 128:
+            _attend_rows_fixed[BF16, 128](args)
+        else:
+            _attend_rows[BF16](args)
+    else:
+        if head_dim == 64:
+            _attend_rows_fixed[F32, 64](args)
+        elif head_dim == 128:
+            _attend_rows_fixed[F32, 128](args)
+        else:
+            _attend_rows[F32](args)
+    return PythonObject(None)
+
+
+def _copy_rows[dt: DType](args: PythonObject) raises:
+    var k_cache = _ptr[dt](args[0])
+    var v_cache = _ptr[dt](args[1])
+    var key = _ptr[dt](args[2])
+    var value = _ptr[dt](args[3])
+    var slots = _ptr[DType.int64](args[4])
+    var num_tokens = Int(py=args[5])
+    var row = Int(py=args[6])  # kv_heads * head_dim, a multiple of 8
+    var key_stride = Int(py=args[7])
+    var value_stride = Int(py=args[8])
+    for t in range(num_tokens):
+        var slot = Int(slots[unsafe_offset=t])
+        var kd = k_cache.unsafe_offset(slot * row)
+        var vd = v_cache.unsafe_offset(slot * row)
+        var ks = key.unsafe_offset(t * key_stride)
+        var vs = value.unsafe_offset(t * value_stride)
+        var d = 0
+        while d < row:
+            kd.unsafe_offset(d).unsafe_store(ks.unsafe_offset(d).unsafe_load[width=W8]())
+            vd.unsafe_offset(d).unsafe_store(vs.unsafe_offset(d).unsafe_load[width=W8]())
+            d += W8
+
+
+def write_kv(args: PythonObject) raises -> PythonObject:
+    var code = Int(py=args[9])
+    if code == DTYPE_BF16:
+        _copy_rows[BF16](args)
+    else:
+        _copy_rows[F32](args)
+    return PythonObject(None)

@@ -1,0 +1,143 @@
+"""Checked Python entry points to the Mojo kernels.
+
+The kernels trust their arguments, so everything that could make them read or write out of bounds is
+checked here first: dtypes, shapes, strides, and (once per step, in `StepPlan`) the ranges of block ids
+and slots. A bad call raises ValueError; it never reaches the kernel. The interface is pointers, shapes,
+strides and dtype codes only, so a GPU build of the same kernels can sit behind it.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+from dataclasses import dataclass, field
+from types import ModuleType
+
+import torch
+
+from kernels.build import MODULE_NAME, build
+
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+MAX_HEAD_DIM = 256
+# Query rows per work item in prefill chunks: small enough to spread a chunk over the cores.
+ROWS_PER_ITEM = 16
+
+
+def load_module() -> ModuleType:
+    """Build (if needed) and import the kernels' extension module."""
+    path = build()
+    loader = importlib.machinery.ExtensionFileLoader(MODULE_NAME, str(path))
+    spec = importlib.util.spec_from_file_location(MODULE_NAME, path, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(f"mojo attention: {message}")
+
+
+@dataclass
+class StepPlan:
+    """One step's metadata in the kernels' form, checked once and shared by every layer."""
+
+    block_tables: torch.Tensor  # [batch, max_blocks] int32
+    context_lens: torch.Tensor  # [batch] int32
+    query_start: torch.Tensor  # [batch + 1] int32
+    slot_mapping: torch.Tensor  # [num_tokens] int64
+    rows: list[tuple[int, int, int]]  # (sequence, first query row, end row) per work item, before KV heads
+    num_tokens: int
+    min_slot: int
+    max_slot: int
+    min_block_id: int
+    max_block_id: int
+    _items: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, block_tables: torch.Tensor, context_lens: tuple[int, ...], query_lens: tuple[int, ...],
+              slot_mapping: torch.Tensor, block_size: int, max_query_len: int | None = None) -> "StepPlan":
+        """max_query_len: sequences with longer chunks get no work items (another kernel attends them)."""
+        _require(len(context_lens) == len(query_lens) == block_tables.shape[0], "batch sizes disagree")
+        _require(all(1 <= q <= c for q, c in zip(query_lens, context_lens)),
+                 "every sequence needs 1 <= query length <= context length")
+        _require(max(-(-c // block_size) for c in context_lens) <= block_tables.shape[1],
+                 "block tables are narrower than the contexts")
+        starts = [0]
+        rows = []
+        for seq, q_len in enumerate(query_lens):
+            starts.append(starts[-1] + q_len)
+            if max_query_len is None or q_len <= max_query_len:
+                rows += [(seq, r, min(r + ROWS_PER_ITEM, q_len)) for r in range(0, q_len, ROWS_PER_ITEM)]
+        _require(slot_mapping.dtype == torch.int64 and slot_mapping.numel() == starts[-1],
+                 "slot_mapping must be int64 with one slot per token")
+        tables = block_tables.to(torch.int32).contiguous()
+        # Only the entries each sequence's context reaches are read; the padding beyond may be anything.
+        used = torch.cat([tables[i, :-(-c // block_size)] for i, c in enumerate(context_lens)])
+        return cls(block_tables=tables, context_lens=torch.tensor(context_lens, dtype=torch.int32),
+                   query_start=torch.tensor(starts, dtype=torch.int32), slot_mapping=slot_mapping.contiguous(),
+                   rows=rows, num_tokens=starts[-1], min_slot=int(slot_mapping.min()), max_slot=int(slot_mapping.max()),
+                   min_block_id=int(used.min()), max_block_id=int(used.max()))
+
+    def items(self, kv_heads: int) -> torch.Tensor:
+        """[n_items, 4] int32 work items: (sequence, KV head, first row, end row)."""
+        if kv_heads not in self._items:
+            self._items[kv_heads] = torch.tensor([(s, h, r0, r1) for s, r0, r1 in self.rows for h in range(kv_heads)],
+                                                 dtype=torch.int32).reshape(-1, 4)
+        return self._items[kv_heads]
+
+
+def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    _require(k_cache.dim() == 4 and k_cache.shape == v_cache.shape, "caches must be [blocks, block_size, kv_heads, dim]")
+    _require(k_cache.dtype == v_cache.dtype and k_cache.dtype in DTYPE_CODES, f"unsupported cache dtype {k_cache.dtype}")
+    _require(k_cache.is_contiguous() and v_cache.is_contiguous(), "caches must be contiguous")
+    head_dim = k_cache.shape[3]
+    _require(head_dim % 8 == 0 and head_dim <= MAX_HEAD_DIM, f"head_dim {head_dim} must be a multiple of 8 up to 256")
+
+
+def _check_rows(x: torch.Tensor, name: str, tokens: int, heads: int, head_dim: int, dtype: torch.dtype) -> None:
+    """x: [tokens, heads, head_dim] with each token's heads contiguous (the token stride may be larger)."""
+    _require(x.dim() == 3 and tuple(x.shape) == (tokens, heads, head_dim), f"{name} must be [{tokens}, {heads}, "
+             f"{head_dim}], got {list(x.shape)}")
+    _require(x.dtype == dtype, f"{name} must be {dtype}, got {x.dtype}")
+    _require(x.stride(2) == 1 and x.stride(1) == head_dim, f"{name}'s heads must be contiguous within a token")
+
+
+def write_kv(module: ModuleType, k_cache: torch.Tensor, v_cache: torch.Tensor, key: torch.Tensor,
+             value: torch.Tensor, plan: StepPlan) -> None:
+    """key/value: [num_tokens, kv_heads, head_dim] -> the cache slots of plan.slot_mapping."""
+    _check_cache(k_cache, v_cache)
+    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
+    for x, name in ((key, "key"), (value, "value")):
+        _check_rows(x, name, plan.num_tokens, kv_heads, head_dim, k_cache.dtype)
+    _require(plan.min_slot >= 0 and plan.max_slot < num_blocks * block_size, "a slot lies outside the cache")
+    module.write_kv((k_cache.data_ptr(), v_cache.data_ptr(), key.data_ptr(), value.data_ptr(),
+                     plan.slot_mapping.data_ptr(), plan.num_tokens, kv_heads * head_dim, key.stride(0),
+                     value.stride(0), DTYPE_CODES[k_cache.dtype]))
+
+
+def paged_attention(module: ModuleType, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    plan: StepPlan, scale: float, out: torch.Tensor | None = None,
+                    parallel: bool = False) -> torch.Tensor:
+    """query: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim], causal per sequence.
+    `out`, when given, must be contiguous and shaped like query (tests pass one poisoned with NaN).
+    parallel: spread the work items over Mojo's thread pool instead of running them on this thread."""
+    _check_cache(k_cache, v_cache)
+    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
+    num_heads = query.shape[1] if query.dim() == 3 else -1
+    _require(num_heads > 0 and num_heads % kv_heads == 0, f"{num_heads} query heads do not group over {kv_heads}")
+    _check_rows(query, "query", plan.num_tokens, num_heads, head_dim, k_cache.dtype)
+    _require(plan.min_block_id >= 0 and plan.max_block_id < num_blocks, "a block table entry lies outside the cache")
+    items = plan.items(kv_heads)
+    if items.shape[0] == 0:
+        return out if out is not None else torch.empty_like(query)
+    if out is None:
+        out = torch.empty(plan.num_tokens, num_heads, head_dim, dtype=query.dtype)
+    _require(out.shape == query.shape and out.dtype == query.dtype and out.is_contiguous(), "bad output tensor")
+    scratch = torch.empty(items.shape[0], 2 * head_dim + block_size, dtype=torch.float32)
+    module.paged_attention((out.data_ptr(), query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                            plan.block_tables.data_ptr(), plan.context_lens.data_ptr(), plan.query_start.data_ptr(),
+                            items.data_ptr(), items.shape[0], num_heads, kv_heads, head_dim, block_size,
+                            plan.block_tables.shape[1], query.stride(0), out.stride(0), float(scale),
+                            scratch.data_ptr(), DTYPE_CODES[k_cache.dtype], int(parallel)))
+    return out

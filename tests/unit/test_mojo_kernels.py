@@ -1,0 +1,153 @@
+"""The Mojo kernels against the torch reference on fresh random inputs every run.
+
+Shapes cover GQA ratios 1/2/4/8, head_dim 64 and 128, block sizes 8/16/32, contexts of 1 token, at
+block boundaries -1/0/+1 and beyond 1000, ragged batches mixing decode rows and prefill chunks over
+cached prefixes, in float32 and bfloat16. Outputs are poisoned with NaN before each call, so an element
+the kernel forgets to write fails. Bad calls must raise before reaching the kernel.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from kernels import mojo_ops, reference
+
+
+@pytest.fixture(scope="module")
+def module():
+    return mojo_ops.load_module()  # a failed build fails these tests: `make test` builds the kernels
+
+
+def make_batch(rng: random.Random, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+               seqs: list[tuple[int, int]], num_blocks: int | None = None):
+    """seqs: (context_len, query_len) per sequence; pages assigned in random order."""
+    needed = [-(-c // block_size) for c, _ in seqs]
+    num_blocks = num_blocks or sum(needed) + 3
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim).to(dtype)
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim).to(dtype)
+    pages = list(range(num_blocks))
+    rng.shuffle(pages)
+    tables = torch.zeros(len(seqs), max(needed), dtype=torch.int32)
+    slots = []
+    for i, ((ctx, q_len), n) in enumerate(zip(seqs, needed)):
+        tables[i, :n] = torch.tensor([pages.pop() for _ in range(n)])
+        slots += [int(tables[i, p // block_size]) * block_size + p % block_size for p in range(ctx - q_len, ctx)]
+    ctx_lens = tuple(c for c, _ in seqs)
+    q_lens = tuple(q for _, q in seqs)
+    plan = mojo_ops.StepPlan.build(tables, ctx_lens, q_lens, torch.tensor(slots), block_size)
+    ref_plan = reference.plan_attention(tables, list(ctx_lens), list(q_lens), block_size)
+    return k_cache, v_cache, plan, ref_plan, torch.tensor(slots)
+
+
+def check_attention(module, rng, block_size, kv_heads, group, head_dim, dtype, seqs):
+    k_cache, v_cache, plan, ref_plan, _ = make_batch(rng, block_size, kv_heads, head_dim, dtype, seqs)
+    query = torch.randn(plan.num_tokens, kv_heads * group, head_dim).to(dtype)
+    scale = head_dim ** -0.5
+    expected = reference.paged_attention(query, k_cache, v_cache, ref_plan, scale)
+    for parallel in (False, True):  # on the calling thread, and over Mojo's thread pool
+        out = torch.full_like(query, float("nan"))
+        mojo_ops.paged_attention(module, query, k_cache, v_cache, plan, scale, out=out, parallel=parallel)
+        assert not out.isnan().any(), "an output element was never written"
+        # float32: the same math in another order. bfloat16: both accumulate in float32 and round once.
+        tol = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=1.6e-2, rtol=1.6e-2)
+        torch.testing.assert_close(out.float(), expected.float(), **tol)
+
+
+def boundary_contexts(block_size: int) -> list[int]:
+    return [1, block_size - 1, block_size, block_size + 1, 2 * block_size, 1037]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+@pytest.mark.parametrize("group", [1, 2, 4, 8])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_decode_rows(module, test_seed, dtype, block_size, group, head_dim):
+    rng = random.Random(test_seed)
+    torch.manual_seed(test_seed)
+    seqs = [(c, 1) for c in boundary_contexts(block_size)]
+    rng.shuffle(seqs)
+    check_attention(module, rng, block_size, 2, group, head_dim, dtype, seqs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+@pytest.mark.parametrize("group", [1, 4])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_ragged_prefill_with_cached_prefixes_and_decodes(module, test_seed, dtype, block_size, group, head_dim):
+    rng = random.Random(test_seed)
+    torch.manual_seed(test_seed)
+    b = block_size
+    seqs = [(b + 1, b + 1),  # a whole prompt, no prefix
+            (3 * b, b - 1),  # a chunk after a cached prefix, ending on a block boundary
+            (1037, 40),  # a long cached prefix
+            (b - 1, 1), (2 * b + 1, 1),  # decodes in the same batch
+            (1, 1), (rng.randrange(17, 300), 17)]
+    rng.shuffle(seqs)
+    check_attention(module, rng, block_size, 2, group, head_dim, dtype, seqs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_other_head_dims_and_odd_groups(module, test_seed, dtype):
+    rng = random.Random(test_seed)
+    torch.manual_seed(test_seed)
+    for head_dim, kv_heads, group in ((8, 1, 3), (72, 3, 3), (256, 1, 2), (96, 4, 1)):
+        check_attention(module, rng, 16, kv_heads, group, head_dim, dtype, [(33, 1), (70, 9), (5, 5)])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_write_kv_matches_reference(module, test_seed, dtype):
+    rng = random.Random(test_seed)
+    torch.manual_seed(test_seed)
+    k_cache, v_cache, plan, _, slots = make_batch(rng, 16, 3, 64, dtype, [(40, 40), (17, 1), (100, 7)])
+    # key contiguous; value a strided view, as the model's fused qkv projection hands it over
+    key = torch.randn(plan.num_tokens, 3, 64).to(dtype)
+    value = torch.randn(plan.num_tokens, 2, 3, 64).to(dtype)[:, 1]
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    reference.write_kv(k_ref, v_ref, key, value, slots)
+    mojo_ops.write_kv(module, k_cache, v_cache, key, value, plan)
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+
+
+def test_bad_calls_raise_before_the_kernel(module, test_seed):
+    rng = random.Random(test_seed)
+    k_cache, v_cache, plan, _, slots = make_batch(rng, 16, 2, 64, torch.float32, [(20, 4)], num_blocks=4)
+    query = torch.randn(4, 4, 64)
+    bad = [
+        lambda: mojo_ops.paged_attention(module, query.bfloat16(), k_cache, v_cache, plan, 1.0),  # dtype mix
+        lambda: mojo_ops.paged_attention(module, query[:3], k_cache, v_cache, plan, 1.0),  # token count
+        lambda: mojo_ops.paged_attention(module, torch.randn(4, 3, 64), k_cache, v_cache, plan, 1.0),  # groups
+        lambda: mojo_ops.paged_attention(module, query.transpose(0, 1).contiguous().transpose(0, 1), k_cache,
+                                         v_cache, plan, 1.0),  # heads not contiguous
+        lambda: mojo_ops.paged_attention(module, query, k_cache.transpose(1, 2), v_cache.transpose(1, 2), plan,
+                                         1.0),  # cache not contiguous
+        lambda: mojo_ops.paged_attention(module, query, k_cache[:1], v_cache[:1], plan, 1.0),  # block ids beyond
+        lambda: mojo_ops.write_kv(module, k_cache[:1], v_cache[:1], torch.randn(4, 2, 64), torch.randn(4, 2, 64),
+                                  plan),  # slots beyond the cache
+        lambda: mojo_ops.write_kv(module, k_cache, v_cache, torch.randn(4, 2, 32), torch.randn(4, 2, 32), plan),
+        lambda: mojo_ops.StepPlan.build(plan.block_tables[:, :1], (20,), (4,), slots, 16),  # table too narrow
+        lambda: mojo_ops.StepPlan.build(plan.block_tables, (20,), (21,), slots, 16),  # query beyond context
+        lambda: mojo_ops.paged_attention(module, torch.randn(4, 4, 60), *(torch.randn(4, 16, 2, 60),) * 2,
+                                         plan, 1.0),  # head_dim not a multiple of 8
+    ]
+    for i, call in enumerate(bad):
+        with pytest.raises(ValueError, match="mojo attention"):
+            call()
+            pytest.fail(f"bad call {i} did not raise")
+
+
+def test_auto_falls_back_to_torch_loudly_when_the_kernels_cannot_load(monkeypatch, caplog):
+    from worker.attention import get_attention_backend
+
+    assert get_attention_backend("auto").name == "mojo"  # built by `make test`
+
+    def broken():
+        raise OSError("libKGENCompilerRTShared.so: cannot open shared object file")
+
+    monkeypatch.setattr(mojo_ops, "load_module", broken)
+    assert get_attention_backend("auto").name == "torch"
+    assert "falling back to the torch reference" in caplog.text and "cannot open" in caplog.text
+    with pytest.raises(RuntimeError, match="mojo attention backend is unavailable"):
+        get_attention_backend("mojo")
