@@ -1,8 +1,9 @@
 """Chat templates from the model directory, rendered in jinja2's immutable sandbox.
 
-Rendering follows transformers' `apply_chat_template` (trim_blocks, lstrip_blocks, `raise_exception`,
-`strftime_now`, a `tojson` that keeps non-ASCII) so templates written for it work unchanged. Only the
-model's own template is used; a request can pass variables (chat_template_kwargs) but never a template.
+Rendering follows transformers' `apply_chat_template` (trim_blocks, lstrip_blocks, loop controls,
+`raise_exception`, `strftime_now`, a `tojson` that keeps non-ASCII and does not HTML-escape) so
+templates written for it work unchanged. Only the model's own template is used; a request can pass
+variables (chat_template_kwargs) but never a template, and never replace the conversation.
 """
 
 from __future__ import annotations
@@ -12,38 +13,45 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from jinja2 import TemplateError
+from jinja2 import Template, TemplateError
+from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 
 class ChatTemplateError(ValueError):
-    """The template refused the conversation or failed to render."""
+    """The template refused the conversation or failed to render (a 400 for the request)."""
 
 
 class NoChatTemplate(ChatTemplateError):
-    pass
+    """The model has no chat template, so /v1/chat/completions cannot serve it."""
 
 
 def _raise_exception(message: str) -> None:
     raise ChatTemplateError(message)
 
 
-def _tojson(value: Any, indent: int | None = None, **_: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, indent=indent)
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
 
 
-def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    # jinja2's own tojson HTML-escapes (<, >, &, ') and sorts keys; templates expect plain JSON.
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _compile(source: str) -> Template:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.globals["strftime_now"] = _strftime_now
     env.filters["tojson"] = _tojson
-    return env
+    return env.from_string(source)
 
 
 def _token_string(value: Any) -> str:
-    """tokenizer_config's special tokens are strings or AddedToken dicts."""
+    """tokenizer_config's special tokens are strings or AddedToken dicts ({"content": ...})."""
     if isinstance(value, dict):
-        return str(value.get("content", ""))
+        value = value.get("content")
     return value if isinstance(value, str) else ""
 
 
@@ -52,39 +60,45 @@ class ChatTemplate:
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
-        self._template = None
+        self._template: Template | None = None
         if source is not None:
             try:
-                self._template = _environment().from_string(source)
+                self._template = _compile(source)
             except TemplateError as e:
                 raise ChatTemplateError(f"the model's chat template does not compile: {e}") from e
 
     @classmethod
-    def from_model_dir(cls, model_dir: str | Path) -> "ChatTemplate":
+    def from_model_dir(cls, model_dir: str | Path) -> ChatTemplate:
+        """The template as transformers would pick it: `chat_template.jinja` if present, else
+        tokenizer_config.json's `chat_template` (a string, or named templates of which "default")."""
         model_dir = Path(model_dir)
         config_path = model_dir / "tokenizer_config.json"
-        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
         source = config.get("chat_template")
-        if isinstance(source, list):  # named templates: [{"name": ..., "template": ...}]
-            named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
-            source = named.get("default")
+        if isinstance(source, list):  # [{"name": ..., "template": ...}]
+            source = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}.get("default")
         jinja_file = model_dir / "chat_template.jinja"
-        if jinja_file.is_file():  # transformers prefers the standalone file when both exist
-            source = jinja_file.read_text()
-        return cls(source, _token_string(config.get("bos_token")), _token_string(config.get("eos_token")))
+        if jinja_file.is_file():
+            source = jinja_file.read_text(encoding="utf-8")
+        return cls(source if isinstance(source, str) else None,
+                   _token_string(config.get("bos_token")), _token_string(config.get("eos_token")))
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                template_kwargs: dict[str, Any] | None = None) -> str:
+        """The prompt text for a conversation. `template_kwargs` (a request's chat_template_kwargs,
+        e.g. {"enable_thinking": False}) become template variables."""
         if self._template is None:
             raise NoChatTemplate("this model has no chat template; use /v1/completions with a plain prompt")
-        # The request's variables come first so they can never replace the conversation itself.
+        # Request variables go first so they can never replace the conversation or the special tokens.
         context = {**(template_kwargs or {}), "messages": messages, "add_generation_prompt": add_generation_prompt,
                    "bos_token": self.bos_token, "eos_token": self.eos_token}
         try:
             return self._template.render(**context)
         except ChatTemplateError:
             raise
-        except TemplateError as e:  # SecurityError (sandbox) included
-            raise ChatTemplateError(str(e)) from e
-        except (TypeError, ValueError, KeyError, AttributeError) as e:
+        except TemplateError as e:  # the sandbox's SecurityError included
+            raise ChatTemplateError(f"{type(e).__name__}: {e}") from e
+        except Exception as e:
+            # The template is the model's code; whatever it raises on this conversation (a bad index,
+            # a division, a method on a missing field) means this request cannot be rendered.
             raise ChatTemplateError(f"{type(e).__name__}: {e}") from e

@@ -9,7 +9,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from gateway.detokenizer import token_text
+from gateway.detokenizer import token_bytes, token_text
 from gateway.generation import ChoiceEvent, TokenLogprob, Usage
 
 
@@ -28,13 +28,14 @@ class TokenNames:
 
     def __init__(self, tokenizer: Tokenizer):
         self._text = lru_cache(maxsize=65536)(lambda token_id: token_text(tokenizer, token_id))
+        # Exact bytes, also for a fragment of a character (whose text reads as U+FFFD).
+        self._bytes = lru_cache(maxsize=65536)(lambda token_id: list(token_bytes(tokenizer, token_id)))
 
     def text(self, token_id: int) -> str:
         return self._text(token_id)
 
     def chat_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
-        text = self.text(token_id)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+        return {"token": self.text(token_id), "logprob": logprob, "bytes": self._bytes(token_id)}
 
 
 class CompletionFormat:

@@ -74,8 +74,10 @@ def test_disconnect_while_queued_and_while_waiting_non_stream(server):
         async with httpx2.AsyncClient(base_url=server.url, timeout=60) as client:
             running = [await OpenStream(client, LONG).start() for _ in range(16)]  # fill every sequence slot
             queued = asyncio.create_task(client.post("/v1/completions", json=LONG))  # non-stream, waits in queue
-            await asyncio.sleep(0.3)
-            assert server.metric("mili_requests_waiting") == 1
+            deadline = time.monotonic() + 5
+            while server.metric("mili_requests_waiting") != 1:
+                assert time.monotonic() < deadline, "the 17th request never queued"
+                await asyncio.sleep(0.01)
             queued.cancel()  # the client gives up while the request is still queued
             await asyncio.gather(queued, return_exceptions=True)
             deadline = time.monotonic() + 5

@@ -119,3 +119,22 @@ def test_requests_spread_over_two_workers(tiny_model_dir, tmp_path):
         assert server.metric("mili_kv_blocks_total") == 512  # two workers' caches
     finally:
         server.stop()
+
+
+def test_queue_full_is_503_with_retry_after(tiny_model_dir, tmp_path):
+    # One sequence at a time and no waiting room: of 8 simultaneous requests, the first is admitted and
+    # the others arrive while it runs (a 400-token answer takes tens of milliseconds even on a tiny model).
+    server = start(tiny_model_dir, tmp_path, "--max-num-seqs", "1", "--max-waiting-requests", "0")
+    try:
+        body = {**LONG, "stream": False}
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            responses = list(pool.map(lambda _: httpx2.post(f"{server.url}/v1/completions", json=body, timeout=60),
+                                      range(8)))
+        refused = [r for r in responses if r.status_code == 503]
+        assert refused and all(r.headers["retry-after"] == "1" and r.json()["error"]["code"] == "queue_full"
+                               for r in refused)
+        assert {r.status_code for r in responses} <= {200, 503} and any(r.status_code == 200 for r in responses)
+        ok = httpx2.post(f"{server.url}/v1/completions", json={**body, "max_tokens": 2})
+        assert ok.status_code == 200
+    finally:
+        server.stop()
