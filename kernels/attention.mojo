@@ -88,7 +88,7 @@ def _attend_rows[dt: DType](args: PythonObject) raises:
     var scratch = _ptr[F32](args[17])
     var group = num_heads // kv_heads
     var row_stride = kv_heads * head_dim  # between consecutive tokens of a page
-    var scratch_per_item = 2 * head_dim + block_size
+    var scratch_per_item = 2 * head_dim + 4 * max(block_size, W8)  # sized as the fixed path's
 
     def item(i: Int) {imm out, imm query, imm k_cache, imm v_cache, imm block_tables, imm context_lens,
                       imm query_start, imm items, imm head_dim, imm block_size, imm max_blocks, imm q_stride,
@@ -146,9 +146,23 @@ def _attend_rows[dt: DType](args: PythonObject) raises:
             item(i)
 
 
+def _exp_row(scores: Pointer[Scalar[F32], MutAnyOrigin], padded: Int, row_max: Float32) -> Float32:
+    """scores[:padded] = exp(scores - row_max) in place, 8 lanes at a time; returns their sum."""
+    var total = Float32(0)
+    var j = 0
+    while j < padded:
+        var w = exp(scores.unsafe_offset(j).unsafe_load[width=W8]() - row_max)
+        scores.unsafe_offset(j).unsafe_store(w)
+        total += w.reduce_add()
+        j += W8
+    return total
+
+
 def _attend_rows_fixed[dt: DType, HD: Int](args: PythonObject) raises:
-    """The same computation as _attend_rows for a head_dim known at compile time: q and the accumulator
-    live in registers, and each page's weights are exponentiated 8 at a time."""
+    """The same computation as _attend_rows for a head_dim known at compile time. The query heads that
+    share a KV head go through the pages together, up to 4 at a time with their queries and
+    accumulators in registers, so each K and V row is loaded and widened to float32 once per pass
+    instead of once per head; each page's weights are exponentiated 8 at a time."""
     var out = _ptr[dt](args[0])
     var query = _ptr[dt](args[1])
     var k_cache = _ptr[dt](args[2])
@@ -168,58 +182,126 @@ def _attend_rows_fixed[dt: DType, HD: Int](args: PythonObject) raises:
     var scratch = _ptr[F32](args[17])
     var group = num_heads // kv_heads
     var row_stride = kv_heads * HD
-    var scratch_per_item = 2 * HD + block_size
+    var padded = max(block_size, W8)  # one head's page of scores, a whole number of 8-lane vectors
+    var scratch_per_item = 2 * HD + 4 * padded
 
     def item(i: Int) {imm out, imm query, imm k_cache, imm v_cache, imm block_tables, imm context_lens,
                       imm query_start, imm items, imm block_size, imm max_blocks, imm q_stride,
-                      imm out_stride, imm scale, imm scratch, imm group, imm row_stride, imm scratch_per_item}:
+                      imm out_stride, imm scale, imm scratch, imm group, imm row_stride, imm padded,
+                      imm scratch_per_item}:
         var seq = Int(items[unsafe_offset=4 * i])
         var kvh = Int(items[unsafe_offset=4 * i + 1])
         var row_begin = Int(items[unsafe_offset=4 * i + 2])
         var row_end = Int(items[unsafe_offset=4 * i + 3])
         var ctx = Int(context_lens[unsafe_offset=seq])
-        var q0 = Int(query_start[unsafe_offset=seq])
-        var q_len = Int(query_start[unsafe_offset=seq + 1]) - q0
-        var scores = scratch.unsafe_offset(i * scratch_per_item)
+        var q0_token = Int(query_start[unsafe_offset=seq])
+        var q_len = Int(query_start[unsafe_offset=seq + 1]) - q0_token
+        var s0 = scratch.unsafe_offset(i * scratch_per_item)  # scores of the pass's heads 0..3
+        var s1 = s0.unsafe_offset(padded)
+        var s2 = s1.unsafe_offset(padded)
+        var s3 = s2.unsafe_offset(padded)
         for r in range(row_begin, row_end):
-            var token = q0 + r
+            var token = q0_token + r
             var visible = ctx - q_len + r + 1
-            for g in range(group):
-                var head = kvh * group + g
-                var q = query.unsafe_offset(token * q_stride + head * HD).unsafe_load[width=HD]().cast[F32]() * scale
-                var acc = SIMD[F32, HD](0)
-                var m = Float32(-3.0e38)
-                var l = Float32(0)
+            var g0 = 0
+            while g0 < group:
+                var ng = min(4, group - g0)
+                var head = kvh * group + g0
+                var qp = query.unsafe_offset(token * q_stride + head * HD)
+                var q0 = qp.unsafe_load[width=HD]().cast[F32]() * scale
+                var q1 = SIMD[F32, HD](0)
+                var q2 = SIMD[F32, HD](0)
+                var q3 = SIMD[F32, HD](0)
+                if ng > 1:
+                    q1 = qp.unsafe_offset(HD).unsafe_load[width=HD]().cast[F32]() * scale
+                if ng > 2:
+                    q2 = qp.unsafe_offset(2 * HD).unsafe_load[width=HD]().cast[F32]() * scale
+                if ng > 3:
+                    q3 = qp.unsafe_offset(3 * HD).unsafe_load[width=HD]().cast[F32]() * scale
+                var a0 = SIMD[F32, HD](0)
+                var a1 = SIMD[F32, HD](0)
+                var a2 = SIMD[F32, HD](0)
+                var a3 = SIMD[F32, HD](0)
+                var m0 = Float32(-3.0e38)
+                var m1 = Float32(-3.0e38)
+                var m2 = Float32(-3.0e38)
+                var m3 = Float32(-3.0e38)
+                var l0 = Float32(0)
+                var l1 = Float32(0)
+                var l2 = Float32(0)
+                var l3 = Float32(0)
                 var n_blocks = (visible + block_size - 1) // block_size
                 for b in range(n_blocks):
                     var page = Int(block_tables[unsafe_offset=seq * max_blocks + b])
                     var n = min(block_size, visible - b * block_size)
                     var base = (page * block_size) * row_stride + kvh * HD
-                    var block_max = Float32(-3.0e38)
+                    var b0 = Float32(-3.0e38)
+                    var b1 = Float32(-3.0e38)
+                    var b2 = Float32(-3.0e38)
+                    var b3 = Float32(-3.0e38)
+                    for j in range(padded):  # lanes past n weigh exp(-inf) = 0
+                        s0[unsafe_offset=j] = Float32(-3.0e38)
+                        s1[unsafe_offset=j] = Float32(-3.0e38)
+                        s2[unsafe_offset=j] = Float32(-3.0e38)
+                        s3[unsafe_offset=j] = Float32(-3.0e38)
                     for j in range(n):
                         var k = k_cache.unsafe_offset(base + j * row_stride).unsafe_load[width=HD]().cast[F32]()
-                        var s = (q * k).reduce_add()
-                        scores[unsafe_offset=j] = s
-                        block_max = max(block_max, s)
-                    var new_m = max(m, block_max)
-                    var corr = exp(m - new_m)
-                    acc = acc * corr
-                    l = l * corr
-                    # Weights 8 at a time; lanes past n are -inf, so they weigh 0.
-                    var padded = (n + W8 - 1) // W8 * W8
-                    for j in range(n, padded):
-                        scores[unsafe_offset=j] = Float32(-3.0e38)
-                    var j8 = 0
-                    while j8 < padded:
-                        var w = exp(scores.unsafe_offset(j8).unsafe_load[width=W8]() - new_m)
-                        scores.unsafe_offset(j8).unsafe_store(w)
-                        l += w.reduce_add()
-                        j8 += W8
+                        var x0 = (q0 * k).reduce_add()
+                        s0[unsafe_offset=j] = x0
+                        b0 = max(b0, x0)
+                        if ng > 1:
+                            var x1 = (q1 * k).reduce_add()
+                            s1[unsafe_offset=j] = x1
+                            b1 = max(b1, x1)
+                        if ng > 2:
+                            var x2 = (q2 * k).reduce_add()
+                            s2[unsafe_offset=j] = x2
+                            b2 = max(b2, x2)
+                        if ng > 3:
+                            var x3 = (q3 * k).reduce_add()
+                            s3[unsafe_offset=j] = x3
+                            b3 = max(b3, x3)
+                    var n0 = max(m0, b0)
+                    var c0 = exp(m0 - n0)
+                    a0 = a0 * c0
+                    l0 = l0 * c0 + _exp_row(s0, padded, n0)
+                    m0 = n0
+                    if ng > 1:
+                        var n1 = max(m1, b1)
+                        var c1 = exp(m1 - n1)
+                        a1 = a1 * c1
+                        l1 = l1 * c1 + _exp_row(s1, padded, n1)
+                        m1 = n1
+                    if ng > 2:
+                        var n2 = max(m2, b2)
+                        var c2 = exp(m2 - n2)
+                        a2 = a2 * c2
+                        l2 = l2 * c2 + _exp_row(s2, padded, n2)
+                        m2 = n2
+                    if ng > 3:
+                        var n3 = max(m3, b3)
+                        var c3 = exp(m3 - n3)
+                        a3 = a3 * c3
+                        l3 = l3 * c3 + _exp_row(s3, padded, n3)
+                        m3 = n3
                     for j in range(n):
                         var v = v_cache.unsafe_offset(base + j * row_stride).unsafe_load[width=HD]().cast[F32]()
-                        acc += v * scores[unsafe_offset=j]
-                    m = new_m
-                out.unsafe_offset(token * out_stride + head * HD).unsafe_store((acc / l).cast[dt]())
+                        a0 += v * s0[unsafe_offset=j]
+                        if ng > 1:
+                            a1 += v * s1[unsafe_offset=j]
+                        if ng > 2:
+                            a2 += v * s2[unsafe_offset=j]
+                        if ng > 3:
+                            a3 += v * s3[unsafe_offset=j]
+                var op = out.unsafe_offset(token * out_stride + head * HD)
+                op.unsafe_store((a0 / l0).cast[dt]())
+                if ng > 1:
+                    op.unsafe_offset(HD).unsafe_store((a1 / l1).cast[dt]())
+                if ng > 2:
+                    op.unsafe_offset(2 * HD).unsafe_store((a2 / l2).cast[dt]())
+                if ng > 3:
+                    op.unsafe_offset(3 * HD).unsafe_store((a3 / l3).cast[dt]())
+                g0 += 4
 
     if Int(py=args[19]) != 0:
         parallelize(item, n_items)

@@ -134,7 +134,8 @@ def paged_attention(module: ModuleType, query: torch.Tensor, k_cache: torch.Tens
     if out is None:
         out = torch.empty(plan.num_tokens, num_heads, head_dim, dtype=query.dtype)
     _require(out.shape == query.shape and out.dtype == query.dtype and out.is_contiguous(), "bad output tensor")
-    scratch = torch.empty(items.shape[0], 2 * head_dim + block_size, dtype=torch.float32)
+    # Per work item: two head_dim vectors and four heads' page of scores (see attention.mojo).
+    scratch = torch.empty(items.shape[0], 2 * head_dim + 4 * max(block_size, 8), dtype=torch.float32)
     module.paged_attention((out.data_ptr(), query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
                             plan.block_tables.data_ptr(), plan.context_lens.data_ptr(), plan.query_start.data_ptr(),
                             items.data_ptr(), items.shape[0], num_heads, kv_heads, head_dim, block_size,

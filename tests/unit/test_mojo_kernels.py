@@ -93,7 +93,8 @@ def test_ragged_prefill_with_cached_prefixes_and_decodes(module, test_seed, dtyp
 def test_other_head_dims_and_odd_groups(module, test_seed, dtype):
     rng = random.Random(test_seed)
     torch.manual_seed(test_seed)
-    for head_dim, kv_heads, group in ((8, 1, 3), (72, 3, 3), (256, 1, 2), (96, 4, 1)):
+    # (64, 3, 3) and (128, 1, 6) take the compiled head_dim path with passes of 3 and of 4 + 2 heads.
+    for head_dim, kv_heads, group in ((8, 1, 3), (72, 3, 3), (256, 1, 2), (96, 4, 1), (64, 3, 3), (128, 1, 6)):
         check_attention(module, rng, 16, kv_heads, group, head_dim, dtype, [(33, 1), (70, 9), (5, 5)])
 
 
@@ -123,9 +124,10 @@ def test_bad_calls_raise_before_the_kernel(module, test_seed):
                                          v_cache, plan, 1.0),  # heads not contiguous
         lambda: mojo_ops.paged_attention(module, query, k_cache.transpose(1, 2), v_cache.transpose(1, 2), plan,
                                          1.0),  # cache not contiguous
-        lambda: mojo_ops.paged_attention(module, query, k_cache[:1], v_cache[:1], plan, 1.0),  # block ids beyond
-        lambda: mojo_ops.write_kv(module, k_cache[:1], v_cache[:1], torch.randn(4, 2, 64), torch.randn(4, 2, 64),
-                                  plan),  # slots beyond the cache
+        lambda: mojo_ops.paged_attention(module, query, k_cache[:plan.max_block_id], v_cache[:plan.max_block_id],
+                                         plan, 1.0),  # the highest block id lies beyond the cache
+        lambda: mojo_ops.write_kv(module, k_cache[:plan.max_slot // 16], v_cache[:plan.max_slot // 16],
+                                  torch.randn(4, 2, 64), torch.randn(4, 2, 64), plan),  # a slot beyond the cache
         lambda: mojo_ops.write_kv(module, k_cache, v_cache, torch.randn(4, 2, 32), torch.randn(4, 2, 32), plan),
         lambda: mojo_ops.StepPlan.build(plan.block_tables[:, :1], (20,), (4,), slots, 16),  # table too narrow
         lambda: mojo_ops.StepPlan.build(plan.block_tables, (20,), (21,), slots, 16),  # query beyond context
