@@ -66,18 +66,28 @@ class TorchAttentionBackend:
         return reference.paged_attention(query, k_cache, v_cache, plan, scale)
 
 
+# Decode steps with up to this many sequences go to the Mojo kernel; larger ones to the reference.
+# Measured on a 2-core x86-64 machine (loadtest/bench_kernels.py): the kernel, on one thread, beats
+# the reference's two-threaded SDPA at batch 1 (1.4-2.7x) and loses from batch 8 on, until it can use
+# the second core without contending with torch's OpenMP threads (see MojoAttentionBackend).
+MOJO_DECODE_MAX_ROWS = 4
+
+
 @dataclass(frozen=True)
 class MojoStepPlan:
-    kernel: Any  # kernels.mojo_ops.StepPlan: the decode rows
-    prefill: reference.AttentionPlan  # the prefill chunks, attended by the reference's SDPA
+    kernel: Any  # kernels.mojo_ops.StepPlan: KV writes, and the rows the Mojo kernel attends
+    reference: reference.AttentionPlan | None  # the rows the reference attends (None: no rows)
+    kernel_attends: bool
 
 
 class MojoAttentionBackend:
-    """The Mojo kernels: KV writes and decode rows read the pages in place, one call per layer.
+    """The Mojo kernels: every KV write, and the attention of small decode batches, read the pages in
+    place, one call per layer.
 
     Prefill chunks go to the reference's SDPA over gathered pages: the Mojo kernel computes them
     correctly (its tests cover them) but one query row at a time, several times slower than SDPA's
-    matrix products, so serving them there would lengthen time to first token.
+    matrix products, so serving them there would lengthen time to first token. Decode batches above
+    MOJO_DECODE_MAX_ROWS go there too.
 
     The kernels run on the calling thread. Between torch's matmuls, torch's OpenMP threads keep
     spinning for a while; a Mojo thread pool started then competes with them for the cores and made
@@ -93,14 +103,16 @@ class MojoAttentionBackend:
         self._module = mojo_ops.load_module()
 
     def plan(self, meta: AttentionMetadata) -> MojoStepPlan:
-        kernel = self._ops.StepPlan.build(meta.block_tables, meta.context_lens_host, meta.query_lens_host,
-                                          meta.slot_mapping, meta.block_size, max_query_len=1)
-        prefill = reference.AttentionPlan(decode=(), prefills=())
-        if any(n > 1 for n in meta.query_lens_host):
-            full = reference.plan_attention(meta.block_tables, list(meta.context_lens_host),
-                                            list(meta.query_lens_host), meta.block_size)
-            prefill = reference.AttentionPlan(decode=(), prefills=full.prefills)
-        return MojoStepPlan(kernel, prefill)
+        query_lens = meta.query_lens_host
+        mojo_decode = sum(1 for n in query_lens if n == 1) <= MOJO_DECODE_MAX_ROWS
+        kernel = self._ops.StepPlan.build(meta.block_tables, meta.context_lens_host, query_lens, meta.slot_mapping,
+                                          meta.block_size, max_query_len=1 if mojo_decode else 0)
+        ref_plan = None
+        if not mojo_decode or any(n > 1 for n in query_lens):
+            full = reference.plan_attention(meta.block_tables, list(meta.context_lens_host), list(query_lens),
+                                            meta.block_size)
+            ref_plan = full if not mojo_decode else reference.AttentionPlan(decode=(), prefills=full.prefills)
+        return MojoStepPlan(kernel, ref_plan, kernel_attends=bool(kernel.rows))
 
     def write_kv(self, k_cache, v_cache, key, value, meta: AttentionMetadata, plan: MojoStepPlan) -> None:
         self._ops.write_kv(self._module, k_cache, v_cache, key.to(k_cache.dtype), value.to(k_cache.dtype),
@@ -108,10 +120,12 @@ class MojoAttentionBackend:
 
     def attend(self, query, k_cache, v_cache, meta: AttentionMetadata, plan: MojoStepPlan,
                scale: float) -> torch.Tensor:
+        if not plan.kernel_attends:
+            return reference.paged_attention(query, k_cache, v_cache, plan.reference, scale)
         out = self._ops.paged_attention(self._module, query, k_cache, v_cache, plan.kernel, scale,
                                         out=torch.empty(query.shape, dtype=query.dtype))
-        if plan.prefill.prefills:
-            reference.paged_attention(query, k_cache, v_cache, plan.prefill, scale, out=out)
+        if plan.reference is not None:
+            reference.paged_attention(query, k_cache, v_cache, plan.reference, scale, out=out)
         return out
 
 
