@@ -199,7 +199,7 @@ def _chat_chunks(fmt: ChatFormat, req, admitted: Admitted) -> AsyncIterator[str]
         with_logprobs = req.top_logprobs is not None
         async for e in admitted.events():
             if e.text or e.reasoning or e.finish_reason or (with_logprobs and e.logprobs):
-                yield fmt.body([fmt.delta_choice(e, False, with_logprobs)], None, chunk=True,
+                yield fmt.body([fmt.delta_choice(e, with_logprobs)], None, chunk=True,
                                include_usage_field=req.include_usage)
         if req.include_usage:
             yield fmt.body([], admitted.usage, chunk=True)

@@ -38,12 +38,30 @@ class TokenNames:
         return {"token": self.text(token_id), "logprob": logprob, "bytes": self._bytes(token_id)}
 
 
-class CompletionFormat:
+class _Format:
+    """What every response and chunk of one request shares: id, creation time, model."""
+
+    id_prefix = ""
+
     def __init__(self, model: str, names: TokenNames):
-        self.id = new_id("cmpl")
+        self.id = new_id(self.id_prefix)
         self.created = int(time.time())
         self.model = model
         self.names = names
+
+    def _body(self, object_name: str, choices: list[dict], usage: Usage | None,
+              include_usage_field: bool) -> dict[str, Any]:
+        body = {"id": self.id, "object": object_name, "created": self.created, "model": self.model,
+                "choices": choices}
+        if usage is not None:
+            body["usage"] = usage_body(usage)
+        elif include_usage_field:  # stream_options.include_usage: null on every chunk but the last
+            body["usage"] = None
+        return body
+
+
+class CompletionFormat(_Format):
+    id_prefix = "cmpl"
 
     def logprobs(self, entries: list[TokenLogprob], offset: int) -> dict[str, Any]:
         tokens, offsets = [], []
@@ -60,21 +78,11 @@ class CompletionFormat:
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def body(self, choices: list[dict], usage: Usage | None, include_usage_field: bool = False) -> dict[str, Any]:
-        body = {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": choices}
-        if usage is not None:
-            body["usage"] = usage_body(usage)
-        elif include_usage_field:
-            body["usage"] = None
-        return body
+        return self._body("text_completion", choices, usage, include_usage_field)
 
 
-class ChatFormat:
-    def __init__(self, model: str, names: TokenNames):
-        self.id = new_id("chatcmpl")
-        self.created = int(time.time())
-        self.model = model
-        self.names = names
+class ChatFormat(_Format):
+    id_prefix = "chatcmpl"
 
     def logprobs(self, entries: list[TokenLogprob]) -> dict[str, Any]:
         return {"content": [{**self.names.chat_entry(e.token_id, e.logprob),
@@ -87,11 +95,12 @@ class ChatFormat:
             message["reasoning_content"] = reasoning
         return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def delta_choice(self, event: ChoiceEvent, first: bool, with_logprobs: bool) -> dict[str, Any]:
-        delta: dict[str, Any] = {"role": "assistant"} if first else {}
+    def delta_choice(self, event: ChoiceEvent, with_logprobs: bool) -> dict[str, Any]:
+        """A stream chunk's choice; the role went out in each choice's first chunk already."""
+        delta: dict[str, Any] = {}
         if event.reasoning:
             delta["reasoning_content"] = event.reasoning
-        if event.text or (first and not event.reasoning):
+        if event.text:
             delta["content"] = event.text
         return {"index": event.index, "delta": delta,
                 "logprobs": self.logprobs(event.logprobs) if with_logprobs and event.logprobs else None,
@@ -99,10 +108,5 @@ class ChatFormat:
 
     def body(self, choices: list[dict], usage: Usage | None, chunk: bool = False,
              include_usage_field: bool = False) -> dict[str, Any]:
-        body = {"id": self.id, "object": "chat.completion.chunk" if chunk else "chat.completion",
-                "created": self.created, "model": self.model, "choices": choices}
-        if usage is not None:
-            body["usage"] = usage_body(usage)
-        elif include_usage_field:
-            body["usage"] = None
-        return body
+        return self._body("chat.completion.chunk" if chunk else "chat.completion", choices, usage,
+                          include_usage_field)

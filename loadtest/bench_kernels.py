@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import mojo_ops, reference
+from kernels.paged_inputs import random_paged_batch
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 DTYPE = torch.bfloat16
@@ -44,23 +45,10 @@ def copy_bandwidth() -> float:
 
 
 def batch(seqs: list[tuple[int, int]], rng: random.Random):
-    """Random paged caches and plans for (context_len, query_len) per sequence."""
-    needed = [-(-c // BLOCK) for c, _ in seqs]
-    num_blocks = sum(needed) + 8
-    k_cache = torch.randn(num_blocks, BLOCK, KV_HEADS, HEAD_DIM).to(DTYPE)
-    v_cache = torch.randn(num_blocks, BLOCK, KV_HEADS, HEAD_DIM).to(DTYPE)
-    pages = list(range(num_blocks))
-    rng.shuffle(pages)
-    tables = torch.zeros(len(seqs), max(needed), dtype=torch.int32)
-    slots = []
-    for i, ((ctx, q_len), n) in enumerate(zip(seqs, needed)):
-        tables[i, :n] = torch.tensor([pages.pop() for _ in range(n)])
-        slots += [int(tables[i, p // BLOCK]) * BLOCK + p % BLOCK for p in range(ctx - q_len, ctx)]
-    ctx_lens, q_lens = tuple(c for c, _ in seqs), tuple(q for _, q in seqs)
-    plan = mojo_ops.StepPlan.build(tables, ctx_lens, q_lens, torch.tensor(slots), BLOCK)
-    ref_plan = reference.plan_attention(tables, list(ctx_lens), list(q_lens), BLOCK)
-    query = torch.randn(plan.num_tokens, HEADS, HEAD_DIM).to(DTYPE)
-    return k_cache, v_cache, plan, ref_plan, query, torch.tensor(slots)
+    """Random paged caches, plans and queries for (context_len, query_len) per sequence."""
+    b = random_paged_batch(rng, seqs, BLOCK, KV_HEADS, HEAD_DIM, DTYPE, num_blocks=None)
+    query = torch.randn(b.plan.num_tokens, HEADS, HEAD_DIM).to(DTYPE)
+    return b.k_cache, b.v_cache, b.plan, b.ref_plan, query, b.slots
 
 
 def main() -> None:

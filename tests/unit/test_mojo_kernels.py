@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from kernels import mojo_ops, reference
+from kernels.paged_inputs import random_paged_batch
 
 
 @pytest.fixture(scope="module")
@@ -23,23 +24,8 @@ def module():
 
 def make_batch(rng: random.Random, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
                seqs: list[tuple[int, int]], num_blocks: int | None = None):
-    """seqs: (context_len, query_len) per sequence; pages assigned in random order."""
-    needed = [-(-c // block_size) for c, _ in seqs]
-    num_blocks = num_blocks or sum(needed) + 3
-    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim).to(dtype)
-    v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim).to(dtype)
-    pages = list(range(num_blocks))
-    rng.shuffle(pages)
-    tables = torch.zeros(len(seqs), max(needed), dtype=torch.int32)
-    slots = []
-    for i, ((ctx, q_len), n) in enumerate(zip(seqs, needed)):
-        tables[i, :n] = torch.tensor([pages.pop() for _ in range(n)])
-        slots += [int(tables[i, p // block_size]) * block_size + p % block_size for p in range(ctx - q_len, ctx)]
-    ctx_lens = tuple(c for c, _ in seqs)
-    q_lens = tuple(q for _, q in seqs)
-    plan = mojo_ops.StepPlan.build(tables, ctx_lens, q_lens, torch.tensor(slots), block_size)
-    ref_plan = reference.plan_attention(tables, list(ctx_lens), list(q_lens), block_size)
-    return k_cache, v_cache, plan, ref_plan, torch.tensor(slots)
+    b = random_paged_batch(rng, seqs, block_size, kv_heads, head_dim, dtype, num_blocks)
+    return b.k_cache, b.v_cache, b.plan, b.ref_plan, b.slots
 
 
 def check_attention(module, rng, block_size, kv_heads, group, head_dim, dtype, seqs):
