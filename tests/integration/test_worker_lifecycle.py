@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import httpx2
 import pytest
@@ -136,5 +137,36 @@ def test_queue_full_is_503_with_retry_after(tiny_model_dir, tmp_path):
         assert {r.status_code for r in responses} <= {200, 503} and any(r.status_code == 200 for r in responses)
         ok = httpx2.post(f"{server.url}/v1/completions", json={**body, "max_tokens": 2})
         assert ok.status_code == 200
+    finally:
+        server.stop()
+
+
+def test_junk_frames_on_the_worker_link_are_refused_and_serving_goes_on(tiny_model_dir, tmp_path):
+    import msgpack
+    import zmq
+
+    server = start(tiny_model_dir, tmp_path)
+    try:
+        (worker,) = server.worker_pids()
+        argv = Path(f"/proc/{worker}/cmdline").read_bytes().split(b"\0")
+        outputs_address = argv[argv.index(b"--outputs") + 1].decode()
+        assert outputs_address.startswith("ipc://")
+        assert os.stat(outputs_address[len("ipc://"):].rsplit("/", 1)[0]).st_mode & 0o077 == 0  # private dir
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.PUSH)
+        sock.connect(outputs_address)
+        for junk in (b"\xc1 not msgpack", msgpack.packb({"type": "exec", "code": "import os"}),
+                     msgpack.packb({"type": "outputs", "deltas": [{"request_id": "x"}], "stats": {}}),
+                     msgpack.packb([1, 2, 3])):
+            sock.send(junk)
+        sock.close(linger=1000)
+        ctx.term()
+        deadline = time.monotonic() + 5
+        while server.log_tail(400).count("rejected a frame from worker") < 4:
+            assert time.monotonic() < deadline, server.log_tail()
+            time.sleep(0.05)
+        ok = httpx2.post(f"{server.url}/v1/completions", json={**LONG, "stream": False, "max_tokens": 3})
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+        assert server.worker_pids() == [worker]
     finally:
         server.stop()
