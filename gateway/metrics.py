@@ -30,7 +30,7 @@ class Metrics:
         self.kv_blocks_used = Gauge("mili_kv_blocks_used", "KV cache blocks held by live requests", labels,
                                     registry=r)
         self.worker_up = Gauge("mili_worker_up", "Workers ready to serve", labels, registry=r)
-        self.prompt_tokens = Counter("mili_prompt_tokens", "Prompt tokens of finished requests", labels, registry=r)
+        self.prompt_tokens = Counter("mili_prompt_tokens", "Prompt tokens of requests that ended", labels, registry=r)
         self.generation_tokens = Counter("mili_generation_tokens", "Generated tokens", labels, registry=r)
         self.prefix_queries = Counter("mili_prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
                                       labels, registry=r)

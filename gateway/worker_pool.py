@@ -117,6 +117,8 @@ class WorkerSlot:
         ctx = self.pool.zmq_ctx
         self.requests_sock = ctx.socket(zmq.PUSH)
         self.requests_sock.setsockopt(zmq.LINGER, 0)
+        # The gateway bounds its queue itself (--max-waiting-requests); a burst must never hit zmq's limit.
+        self.requests_sock.setsockopt(zmq.SNDHWM, 0)
         self.requests_sock.bind(requests_addr)
         self.outputs_sock = ctx.socket(zmq.PULL)
         self.outputs_sock.setsockopt(zmq.LINGER, 0)
@@ -189,7 +191,7 @@ class WorkerSlot:
         self.pool.on_stats(self, previous, stats)
 
     def send(self, message: wire.Message) -> None:
-        # PUSH to a connected peer with a high-water mark far above anything a gateway queues: does not block.
+        # Without a high-water mark, PUSH queues instead of blocking; the event loop never waits here.
         self.requests_sock.send(wire.encode(message), flags=zmq.NOBLOCK)
 
 

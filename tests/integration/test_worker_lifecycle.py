@@ -170,3 +170,18 @@ def test_junk_frames_on_the_worker_link_are_refused_and_serving_goes_on(tiny_mod
         assert server.worker_pids() == [worker]
     finally:
         server.stop()
+
+
+def test_worker_link_over_tcp_when_asked(tiny_model_dir, tmp_path):
+    from tests.helpers.server import free_port
+
+    port = free_port()
+    server = start(tiny_model_dir, tmp_path, "--worker-tcp", f"127.0.0.1:{port}")
+    try:
+        (worker,) = server.worker_pids()
+        argv = Path(f"/proc/{worker}/cmdline").read_bytes().split(b"\0")
+        assert argv[argv.index(b"--requests") + 1].decode() == f"tcp://127.0.0.1:{port}"
+        ok = httpx2.post(f"{server.url}/v1/completions", json={**LONG, "stream": False, "max_tokens": 3})
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+    finally:
+        server.stop()
