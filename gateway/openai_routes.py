@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from sse_starlette import EventSourceResponse
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -47,6 +48,11 @@ class Admitted:
     def events(self) -> AsyncIterator[ChoiceEvent]:
         return merge(self.streams, self.n)
 
+    def abort(self) -> None:
+        """Drop the request in its worker unless it already finished (idempotent)."""
+        for s in self.streams:
+            s.pool.abort(s.handle)
+
 
 async def completions(request: Request) -> Response:
     state = request.app.state.mili
@@ -59,7 +65,7 @@ async def completions(request: Request) -> Response:
     fmt = CompletionFormat(req.model, state.token_names)
     echo = [state.text.decode(p) if req.echo else "" for p in prompts]
     if req.stream:
-        return _sse(state, _completion_chunks(fmt, req, admitted, echo))
+        return _sse(state, _completion_chunks(fmt, req, admitted, echo), admitted)
     events = await _collect(request, admitted)
     texts, logprobs, reasons = _gather(events, len(prompts) * req.params.n)
     choices = []
@@ -79,7 +85,7 @@ async def chat_completions(request: Request) -> Response:
     admitted = _admit(state, req, [prompt], options)
     fmt = ChatFormat(req.model, state.token_names)
     if req.stream:
-        return _sse(state, _chat_chunks(fmt, req, admitted))
+        return _sse(state, _chat_chunks(fmt, req, admitted), admitted)
     events = await _collect(request, admitted)
     texts, logprobs, reasons = _gather(events, req.params.n)
     reasoning = [""] * req.params.n
@@ -157,8 +163,12 @@ def _gather(events: list[ChoiceEvent], num_choices: int):
 
 
 # ----- streaming -----
-def _sse(state, chunks: AsyncIterator[str]) -> EventSourceResponse:
-    return EventSourceResponse(chunks, ping=state.settings.sse_ping_s, sep="\n")
+def _sse(state, chunks: AsyncIterator[str], admitted: Admitted) -> EventSourceResponse:
+    # The stream's own cleanup aborts the request when the client leaves mid-stream; the background task
+    # also covers a client gone before the stream's first iteration (a generator never started has no
+    # cleanup to run). It runs once the response ends, however it ends.
+    return EventSourceResponse(chunks, ping=state.settings.sse_ping_s, sep="\n",
+                               background=BackgroundTask(admitted.abort))
 
 
 async def _with_error_event(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:

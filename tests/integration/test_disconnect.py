@@ -104,6 +104,9 @@ def test_disconnect_right_after_submitting(server):
                 await asyncio.sleep(0.01)
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+            for _ in range(5):  # streams closed before reading a byte of them
+                async with client.stream("POST", "/v1/completions", json={**body, "max_tokens": 400, "stream": True}):
+                    pass
 
     asyncio.run(run())
     wait_idle(server)
