@@ -9,8 +9,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-import torch
-
 from shared.config import EngineConfig
 from shared.sampling_params import SamplingParams, SamplingParamsError
 from worker.attention import get_attention_backend
