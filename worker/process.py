@@ -12,6 +12,7 @@ Started by the gateway as `python -m worker.process --requests ADDR --outputs AD
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -146,9 +147,7 @@ def _delta(out: SequenceOutput) -> wire.TokenDelta:
 
 
 def _stats(s: EngineStats) -> wire.WorkerStats:
-    return wire.WorkerStats(num_running=s.num_running, num_waiting=s.num_waiting, kv_blocks_total=s.kv_blocks_total,
-                            kv_blocks_used=s.kv_blocks_used, prefix_cache_query_tokens=s.prefix_cache_query_tokens,
-                            prefix_cache_hit_tokens=s.prefix_cache_hit_tokens, num_preemptions=s.num_preemptions)
+    return wire.WorkerStats(**dataclasses.asdict(s))  # the same fields, by design
 
 
 if __name__ == "__main__":
