@@ -21,6 +21,7 @@ from shared.config import EngineConfig
 from shared.sampling_params import SamplingParams
 from worker.default_model import default_model_path
 from worker.engine import LLMEngine
+from worker.models.packed_linear import PackedLinear
 
 
 class StageTimer:
@@ -101,11 +102,10 @@ def bench_decode(engine: LLMEngine, timer: StageTimer, batch: int, context: int,
 def bench_matmuls(engine: LLMEngine, batch: int, with_head: bool, iters: int = 20) -> float:
     """Tokens/s of the model's linear layers alone at `batch` tokens, with or without the lm_head."""
     model = engine.runner.model
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    head = model.embed_tokens.weight if model.config.tie_word_embeddings else model.lm_head.weight
+    linears = [m for m in model.modules() if isinstance(m, (torch.nn.Linear, PackedLinear))]
     with torch.inference_mode():
         xs = {m.in_features: torch.randn(batch, m.in_features, dtype=engine.dtype) for m in linears}
-        hidden = torch.randn(batch, head.shape[1], dtype=engine.dtype)
+        hidden = torch.randn(batch, model.config.hidden_size, dtype=engine.dtype)
         for _ in range(3):
             for m in linears:
                 m(xs[m.in_features])
@@ -114,7 +114,7 @@ def bench_matmuls(engine: LLMEngine, batch: int, with_head: bool, iters: int = 2
             for m in linears:
                 m(xs[m.in_features])
             if with_head:
-                torch.nn.functional.linear(hidden, head)
+                model.compute_logits(hidden)
         return batch * iters / (time.perf_counter() - t0)
 
 

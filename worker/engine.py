@@ -17,6 +17,7 @@ from worker.dtype import resolve_dtype
 from worker.kv_cache import allocate_kv_caches, num_blocks_for_memory
 from worker.model_config import ModelConfig
 from worker.model_runner import ModelRunner
+from worker.models.packed_linear import packing_supported
 from worker.outputs import Completion, EngineStats, RequestRejected, SequenceOutput
 from worker.sampler import Sampler, SamplingRow, make_generator
 from worker.scheduler import ScheduledBatch, Scheduler
@@ -38,6 +39,8 @@ class LLMEngine:
         self.attention_backend = get_attention_backend(config.attention_backend, config.device)
         model = load_model(config.model, mc, self.attention_backend, self.dtype, self.max_model_len,
                            device=config.device)
+        if packing_supported(self.dtype, config.device):
+            model.pack_linear_weights(batch_hint=config.max_num_seqs)
         num_blocks = config.num_kv_blocks or num_blocks_for_memory(mc, config.block_size, self.dtype,
                                                                     config.kv_cache_memory)
         self.max_model_len = self._fit_context_to_cache(num_blocks * config.block_size)

@@ -21,6 +21,7 @@ from torch import nn
 from worker.attention import AttentionBackend, AttentionMetadata
 from worker.model_config import ModelConfig
 from worker.models.layers import RMSNorm, RotaryEmbedding, apply_rotary
+from worker.models.packed_linear import PackedLinear, pack_linears
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,16 @@ class DecoderForCausalLM(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, **factory)
+        self._packed_head: PackedLinear | None = None
+
+    def pack_linear_weights(self, batch_hint: int) -> None:
+        """Reorders every projection, and the output head, into oneDNN's layout (see packed_linear).
+        A tied head gets its own packed copy: the embedding lookup still needs the plain rows."""
+        weight = self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
+        self._packed_head = PackedLinear(weight, None, batch_hint)
+        pack_linears(self.layers, batch_hint)
+        if not self.config.tie_word_embeddings:
+            del self.lm_head
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
@@ -119,5 +130,7 @@ class DecoderForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[num_sampled, hidden] -> [num_sampled, vocab] float32."""
+        if self._packed_head is not None:
+            return self._packed_head(hidden).float()
         weight = self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
         return F.linear(hidden, weight).float()
