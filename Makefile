@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup kernels serve test bench-engine bench-kernels clean
+.PHONY: setup kernels serve test bench-engine bench-kernels bench-serve bench-compare clean
 
 setup: $(STAMP)
 
@@ -35,6 +35,15 @@ bench-engine: kernels
 
 bench-kernels: kernels
 	$(PY) -m loadtest.bench_kernels
+
+# Serving sweeps (concurrency 1, 8, 32, 64) into loadtest/results/; flags via ARGS (see loadtest/sweep.py).
+bench-serve: kernels
+	$(PY) -m loadtest.sweep --servers mili $(ARGS)
+
+# The same sweep beside llama.cpp's llama-server (built once from source, about 5 minutes) and a
+# one-request transformers server, on the same model.
+bench-compare: kernels
+	$(PY) -m loadtest.sweep --servers mili,llama-server,transformers $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

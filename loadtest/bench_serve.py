@@ -96,7 +96,9 @@ async def run(args) -> dict:
                rng.randint(int(args.input_len * (1 - args.random_range)), int(args.input_len * (1 + args.random_range)))
                for _ in range(args.num_prompts)]
     prompts = [random_prompt(rng, n) for n in lengths]
-    limits = httpx2.Limits(max_connections=max(args.concurrency or 0, 256))
+    # A fresh connection per request: a server that closes idle keep-alive connections (llama-server does after a
+    # few requests) must not turn a reused, already-closed connection into a failed request.
+    limits = httpx2.Limits(max_connections=max(args.concurrency or 0, 256), max_keepalive_connections=0)
     semaphore = asyncio.Semaphore(args.concurrency) if args.concurrency else None
     done = 0
 

@@ -1,0 +1,102 @@
+"""Turns a sweep's results into the markdown table and the PNG plot committed under loadtest/results/.
+
+The first server in the results is the one the ratios are about (MILI); every other server is a peer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _levels(results: dict) -> list[str]:
+    levels = {c for s in results["servers"].values() for c in s["levels"]}
+    return sorted(levels, key=int)
+
+
+def _fmt(value: float | None, unit: str = "") -> str:
+    return "—" if value is None else f"{value:.1f}{unit}"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "—" if a is None or not b else f"{a / b:.2f}x"
+
+
+def markdown(results: dict) -> str:
+    servers = list(results["servers"])
+    main, peers = servers[0], servers[1:]
+    m, s = results["machine"], results["settings"]
+    lines = [
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, {' '.join(m['isa'])}; "
+        f"Python {m['python']}, torch {m['torch']}" + (f"; {m['llama_server']}" if "llama_server" in m else "") + ".",
+        f"Run {results['started']}. Prompts of {s['input_len']} words (about as many tokens), {s['output_len']} output "
+        f"tokens, temperature 0, ignore_eos; {s['prompts_per_level']} x concurrency requests per level "
+        f"(at least {s['min_prompts']}).",
+        "",
+        "Output tokens/s by concurrency:",
+        "",
+        "| concurrency | " + " | ".join(servers) + "".join(f" | {main} / {p}" for p in peers) + " |",
+        "|---" * (1 + len(servers) + len(peers)) + "|",
+    ]
+
+    def throughput(server: str, level: str) -> float | None:
+        run = results["servers"][server]["levels"].get(level)
+        return run["output_throughput"] if run else None
+
+    for level in _levels(results):
+        row = [level] + [_fmt(throughput(x, level)) for x in servers]
+        row += [_ratio(throughput(main, level), throughput(p, level)) for p in peers]
+        lines.append("| " + " | ".join(row) + " |")
+
+    lines += ["", "Latency (median / p99, ms):", "",
+              "| server | concurrency | TTFT | TPOT | ITL | end-to-end | errors |", "|---|---|---|---|---|---|---|"]
+    for server in servers:
+        runs = list(results["servers"][server]["levels"].items())
+        runs.append(("1, 512-token prompts", results["servers"][server]["ttft_long_prompt"]))
+        for level, run in runs:
+            cells = [f"{run[k]['median_ms']:.1f} / {run[k]['p99_ms']:.1f}" for k in ("ttft", "tpot", "itl",
+                                                                                    "e2e_latency")]
+            lines.append(f"| {server} | {level} | " + " | ".join(cells) + f" | {run['errors']} |")
+
+    ttft = {x: results["servers"][x]["ttft_long_prompt"]["ttft"]["median_ms"] for x in servers}
+    lines += ["", f"Time to first token for 512-token prompts at concurrency 1, median: "
+              + ", ".join(f"{x} {ttft[x]:.1f} ms" for x in servers)
+              + "".join(f"; {main} / {p} {_ratio(ttft[main], ttft[p])}" for p in peers) + ".",
+              "", "Peak resident memory of the processes holding the model (VmHWM): "
+              + ", ".join(f"{x} {results['servers'][x]['peak_rss_mib']:.0f} MiB" for x in servers) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (tput, lat) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for server, data in results["servers"].items():
+        levels = sorted(data["levels"], key=int)
+        xs = [int(c) for c in levels]
+        runs = [data["levels"][c] for c in levels]
+        line, = tput.plot(xs, [r["output_throughput"] for r in runs], marker="o", label=server)
+        color = line.get_color()
+        lat.plot(xs, [r["ttft"]["median_ms"] for r in runs], marker="o", color=color, label=f"{server} TTFT p50")
+        lat.plot(xs, [r["ttft"]["p99_ms"] for r in runs], marker="^", linestyle=":", color=color,
+                 label=f"{server} TTFT p99")
+        lat.plot(xs, [r["tpot"]["median_ms"] for r in runs], marker="s", linestyle="--", color=color,
+                 label=f"{server} TPOT p50")
+    for ax in (tput, lat):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent requests")
+        ax.grid(True, which="both", alpha=0.3)
+    tput.set_ylabel("output tokens / s")
+    tput.set_title("Throughput")
+    lat.set_yscale("log")
+    lat.set_ylabel("ms")
+    lat.set_title("Latency percentiles")
+    tput.legend()
+    lat.legend(fontsize=7)
+    m = results["machine"]
+    fig.suptitle(f"{m['cpu']}, {m['cores']} cores; {results['settings']['output_len']} output tokens, temperature 0")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

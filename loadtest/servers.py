@@ -1,0 +1,113 @@
+"""Starting, probing and stopping the servers a sweep measures, one at a time so they never share cores.
+
+Each peer is a `ServerSpec`: how to start it for a given concurrency (llama-server's slot count must
+equal it, so it restarts per level), and which processes hold its model (their peak RSS is reported).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx2
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    name: str
+    command: Callable[[int, int], list[str]]  # (port, concurrency) -> argv
+    restart_per_level: bool  # the server's own parallelism must be set to the concurrency
+    max_concurrency: int | None = None  # levels above this are not run (a one-request server only queues)
+    model_processes: str = "self"  # "self": the started process holds the model; "children": its children do
+
+
+def mili_spec(threads: int) -> ServerSpec:
+    return ServerSpec("mili", lambda port, _: [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port),
+                                               "--worker-threads", str(threads)],
+                      restart_per_level=False, model_processes="children")
+
+
+def llama_server_spec(binary: Path, gguf: Path, served_name: str, threads: int) -> ServerSpec:
+    # Each slot gets 1024 tokens of context: the longest benchmark request is 512 + 64 tokens.
+    # --no-repack: the only repacking ggml offers for Q4_1 is its AMX path, which segfaults in its warm-up on
+    # this machine's AMX CPU; without it llama-server runs its AVX-512 Q4_1 kernels.
+    return ServerSpec("llama-server", lambda port, c: [
+        str(binary), "-m", str(gguf), "--alias", served_name, "--host", "127.0.0.1", "--port", str(port),
+        "-np", str(c), "-c", str(1024 * c), "-t", str(threads), "-tb", str(threads), "--no-webui",
+        "--no-repack"],
+        restart_per_level=True)
+
+
+def transformers_spec(model_dir: Path, served_name: str, threads: int, max_concurrency: int) -> ServerSpec:
+    return ServerSpec("transformers", lambda port, _: [
+        sys.executable, "-m", "loadtest.transformers_server", "--model", str(model_dir), "--served-model-name",
+        served_name, "--port", str(port), "--threads", str(threads)],
+        restart_per_level=False, max_concurrency=max_concurrency)
+
+
+class RunningServer:
+    def __init__(self, spec: ServerSpec, port: int, concurrency: int, log_path: Path):
+        self.spec = spec
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = open(log_path, "ab")
+        self.proc = subprocess.Popen(spec.command(port, concurrency), cwd=ROOT, stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self, timeout: float = 600.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.spec.name} exited with code {self.proc.returncode}; see {self.log.name}")
+            try:
+                if httpx2.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx2.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"{self.spec.name} not ready after {timeout:.0f} s; see {self.log.name}")
+
+    def model_pids(self) -> list[int]:
+        if self.spec.model_processes == "self":
+            return [self.proc.pid]
+        return [pid for pid in _all_pids() if _parent_pid(pid) == self.proc.pid]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+
+def peak_rss_mib(pid: int) -> float | None:
+    """The process's peak resident set (VmHWM) so far, in MiB; None if it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def _all_pids() -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+
+
+def _parent_pid(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[1])  # fields after the command name: state, ppid, ...

@@ -1,0 +1,151 @@
+"""Serving sweeps: `make bench-serve` (MILI alone) and `make bench-compare` (MILI, llama.cpp's llama-server
+and a one-request transformers server, in the same run on the same model).
+
+    python -m loadtest.sweep [--servers mili,llama-server,transformers] [--concurrency 1,8,32,64]
+
+Servers run one after another, never together, so each has the machine to itself. At every
+concurrency level each server gets the same seeded prompts (128 words, about 128 tokens), 64 output
+tokens, temperature 0 and ignore_eos; then one more run at concurrency 1 measures time to first token
+for 512-token prompts. The worker's peak RSS (VmHWM) is read after the sweep. Results go to
+loadtest/results/<name>.json, a markdown table beside it, and a PNG plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from loadtest import bench_serve, report
+from loadtest.servers import (RunningServer, ServerSpec, llama_server_spec, mili_spec, peak_rss_mib,
+                              transformers_spec)
+from worker.default_model import DEFAULT_SERVED_NAME, default_gguf_path, default_model_path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+LOGS = Path(__file__).resolve().parent.parent / "build" / "bench-logs"
+SERVERS = ("mili", "llama-server", "transformers")
+
+
+def machine() -> dict:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    flags = set(next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+                .split(":", 1)[1].split())
+    mem = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+               if line.startswith("MemTotal"))
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem / 2 ** 20, 1),
+            "isa": sorted(f for f in flags if f.startswith(("avx512f", "avx512_bf16", "amx"))),
+            "python": platform.python_version(), "torch": torch.__version__, "kernel": platform.release()}
+
+
+def bench_args(server: RunningServer, concurrency: int, num_prompts: int, input_len: int, output_len: int,
+               seed: int) -> argparse.Namespace:
+    return bench_serve.parse_args([
+        "--base-url", server.url, "--model", DEFAULT_SERVED_NAME, "--concurrency", str(concurrency),
+        "--num-prompts", str(num_prompts), "--input-len", str(input_len), "--output-len", str(output_len),
+        "--seed", str(seed), "--quiet"])
+
+
+def measure(server: RunningServer, concurrency: int, num_prompts: int, input_len: int, output_len: int,
+            seed: int) -> dict:
+    result = asyncio.run(bench_serve.run(bench_args(server, concurrency, num_prompts, input_len, output_len, seed)))
+    print(f"  {server.spec.name:<13} c={concurrency:<3} in={input_len:<4} {result['output_throughput']:8.1f} tok/s  "
+          f"TTFT p50 {result['ttft']['median_ms']:7.1f} ms  TPOT p50 {result['tpot']['median_ms']:6.1f} ms  "
+          f"errors {result['errors']}", flush=True)
+    return result
+
+
+def sweep_server(spec: ServerSpec, args, log_dir: Path) -> dict:
+    levels = [c for c in args.concurrency if spec.max_concurrency is None or c <= spec.max_concurrency]
+    runs = [(str(c), c, args.input_len) for c in levels] + [("ttft_long_prompt", 1, args.ttft_input_len)]
+    out: dict = {"levels": {}}
+    server = None
+    peak = 0.0
+    for key, c, input_len in runs:
+        if server is None or spec.restart_per_level:
+            if server is not None:
+                server.stop()
+            server = RunningServer(spec, args.port, c, log_dir / f"{spec.name}.log")
+            server.wait_ready()
+            measure(server, 2, 2, 16, 8, seed=999)  # warm-up: first-request costs stay out of the numbers
+        if key == "ttft_long_prompt":
+            out[key] = measure(server, 1, args.ttft_prompts, input_len, args.output_len, args.seed + 1)
+        else:
+            num_prompts = max(args.min_prompts, args.prompts_per_level * c)
+            if spec.max_concurrency is not None:  # a one-request server: enough to see it queue
+                num_prompts = min(num_prompts, 2 * spec.max_concurrency)
+            out["levels"][key] = measure(server, c, num_prompts, input_len, args.output_len, args.seed)
+        peak = max([peak] + [rss or 0.0 for rss in map(peak_rss_mib, server.model_pids())])
+    server.stop()
+    out["peak_rss_mib"] = peak
+    return out
+
+
+def build_specs(names: list[str], threads: int) -> list[ServerSpec]:
+    specs = []
+    for name in names:
+        if name == "mili":
+            specs.append(mili_spec(threads))
+        elif name == "llama-server":
+            from loadtest.llama_server import ensure_llama_server
+
+            specs.append(llama_server_spec(ensure_llama_server(), default_gguf_path(), DEFAULT_SERVED_NAME, threads))
+        elif name == "transformers":
+            specs.append(transformers_spec(default_model_path(), DEFAULT_SERVED_NAME, threads, max_concurrency=8))
+        else:
+            raise SystemExit(f"unknown server {name!r} (choose from {', '.join(SERVERS)})")
+    return specs
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--servers", default="mili", help=f"comma-separated, from {', '.join(SERVERS)}")
+    p.add_argument("--concurrency", default="1,8,32,64", type=lambda s: [int(c) for c in s.split(",")])
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--ttft-input-len", type=int, default=512)
+    p.add_argument("--ttft-prompts", type=int, default=8)
+    p.add_argument("--prompts-per-level", type=int, default=4, help="requests per level: this x concurrency")
+    p.add_argument("--min-prompts", type=int, default=8)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--name", help="result file name (default: serve or compare)")
+    p.add_argument("--out-dir", type=Path, default=RESULTS)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    names = args.servers.split(",")
+    name = args.name or ("serve" if names == ["mili"] else "compare")
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    LOGS.mkdir(parents=True, exist_ok=True)
+    specs = build_specs(names, args.threads)
+    results = {"machine": machine(), "settings": {k: v for k, v in vars(args).items() if k not in ("out_dir",)},
+               "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "servers": {}}
+    if "llama-server" in names:
+        from loadtest.llama_server import version
+
+        results["machine"]["llama_server"] = version()
+    for spec in specs:
+        print(f"{spec.name}:", flush=True)
+        results["servers"][spec.name] = sweep_server(spec, args, LOGS)
+    (args.out_dir / f"{name}.json").write_text(json.dumps(results, indent=2, default=str))
+    table = report.markdown(results)
+    (args.out_dir / f"{name}.md").write_text(table)
+    report.plot(results, args.out_dir / f"{name}.png")
+    print(table)
+    errors = sum(r["errors"] for s in results["servers"].values() for r in s["levels"].values())
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""The comparison table: ratios are MILI over each peer, level by level, and a level a peer skipped shows a dash."""
+
+from __future__ import annotations
+
+from loadtest.report import markdown
+
+
+def _run(tput: float, ttft_ms: float) -> dict:
+    stats = {"mean_ms": ttft_ms, "median_ms": ttft_ms, "p99_ms": 2 * ttft_ms}
+    return {"output_throughput": tput, "ttft": stats, "tpot": stats, "itl": stats, "e2e_latency": stats, "errors": 0}
+
+
+def test_markdown_ratios_and_skipped_levels():
+    results = {
+        "machine": {"cpu": "test cpu", "cores": 2, "memory_gib": 1.0, "isa": ["avx512f"], "python": "3", "torch": "2"},
+        "settings": {"input_len": 128, "output_len": 64, "prompts_per_level": 4, "min_prompts": 8},
+        "started": "now",
+        "servers": {
+            "mili": {"levels": {"1": _run(40, 50), "32": _run(900, 300)}, "ttft_long_prompt": _run(30, 100),
+                     "peak_rss_mib": 700},
+            "llama-server": {"levels": {"1": _run(50, 400), "32": _run(300, 8000)},
+                             "ttft_long_prompt": _run(20, 1600), "peak_rss_mib": 1300},
+            "transformers": {"levels": {"1": _run(25, 90)}, "ttft_long_prompt": _run(20, 200), "peak_rss_mib": 1100},
+        },
+    }
+    table = markdown(results)
+    assert "| concurrency | mili | llama-server | transformers | mili / llama-server | mili / transformers |" in table
+    assert "| 1 | 40.0 | 50.0 | 25.0 | 0.80x | 1.60x |" in table
+    assert "| 32 | 900.0 | 300.0 | — | 3.00x | — |" in table
+    assert "mili 100.0 ms, llama-server 1600.0 ms, transformers 200.0 ms; mili / llama-server 0.06x" in table
+    assert "mili 700 MiB, llama-server 1300 MiB, transformers 1100 MiB" in table
