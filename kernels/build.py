@@ -1,7 +1,7 @@
 """Builds the Mojo kernels into a Python extension module, cached by a hash of the sources.
 
-`python -m kernels.build` (what `make kernels` runs) compiles kernels/*.mojo with the `mojo` compiler
-installed beside this Python into build/kernels/<hash>/. A file lock serialises concurrent builds (tests
+`python -m kernels.build` (what `make kernels` runs) compiles each kernels/*.mojo module with the `mojo`
+compiler installed beside this Python into build/kernels/<hash of all sources>/. A file lock serialises concurrent builds (tests
 start several servers at once) and the module is renamed into place, so a reader never loads half a file.
 """
 
@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 
 KERNELS_DIR = Path(__file__).resolve().parent
-MODULE_NAME = "mili_attention"
-SOURCES = ("attention.mojo",)
+# Extension module name -> its source file.
+MODULES = {"mili_attention": "attention.mojo", "mili_layers": "layers.mojo"}
 BUILD_ROOT = Path(os.environ.get("MILI_KERNEL_BUILD_DIR", KERNELS_DIR.parent / "build" / "kernels"))
 
 
@@ -28,14 +28,14 @@ class KernelBuildError(RuntimeError):
 
 def source_hash() -> str:
     digest = hashlib.sha256()
-    for name in SOURCES:
+    for name in sorted(MODULES.values()):
         digest.update(name.encode())
         digest.update((KERNELS_DIR / name).read_bytes())
     return digest.hexdigest()[:16]
 
 
-def module_path() -> Path:
-    return BUILD_ROOT / source_hash() / f"{MODULE_NAME}.so"
+def module_path(name: str) -> Path:
+    return BUILD_ROOT / source_hash() / f"{name}.so"
 
 
 def mojo_compiler() -> str:
@@ -46,26 +46,31 @@ def mojo_compiler() -> str:
     return found
 
 
-def build() -> Path:
-    """The built module's path, compiling it first if this source hash has not been built."""
-    target = module_path()
+def build(name: str = "mili_attention") -> Path:
+    """The built module's path, compiling every module first if this source hash has not been built."""
+    target = module_path(name)
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / ".lock", "a+") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        if target.is_file():  # built by another process while we waited
-            return target
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-        os.close(fd)
-        cmd = [mojo_compiler(), "build", str(KERNELS_DIR / SOURCES[0]), "--emit", "shared-lib", "-o", tmp]
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        if result.returncode != 0:
-            os.unlink(tmp)
-            raise KernelBuildError(f"mojo build failed ({result.returncode}):\n{result.stderr[-4000:]}")
-        os.replace(tmp, target)
+        for module, source in MODULES.items():
+            if not module_path(module).is_file():  # not built by another process while we waited
+                _compile(KERNELS_DIR / source, module_path(module))
     return target
 
 
+def _compile(source: Path, target: Path) -> None:
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    result = subprocess.run([mojo_compiler(), "build", str(source), "--emit", "shared-lib", "-o", tmp],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        os.unlink(tmp)
+        raise KernelBuildError(f"mojo build of {source.name} failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    os.replace(tmp, target)
+
+
 if __name__ == "__main__":
-    print(build())
+    for module in MODULES:
+        print(build(module))

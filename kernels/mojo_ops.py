@@ -15,7 +15,7 @@ from types import ModuleType
 
 import torch
 
-from kernels.build import MODULE_NAME, build
+from kernels.build import build
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 MAX_HEAD_DIM = 256
@@ -23,11 +23,11 @@ MAX_HEAD_DIM = 256
 ROWS_PER_ITEM = 16
 
 
-def load_module() -> ModuleType:
-    """Build (if needed) and import the kernels' extension module."""
-    path = build()
-    loader = importlib.machinery.ExtensionFileLoader(MODULE_NAME, str(path))
-    spec = importlib.util.spec_from_file_location(MODULE_NAME, path, loader=loader)
+def load_module(name: str = "mili_attention") -> ModuleType:
+    """Build (if needed) and import one of the kernels' extension modules."""
+    path = build(name)
+    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module

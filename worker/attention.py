@@ -70,7 +70,9 @@ class TorchAttentionBackend:
 # Measured on a 2-core x86-64 machine (loadtest/bench_kernels.py): the kernel, on one thread, beats
 # the reference's two-threaded SDPA at batch 1 (1.4-2.7x) and loses from batch 8 on, until it can use
 # the second core without contending with torch's OpenMP threads (see MojoAttentionBackend).
-MOJO_DECODE_MAX_ROWS = 4
+import os
+MOJO_DECODE_MAX_ROWS = int(os.environ.get("XROWS", "4"))
+_PAR = os.environ.get("XPAR") == "1"
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,7 @@ class MojoAttentionBackend:
         if not plan.kernel_attends:
             return reference.paged_attention(query, k_cache, v_cache, plan.reference, scale)
         out = self._ops.paged_attention(self._module, query, k_cache, v_cache, plan.kernel, scale,
-                                        out=torch.empty(query.shape, dtype=query.dtype))
+                                        out=torch.empty(query.shape, dtype=query.dtype), parallel=_PAR)
         if plan.reference is not None:
             reference.paged_attention(query, k_cache, v_cache, plan.reference, scale, out=out)
         return out

@@ -14,6 +14,7 @@ from shared.sampling_params import SamplingParams, SamplingParamsError
 from worker.attention import get_attention_backend
 from worker.block_manager import BlockManager
 from worker.dtype import resolve_dtype
+from worker.layer_ops import get_layer_ops
 from worker.kv_cache import allocate_kv_caches, num_blocks_for_memory
 from worker.model_config import ModelConfig
 from worker.model_runner import ModelRunner
@@ -37,8 +38,9 @@ class LLMEngine:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's "
                              f"max_position_embeddings {mc.max_position_embeddings}")
         self.attention_backend = get_attention_backend(config.attention_backend, config.device)
+        self.layer_ops = get_layer_ops(self.attention_backend, mc, config.device)
         model = load_model(config.model, mc, self.attention_backend, self.dtype, self.max_model_len,
-                           device=config.device)
+                           device=config.device, ops=self.layer_ops)
         if packing_supported(self.dtype, config.device):
             model.pack_linear_weights(batch_hint=config.max_num_seqs)
         num_blocks = config.num_kv_blocks or num_blocks_for_memory(mc, config.block_size, self.dtype,

@@ -15,6 +15,7 @@ from safetensors import safe_open
 
 from worker.attention import AttentionBackend
 from worker.model_config import ModelConfig
+from worker.layer_ops import LayerOps
 from worker.models.decoder import DecoderForCausalLM
 
 
@@ -45,9 +46,9 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
 
 
 def load_model(model_dir: str | Path, cfg: ModelConfig, backend: AttentionBackend, dtype: torch.dtype,
-               max_positions: int, device: torch.device | str = "cpu") -> DecoderForCausalLM:
+               max_positions: int, device: torch.device | str = "cpu", ops: LayerOps | None = None) -> DecoderForCausalLM:
     model_dir = Path(model_dir)
-    model = DecoderForCausalLM(cfg, backend, max_positions, dtype, device="meta", rotary_device=device)
+    model = DecoderForCausalLM(cfg, backend, max_positions, dtype, device="meta", rotary_device=device, ops=ops)
     model.to_empty(device=device)
     params = dict(model.named_parameters())
     shard_sizes = _shard_sizes(cfg)

@@ -20,22 +20,31 @@ from torch import nn
 
 from worker.attention import AttentionBackend, AttentionMetadata
 from worker.model_config import ModelConfig
-from worker.models.layers import RMSNorm, RotaryEmbedding, apply_rotary
+from worker.layer_ops import LayerOps, TorchLayerOps
+from worker.models.layers import RMSNorm, RotaryEmbedding
 from worker.models.packed_linear import PackedLinear, pack_linears
 
 
-@dataclass(frozen=True)
+@dataclass
 class StepContext:
     """What every layer needs about the step, computed once by the model's forward."""
 
     meta: AttentionMetadata
     plan: Any  # the attention backend's per-step plan
-    cos: torch.Tensor  # [num_tokens, 1, head_dim]
-    sin_signed: torch.Tensor  # [num_tokens, 1, head_dim]
+    positions: torch.Tensor  # [num_tokens] int64
+    rotary: RotaryEmbedding
+    dtype: torch.dtype
+    _tables: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def rotary_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin_signed), each [num_tokens, 1, head_dim] in the activation dtype, gathered once per step."""
+        if self._tables is None:
+            self._tables = self.rotary.tables(self.positions, self.dtype)
+        return self._tables
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, **factory):
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, ops: LayerOps, **factory):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = cfg.num_heads * cfg.head_dim
@@ -48,62 +57,66 @@ class Attention(nn.Module):
         self.qk_norm = cfg.qk_norm
         self.scale = cfg.head_dim ** -0.5
         self.backend = backend
+        self.ops = ops
 
     def forward(self, x: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], step: StepContext) -> torch.Tensor:
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x)  # [num_tokens, q_size + 2 * kv_size]
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rotary(q, step.cos, step.sin_signed)
-        k = apply_rotary(k, step.cos, step.sin_signed)
+        q = self.ops.qkv_to_cache(self, qkv, kv_cache, step)  # [num_tokens, heads, head_dim]; K, V cached
         k_cache, v_cache = kv_cache
-        self.backend.write_kv(k_cache, v_cache, k, v, step.meta, step.plan)
         out = self.backend.attend(q, k_cache, v_cache, step.meta, step.plan, self.scale)  # [tokens, heads, dim]
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, **factory):
+    def __init__(self, cfg: ModelConfig, ops: LayerOps, **factory):
         super().__init__()
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False, **factory)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False, **factory)
+        self.ops = ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [num_tokens, intermediate] each
-        return self.down_proj(F.silu(gate).mul_(up))
+        return self.down_proj(self.ops.silu_mul(self.gate_up_proj(x)))  # via [num_tokens, intermediate]
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, **factory):
+    def __init__(self, cfg: ModelConfig, backend: AttentionBackend, ops: LayerOps, **factory):
         super().__init__()
-        self.self_attn = Attention(cfg, backend, **factory)
-        self.mlp = MLP(cfg, **factory)
+        self.self_attn = Attention(cfg, backend, ops, **factory)
+        self.mlp = MLP(cfg, ops, **factory)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
+        self.ops = ops
 
-    def forward(self, x: torch.Tensor, kv_cache, step: StepContext) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), kv_cache, step)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, kv_cache,
+                step: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the previous layer's MLP output (the embeddings, with residual None, for the first layer).
+        Returns this layer's MLP output and the residual stream before it; the next layer adds them,
+        fused into its first norm: transformers' `x = x + sublayer(norm(x))`, twice, rounded alike."""
+        norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
+        if residual is None:
+            residual, h = x, self.ops.rms_norm(x, norm1.weight, norm1.eps)
+        else:
+            h, residual = self.ops.add_rms_norm(x, residual, norm1.weight, norm1.eps)
+        h, residual = self.ops.add_rms_norm(self.self_attn(h, kv_cache, step), residual, norm2.weight, norm2.eps)
+        return self.mlp(h), residual
 
 
 class DecoderForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, backend: AttentionBackend, max_positions: int,
                  dtype: torch.dtype, device: torch.device | str = "cpu",
-                 rotary_device: torch.device | str = "cpu"):
+                 rotary_device: torch.device | str = "cpu", ops: LayerOps | None = None):
         """`device="meta"` builds the module without allocating weights (the loader materializes them)."""
         super().__init__()
         factory = {"dtype": dtype, "device": device}
         self.config = cfg
         self.backend = backend
+        self.ops = ops = ops or TorchLayerOps(backend)
         # Not a submodule: its tables are computed, not loaded, and must survive to_empty().
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling,
                                       device=rotary_device)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, **factory)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, backend, **factory) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, backend, ops, **factory) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, **factory)
@@ -122,11 +135,12 @@ class DecoderForCausalLM(nn.Module):
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions: [num_tokens] -> final hidden states [num_tokens, hidden]."""
         x = self.embed_tokens(input_ids)
-        cos, sin_signed = self.rotary.tables(positions, x.dtype)
-        step = StepContext(meta, self.backend.plan(meta), cos, sin_signed)
+        self.ops.check_step(positions, self.rotary.cos.shape[0])
+        step = StepContext(meta, self.backend.plan(meta), positions, self.rotary, x.dtype)
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x = layer(x, kv_cache, step)
-        return self.norm(x)
+            x, residual = layer(x, residual, kv_cache, step)
+        return self.ops.add_rms_norm(x, residual, self.norm.weight, self.norm.eps)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[num_sampled, hidden] -> [num_sampled, vocab] float32."""

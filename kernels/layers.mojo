@@ -1,0 +1,255 @@
+# MILI's fused per-layer CPU kernels around the matmuls, called from Python (kernels/layer_ops.py).
+#
+# Each replaces a run of small torch operators with one pass over the rows:
+#   rms_norm:      [residual += x;] dst = weight * norm(residual or x)        (5-6 torch ops)
+#   rope_write_kv: q/k head norms (Qwen3), rotary on q and k, K and V into the paged cache  (~12 ops)
+#   silu_mul:      dst = silu(gate) * up over the fused gate|up projection     (2 ops)
+# Rounding follows transformers' bfloat16 modules step by step (every torch op rounds its result to
+# the activation dtype; each intermediate here is rounded at the same points), so the fused path
+# agrees with the reference as closely as the unfused one does. Math is float32 in between.
+#
+# Pointers, shapes and strides arrive as integers in one argument tuple; kernels/layer_ops.py checks
+# them first. Rows are independent, so a call splits its rows over Mojo's thread pool when asked,
+# without changing any row's result.
+
+from std.python import PythonObject
+from std.python.bindings import PythonModuleBuilder
+from std.os import abort
+from std.math import exp, sqrt
+from max.algorithm import parallelize
+from std.sys import simd_width_of
+from std.memory import bitcast
+
+comptime F32 = DType.float32
+comptime BF16 = DType.bfloat16
+comptime W = simd_width_of[F32]()  # 16 lanes with AVX-512
+comptime W8 = 8  # every row length here is a multiple of 8
+
+comptime DTYPE_F32 = 0
+comptime DTYPE_BF16 = 1
+
+
+@export
+def PyInit_mili_layers() abi("C") -> PythonObject:
+    try:
+        var m = PythonModuleBuilder("mili_layers")
+        m.def_function[rms_norm]("rms_norm", docstring="optional residual add, then RMSNorm times weight")
+        m.def_function[rope_write_kv]("rope_write_kv", docstring="q/k norm, rotary, K/V into the paged cache")
+        m.def_function[silu_mul]("silu_mul", docstring="silu(gate) * up")
+        return m.finalize()
+    except e:
+        abort(String("error creating module:", e))
+
+
+def _ptr[dt: DType](obj: PythonObject) raises -> Pointer[Scalar[dt], MutAnyOrigin]:
+    return Pointer[Scalar[dt], MutAnyOrigin](unsafe_from_address=Int(py=obj))
+
+
+@always_inline
+def _bf16_bits[w: Int](x: SIMD[F32, w]) -> SIMD[DType.uint32, w]:
+    """x's float32 bits rounded to nearest-even at bfloat16 precision (low 16 bits zero), in integer
+    vector ops: the compiler's own float32 -> bfloat16 conversion here is scalar and 10x slower.
+    (NaN payloads are not preserved; the activations never hold NaN.)"""
+    var bits = bitcast[DType.uint32, w](x)
+    return (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+
+
+@always_inline
+def _round[dt: DType, w: Int](x: SIMD[F32, w]) -> SIMD[F32, w]:
+    """x rounded to the activation dtype and widened back: what a torch op's output holds."""
+    comptime if dt == BF16:
+        return bitcast[F32, w](_bf16_bits[w](x))
+    else:
+        return x
+
+
+@always_inline
+def _load[dt: DType, w: Int](p: Pointer[Scalar[dt], MutAnyOrigin], i: Int) -> SIMD[F32, w]:
+    return p.unsafe_offset(i).unsafe_load[width=w]().cast[F32]()
+
+
+@always_inline
+def _store[dt: DType, w: Int](p: Pointer[Scalar[dt], MutAnyOrigin], i: Int, x: SIMD[F32, w]):
+    comptime if dt == BF16:
+        var half = (_bf16_bits[w](x) >> 16).cast[DType.uint16]()
+        p.unsafe_offset(i).unsafe_store(bitcast[dt, w](half))
+    else:
+        p.unsafe_offset(i).unsafe_store(x.cast[dt]())
+
+
+def _sum_squares[dt: DType](x: Pointer[Scalar[dt], MutAnyOrigin], n: Int) -> Float32:
+    var acc = SIMD[F32, W8](0)
+    var d = 0
+    while d < n:
+        var v = _load[dt, W8](x, d)
+        acc += v * v
+        d += W8
+    return acc.reduce_add()
+
+
+def _norm_row[dt: DType](dst: Pointer[Scalar[dt], MutAnyOrigin], x: Pointer[Scalar[dt], MutAnyOrigin],
+                         weight: Pointer[Scalar[dt], MutAnyOrigin], n: Int, eps: Float32):
+    """dst = weight * dt(x * rsqrt(mean(x^2) + eps)), the product rounded again (transformers' RMSNorm)."""
+    var inv = Float32(1) / sqrt(_sum_squares[dt](x, n) / Float32(n) + eps)
+    var d = 0
+    while d < n:
+        var normed = _round[dt, W8](_load[dt, W8](x, d) * inv)
+        _store[dt, W8](dst, d, normed * _load[dt, W8](weight, d))
+        d += W8
+
+
+def _rms_norm[dt: DType](args: PythonObject) raises:
+    var dst = _ptr[dt](args[0])
+    var x = _ptr[dt](args[1])
+    var residual = _ptr[dt](args[2])  # address 0: no residual add
+    var weight = _ptr[dt](args[3])
+    var rows = Int(py=args[4])
+    var dim = Int(py=args[5])
+    var eps = Float32(Float64(py=args[6]))
+    var add = Int(py=args[2]) != 0
+
+    def row(r: Int) {imm dst, imm x, imm residual, imm weight, imm dim, imm eps, imm add}:
+        var xr = x.unsafe_offset(r * dim)
+        var src = xr
+        if add:
+            # residual = dt(residual + x): the decoder layer's `x = x + sublayer(x)`, kept for the next layer.
+            src = residual.unsafe_offset(r * dim)
+            var d = 0
+            while d < dim:
+                _store[dt, W8](src, d, _load[dt, W8](src, d) + _load[dt, W8](xr, d))
+                d += W8
+        _norm_row[dt](dst.unsafe_offset(r * dim), src, weight, dim, eps)
+
+    if Int(py=args[8]) != 0:
+        parallelize(row, rows)
+    else:
+        for r in range(rows):
+            row(r)
+
+
+def rms_norm(args: PythonObject) raises -> PythonObject:
+    if Int(py=args[7]) == DTYPE_BF16:
+        _rms_norm[BF16](args)
+    else:
+        _rms_norm[F32](args)
+    return PythonObject(None)
+
+
+def _rope_head[dt: DType](dst: Pointer[Scalar[dt], MutAnyOrigin], src: Pointer[Scalar[dt], MutAnyOrigin],
+                          norm_w: Pointer[Scalar[dt], MutAnyOrigin], has_norm: Bool, eps: Float32,
+                          cos: Pointer[Scalar[F32], MutAnyOrigin], sin_signed: Pointer[Scalar[F32], MutAnyOrigin],
+                          tmp: Pointer[Scalar[F32], MutAnyOrigin], head_dim: Int):
+    """dst = rope(norm(src)) for one head. NeoX rotary: x * cos + roll(x, half) * sin_signed, with the tables
+    rounded to dt first and every product and the sum rounded to dt (transformers' order)."""
+    var half = head_dim // 2
+    if has_norm:
+        var inv = Float32(1) / sqrt(_sum_squares[dt](src, head_dim) / Float32(head_dim) + eps)
+        var d = 0
+        while d < head_dim:
+            var normed = _round[dt, W8](_load[dt, W8](src, d) * inv)
+            tmp.unsafe_offset(d).unsafe_store(_round[dt, W8](normed * _load[dt, W8](norm_w, d)))
+            d += W8
+    else:
+        var d = 0
+        while d < head_dim:
+            tmp.unsafe_offset(d).unsafe_store(_load[dt, W8](src, d))
+            d += W8
+    var d = 0
+    while d < head_dim:
+        var x = tmp.unsafe_offset(d).unsafe_load[width=W8]()
+        var rolled = tmp.unsafe_offset((d + half) % head_dim).unsafe_load[width=W8]()
+        var c = _round[dt, W8](cos.unsafe_offset(d).unsafe_load[width=W8]())
+        var s = _round[dt, W8](sin_signed.unsafe_offset(d).unsafe_load[width=W8]())
+        _store[dt, W8](dst, d, _round[dt, W8](x * c) + _round[dt, W8](rolled * s))
+        d += W8
+
+
+def _rope_write_kv[dt: DType](args: PythonObject) raises:
+    var q_out = _ptr[dt](args[0])  # [tokens, heads, head_dim] contiguous
+    var qkv = _ptr[dt](args[1])  # [tokens, qkv_stride]: q heads, k heads, v heads
+    var k_cache = _ptr[dt](args[2])  # [slots, kv_heads, head_dim]
+    var v_cache = _ptr[dt](args[3])
+    var slots = _ptr[DType.int64](args[4])
+    var positions = _ptr[DType.int64](args[5])
+    var cos = _ptr[F32](args[6])  # [max_positions, head_dim] float32
+    var sin_signed = _ptr[F32](args[7])
+    var q_norm = _ptr[dt](args[8])  # address 0: no per-head norms
+    var k_norm = _ptr[dt](args[9])
+    var tokens = Int(py=args[10])
+    var heads = Int(py=args[11])
+    var kv_heads = Int(py=args[12])
+    var head_dim = Int(py=args[13])
+    var qkv_stride = Int(py=args[14])
+    var eps = Float32(Float64(py=args[15]))
+    var scratch = _ptr[F32](args[16])  # [tokens, head_dim] float32
+    var has_norm = Int(py=args[8]) != 0
+    var kv_row = kv_heads * head_dim
+
+    def token(t: Int) {imm q_out, imm qkv, imm k_cache, imm v_cache, imm slots, imm positions, imm cos,
+                       imm sin_signed, imm q_norm, imm k_norm, imm heads, imm kv_heads, imm head_dim,
+                       imm qkv_stride, imm eps, imm scratch, imm has_norm, imm kv_row}:
+        var src = qkv.unsafe_offset(t * qkv_stride)
+        var pos = Int(positions[unsafe_offset=t])
+        var c = cos.unsafe_offset(pos * head_dim)
+        var s = sin_signed.unsafe_offset(pos * head_dim)
+        var tmp = scratch.unsafe_offset(t * head_dim)
+        for h in range(heads):
+            _rope_head[dt](q_out.unsafe_offset((t * heads + h) * head_dim), src.unsafe_offset(h * head_dim),
+                           q_norm, has_norm, eps, c, s, tmp, head_dim)
+        var slot = Int(slots[unsafe_offset=t])
+        var k_src = src.unsafe_offset(heads * head_dim)
+        for h in range(kv_heads):
+            _rope_head[dt](k_cache.unsafe_offset(slot * kv_row + h * head_dim), k_src.unsafe_offset(h * head_dim),
+                           k_norm, has_norm, eps, c, s, tmp, head_dim)
+        var v_src = k_src.unsafe_offset(kv_row)
+        var v_dst = v_cache.unsafe_offset(slot * kv_row)
+        var d = 0
+        while d < kv_row:
+            v_dst.unsafe_offset(d).unsafe_store(v_src.unsafe_offset(d).unsafe_load[width=W8]())
+            d += W8
+
+    if Int(py=args[18]) != 0:
+        parallelize(token, tokens)
+    else:
+        for t in range(tokens):
+            token(t)
+
+
+def rope_write_kv(args: PythonObject) raises -> PythonObject:
+    if Int(py=args[17]) == DTYPE_BF16:
+        _rope_write_kv[BF16](args)
+    else:
+        _rope_write_kv[F32](args)
+    return PythonObject(None)
+
+
+def _silu_mul[dt: DType](args: PythonObject) raises:
+    var dst = _ptr[dt](args[0])  # [rows, inter]
+    var gate_up = _ptr[dt](args[1])  # [rows, 2 * inter]: gate then up
+    var rows = Int(py=args[2])
+    var inter = Int(py=args[3])
+
+    def row(r: Int) {imm dst, imm gate_up, imm inter}:
+        var g_row = gate_up.unsafe_offset(r * 2 * inter)
+        var u_row = g_row.unsafe_offset(inter)
+        var o_row = dst.unsafe_offset(r * inter)
+        var d = 0
+        while d < inter:
+            var g = _load[dt, W8](g_row, d)
+            var act = _round[dt, W8](g / (1 + exp(-g)))
+            _store[dt, W8](o_row, d, act * _load[dt, W8](u_row, d))
+            d += W8
+
+    if Int(py=args[5]) != 0:
+        parallelize(row, rows)
+    else:
+        for r in range(rows):
+            row(r)
+
+
+def silu_mul(args: PythonObject) raises -> PythonObject:
+    if Int(py=args[4]) == DTYPE_BF16:
+        _silu_mul[BF16](args)
+    else:
+        _silu_mul[F32](args)
+    return PythonObject(None)
