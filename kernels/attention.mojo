@@ -16,6 +16,7 @@ from std.os import abort
 from std.math import exp
 from max.algorithm import parallelize
 from std.sys import simd_width_of
+from numerics import narrow
 
 comptime F32 = DType.float32
 comptime BF16 = DType.bfloat16
@@ -137,7 +138,7 @@ def _attend_rows[dt: DType](args: PythonObject) raises:
                 var inv = Float32(1) / l
                 var o = out.unsafe_offset(token * out_stride + head * head_dim)
                 for d in range(head_dim):
-                    o[unsafe_offset=d] = (acc[unsafe_offset=d] * inv).cast[dt]()
+                    o[unsafe_offset=d] = narrow[dt, 1](acc[unsafe_offset=d] * inv)
 
     if Int(py=args[19]) != 0:
         parallelize(item, n_items)
@@ -294,13 +295,13 @@ def _attend_rows_fixed[dt: DType, HD: Int](args: PythonObject) raises:
                         if ng > 3:
                             a3 += v * s3[unsafe_offset=j]
                 var op = out.unsafe_offset(token * out_stride + head * HD)
-                op.unsafe_store((a0 / l0).cast[dt]())
+                op.unsafe_store(narrow[dt, HD](a0 / l0))
                 if ng > 1:
-                    op.unsafe_offset(HD).unsafe_store((a1 / l1).cast[dt]())
+                    op.unsafe_offset(HD).unsafe_store(narrow[dt, HD](a1 / l1))
                 if ng > 2:
-                    op.unsafe_offset(2 * HD).unsafe_store((a2 / l2).cast[dt]())
+                    op.unsafe_offset(2 * HD).unsafe_store(narrow[dt, HD](a2 / l2))
                 if ng > 3:
-                    op.unsafe_offset(3 * HD).unsafe_store((a3 / l3).cast[dt]())
+                    op.unsafe_offset(3 * HD).unsafe_store(narrow[dt, HD](a3 / l3))
                 g0 += 4
 
     if Int(py=args[19]) != 0:

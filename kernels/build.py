@@ -19,6 +19,7 @@ from pathlib import Path
 KERNELS_DIR = Path(__file__).resolve().parent
 # Extension module name -> its source file.
 MODULES = {"mili_attention": "attention.mojo", "mili_layers": "layers.mojo"}
+SHARED_SOURCES = ("numerics.mojo",)  # imported by the modules above
 BUILD_ROOT = Path(os.environ.get("MILI_KERNEL_BUILD_DIR", KERNELS_DIR.parent / "build" / "kernels"))
 
 
@@ -28,7 +29,7 @@ class KernelBuildError(RuntimeError):
 
 def source_hash() -> str:
     digest = hashlib.sha256()
-    for name in sorted(MODULES.values()):
+    for name in sorted([*MODULES.values(), *SHARED_SOURCES]):
         digest.update(name.encode())
         digest.update((KERNELS_DIR / name).read_bytes())
     return digest.hexdigest()[:16]

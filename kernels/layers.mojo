@@ -18,7 +18,7 @@ from std.os import abort
 from std.math import exp, sqrt
 from max.algorithm import parallelize
 from std.sys import simd_width_of
-from std.memory import bitcast
+from numerics import narrow, round_to
 
 comptime F32 = DType.float32
 comptime BF16 = DType.bfloat16
@@ -46,21 +46,8 @@ def _ptr[dt: DType](obj: PythonObject) raises -> Pointer[Scalar[dt], MutAnyOrigi
 
 
 @always_inline
-def _bf16_bits[w: Int](x: SIMD[F32, w]) -> SIMD[DType.uint32, w]:
-    """x's float32 bits rounded to nearest-even at bfloat16 precision (low 16 bits zero), in integer
-    vector ops: the compiler's own float32 -> bfloat16 conversion here is scalar and 10x slower.
-    (NaN payloads are not preserved; the activations never hold NaN.)"""
-    var bits = bitcast[DType.uint32, w](x)
-    return (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-
-
-@always_inline
 def _round[dt: DType, w: Int](x: SIMD[F32, w]) -> SIMD[F32, w]:
-    """x rounded to the activation dtype and widened back: what a torch op's output holds."""
-    comptime if dt == BF16:
-        return bitcast[F32, w](_bf16_bits[w](x))
-    else:
-        return x
+    return round_to[dt, w](x)
 
 
 @always_inline
@@ -70,11 +57,7 @@ def _load[dt: DType, w: Int](p: Pointer[Scalar[dt], MutAnyOrigin], i: Int) -> SI
 
 @always_inline
 def _store[dt: DType, w: Int](p: Pointer[Scalar[dt], MutAnyOrigin], i: Int, x: SIMD[F32, w]):
-    comptime if dt == BF16:
-        var half = (_bf16_bits[w](x) >> 16).cast[DType.uint16]()
-        p.unsafe_offset(i).unsafe_store(bitcast[dt, w](half))
-    else:
-        p.unsafe_offset(i).unsafe_store(x.cast[dt]())
+    p.unsafe_offset(i).unsafe_store(narrow[dt, w](x))
 
 
 def _sum_squares[dt: DType](x: Pointer[Scalar[dt], MutAnyOrigin], n: Int) -> Float32:
