@@ -61,13 +61,17 @@ def _store[dt: DType, w: Int](p: Pointer[Scalar[dt], MutAnyOrigin], i: Int, x: S
 
 
 def _sum_squares[dt: DType](x: Pointer[Scalar[dt], MutAnyOrigin], n: Int) -> Float32:
-    var acc = SIMD[F32, W8](0)
+    var acc = SIMD[F32, W](0)
     var d = 0
-    while d < n:
-        var v = _load[dt, W8](x, d)
+    while d + W <= n:
+        var v = _load[dt, W](x, d)
         acc += v * v
-        d += W8
-    return acc.reduce_add()
+        d += W
+    var total = acc.reduce_add()
+    if d < n:
+        var v = _load[dt, W8](x, d)
+        total += (v * v).reduce_add()
+    return total
 
 
 def _norm_row[dt: DType](dst: Pointer[Scalar[dt], MutAnyOrigin], x: Pointer[Scalar[dt], MutAnyOrigin],
@@ -75,10 +79,13 @@ def _norm_row[dt: DType](dst: Pointer[Scalar[dt], MutAnyOrigin], x: Pointer[Scal
     """dst = weight * dt(x * rsqrt(mean(x^2) + eps)), the product rounded again (transformers' RMSNorm)."""
     var inv = Float32(1) / sqrt(_sum_squares[dt](x, n) / Float32(n) + eps)
     var d = 0
-    while d < n:
+    while d + W <= n:
+        var normed = _round[dt, W](_load[dt, W](x, d) * inv)
+        _store[dt, W](dst, d, normed * _load[dt, W](weight, d))
+        d += W
+    if d < n:
         var normed = _round[dt, W8](_load[dt, W8](x, d) * inv)
         _store[dt, W8](dst, d, normed * _load[dt, W8](weight, d))
-        d += W8
 
 
 def _rms_norm[dt: DType](args: PythonObject) raises:
@@ -98,9 +105,11 @@ def _rms_norm[dt: DType](args: PythonObject) raises:
             # residual = dt(residual + x): the decoder layer's `x = x + sublayer(x)`, kept for the next layer.
             src = residual.unsafe_offset(r * dim)
             var d = 0
-            while d < dim:
+            while d + W <= dim:
+                _store[dt, W](src, d, _load[dt, W](src, d) + _load[dt, W](xr, d))
+                d += W
+            if d < dim:
                 _store[dt, W8](src, d, _load[dt, W8](src, d) + _load[dt, W8](xr, d))
-                d += W8
         _norm_row[dt](dst.unsafe_offset(r * dim), src, weight, dim, eps)
 
     if Int(py=args[8]) != 0:
@@ -217,11 +226,15 @@ def _silu_mul[dt: DType](args: PythonObject) raises:
         var u_row = g_row.unsafe_offset(inter)
         var o_row = dst.unsafe_offset(r * inter)
         var d = 0
-        while d < inter:
+        while d + W <= inter:
+            var g = _load[dt, W](g_row, d)
+            var act = _round[dt, W](g / (1 + exp(-g)))
+            _store[dt, W](o_row, d, act * _load[dt, W](u_row, d))
+            d += W
+        if d < inter:
             var g = _load[dt, W8](g_row, d)
             var act = _round[dt, W8](g / (1 + exp(-g)))
             _store[dt, W8](o_row, d, act * _load[dt, W8](u_row, d))
-            d += W8
 
     if Int(py=args[5]) != 0:
         parallelize(row, rows)
