@@ -69,10 +69,11 @@ class TorchAttentionBackend:
 # Decode steps with up to this many sequences go to the Mojo kernel; larger ones to the reference.
 # Measured on a 2-core x86-64 machine (loadtest/bench_kernels.py): the kernel, on one thread, beats
 # the reference's two-threaded SDPA at batch 1 (1.4-2.7x) and loses from batch 8 on, until it can use
-# the second core without contending with torch's OpenMP threads (see MojoAttentionBackend).
-import os
-MOJO_DECODE_MAX_ROWS = int(os.environ.get("XROWS", "4"))
-_PAR = os.environ.get("XPAR") == "1"
+# the second core without contending with torch's OpenMP threads (see MojoAttentionBackend). In the
+# engine (loadtest/profile_step.py, default model, context 128), sending every decode row to the kernel
+# made a step at batch 8 take 30.5 ms instead of 28.2, and at batch 32 61.4 ms instead of 48.9: with
+# 30 layers' caches the pages come from memory rather than cache, and one core's bandwidth is the limit.
+MOJO_DECODE_MAX_ROWS = 4
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ class MojoAttentionBackend:
         if not plan.kernel_attends:
             return reference.paged_attention(query, k_cache, v_cache, plan.reference, scale)
         out = self._ops.paged_attention(self._module, query, k_cache, v_cache, plan.kernel, scale,
-                                        out=torch.empty(query.shape, dtype=query.dtype), parallel=_PAR)
+                                        out=torch.empty(query.shape, dtype=query.dtype))
         if plan.reference is not None:
             reference.paged_attention(query, k_cache, v_cache, plan.reference, scale, out=out)
         return out
