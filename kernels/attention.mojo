@@ -15,8 +15,10 @@ from std.python.bindings import PythonModuleBuilder
 from std.os import abort
 from std.math import exp
 from max.algorithm import parallelize
-from std.sys import simd_width_of
+from std.sys import simd_width_of, size_of
+from std.sys.intrinsics import prefetch, PrefetchOptions
 from numerics import narrow
+from std.memory import bitcast
 
 comptime F32 = DType.float32
 comptime BF16 = DType.bfloat16
@@ -40,6 +42,26 @@ def PyInit_mili_attention() abi("C") -> PythonObject:
 
 def _ptr[dt: DType](obj: PythonObject) raises -> Pointer[Scalar[dt], MutAnyOrigin]:
     return Pointer[Scalar[dt], MutAnyOrigin](unsafe_from_address=Int(py=obj))
+
+
+# paged_attention's arguments travel as one int64 array (see kernels/mojo_ops.py for the layout), so the
+# same kernel can be entered from Python and, for a range of work items, from C on torch's OpenMP team.
+comptime Params = Pointer[Scalar[DType.int64], MutAnyOrigin]
+
+
+@always_inline
+def _int(p: Params, i: Int) -> Int:
+    return Int(p[unsafe_offset=i])
+
+
+@always_inline
+def _addr[dt: DType](p: Params, i: Int) -> Pointer[Scalar[dt], MutAnyOrigin]:
+    return Pointer[Scalar[dt], MutAnyOrigin](unsafe_from_address=_int(p, i))
+
+
+@always_inline
+def _float(p: Params, i: Int) -> Float32:
+    return bitcast[DType.float64, 1](p[unsafe_offset=i]).cast[F32]()
 
 
 def _dot[dt: DType](q: Pointer[Scalar[F32], MutAnyOrigin], k: Pointer[Scalar[dt], MutAnyOrigin], n: Int) -> Float32:
@@ -68,25 +90,25 @@ def _scale_add[dt: DType](acc: Pointer[Scalar[F32], MutAnyOrigin], corr: Float32
         acc.unsafe_offset(d).unsafe_store(a8 * corr + v.unsafe_offset(d).unsafe_load[width=W8]().cast[F32]() * w)
 
 
-def _attend_rows[dt: DType](args: PythonObject) raises:
-    var out = _ptr[dt](args[0])
-    var query = _ptr[dt](args[1])
-    var k_cache = _ptr[dt](args[2])
-    var v_cache = _ptr[dt](args[3])
-    var block_tables = _ptr[DType.int32](args[4])
-    var context_lens = _ptr[DType.int32](args[5])
-    var query_start = _ptr[DType.int32](args[6])
-    var items = _ptr[DType.int32](args[7])
-    var n_items = Int(py=args[8])
-    var num_heads = Int(py=args[9])
-    var kv_heads = Int(py=args[10])
-    var head_dim = Int(py=args[11])
-    var block_size = Int(py=args[12])
-    var max_blocks = Int(py=args[13])
-    var q_stride = Int(py=args[14])
-    var out_stride = Int(py=args[15])
-    var scale = Float32(Float64(py=args[16]))
-    var scratch = _ptr[F32](args[17])
+def _attend_rows[dt: DType](args: Params, begin: Int, end: Int, pool: Bool):
+    var out = _addr[dt](args, 0)
+    var query = _addr[dt](args, 1)
+    var k_cache = _addr[dt](args, 2)
+    var v_cache = _addr[dt](args, 3)
+    var block_tables = _addr[DType.int32](args, 4)
+    var context_lens = _addr[DType.int32](args, 5)
+    var query_start = _addr[DType.int32](args, 6)
+    var items = _addr[DType.int32](args, 7)
+    var n_items = _int(args, 8)
+    var num_heads = _int(args, 9)
+    var kv_heads = _int(args, 10)
+    var head_dim = _int(args, 11)
+    var block_size = _int(args, 12)
+    var max_blocks = _int(args, 13)
+    var q_stride = _int(args, 14)
+    var out_stride = _int(args, 15)
+    var scale = _float(args, 16)
+    var scratch = _addr[F32](args, 17)
     var group = num_heads // kv_heads
     var row_stride = kv_heads * head_dim  # between consecutive tokens of a page
     var scratch_per_item = 2 * head_dim + 4 * max(block_size, W8)  # sized as the fixed path's
@@ -140,10 +162,10 @@ def _attend_rows[dt: DType](args: PythonObject) raises:
                 for d in range(head_dim):
                     o[unsafe_offset=d] = narrow[dt, 1](acc[unsafe_offset=d] * inv)
 
-    if Int(py=args[19]) != 0:
+    if pool:
         parallelize(item, n_items)
     else:
-        for i in range(n_items):
+        for i in range(begin, end):
             item(i)
 
 
@@ -159,28 +181,40 @@ def _exp_row(scores: Pointer[Scalar[F32], MutAnyOrigin], padded: Int, row_max: F
     return total
 
 
-def _attend_rows_fixed[dt: DType, HD: Int](args: PythonObject) raises:
+@always_inline
+def _prefetch_page[dt: DType, HD: Int](k_cache: Pointer[Scalar[dt], MutAnyOrigin], v_cache: Pointer[Scalar[dt], MutAnyOrigin],
+                                       base: Int, rows: Int, row_stride: Int):
+    """Software prefetch of one head's K and V rows of a page, one request per 64-byte line."""
+    comptime per_line = 64 // size_of[dt]()
+    for j in range(rows):
+        var offset = base + j * row_stride
+        comptime for e in range(0, HD, per_line):
+            prefetch[PrefetchOptions().for_read().high_locality()](k_cache.unsafe_offset(offset + e))
+            prefetch[PrefetchOptions().for_read().high_locality()](v_cache.unsafe_offset(offset + e))
+
+
+def _attend_rows_fixed[dt: DType, HD: Int](args: Params, begin: Int, end: Int, pool: Bool):
     """The same computation as _attend_rows for a head_dim known at compile time. The query heads that
     share a KV head go through the pages together, up to 4 at a time with their queries and
     accumulators in registers, so each K and V row is loaded and widened to float32 once per pass
     instead of once per head; each page's weights are exponentiated 8 at a time."""
-    var out = _ptr[dt](args[0])
-    var query = _ptr[dt](args[1])
-    var k_cache = _ptr[dt](args[2])
-    var v_cache = _ptr[dt](args[3])
-    var block_tables = _ptr[DType.int32](args[4])
-    var context_lens = _ptr[DType.int32](args[5])
-    var query_start = _ptr[DType.int32](args[6])
-    var items = _ptr[DType.int32](args[7])
-    var n_items = Int(py=args[8])
-    var num_heads = Int(py=args[9])
-    var kv_heads = Int(py=args[10])
-    var block_size = Int(py=args[12])
-    var max_blocks = Int(py=args[13])
-    var q_stride = Int(py=args[14])
-    var out_stride = Int(py=args[15])
-    var scale = Float32(Float64(py=args[16]))
-    var scratch = _ptr[F32](args[17])
+    var out = _addr[dt](args, 0)
+    var query = _addr[dt](args, 1)
+    var k_cache = _addr[dt](args, 2)
+    var v_cache = _addr[dt](args, 3)
+    var block_tables = _addr[DType.int32](args, 4)
+    var context_lens = _addr[DType.int32](args, 5)
+    var query_start = _addr[DType.int32](args, 6)
+    var items = _addr[DType.int32](args, 7)
+    var n_items = _int(args, 8)
+    var num_heads = _int(args, 9)
+    var kv_heads = _int(args, 10)
+    var block_size = _int(args, 12)
+    var max_blocks = _int(args, 13)
+    var q_stride = _int(args, 14)
+    var out_stride = _int(args, 15)
+    var scale = _float(args, 16)
+    var scratch = _addr[F32](args, 17)
     var group = num_heads // kv_heads
     var row_stride = kv_heads * HD
     var padded = max(block_size, W8)  # one head's page of scores, a whole number of 8-lane vectors
@@ -236,6 +270,12 @@ def _attend_rows_fixed[dt: DType, HD: Int](args: PythonObject) raises:
                     var page = Int(block_tables[unsafe_offset=seq * max_blocks + b])
                     var n = min(block_size, visible - b * block_size)
                     var base = (page * block_size) * row_stride + kvh * HD
+                    if b + 1 < n_blocks:
+                        # Pages sit at random places in a cache far larger than the CPU caches: ask for
+                        # the next one now so its rows arrive while this one is computed.
+                        var next_page = Int(block_tables[unsafe_offset=seq * max_blocks + b + 1])
+                        _prefetch_page[dt, HD](k_cache, v_cache, (next_page * block_size) * row_stride + kvh * HD,
+                                               block_size, row_stride)
                     var b0 = Float32(-3.0e38)
                     var b1 = Float32(-3.0e38)
                     var b2 = Float32(-3.0e38)
@@ -304,31 +344,43 @@ def _attend_rows_fixed[dt: DType, HD: Int](args: PythonObject) raises:
                     op.unsafe_offset(3 * HD).unsafe_store(narrow[dt, HD](a3 / l3))
                 g0 += 4
 
-    if Int(py=args[19]) != 0:
+    if pool:
         parallelize(item, n_items)
     else:
-        for i in range(n_items):
+        for i in range(begin, end):
             item(i)
 
 
-def paged_attention(args: PythonObject) raises -> PythonObject:
-    var code = Int(py=args[18])
-    var head_dim = Int(py=args[11])
+def _attend(p: Params, begin: Int, end: Int, pool: Bool):
+    var code = _int(p, 18)
+    var head_dim = _int(p, 11)
     if code == DTYPE_BF16:
         if head_dim == 64:
-            _attend_rows_fixed[BF16, 64](args)
+            _attend_rows_fixed[BF16, 64](p, begin, end, pool)
         elif head_dim == 128:
-            _attend_rows_fixed[BF16, 128](args)
+            _attend_rows_fixed[BF16, 128](p, begin, end, pool)
         else:
-            _attend_rows[BF16](args)
+            _attend_rows[BF16](p, begin, end, pool)
     else:
         if head_dim == 64:
-            _attend_rows_fixed[F32, 64](args)
+            _attend_rows_fixed[F32, 64](p, begin, end, pool)
         elif head_dim == 128:
-            _attend_rows_fixed[F32, 128](args)
+            _attend_rows_fixed[F32, 128](p, begin, end, pool)
         else:
-            _attend_rows[F32](args)
+            _attend_rows[F32](p, begin, end, pool)
+
+
+def paged_attention(args: PythonObject) raises -> PythonObject:
+    """args: (address of the int64 parameter array, 1 to spread the items over Mojo's pool)."""
+    var p = Params(unsafe_from_address=Int(py=args[0]))
+    _attend(p, 0, _int(p, 8), Int(py=args[1]) != 0)
     return PythonObject(None)
+
+
+@export
+def mili_attend_range(params: Int, begin: Int, end: Int) abi("C"):
+    """Work items [begin, end) on the calling thread: entered from C by each thread of an OpenMP team."""
+    _attend(Params(unsafe_from_address=params), begin, end, False)
 
 
 def _copy_rows[dt: DType](args: PythonObject) raises:

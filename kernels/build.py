@@ -17,8 +17,9 @@ import tempfile
 from pathlib import Path
 
 KERNELS_DIR = Path(__file__).resolve().parent
-# Extension module name -> its source file.
-MODULES = {"mili_attention": "attention.mojo", "mili_layers": "layers.mojo"}
+# Built module name -> its source file: two Mojo extension modules and a small C library (built with the
+# system C compiler) that runs kernel work on torch's OpenMP threads.
+MODULES = {"mili_attention": "attention.mojo", "mili_layers": "layers.mojo", "mili_omp": "omp_bridge.c"}
 SHARED_SOURCES = ("numerics.mojo",)  # imported by the modules above
 BUILD_ROOT = Path(os.environ.get("MILI_KERNEL_BUILD_DIR", KERNELS_DIR.parent / "build" / "kernels"))
 
@@ -48,24 +49,30 @@ def mojo_compiler() -> str:
 
 
 def build(name: str = "mili_attention") -> Path:
-    """The built module's path, compiling every module first if this source hash has not been built."""
+    """The built module's path, compiling it first if this source hash has not been built."""
     target = module_path(name)
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / ".lock", "a+") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        for module, source in MODULES.items():
-            if not module_path(module).is_file():  # not built by another process while we waited
-                _compile(KERNELS_DIR / source, module_path(module))
+        if not target.is_file():  # not built by another process while we waited
+            _compile(KERNELS_DIR / MODULES[name], target)
     return target
 
 
 def _compile(source: Path, target: Path) -> None:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
-    result = subprocess.run([mojo_compiler(), "build", str(source), "--emit", "shared-lib", "-o", tmp],
-                            capture_output=True, text=True)
+    if source.suffix == ".c":
+        cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+        if cc is None:
+            os.unlink(tmp)
+            raise KernelBuildError("no C compiler (cc or gcc) to build the OpenMP bridge")
+        cmd = [cc, "-O2", "-fPIC", "-shared", "-fopenmp", str(source), "-o", tmp]
+    else:
+        cmd = [mojo_compiler(), "build", str(source), "--emit", "shared-lib", "-o", tmp]
+    result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         os.unlink(tmp)
         raise KernelBuildError(f"mojo build of {source.name} failed ({result.returncode}):\n{result.stderr[-4000:]}")
@@ -74,4 +81,9 @@ def _compile(source: Path, target: Path) -> None:
 
 if __name__ == "__main__":
     for module in MODULES:
-        print(build(module))
+        try:
+            print(build(module))
+        except KernelBuildError as e:  # only the optional OpenMP bridge may fail without failing the build
+            if module != "mili_omp":
+                raise
+            print(f"warning: {e}; the kernels will use one thread or Mojo's pool", file=sys.stderr)

@@ -8,14 +8,19 @@ strides and dtype codes only, so a GPU build of the same kernels can sit behind 
 
 from __future__ import annotations
 
+import ctypes
 import importlib.machinery
 import importlib.util
+import logging
+import struct
 from dataclasses import dataclass, field
 from types import ModuleType
 
 import torch
 
-from kernels.build import build
+from kernels.build import KernelBuildError, build
+
+log = logging.getLogger(__name__)
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 MAX_HEAD_DIM = 256
@@ -116,12 +121,18 @@ def write_kv(module: ModuleType, k_cache: torch.Tensor, v_cache: torch.Tensor, k
                      value.stride(0), DTYPE_CODES[k_cache.dtype]))
 
 
+THREADINGS = ("caller", "omp", "pool")
+
+
 def paged_attention(module: ModuleType, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     plan: StepPlan, scale: float, out: torch.Tensor | None = None,
-                    parallel: bool = False) -> torch.Tensor:
+                    threading: str = "caller") -> torch.Tensor:
     """query: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim], causal per sequence.
     `out`, when given, must be contiguous and shaped like query (tests pass one poisoned with NaN).
-    parallel: spread the work items over Mojo's thread pool instead of running them on this thread."""
+    threading: "caller" runs the work items on this thread; "omp" splits them over the process's OpenMP
+    team (torch's threads; see omp_bridge.c), or runs them here when that bridge is unavailable;
+    "pool" spreads them over Mojo's own thread pool."""
+    _require(threading in THREADINGS, f"threading must be one of {THREADINGS}")
     _check_cache(k_cache, v_cache)
     num_blocks, block_size, kv_heads, head_dim = k_cache.shape
     num_heads = query.shape[1] if query.dim() == 3 else -1
@@ -136,9 +147,57 @@ def paged_attention(module: ModuleType, query: torch.Tensor, k_cache: torch.Tens
     _require(out.shape == query.shape and out.dtype == query.dtype and out.is_contiguous(), "bad output tensor")
     # Per work item: two head_dim vectors and four heads' page of scores (see attention.mojo).
     scratch = torch.empty(items.shape[0], 2 * head_dim + 4 * max(block_size, 8), dtype=torch.float32)
-    module.paged_attention((out.data_ptr(), query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-                            plan.block_tables.data_ptr(), plan.context_lens.data_ptr(), plan.query_start.data_ptr(),
-                            items.data_ptr(), items.shape[0], num_heads, kv_heads, head_dim, block_size,
-                            plan.block_tables.shape[1], query.stride(0), out.stride(0), float(scale),
-                            scratch.data_ptr(), DTYPE_CODES[k_cache.dtype], int(parallel)))
+    params = torch.tensor([
+        out.data_ptr(), query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), plan.block_tables.data_ptr(),
+        plan.context_lens.data_ptr(), plan.query_start.data_ptr(), items.data_ptr(), items.shape[0], num_heads,
+        kv_heads, head_dim, block_size, plan.block_tables.shape[1], query.stride(0), out.stride(0),
+        _float_bits(scale), scratch.data_ptr(), DTYPE_CODES[k_cache.dtype]], dtype=torch.int64)
+    team = omp_team() if threading == "omp" else None
+    if team is not None:
+        team.run(module, params, items.shape[0])
+    else:
+        module.paged_attention((params.data_ptr(), int(threading == "pool")))
     return out
+
+
+def _float_bits(x: float) -> int:
+    return struct.unpack("<q", struct.pack("<d", float(x)))[0]
+
+
+class OmpTeam:
+    """Calls a Mojo kernel's C entry point for ranges of work items from an OpenMP parallel region."""
+
+    def __init__(self, bridge: ctypes.CDLL):
+        self._run = bridge.mili_omp_run
+        self._run.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_longlong]
+        self._run.restype = None
+        self._entry: dict[str, int] = {}
+
+    def run(self, module: ModuleType, params: torch.Tensor, n_items: int) -> None:
+        entry = self._entry.get(module.__file__)
+        if entry is None:
+            entry = ctypes.cast(ctypes.CDLL(module.__file__).mili_attend_range, ctypes.c_void_p).value
+            self._entry[module.__file__] = entry
+        self._run(entry, params.data_ptr(), n_items)  # ctypes releases the GIL; params stays alive here
+
+
+_team: OmpTeam | None = None
+_team_checked = False
+
+
+def omp_team() -> OmpTeam | None:
+    """The OpenMP bridge, if it builds and shares torch's OpenMP runtime (one libgomp in the process)."""
+    global _team, _team_checked
+    if not _team_checked:
+        _team_checked = True
+        try:
+            bridge = ctypes.CDLL(str(build("mili_omp")))
+        except (KernelBuildError, OSError) as e:
+            log.warning("OpenMP bridge unavailable (%s); Mojo attention runs on one thread", e)
+            return None
+        runtimes = {line.split()[-1] for line in open("/proc/self/maps") if "libgomp" in line or "libiomp" in line}
+        if len(runtimes) == 1:
+            _team = OmpTeam(bridge)
+        else:
+            log.warning("OpenMP bridge sees %d OpenMP runtimes (%s); not using it", len(runtimes), sorted(runtimes))
+    return _team

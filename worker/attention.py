@@ -66,16 +66,6 @@ class TorchAttentionBackend:
         return reference.paged_attention(query, k_cache, v_cache, plan, scale)
 
 
-# Decode steps with up to this many sequences go to the Mojo kernel; larger ones to the reference.
-# Measured on a 2-core x86-64 machine (loadtest/bench_kernels.py): the kernel, on one thread, beats
-# the reference's two-threaded SDPA at batch 1 (1.4-2.7x) and loses from batch 8 on, until it can use
-# the second core without contending with torch's OpenMP threads (see MojoAttentionBackend). In the
-# engine (loadtest/profile_step.py, default model, context 128), sending every decode row to the kernel
-# made a step at batch 8 take 30.5 ms instead of 28.2, and at batch 32 61.4 ms instead of 48.9: with
-# 30 layers' caches the pages come from memory rather than cache, and one core's bandwidth is the limit.
-MOJO_DECODE_MAX_ROWS = 4
-
-
 @dataclass(frozen=True)
 class MojoStepPlan:
     kernel: Any  # kernels.mojo_ops.StepPlan: KV writes, and the rows the Mojo kernel attends
@@ -84,17 +74,18 @@ class MojoStepPlan:
 
 
 class MojoAttentionBackend:
-    """The Mojo kernels: every KV write, and the attention of small decode batches, read the pages in
+    """The Mojo kernels: every KV write, and the attention of every decode row, reading the pages in
     place, one call per layer.
+
+    The decode kernel runs on torch's own OpenMP threads (kernels/omp_bridge.c): between torch's
+    matmuls those threads keep spinning, and a second thread pool (Mojo's) started then competed with
+    them and made a 32-sequence call 3-4x slower than the same call alone. On torch's team, a decode
+    step of the default model at batch 32 took 40.3 ms instead of 46.3 with the reference's gather +
+    SDPA, and 60.1 instead of 72.4 at batch 64 (loadtest/profile_step.py, 2-core x86-64).
 
     Prefill chunks go to the reference's SDPA over gathered pages: the Mojo kernel computes them
     correctly (its tests cover them) but one query row at a time, several times slower than SDPA's
-    matrix products, so serving them there would lengthen time to first token. Decode batches above
-    MOJO_DECODE_MAX_ROWS go there too.
-
-    The kernels run on the calling thread. Between torch's matmuls, torch's OpenMP threads keep
-    spinning for a while; a Mojo thread pool started then competes with them for the cores and made
-    a 32-sequence decode call 3-4x slower than the same call alone (measured by loadtest/bench_kernels.py).
+    matrix products, so serving them there would lengthen time to first token.
     """
 
     name = "mojo"
@@ -107,14 +98,13 @@ class MojoAttentionBackend:
 
     def plan(self, meta: AttentionMetadata) -> MojoStepPlan:
         query_lens = meta.query_lens_host
-        mojo_decode = sum(1 for n in query_lens if n == 1) <= MOJO_DECODE_MAX_ROWS
         kernel = self._ops.StepPlan.build(meta.block_tables, meta.context_lens_host, query_lens, meta.slot_mapping,
-                                          meta.block_size, max_query_len=1 if mojo_decode else 0)
+                                          meta.block_size, max_query_len=1)
         ref_plan = None
-        if not mojo_decode or any(n > 1 for n in query_lens):
+        if any(n > 1 for n in query_lens):
             full = reference.plan_attention(meta.block_tables, list(meta.context_lens_host), list(query_lens),
                                             meta.block_size)
-            ref_plan = full if not mojo_decode else reference.AttentionPlan(decode=(), prefills=full.prefills)
+            ref_plan = reference.AttentionPlan(decode=(), prefills=full.prefills)
         return MojoStepPlan(kernel, ref_plan, kernel_attends=bool(kernel.rows))
 
     def write_kv(self, k_cache, v_cache, key, value, meta: AttentionMetadata, plan: MojoStepPlan) -> None:
@@ -126,7 +116,7 @@ class MojoAttentionBackend:
         if not plan.kernel_attends:
             return reference.paged_attention(query, k_cache, v_cache, plan.reference, scale)
         out = self._ops.paged_attention(self._module, query, k_cache, v_cache, plan.kernel, scale,
-                                        out=torch.empty(query.shape, dtype=query.dtype))
+                                        out=torch.empty(query.shape, dtype=query.dtype), threading="omp")
         if plan.reference is not None:
             reference.paged_attention(query, k_cache, v_cache, plan.reference, scale, out=out)
         return out

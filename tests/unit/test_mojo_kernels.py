@@ -33,9 +33,9 @@ def check_attention(module, rng, block_size, kv_heads, group, head_dim, dtype, s
     query = torch.randn(plan.num_tokens, kv_heads * group, head_dim).to(dtype)
     scale = head_dim ** -0.5
     expected = reference.paged_attention(query, k_cache, v_cache, ref_plan, scale)
-    for parallel in (False, True):  # on the calling thread, and over Mojo's thread pool
+    for threading in mojo_ops.THREADINGS:  # this thread, torch's OpenMP team, Mojo's pool
         out = torch.full_like(query, float("nan"))
-        mojo_ops.paged_attention(module, query, k_cache, v_cache, plan, scale, out=out, parallel=parallel)
+        mojo_ops.paged_attention(module, query, k_cache, v_cache, plan, scale, out=out, threading=threading)
         assert not out.isnan().any(), "an output element was never written"
         # float32: the same math in another order. bfloat16: both accumulate in float32 and round once.
         tol = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=1.6e-2, rtol=1.6e-2)

@@ -1,0 +1,20 @@
+/* Runs a Mojo kernel's work items on the process's OpenMP team.
+ *
+ * torch keeps its OpenMP worker threads spinning for a while after every parallel operator; a second
+ * thread pool (Mojo's) started then competes with them for the cores. Entering the kernel from an
+ * OpenMP parallel region instead hands the work to those same, already-running threads. Linked against
+ * libgomp.so.1, which resolves to the copy torch has already loaded (same soname), so there is one
+ * team; kernels/mojo_ops.py checks that before using it.
+ */
+#include <omp.h>
+
+typedef void (*range_fn)(long long params, long long begin, long long end);
+
+void mili_omp_run(range_fn fn, long long params, long long n_items) {
+#pragma omp parallel
+    {
+        long long t = omp_get_thread_num(), nt = omp_get_num_threads();
+        long long begin = n_items * t / nt, end = n_items * (t + 1) / nt;
+        if (begin < end) fn(params, begin, end);
+    }
+}
