@@ -18,7 +18,7 @@ from max.algorithm import parallelize
 from std.sys import simd_width_of, size_of
 from std.sys.intrinsics import prefetch, PrefetchOptions
 from numerics import narrow
-from std.memory import bitcast
+from params import Params, param_int, param_ptr, param_float
 
 comptime F32 = DType.float32
 comptime BF16 = DType.bfloat16
@@ -42,26 +42,6 @@ def PyInit_mili_attention() abi("C") -> PythonObject:
 
 def _ptr[dt: DType](obj: PythonObject) raises -> Pointer[Scalar[dt], MutAnyOrigin]:
     return Pointer[Scalar[dt], MutAnyOrigin](unsafe_from_address=Int(py=obj))
-
-
-# paged_attention's arguments travel as one int64 array (see kernels/mojo_ops.py for the layout), so the
-# same kernel can be entered from Python and, for a range of work items, from C on torch's OpenMP team.
-comptime Params = Pointer[Scalar[DType.int64], MutAnyOrigin]
-
-
-@always_inline
-def _int(p: Params, i: Int) -> Int:
-    return Int(p[unsafe_offset=i])
-
-
-@always_inline
-def _addr[dt: DType](p: Params, i: Int) -> Pointer[Scalar[dt], MutAnyOrigin]:
-    return Pointer[Scalar[dt], MutAnyOrigin](unsafe_from_address=_int(p, i))
-
-
-@always_inline
-def _float(p: Params, i: Int) -> Float32:
-    return bitcast[DType.float64, 1](p[unsafe_offset=i]).cast[F32]()
 
 
 def _dot[dt: DType](q: Pointer[Scalar[F32], MutAnyOrigin], k: Pointer[Scalar[dt], MutAnyOrigin], n: Int) -> Float32:
@@ -91,24 +71,24 @@ def _scale_add[dt: DType](acc: Pointer[Scalar[F32], MutAnyOrigin], corr: Float32
 
 
 def _attend_rows[dt: DType](args: Params, begin: Int, end: Int, pool: Bool):
-    var out = _addr[dt](args, 0)
-    var query = _addr[dt](args, 1)
-    var k_cache = _addr[dt](args, 2)
-    var v_cache = _addr[dt](args, 3)
-    var block_tables = _addr[DType.int32](args, 4)
-    var context_lens = _addr[DType.int32](args, 5)
-    var query_start = _addr[DType.int32](args, 6)
-    var items = _addr[DType.int32](args, 7)
-    var n_items = _int(args, 8)
-    var num_heads = _int(args, 9)
-    var kv_heads = _int(args, 10)
-    var head_dim = _int(args, 11)
-    var block_size = _int(args, 12)
-    var max_blocks = _int(args, 13)
-    var q_stride = _int(args, 14)
-    var out_stride = _int(args, 15)
-    var scale = _float(args, 16)
-    var scratch = _addr[F32](args, 17)
+    var out = param_ptr[dt](args, 0)
+    var query = param_ptr[dt](args, 1)
+    var k_cache = param_ptr[dt](args, 2)
+    var v_cache = param_ptr[dt](args, 3)
+    var block_tables = param_ptr[DType.int32](args, 4)
+    var context_lens = param_ptr[DType.int32](args, 5)
+    var query_start = param_ptr[DType.int32](args, 6)
+    var items = param_ptr[DType.int32](args, 7)
+    var n_items = param_int(args, 8)
+    var num_heads = param_int(args, 9)
+    var kv_heads = param_int(args, 10)
+    var head_dim = param_int(args, 11)
+    var block_size = param_int(args, 12)
+    var max_blocks = param_int(args, 13)
+    var q_stride = param_int(args, 14)
+    var out_stride = param_int(args, 15)
+    var scale = param_float(args, 16)
+    var scratch = param_ptr[F32](args, 17)
     var group = num_heads // kv_heads
     var row_stride = kv_heads * head_dim  # between consecutive tokens of a page
     var scratch_per_item = 2 * head_dim + 4 * max(block_size, W8)  # sized as the fixed path's
@@ -198,23 +178,23 @@ def _attend_rows_fixed[dt: DType, HD: Int](args: Params, begin: Int, end: Int, p
     share a KV head go through the pages together, up to 4 at a time with their queries and
     accumulators in registers, so each K and V row is loaded and widened to float32 once per pass
     instead of once per head; each page's weights are exponentiated 8 at a time."""
-    var out = _addr[dt](args, 0)
-    var query = _addr[dt](args, 1)
-    var k_cache = _addr[dt](args, 2)
-    var v_cache = _addr[dt](args, 3)
-    var block_tables = _addr[DType.int32](args, 4)
-    var context_lens = _addr[DType.int32](args, 5)
-    var query_start = _addr[DType.int32](args, 6)
-    var items = _addr[DType.int32](args, 7)
-    var n_items = _int(args, 8)
-    var num_heads = _int(args, 9)
-    var kv_heads = _int(args, 10)
-    var block_size = _int(args, 12)
-    var max_blocks = _int(args, 13)
-    var q_stride = _int(args, 14)
-    var out_stride = _int(args, 15)
-    var scale = _float(args, 16)
-    var scratch = _addr[F32](args, 17)
+    var out = param_ptr[dt](args, 0)
+    var query = param_ptr[dt](args, 1)
+    var k_cache = param_ptr[dt](args, 2)
+    var v_cache = param_ptr[dt](args, 3)
+    var block_tables = param_ptr[DType.int32](args, 4)
+    var context_lens = param_ptr[DType.int32](args, 5)
+    var query_start = param_ptr[DType.int32](args, 6)
+    var items = param_ptr[DType.int32](args, 7)
+    var n_items = param_int(args, 8)
+    var num_heads = param_int(args, 9)
+    var kv_heads = param_int(args, 10)
+    var block_size = param_int(args, 12)
+    var max_blocks = param_int(args, 13)
+    var q_stride = param_int(args, 14)
+    var out_stride = param_int(args, 15)
+    var scale = param_float(args, 16)
+    var scratch = param_ptr[F32](args, 17)
     var group = num_heads // kv_heads
     var row_stride = kv_heads * HD
     var padded = max(block_size, W8)  # one head's page of scores, a whole number of 8-lane vectors
@@ -352,8 +332,8 @@ def _attend_rows_fixed[dt: DType, HD: Int](args: Params, begin: Int, end: Int, p
 
 
 def _attend(p: Params, begin: Int, end: Int, pool: Bool):
-    var code = _int(p, 18)
-    var head_dim = _int(p, 11)
+    var code = param_int(p, 18)
+    var head_dim = param_int(p, 11)
     if code == DTYPE_BF16:
         if head_dim == 64:
             _attend_rows_fixed[BF16, 64](p, begin, end, pool)
@@ -373,12 +353,12 @@ def _attend(p: Params, begin: Int, end: Int, pool: Bool):
 def paged_attention(args: PythonObject) raises -> PythonObject:
     """args: (address of the int64 parameter array, 1 to spread the items over Mojo's pool)."""
     var p = Params(unsafe_from_address=Int(py=args[0]))
-    _attend(p, 0, _int(p, 8), Int(py=args[1]) != 0)
+    _attend(p, 0, param_int(p, 8), Int(py=args[1]) != 0)
     return PythonObject(None)
 
 
 @export
-def mili_attend_range(params: Int, begin: Int, end: Int) abi("C"):
+def mili_paged_attention_range(params: Int, begin: Int, end: Int) abi("C"):
     """Work items [begin, end) on the calling thread: entered from C by each thread of an OpenMP team."""
     _attend(Params(unsafe_from_address=params), begin, end, False)
 

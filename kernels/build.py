@@ -20,7 +20,8 @@ KERNELS_DIR = Path(__file__).resolve().parent
 # Built module name -> its source file: two Mojo extension modules and a small C library (built with the
 # system C compiler) that runs kernel work on torch's OpenMP threads.
 MODULES = {"mili_attention": "attention.mojo", "mili_layers": "layers.mojo", "mili_omp": "omp_bridge.c"}
-SHARED_SOURCES = ("numerics.mojo",)  # imported by the modules above
+SHARED_SOURCES = ("numerics.mojo", "params.mojo")
+OPTIONAL = "mili_omp"  # imported by the modules above
 BUILD_ROOT = Path(os.environ.get("MILI_KERNEL_BUILD_DIR", KERNELS_DIR.parent / "build" / "kernels"))
 
 
@@ -49,15 +50,25 @@ def mojo_compiler() -> str:
 
 
 def build(name: str = "mili_attention") -> Path:
-    """The built module's path, compiling it first if this source hash has not been built."""
+    """The built module's path. The first request for a source hash builds every module (the OpenMP
+    bridge may fail alone: its users fall back to one thread); later ones only look."""
     target = module_path(name)
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / ".lock", "a+") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        if not target.is_file():  # not built by another process while we waited
-            _compile(KERNELS_DIR / MODULES[name], target)
+        errors = {}
+        for module, source in MODULES.items():
+            if not module_path(module).is_file():  # not built by another process while we waited
+                try:
+                    _compile(KERNELS_DIR / source, module_path(module))
+                except KernelBuildError as e:
+                    errors[module] = e
+        if name in errors:
+            raise errors[name]
+        if set(errors) - {OPTIONAL}:
+            raise next(e for m, e in errors.items() if m != OPTIONAL)
     return target
 
 
@@ -72,7 +83,9 @@ def _compile(source: Path, target: Path) -> None:
         cmd = [cc, "-O2", "-fPIC", "-shared", "-fopenmp", str(source), "-o", tmp]
     else:
         cmd = [mojo_compiler(), "build", str(source), "--emit", "shared-lib", "-o", tmp]
-    result = subprocess.run(cmd, capture_output=True, text=True)
+    # os.environ as this process started: a loaded Mojo module setenv()s PYTHONEXECUTABLE for its own
+    # Python runtime, and a `mojo` child inheriting that would not find its virtual environment.
+    result = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
     if result.returncode != 0:
         os.unlink(tmp)
         raise KernelBuildError(f"mojo build of {source.name} failed ({result.returncode}):\n{result.stderr[-4000:]}")
@@ -84,6 +97,6 @@ if __name__ == "__main__":
         try:
             print(build(module))
         except KernelBuildError as e:  # only the optional OpenMP bridge may fail without failing the build
-            if module != "mili_omp":
+            if module != OPTIONAL:
                 raise
             print(f"warning: {e}; the kernels will use one thread or Mojo's pool", file=sys.stderr)

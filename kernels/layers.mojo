@@ -8,9 +8,9 @@
 # the activation dtype; each intermediate here is rounded at the same points), so the fused path
 # agrees with the reference as closely as the unfused one does. Math is float32 in between.
 #
-# Pointers, shapes and strides arrive as integers in one argument tuple; kernels/layer_ops.py checks
-# them first. Rows are independent, so a call splits its rows over Mojo's thread pool when asked,
-# without changing any row's result.
+# Pointers, shapes and strides arrive as one int64 array (kernels/params.mojo); kernels/mojo_layers.py
+# checks them first. Rows are independent, so a call may split its rows over threads (torch's OpenMP
+# team through kernels/omp_bridge.c, or Mojo's pool) without changing any row's result.
 
 from std.python import PythonObject
 from std.python.bindings import PythonModuleBuilder
@@ -19,6 +19,7 @@ from std.math import exp, sqrt
 from max.algorithm import parallelize
 from std.sys import simd_width_of
 from numerics import narrow, round_to
+from params import Params, param_int, param_ptr, param_float
 
 comptime F32 = DType.float32
 comptime BF16 = DType.bfloat16
@@ -39,10 +40,6 @@ def PyInit_mili_layers() abi("C") -> PythonObject:
         return m.finalize()
     except e:
         abort(String("error creating module:", e))
-
-
-def _ptr[dt: DType](obj: PythonObject) raises -> Pointer[Scalar[dt], MutAnyOrigin]:
-    return Pointer[Scalar[dt], MutAnyOrigin](unsafe_from_address=Int(py=obj))
 
 
 @always_inline
@@ -88,15 +85,15 @@ def _norm_row[dt: DType](dst: Pointer[Scalar[dt], MutAnyOrigin], x: Pointer[Scal
         _store[dt, W8](dst, d, normed * _load[dt, W8](weight, d))
 
 
-def _rms_norm[dt: DType](args: PythonObject) raises:
-    var dst = _ptr[dt](args[0])
-    var x = _ptr[dt](args[1])
-    var residual = _ptr[dt](args[2])  # address 0: no residual add
-    var weight = _ptr[dt](args[3])
-    var rows = Int(py=args[4])
-    var dim = Int(py=args[5])
-    var eps = Float32(Float64(py=args[6]))
-    var add = Int(py=args[2]) != 0
+def _rms_norm[dt: DType](args: Params, begin: Int, end: Int, pool: Bool):
+    var dst = param_ptr[dt](args, 0)
+    var x = param_ptr[dt](args, 1)
+    var residual = param_ptr[dt](args, 2)  # address 0: no residual add
+    var weight = param_ptr[dt](args, 3)
+    var rows = param_int(args, 4)
+    var dim = param_int(args, 5)
+    var eps = param_float(args, 6)
+    var add = param_int(args, 2) != 0
 
     def row(r: Int) {imm dst, imm x, imm residual, imm weight, imm dim, imm eps, imm add}:
         var xr = x.unsafe_offset(r * dim)
@@ -112,19 +109,31 @@ def _rms_norm[dt: DType](args: PythonObject) raises:
                 _store[dt, W8](src, d, _load[dt, W8](src, d) + _load[dt, W8](xr, d))
         _norm_row[dt](dst.unsafe_offset(r * dim), src, weight, dim, eps)
 
-    if Int(py=args[8]) != 0:
+    if pool:
         parallelize(row, rows)
     else:
-        for r in range(rows):
+        for r in range(begin, end):
             row(r)
 
 
-def rms_norm(args: PythonObject) raises -> PythonObject:
-    if Int(py=args[7]) == DTYPE_BF16:
-        _rms_norm[BF16](args)
+def _rms_norm_any(p: Params, begin: Int, end: Int, pool: Bool):
+    if param_int(p, 7) == DTYPE_BF16:
+        _rms_norm[BF16](p, begin, end, pool)
     else:
-        _rms_norm[F32](args)
+        _rms_norm[F32](p, begin, end, pool)
+
+
+def rms_norm(args: PythonObject) raises -> PythonObject:
+    """args: (address of the int64 parameter array, 1 to spread the rows over Mojo's pool)."""
+    var p = Params(unsafe_from_address=Int(py=args[0]))
+    _rms_norm_any(p, 0, param_int(p, 4), Int(py=args[1]) != 0)
     return PythonObject(None)
+
+
+@export
+def mili_rms_norm_range(params: Int, begin: Int, end: Int) abi("C"):
+    """Rows [begin, end) on the calling thread: entered from C by each thread of an OpenMP team."""
+    _rms_norm_any(Params(unsafe_from_address=params), begin, end, False)
 
 
 def _rope_head[dt: DType](dst: Pointer[Scalar[dt], MutAnyOrigin], src: Pointer[Scalar[dt], MutAnyOrigin],
@@ -156,25 +165,25 @@ def _rope_head[dt: DType](dst: Pointer[Scalar[dt], MutAnyOrigin], src: Pointer[S
         d += W8
 
 
-def _rope_write_kv[dt: DType](args: PythonObject) raises:
-    var q_out = _ptr[dt](args[0])  # [tokens, heads, head_dim] contiguous
-    var qkv = _ptr[dt](args[1])  # [tokens, qkv_stride]: q heads, k heads, v heads
-    var k_cache = _ptr[dt](args[2])  # [slots, kv_heads, head_dim]
-    var v_cache = _ptr[dt](args[3])
-    var slots = _ptr[DType.int64](args[4])
-    var positions = _ptr[DType.int64](args[5])
-    var cos = _ptr[F32](args[6])  # [max_positions, head_dim] float32
-    var sin_signed = _ptr[F32](args[7])
-    var q_norm = _ptr[dt](args[8])  # address 0: no per-head norms
-    var k_norm = _ptr[dt](args[9])
-    var tokens = Int(py=args[10])
-    var heads = Int(py=args[11])
-    var kv_heads = Int(py=args[12])
-    var head_dim = Int(py=args[13])
-    var qkv_stride = Int(py=args[14])
-    var eps = Float32(Float64(py=args[15]))
-    var scratch = _ptr[F32](args[16])  # [tokens, head_dim] float32
-    var has_norm = Int(py=args[8]) != 0
+def _rope_write_kv[dt: DType](args: Params, begin: Int, end: Int, pool: Bool):
+    var q_out = param_ptr[dt](args, 0)  # [tokens, heads, head_dim] contiguous
+    var qkv = param_ptr[dt](args, 1)  # [tokens, qkv_stride]: q heads, k heads, v heads
+    var k_cache = param_ptr[dt](args, 2)  # [slots, kv_heads, head_dim]
+    var v_cache = param_ptr[dt](args, 3)
+    var slots = param_ptr[DType.int64](args, 4)
+    var positions = param_ptr[DType.int64](args, 5)
+    var cos = param_ptr[F32](args, 6)  # [max_positions, head_dim] float32
+    var sin_signed = param_ptr[F32](args, 7)
+    var q_norm = param_ptr[dt](args, 8)  # address 0: no per-head norms
+    var k_norm = param_ptr[dt](args, 9)
+    var tokens = param_int(args, 10)
+    var heads = param_int(args, 11)
+    var kv_heads = param_int(args, 12)
+    var head_dim = param_int(args, 13)
+    var qkv_stride = param_int(args, 14)
+    var eps = param_float(args, 15)
+    var scratch = param_ptr[F32](args, 16)  # [tokens, head_dim] float32
+    var has_norm = param_int(args, 8) != 0
     var kv_row = kv_heads * head_dim
 
     def token(t: Int) {imm q_out, imm qkv, imm k_cache, imm v_cache, imm slots, imm positions, imm cos,
@@ -200,26 +209,38 @@ def _rope_write_kv[dt: DType](args: PythonObject) raises:
             v_dst.unsafe_offset(d).unsafe_store(v_src.unsafe_offset(d).unsafe_load[width=W8]())
             d += W8
 
-    if Int(py=args[18]) != 0:
+    if pool:
         parallelize(token, tokens)
     else:
-        for t in range(tokens):
+        for t in range(begin, end):
             token(t)
 
 
-def rope_write_kv(args: PythonObject) raises -> PythonObject:
-    if Int(py=args[17]) == DTYPE_BF16:
-        _rope_write_kv[BF16](args)
+def _rope_write_kv_any(p: Params, begin: Int, end: Int, pool: Bool):
+    if param_int(p, 17) == DTYPE_BF16:
+        _rope_write_kv[BF16](p, begin, end, pool)
     else:
-        _rope_write_kv[F32](args)
+        _rope_write_kv[F32](p, begin, end, pool)
+
+
+def rope_write_kv(args: PythonObject) raises -> PythonObject:
+    """args: (address of the int64 parameter array, 1 to spread the rows over Mojo's pool)."""
+    var p = Params(unsafe_from_address=Int(py=args[0]))
+    _rope_write_kv_any(p, 0, param_int(p, 10), Int(py=args[1]) != 0)
     return PythonObject(None)
 
 
-def _silu_mul[dt: DType](args: PythonObject) raises:
-    var dst = _ptr[dt](args[0])  # [rows, inter]
-    var gate_up = _ptr[dt](args[1])  # [rows, 2 * inter]: gate then up
-    var rows = Int(py=args[2])
-    var inter = Int(py=args[3])
+@export
+def mili_rope_write_kv_range(params: Int, begin: Int, end: Int) abi("C"):
+    """Tokens [begin, end) on the calling thread: entered from C by each thread of an OpenMP team."""
+    _rope_write_kv_any(Params(unsafe_from_address=params), begin, end, False)
+
+
+def _silu_mul[dt: DType](args: Params, begin: Int, end: Int, pool: Bool):
+    var dst = param_ptr[dt](args, 0)  # [rows, inter]
+    var gate_up = param_ptr[dt](args, 1)  # [rows, 2 * inter]: gate then up
+    var rows = param_int(args, 2)
+    var inter = param_int(args, 3)
 
     def row(r: Int) {imm dst, imm gate_up, imm inter}:
         var g_row = gate_up.unsafe_offset(r * 2 * inter)
@@ -236,16 +257,28 @@ def _silu_mul[dt: DType](args: PythonObject) raises:
             var act = _round[dt, W8](g / (1 + exp(-g)))
             _store[dt, W8](o_row, d, act * _load[dt, W8](u_row, d))
 
-    if Int(py=args[5]) != 0:
+    if pool:
         parallelize(row, rows)
     else:
-        for r in range(rows):
+        for r in range(begin, end):
             row(r)
 
 
-def silu_mul(args: PythonObject) raises -> PythonObject:
-    if Int(py=args[4]) == DTYPE_BF16:
-        _silu_mul[BF16](args)
+def _silu_mul_any(p: Params, begin: Int, end: Int, pool: Bool):
+    if param_int(p, 4) == DTYPE_BF16:
+        _silu_mul[BF16](p, begin, end, pool)
     else:
-        _silu_mul[F32](args)
+        _silu_mul[F32](p, begin, end, pool)
+
+
+def silu_mul(args: PythonObject) raises -> PythonObject:
+    """args: (address of the int64 parameter array, 1 to spread the rows over Mojo's pool)."""
+    var p = Params(unsafe_from_address=Int(py=args[0]))
+    _silu_mul_any(p, 0, param_int(p, 2), Int(py=args[1]) != 0)
     return PythonObject(None)
+
+
+@export
+def mili_silu_mul_range(params: Int, begin: Int, end: Int) abi("C"):
+    """Rows [begin, end) on the calling thread: entered from C by each thread of an OpenMP team."""
+    _silu_mul_any(Params(unsafe_from_address=params), begin, end, False)

@@ -11,7 +11,7 @@ from types import ModuleType
 
 import torch
 
-from kernels.mojo_ops import DTYPE_CODES, StepPlan, _check_cache, _require, load_module
+from kernels.mojo_ops import DTYPE_CODES, THREADINGS, StepPlan, _check_cache, _require, float_bits, launch, load_module
 
 MODULE = "mili_layers"
 
@@ -26,28 +26,37 @@ def _check_rows(x: torch.Tensor, name: str) -> None:
     _require(x.shape[1] % 8 == 0, f"{name}: row length {x.shape[1]} is not a multiple of 8")
 
 
+def _params(*values: int) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64)
+
+
 def rms_norm(module: ModuleType, x: torch.Tensor, weight: torch.Tensor, eps: float,
-             residual: torch.Tensor | None = None, parallel: bool = False) -> torch.Tensor:
+             residual: torch.Tensor | None = None, threading: str = "caller") -> torch.Tensor:
     """x: [rows, dim] -> weight * RMSNorm(x). With `residual` ([rows, dim], updated in place):
-    residual += x first, and the norm is of the sum (a decoder layer's residual add fused in)."""
+    residual += x first, and the norm is of the sum (a decoder layer's residual add fused in).
+    threading: as for mojo_ops.paged_attention, over rows."""
+    _require(threading in THREADINGS, f"threading must be one of {THREADINGS}")
     _check_rows(x, "x")
     _require(weight.shape == (x.shape[1],) and weight.dtype == x.dtype and weight.is_contiguous(), "bad norm weight")
     if residual is not None:
         _require(residual.shape == x.shape and residual.dtype == x.dtype and residual.is_contiguous(),
                  "residual must be contiguous and shaped like x")
     out = torch.empty_like(x)
-    module.rms_norm((out.data_ptr(), x.data_ptr(), 0 if residual is None else residual.data_ptr(), weight.data_ptr(),
-                     x.shape[0], x.shape[1], float(eps), DTYPE_CODES[x.dtype], int(parallel)))
+    params = _params(out.data_ptr(), x.data_ptr(), 0 if residual is None else residual.data_ptr(), weight.data_ptr(),
+                     x.shape[0], x.shape[1], float_bits(eps), DTYPE_CODES[x.dtype])
+    launch(module, "rms_norm", params, x.shape[0], threading)
     return out
 
 
-def silu_mul(module: ModuleType, gate_up: torch.Tensor, parallel: bool = False) -> torch.Tensor:
+def silu_mul(module: ModuleType, gate_up: torch.Tensor, threading: str = "caller") -> torch.Tensor:
     """gate_up: [rows, 2 * inter] (gate, then up) -> silu(gate) * up, [rows, inter]."""
+    _require(threading in THREADINGS, f"threading must be one of {THREADINGS}")
     _check_rows(gate_up, "gate_up")
     rows, width = gate_up.shape
     _require(width % 16 == 0, "gate_up's halves must be multiples of 8")
     out = torch.empty(rows, width // 2, dtype=gate_up.dtype)
-    module.silu_mul((out.data_ptr(), gate_up.data_ptr(), rows, width // 2, DTYPE_CODES[gate_up.dtype], int(parallel)))
+    params = _params(out.data_ptr(), gate_up.data_ptr(), rows, width // 2, DTYPE_CODES[gate_up.dtype])
+    launch(module, "silu_mul", params, rows, threading)
     return out
 
 
@@ -63,11 +72,12 @@ def check_positions(positions: torch.Tensor, max_positions: int) -> None:
 def rope_write_kv(module: ModuleType, qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
                   sin_signed: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: StepPlan,
                   num_heads: int, q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, eps: float,
-                  parallel: bool = False) -> torch.Tensor:
+                  threading: str = "caller") -> torch.Tensor:
     """qkv: [tokens, (num_heads + 2 * kv_heads) * head_dim], the fused projection's output.
     Applies the per-head q/k norms (when given), NeoX rotary at `positions` (checked by check_positions)
     to q and k, writes K and V into the cache slots of `plan`, and returns q: [tokens, num_heads, head_dim].
     cos, sin_signed: [max_positions, head_dim] float32 (sin with its first half negated)."""
+    _require(threading in THREADINGS, f"threading must be one of {THREADINGS}")
     _check_cache(k_cache, v_cache)
     num_blocks, block_size, kv_heads, head_dim = k_cache.shape
     _check_rows(qkv, "qkv")
@@ -86,9 +96,10 @@ def rope_write_kv(module: ModuleType, qkv: torch.Tensor, positions: torch.Tensor
             _require(w.shape == (head_dim,) and w.dtype == qkv.dtype and w.is_contiguous(), "bad q/k norm weight")
     q = torch.empty(tokens, num_heads, head_dim, dtype=qkv.dtype)
     scratch = torch.empty(tokens, head_dim, dtype=torch.float32)
-    module.rope_write_kv((q.data_ptr(), qkv.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-                          plan.slot_mapping.data_ptr(), positions.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(),
-                          0 if q_norm is None else q_norm.data_ptr(), 0 if k_norm is None else k_norm.data_ptr(),
-                          tokens, num_heads, kv_heads, head_dim, qkv.shape[1], float(eps), scratch.data_ptr(),
-                          DTYPE_CODES[qkv.dtype], int(parallel)))
+    params = _params(q.data_ptr(), qkv.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), plan.slot_mapping.data_ptr(),
+                     positions.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(),
+                     0 if q_norm is None else q_norm.data_ptr(), 0 if k_norm is None else k_norm.data_ptr(),
+                     tokens, num_heads, kv_heads, head_dim, qkv.shape[1], float_bits(eps), scratch.data_ptr(),
+                     DTYPE_CODES[qkv.dtype])
+    launch(module, "rope_write_kv", params, tokens, threading)
     return q

@@ -151,17 +151,24 @@ def paged_attention(module: ModuleType, query: torch.Tensor, k_cache: torch.Tens
         out.data_ptr(), query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), plan.block_tables.data_ptr(),
         plan.context_lens.data_ptr(), plan.query_start.data_ptr(), items.data_ptr(), items.shape[0], num_heads,
         kv_heads, head_dim, block_size, plan.block_tables.shape[1], query.stride(0), out.stride(0),
-        _float_bits(scale), scratch.data_ptr(), DTYPE_CODES[k_cache.dtype]], dtype=torch.int64)
-    team = omp_team() if threading == "omp" else None
-    if team is not None:
-        team.run(module, params, items.shape[0])
-    else:
-        module.paged_attention((params.data_ptr(), int(threading == "pool")))
+        float_bits(scale), scratch.data_ptr(), DTYPE_CODES[k_cache.dtype]], dtype=torch.int64)
+    launch(module, "paged_attention", params, items.shape[0], threading)
     return out
 
 
-def _float_bits(x: float) -> int:
+def float_bits(x: float) -> int:
+    """A float as the int64 holding its float64 bits (how kernels/params.mojo reads it back)."""
     return struct.unpack("<q", struct.pack("<d", float(x)))[0]
+
+
+def launch(module: ModuleType, kernel: str, params: torch.Tensor, n: int, threading: str) -> None:
+    """Runs `kernel` over its n rows or work items with its int64 parameter array: on this thread, on
+    torch's OpenMP team (through the kernel's C entry `mili_<kernel>_range`), or over Mojo's pool."""
+    team = omp_team() if threading == "omp" and n > 1 else None
+    if team is not None:
+        team.run(module, f"mili_{kernel}_range", params, n)
+    else:
+        getattr(module, kernel)((params.data_ptr(), int(threading == "pool")))
 
 
 class OmpTeam:
@@ -173,12 +180,13 @@ class OmpTeam:
         self._run.restype = None
         self._entry: dict[str, int] = {}
 
-    def run(self, module: ModuleType, params: torch.Tensor, n_items: int) -> None:
-        entry = self._entry.get(module.__file__)
+    def run(self, module: ModuleType, entry_name: str, params: torch.Tensor, n: int) -> None:
+        key = f"{module.__file__}:{entry_name}"
+        entry = self._entry.get(key)
         if entry is None:
-            entry = ctypes.cast(ctypes.CDLL(module.__file__).mili_attend_range, ctypes.c_void_p).value
-            self._entry[module.__file__] = entry
-        self._run(entry, params.data_ptr(), n_items)  # ctypes releases the GIL; params stays alive here
+            entry = ctypes.cast(getattr(ctypes.CDLL(module.__file__), entry_name), ctypes.c_void_p).value
+            self._entry[key] = entry
+        self._run(entry, params.data_ptr(), n)  # ctypes releases the GIL; params stays alive here
 
 
 _team: OmpTeam | None = None

@@ -64,8 +64,8 @@ class TorchLayerOps:
 
 
 class MojoLayerOps:
-    """The fused kernels, on the calling thread: at decode sizes a call is a few microseconds of work, and
-    Mojo's thread pool would contend with torch's OpenMP threads (see MojoAttentionBackend)."""
+    """The fused kernels. Calls of at least OMP_MIN_ROWS rows split their rows over torch's OpenMP team,
+    as the decode attention does (see MojoAttentionBackend); smaller ones stay on the calling thread."""
 
     name = "mojo"
 
@@ -80,12 +80,13 @@ class MojoLayerOps:
         self._ops.check_positions(positions, max_positions)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        return self._ops.rms_norm(self._module, x, weight, eps)
+        return self._ops.rms_norm(self._module, x, weight, eps, threading=_threading(x.shape[0]))
 
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         # The residual stream is this forward's own tensor (the embedding output, updated in place since).
-        return self._ops.rms_norm(self._module, x, weight, eps, residual=residual), residual
+        out = self._ops.rms_norm(self._module, x, weight, eps, residual=residual, threading=_threading(x.shape[0]))
+        return out, residual
 
     def qkv_to_cache(self, attn: "Attention", qkv: torch.Tensor, kv_cache, step: "StepContext") -> torch.Tensor:
         k_cache, v_cache = kv_cache
@@ -93,10 +94,20 @@ class MojoLayerOps:
         return self._ops.rope_write_kv(
             self._module, qkv, step.positions, rotary.cos, rotary.sin_signed, k_cache, v_cache, step.plan.kernel,
             attn.num_heads, attn.q_norm.weight if attn.qk_norm else None,
-            attn.k_norm.weight if attn.qk_norm else None, attn.q_norm.eps if attn.qk_norm else 0.0)
+            attn.k_norm.weight if attn.qk_norm else None, attn.q_norm.eps if attn.qk_norm else 0.0,
+            threading=_threading(qkv.shape[0]))
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        return self._ops.silu_mul(self._module, gate_up)
+        return self._ops.silu_mul(self._module, gate_up, threading=_threading(gate_up.shape[0]))
+
+
+# Prefill-sized calls gain from the second core (a 512-token prefill step: about 150 ms instead of 163);
+# decode-sized ones measured the same either way (loadtest/profile_step.py), so they skip the hand-off.
+OMP_MIN_ROWS = 64
+
+
+def _threading(rows: int) -> str:
+    return "omp" if rows >= OMP_MIN_ROWS else "caller"
 
 
 LayerOps = TorchLayerOps | MojoLayerOps

@@ -34,38 +34,38 @@ def assert_agrees(actual: torch.Tensor, expected: torch.Tensor) -> None:
     assert (a != e).float().mean().item() < 0.01
 
 
-@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("threading", mojo_ops.THREADINGS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,dim", [(1, 576), (7, 64), (33, 1024), (130, 200)])
-def test_rms_norm_and_residual_add(module, rows, dim, dtype, parallel):
+def test_rms_norm_and_residual_add(module, rows, dim, dtype, threading):
     g = torch.Generator().manual_seed(rows * dim)
     x = (torch.randn(rows, dim, generator=g) * 3).to(dtype)
     res = torch.randn(rows, dim, generator=g).to(dtype)
     norm = RMSNorm(dim, 1e-6, dtype=dtype)
     norm.weight.data = (torch.rand(dim, generator=g) + 0.5).to(dtype)
     with torch.inference_mode():
-        assert_agrees(mojo_layers.rms_norm(module, x, norm.weight, 1e-6, parallel=parallel), norm(x))
+        assert_agrees(mojo_layers.rms_norm(module, x, norm.weight, 1e-6, threading=threading), norm(x))
         summed = res + x  # the torch layer's residual add
         res_in_place = res.clone()
-        out = mojo_layers.rms_norm(module, x, norm.weight, 1e-6, residual=res_in_place, parallel=parallel)
+        out = mojo_layers.rms_norm(module, x, norm.weight, 1e-6, residual=res_in_place, threading=threading)
         torch.testing.assert_close(res_in_place, summed, rtol=0, atol=0)  # one rounded add: exact
         assert_agrees(out, norm(summed))
 
 
-@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("threading", mojo_ops.THREADINGS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,inter", [(1, 1536), (5, 8), (64, 200)])
-def test_silu_mul(module, rows, inter, dtype, parallel):
+def test_silu_mul(module, rows, inter, dtype, threading):
     g = torch.Generator().manual_seed(rows + inter)
     gate_up = (torch.randn(rows, 2 * inter, generator=g) * 4).to(dtype)
     gate, up = gate_up.chunk(2, dim=-1)
-    assert_agrees(mojo_layers.silu_mul(module, gate_up, parallel=parallel), F.silu(gate) * up)
+    assert_agrees(mojo_layers.silu_mul(module, gate_up, threading=threading), F.silu(gate) * up)
 
 
-@pytest.mark.parametrize("parallel", [False, True])
+@pytest.mark.parametrize("threading", mojo_ops.THREADINGS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads,kv_heads,head_dim,qk_norm", [(9, 3, 64, False), (4, 2, 128, True), (2, 2, 16, True)])
-def test_rope_write_kv(module, heads, kv_heads, head_dim, qk_norm, dtype, parallel):
+def test_rope_write_kv(module, heads, kv_heads, head_dim, qk_norm, dtype, threading):
     g = torch.Generator().manual_seed(heads * head_dim + qk_norm)
     tokens, block_size, num_blocks, max_pos = 11, 4, 40, 300
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=g).to(dtype)
@@ -97,7 +97,7 @@ def test_rope_write_kv(module, heads, kv_heads, head_dim, qk_norm, dtype, parall
     mojo_layers.check_positions(positions, max_pos)
     q_out = mojo_layers.rope_write_kv(module, qkv, positions, rotary.cos, rotary.sin_signed, k_cache, v_cache, plan,
                                       heads, norms[0].weight if norms else None, norms[1].weight if norms else None,
-                                      1e-6, parallel=parallel)
+                                      1e-6, threading=threading)
     assert_agrees(q_out, q_ref)
     assert_agrees(k_cache, k_cache_ref)
     torch.testing.assert_close(v_cache, v_cache_ref, rtol=0, atol=0)  # V is copied as is
