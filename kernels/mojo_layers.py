@@ -11,7 +11,8 @@ from types import ModuleType
 
 import torch
 
-from kernels.mojo_ops import DTYPE_CODES, THREADINGS, StepPlan, _check_cache, _require, float_bits, launch, load_module
+from kernels.mojo_ops import (DTYPE_CODES, THREADINGS, StepPlan, _check_cache, _require, float_bits, kernel_params,
+                              launch, load_module)
 
 MODULE = "mili_layers"
 
@@ -26,10 +27,6 @@ def _check_rows(x: torch.Tensor, name: str) -> None:
     _require(x.shape[1] % 8 == 0, f"{name}: row length {x.shape[1]} is not a multiple of 8")
 
 
-def _params(*values: int) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int64)
-
-
 def rms_norm(module: ModuleType, x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None, threading: str = "caller") -> torch.Tensor:
     """x: [rows, dim] -> weight * RMSNorm(x). With `residual` ([rows, dim], updated in place):
@@ -42,7 +39,7 @@ def rms_norm(module: ModuleType, x: torch.Tensor, weight: torch.Tensor, eps: flo
         _require(residual.shape == x.shape and residual.dtype == x.dtype and residual.is_contiguous(),
                  "residual must be contiguous and shaped like x")
     out = torch.empty_like(x)
-    params = _params(out.data_ptr(), x.data_ptr(), 0 if residual is None else residual.data_ptr(), weight.data_ptr(),
+    params = kernel_params(out.data_ptr(), x.data_ptr(), 0 if residual is None else residual.data_ptr(), weight.data_ptr(),
                      x.shape[0], x.shape[1], float_bits(eps), DTYPE_CODES[x.dtype])
     launch(module, "rms_norm", params, x.shape[0], threading)
     return out
@@ -55,7 +52,7 @@ def silu_mul(module: ModuleType, gate_up: torch.Tensor, threading: str = "caller
     rows, width = gate_up.shape
     _require(width % 16 == 0, "gate_up's halves must be multiples of 8")
     out = torch.empty(rows, width // 2, dtype=gate_up.dtype)
-    params = _params(out.data_ptr(), gate_up.data_ptr(), rows, width // 2, DTYPE_CODES[gate_up.dtype])
+    params = kernel_params(out.data_ptr(), gate_up.data_ptr(), rows, width // 2, DTYPE_CODES[gate_up.dtype])
     launch(module, "silu_mul", params, rows, threading)
     return out
 
@@ -96,7 +93,7 @@ def rope_write_kv(module: ModuleType, qkv: torch.Tensor, positions: torch.Tensor
             _require(w.shape == (head_dim,) and w.dtype == qkv.dtype and w.is_contiguous(), "bad q/k norm weight")
     q = torch.empty(tokens, num_heads, head_dim, dtype=qkv.dtype)
     scratch = torch.empty(tokens, head_dim, dtype=torch.float32)
-    params = _params(q.data_ptr(), qkv.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), plan.slot_mapping.data_ptr(),
+    params = kernel_params(q.data_ptr(), qkv.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), plan.slot_mapping.data_ptr(),
                      positions.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(),
                      0 if q_norm is None else q_norm.data_ptr(), 0 if k_norm is None else k_norm.data_ptr(),
                      tokens, num_heads, kv_heads, head_dim, qkv.shape[1], float_bits(eps), scratch.data_ptr(),

@@ -8,6 +8,7 @@ strides and dtype codes only, so a GPU build of the same kernels can sit behind 
 
 from __future__ import annotations
 
+import array
 import ctypes
 import importlib.machinery
 import importlib.util
@@ -147,11 +148,11 @@ def paged_attention(module: ModuleType, query: torch.Tensor, k_cache: torch.Tens
     _require(out.shape == query.shape and out.dtype == query.dtype and out.is_contiguous(), "bad output tensor")
     # Per work item: two head_dim vectors and four heads' page of scores (see attention.mojo).
     scratch = torch.empty(items.shape[0], 2 * head_dim + 4 * max(block_size, 8), dtype=torch.float32)
-    params = torch.tensor([
+    params = kernel_params(
         out.data_ptr(), query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), plan.block_tables.data_ptr(),
         plan.context_lens.data_ptr(), plan.query_start.data_ptr(), items.data_ptr(), items.shape[0], num_heads,
         kv_heads, head_dim, block_size, plan.block_tables.shape[1], query.stride(0), out.stride(0),
-        float_bits(scale), scratch.data_ptr(), DTYPE_CODES[k_cache.dtype]], dtype=torch.int64)
+        float_bits(scale), scratch.data_ptr(), DTYPE_CODES[k_cache.dtype])
     launch(module, "paged_attention", params, items.shape[0], threading)
     return out
 
@@ -161,14 +162,20 @@ def float_bits(x: float) -> int:
     return struct.unpack("<q", struct.pack("<d", float(x)))[0]
 
 
-def launch(module: ModuleType, kernel: str, params: torch.Tensor, n: int, threading: str) -> None:
+def kernel_params(*values: int) -> array.array:
+    """A kernel's int64 parameter array (kernels/params.mojo). array.array rather than a tensor: it is
+    built several times per layer, and this is about 5x cheaper."""
+    return array.array("q", values)
+
+
+def launch(module: ModuleType, kernel: str, params: array.array, n: int, threading: str) -> None:
     """Runs `kernel` over its n rows or work items with its int64 parameter array: on this thread, on
     torch's OpenMP team (through the kernel's C entry `mili_<kernel>_range`), or over Mojo's pool."""
     team = omp_team() if threading == "omp" and n > 1 else None
     if team is not None:
         team.run(module, f"mili_{kernel}_range", params, n)
     else:
-        getattr(module, kernel)((params.data_ptr(), int(threading == "pool")))
+        getattr(module, kernel)((params.buffer_info()[0], int(threading == "pool")))
 
 
 class OmpTeam:
@@ -180,13 +187,13 @@ class OmpTeam:
         self._run.restype = None
         self._entry: dict[str, int] = {}
 
-    def run(self, module: ModuleType, entry_name: str, params: torch.Tensor, n: int) -> None:
+    def run(self, module: ModuleType, entry_name: str, params: array.array, n: int) -> None:
         key = f"{module.__file__}:{entry_name}"
         entry = self._entry.get(key)
         if entry is None:
             entry = ctypes.cast(getattr(ctypes.CDLL(module.__file__), entry_name), ctypes.c_void_p).value
             self._entry[key] = entry
-        self._run(entry, params.data_ptr(), n)  # ctypes releases the GIL; params stays alive here
+        self._run(entry, params.buffer_info()[0], n)  # ctypes releases the GIL; params stays alive here
 
 
 _team: OmpTeam | None = None
