@@ -1,7 +1,7 @@
 """Builds llama.cpp's `llama-server` for the CPU from the llama.cpp source vendored in the PyPI sdist of
 `llama-cpp-python`, the one place the package registries carry it, and caches the binary.
 
-    python -m loadtest.llama_server        # builds once (about 15 minutes on 2 cores), prints the path
+    python -m loadtest.llama_server        # builds once (about 5 minutes on 2 cores), prints the path
 
 The build is native (GGML_NATIVE: this machine's AVX-512 / AMX paths), Release, static, server only.
 It lives under build/peers/llama.cpp-<version>/ and is rebuilt only when the pinned version changes.
@@ -41,7 +41,8 @@ def _download_source(dest: Path) -> Path:
             members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
             for m in members:
                 m.name = m.name[len(prefix):]
-            tar.extractall(dest, members=[m for m in members if m.name], filter="data")
+            # The submodule's `.git` pointer file names a directory the extraction does not have.
+            tar.extractall(dest, members=[m for m in members if m.name and m.name != ".git"], filter="data")
     return dest
 
 
