@@ -139,3 +139,19 @@ def test_auto_falls_back_to_torch_loudly_when_the_kernels_cannot_load(monkeypatc
     assert "falling back to the torch reference" in caplog.text and "cannot open" in caplog.text
     with pytest.raises(RuntimeError, match="mojo attention backend is unavailable"):
         get_attention_backend("mojo")
+
+
+def test_openmp_bridge_shares_torchs_runtime_and_has_a_fallback(module, test_seed, monkeypatch):
+    """Where a C compiler exists the bridge builds and finds exactly one OpenMP runtime (torch's), so the
+    engine's "omp" calls really run on torch's team; without it they run on the calling thread, same result."""
+    import shutil
+
+    if shutil.which("cc") or shutil.which("gcc"):
+        assert mojo_ops.omp_team() is not None
+    rng = random.Random(test_seed)
+    k_cache, v_cache, plan, ref_plan, _ = make_batch(rng, 16, 3, 64, torch.bfloat16, [(200, 1), (37, 1), (16, 1)])
+    query = torch.randn(plan.num_tokens, 9, 64).to(torch.bfloat16)
+    on_team = mojo_ops.paged_attention(module, query, k_cache, v_cache, plan, 0.125, threading="omp")
+    monkeypatch.setattr(mojo_ops, "omp_team", lambda: None)
+    fallback = mojo_ops.paged_attention(module, query, k_cache, v_cache, plan, 0.125, threading="omp")
+    torch.testing.assert_close(fallback, on_team, rtol=0, atol=0)  # items are independent: bit-identical
