@@ -1,8 +1,10 @@
 # MILI's CPU attention kernels over the paged KV cache, called from Python (kernels/mojo_ops.py).
 #
 # Cache layout per layer: K and V as [num_blocks, block_size, kv_heads, head_dim], float32 or bfloat16.
-# Every pointer, shape and stride arrives as an integer in one argument tuple; kernels/mojo_ops.py has
-# checked them (dtypes, contiguity, index ranges) before the call, so nothing here re-validates.
+# Every pointer, shape and stride arrives in one int64 parameter array (kernels/params.mojo);
+# kernels/mojo_ops.py has checked them (dtypes, contiguity, index ranges) before the call, so nothing
+# here re-validates. paged_attention can also be entered from C for a range of its work items, which
+# is how it runs on torch's OpenMP threads (kernels/omp_bridge.c).
 #
 # paged_attention handles a whole ragged batch in one call: decode rows (one query token) and prefill
 # chunks (causal over their own tokens, attending to their cached prefix) alike. Work items are
@@ -14,7 +16,6 @@ from std.python import PythonObject
 from std.python.bindings import PythonModuleBuilder
 from std.os import abort
 from std.math import exp
-from max.algorithm import parallelize
 from std.sys import simd_width_of, size_of
 from std.sys.intrinsics import prefetch, PrefetchOptions
 from numerics import narrow
@@ -39,9 +40,6 @@ def PyInit_mili_attention() abi("C") -> PythonObject:
     except e:
         abort(String("error creating module:", e))
 
-
-def _ptr[dt: DType](obj: PythonObject) raises -> Pointer[Scalar[dt], MutAnyOrigin]:
-    return Pointer[Scalar[dt], MutAnyOrigin](unsafe_from_address=Int(py=obj))
 
 
 def _dot[dt: DType](q: Pointer[Scalar[F32], MutAnyOrigin], k: Pointer[Scalar[dt], MutAnyOrigin], n: Int) -> Float32:
@@ -70,7 +68,7 @@ def _scale_add[dt: DType](acc: Pointer[Scalar[F32], MutAnyOrigin], corr: Float32
         acc.unsafe_offset(d).unsafe_store(a8 * corr + v.unsafe_offset(d).unsafe_load[width=W8]().cast[F32]() * w)
 
 
-def _attend_rows[dt: DType](args: Params, begin: Int, end: Int, pool: Bool):
+def _attend_rows[dt: DType](args: Params, begin: Int, end: Int):
     var out = param_ptr[dt](args, 0)
     var query = param_ptr[dt](args, 1)
     var k_cache = param_ptr[dt](args, 2)
@@ -142,11 +140,8 @@ def _attend_rows[dt: DType](args: Params, begin: Int, end: Int, pool: Bool):
                 for d in range(head_dim):
                     o[unsafe_offset=d] = narrow[dt, 1](acc[unsafe_offset=d] * inv)
 
-    if pool:
-        parallelize(item, n_items)
-    else:
-        for i in range(begin, end):
-            item(i)
+    for i in range(begin, end):
+        item(i)
 
 
 def _exp_row(scores: Pointer[Scalar[F32], MutAnyOrigin], padded: Int, row_max: Float32) -> Float32:
@@ -173,7 +168,7 @@ def _prefetch_page[dt: DType, HD: Int](k_cache: Pointer[Scalar[dt], MutAnyOrigin
             prefetch[PrefetchOptions().for_read().high_locality()](v_cache.unsafe_offset(offset + e))
 
 
-def _attend_rows_fixed[dt: DType, HD: Int](args: Params, begin: Int, end: Int, pool: Bool):
+def _attend_rows_fixed[dt: DType, HD: Int](args: Params, begin: Int, end: Int):
     """The same computation as _attend_rows for a head_dim known at compile time. The query heads that
     share a KV head go through the pages together, up to 4 at a time with their queries and
     accumulators in registers, so each K and V row is loaded and widened to float32 once per pass
@@ -324,55 +319,52 @@ def _attend_rows_fixed[dt: DType, HD: Int](args: Params, begin: Int, end: Int, p
                     op.unsafe_offset(3 * HD).unsafe_store(narrow[dt, HD](a3 / l3))
                 g0 += 4
 
-    if pool:
-        parallelize(item, n_items)
-    else:
-        for i in range(begin, end):
-            item(i)
+    for i in range(begin, end):
+        item(i)
 
 
-def _attend(p: Params, begin: Int, end: Int, pool: Bool):
+def _attend(p: Params, begin: Int, end: Int):
     var code = param_int(p, 18)
     var head_dim = param_int(p, 11)
     if code == DTYPE_BF16:
         if head_dim == 64:
-            _attend_rows_fixed[BF16, 64](p, begin, end, pool)
+            _attend_rows_fixed[BF16, 64](p, begin, end)
         elif head_dim == 128:
-            _attend_rows_fixed[BF16, 128](p, begin, end, pool)
+            _attend_rows_fixed[BF16, 128](p, begin, end)
         else:
-            _attend_rows[BF16](p, begin, end, pool)
+            _attend_rows[BF16](p, begin, end)
     else:
         if head_dim == 64:
-            _attend_rows_fixed[F32, 64](p, begin, end, pool)
+            _attend_rows_fixed[F32, 64](p, begin, end)
         elif head_dim == 128:
-            _attend_rows_fixed[F32, 128](p, begin, end, pool)
+            _attend_rows_fixed[F32, 128](p, begin, end)
         else:
-            _attend_rows[F32](p, begin, end, pool)
+            _attend_rows[F32](p, begin, end)
 
 
 def paged_attention(args: PythonObject) raises -> PythonObject:
-    """args: (address of the int64 parameter array, 1 to spread the items over Mojo's pool)."""
+    """Every work item, on the calling thread. args: (address of the int64 parameter array,)."""
     var p = Params(unsafe_from_address=Int(py=args[0]))
-    _attend(p, 0, param_int(p, 8), Int(py=args[1]) != 0)
+    _attend(p, 0, param_int(p, 8))
     return PythonObject(None)
 
 
 @export
 def mili_paged_attention_range(params: Int, begin: Int, end: Int) abi("C"):
     """Work items [begin, end) on the calling thread: entered from C by each thread of an OpenMP team."""
-    _attend(Params(unsafe_from_address=params), begin, end, False)
+    _attend(Params(unsafe_from_address=params), begin, end)
 
 
-def _copy_rows[dt: DType](args: PythonObject) raises:
-    var k_cache = _ptr[dt](args[0])
-    var v_cache = _ptr[dt](args[1])
-    var key = _ptr[dt](args[2])
-    var value = _ptr[dt](args[3])
-    var slots = _ptr[DType.int64](args[4])
-    var num_tokens = Int(py=args[5])
-    var row = Int(py=args[6])  # kv_heads * head_dim, a multiple of 8
-    var key_stride = Int(py=args[7])
-    var value_stride = Int(py=args[8])
+def _copy_rows[dt: DType](p: Params):
+    var k_cache = param_ptr[dt](p, 0)
+    var v_cache = param_ptr[dt](p, 1)
+    var key = param_ptr[dt](p, 2)
+    var value = param_ptr[dt](p, 3)
+    var slots = param_ptr[DType.int64](p, 4)
+    var num_tokens = param_int(p, 5)
+    var row = param_int(p, 6)  # kv_heads * head_dim, a multiple of 8
+    var key_stride = param_int(p, 7)
+    var value_stride = param_int(p, 8)
     for t in range(num_tokens):
         var slot = Int(slots[unsafe_offset=t])
         var kd = k_cache.unsafe_offset(slot * row)
@@ -387,9 +379,10 @@ def _copy_rows[dt: DType](args: PythonObject) raises:
 
 
 def write_kv(args: PythonObject) raises -> PythonObject:
-    var code = Int(py=args[9])
-    if code == DTYPE_BF16:
-        _copy_rows[BF16](args)
+    """Scatters the step's K and V rows. args: (address of the int64 parameter array,)."""
+    var p = Params(unsafe_from_address=Int(py=args[0]))
+    if param_int(p, 9) == DTYPE_BF16:
+        _copy_rows[BF16](p)
     else:
-        _copy_rows[F32](args)
+        _copy_rows[F32](p)
     return PythonObject(None)

@@ -99,4 +99,4 @@ if __name__ == "__main__":
         except KernelBuildError as e:  # only the optional OpenMP bridge may fail without failing the build
             if module != OPTIONAL:
                 raise
-            print(f"warning: {e}; the kernels will use one thread or Mojo's pool", file=sys.stderr)
+            print(f"warning: {e}; the kernels will run on one thread", file=sys.stderr)

@@ -10,13 +10,12 @@
 #
 # Pointers, shapes and strides arrive as one int64 array (kernels/params.mojo); kernels/mojo_layers.py
 # checks them first. Rows are independent, so a call may split its rows over threads (torch's OpenMP
-# team through kernels/omp_bridge.c, or Mojo's pool) without changing any row's result.
+# team, through kernels/omp_bridge.c) without changing any row's result.
 
 from std.python import PythonObject
 from std.python.bindings import PythonModuleBuilder
 from std.os import abort
 from std.math import exp, sqrt
-from max.algorithm import parallelize
 from std.sys import simd_width_of
 from numerics import narrow, round_to
 from params import Params, param_int, param_ptr, param_float
@@ -85,7 +84,7 @@ def _norm_row[dt: DType](dst: Pointer[Scalar[dt], MutAnyOrigin], x: Pointer[Scal
         _store[dt, W8](dst, d, normed * _load[dt, W8](weight, d))
 
 
-def _rms_norm[dt: DType](args: Params, begin: Int, end: Int, pool: Bool):
+def _rms_norm[dt: DType](args: Params, begin: Int, end: Int):
     var dst = param_ptr[dt](args, 0)
     var x = param_ptr[dt](args, 1)
     var residual = param_ptr[dt](args, 2)  # address 0: no residual add
@@ -109,31 +108,28 @@ def _rms_norm[dt: DType](args: Params, begin: Int, end: Int, pool: Bool):
                 _store[dt, W8](src, d, _load[dt, W8](src, d) + _load[dt, W8](xr, d))
         _norm_row[dt](dst.unsafe_offset(r * dim), src, weight, dim, eps)
 
-    if pool:
-        parallelize(row, rows)
-    else:
-        for r in range(begin, end):
-            row(r)
+    for r in range(begin, end):
+        row(r)
 
 
-def _rms_norm_any(p: Params, begin: Int, end: Int, pool: Bool):
+def _rms_norm_any(p: Params, begin: Int, end: Int):
     if param_int(p, 7) == DTYPE_BF16:
-        _rms_norm[BF16](p, begin, end, pool)
+        _rms_norm[BF16](p, begin, end)
     else:
-        _rms_norm[F32](p, begin, end, pool)
+        _rms_norm[F32](p, begin, end)
 
 
 def rms_norm(args: PythonObject) raises -> PythonObject:
-    """args: (address of the int64 parameter array, 1 to spread the rows over Mojo's pool)."""
+    """Every row, on the calling thread. args: (address of the int64 parameter array,)."""
     var p = Params(unsafe_from_address=Int(py=args[0]))
-    _rms_norm_any(p, 0, param_int(p, 4), Int(py=args[1]) != 0)
+    _rms_norm_any(p, 0, param_int(p, 4))
     return PythonObject(None)
 
 
 @export
 def mili_rms_norm_range(params: Int, begin: Int, end: Int) abi("C"):
     """Rows [begin, end) on the calling thread: entered from C by each thread of an OpenMP team."""
-    _rms_norm_any(Params(unsafe_from_address=params), begin, end, False)
+    _rms_norm_any(Params(unsafe_from_address=params), begin, end)
 
 
 def _rope_head[dt: DType](dst: Pointer[Scalar[dt], MutAnyOrigin], src: Pointer[Scalar[dt], MutAnyOrigin],
@@ -165,7 +161,7 @@ def _rope_head[dt: DType](dst: Pointer[Scalar[dt], MutAnyOrigin], src: Pointer[S
         d += W8
 
 
-def _rope_write_kv[dt: DType](args: Params, begin: Int, end: Int, pool: Bool):
+def _rope_write_kv[dt: DType](args: Params, begin: Int, end: Int):
     var q_out = param_ptr[dt](args, 0)  # [tokens, heads, head_dim] contiguous
     var qkv = param_ptr[dt](args, 1)  # [tokens, qkv_stride]: q heads, k heads, v heads
     var k_cache = param_ptr[dt](args, 2)  # [slots, kv_heads, head_dim]
@@ -209,34 +205,31 @@ def _rope_write_kv[dt: DType](args: Params, begin: Int, end: Int, pool: Bool):
             v_dst.unsafe_offset(d).unsafe_store(v_src.unsafe_offset(d).unsafe_load[width=W8]())
             d += W8
 
-    if pool:
-        parallelize(token, tokens)
-    else:
-        for t in range(begin, end):
-            token(t)
+    for t in range(begin, end):
+        token(t)
 
 
-def _rope_write_kv_any(p: Params, begin: Int, end: Int, pool: Bool):
+def _rope_write_kv_any(p: Params, begin: Int, end: Int):
     if param_int(p, 17) == DTYPE_BF16:
-        _rope_write_kv[BF16](p, begin, end, pool)
+        _rope_write_kv[BF16](p, begin, end)
     else:
-        _rope_write_kv[F32](p, begin, end, pool)
+        _rope_write_kv[F32](p, begin, end)
 
 
 def rope_write_kv(args: PythonObject) raises -> PythonObject:
-    """args: (address of the int64 parameter array, 1 to spread the rows over Mojo's pool)."""
+    """Every row, on the calling thread. args: (address of the int64 parameter array,)."""
     var p = Params(unsafe_from_address=Int(py=args[0]))
-    _rope_write_kv_any(p, 0, param_int(p, 10), Int(py=args[1]) != 0)
+    _rope_write_kv_any(p, 0, param_int(p, 10))
     return PythonObject(None)
 
 
 @export
 def mili_rope_write_kv_range(params: Int, begin: Int, end: Int) abi("C"):
     """Tokens [begin, end) on the calling thread: entered from C by each thread of an OpenMP team."""
-    _rope_write_kv_any(Params(unsafe_from_address=params), begin, end, False)
+    _rope_write_kv_any(Params(unsafe_from_address=params), begin, end)
 
 
-def _silu_mul[dt: DType](args: Params, begin: Int, end: Int, pool: Bool):
+def _silu_mul[dt: DType](args: Params, begin: Int, end: Int):
     var dst = param_ptr[dt](args, 0)  # [rows, inter]
     var gate_up = param_ptr[dt](args, 1)  # [rows, 2 * inter]: gate then up
     var rows = param_int(args, 2)
@@ -257,28 +250,25 @@ def _silu_mul[dt: DType](args: Params, begin: Int, end: Int, pool: Bool):
             var act = _round[dt, W8](g / (1 + exp(-g)))
             _store[dt, W8](o_row, d, act * _load[dt, W8](u_row, d))
 
-    if pool:
-        parallelize(row, rows)
-    else:
-        for r in range(begin, end):
-            row(r)
+    for r in range(begin, end):
+        row(r)
 
 
-def _silu_mul_any(p: Params, begin: Int, end: Int, pool: Bool):
+def _silu_mul_any(p: Params, begin: Int, end: Int):
     if param_int(p, 4) == DTYPE_BF16:
-        _silu_mul[BF16](p, begin, end, pool)
+        _silu_mul[BF16](p, begin, end)
     else:
-        _silu_mul[F32](p, begin, end, pool)
+        _silu_mul[F32](p, begin, end)
 
 
 def silu_mul(args: PythonObject) raises -> PythonObject:
-    """args: (address of the int64 parameter array, 1 to spread the rows over Mojo's pool)."""
+    """Every row, on the calling thread. args: (address of the int64 parameter array,)."""
     var p = Params(unsafe_from_address=Int(py=args[0]))
-    _silu_mul_any(p, 0, param_int(p, 2), Int(py=args[1]) != 0)
+    _silu_mul_any(p, 0, param_int(p, 2))
     return PythonObject(None)
 
 
 @export
 def mili_silu_mul_range(params: Int, begin: Int, end: Int) abi("C"):
     """Rows [begin, end) on the calling thread: entered from C by each thread of an OpenMP team."""
-    _silu_mul_any(Params(unsafe_from_address=params), begin, end, False)
+    _silu_mul_any(Params(unsafe_from_address=params), begin, end)

@@ -117,12 +117,13 @@ def write_kv(module: ModuleType, k_cache: torch.Tensor, v_cache: torch.Tensor, k
     for x, name in ((key, "key"), (value, "value")):
         _check_rows(x, name, plan.num_tokens, kv_heads, head_dim, k_cache.dtype)
     _require(plan.min_slot >= 0 and plan.max_slot < num_blocks * block_size, "a slot lies outside the cache")
-    module.write_kv((k_cache.data_ptr(), v_cache.data_ptr(), key.data_ptr(), value.data_ptr(),
-                     plan.slot_mapping.data_ptr(), plan.num_tokens, kv_heads * head_dim, key.stride(0),
-                     value.stride(0), DTYPE_CODES[k_cache.dtype]))
+    params = kernel_params(k_cache.data_ptr(), v_cache.data_ptr(), key.data_ptr(), value.data_ptr(),
+                           plan.slot_mapping.data_ptr(), plan.num_tokens, kv_heads * head_dim, key.stride(0),
+                           value.stride(0), DTYPE_CODES[k_cache.dtype])
+    module.write_kv((params.buffer_info()[0],))
 
 
-THREADINGS = ("caller", "omp", "pool")
+THREADINGS = ("caller", "omp")
 
 
 def paged_attention(module: ModuleType, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -131,8 +132,8 @@ def paged_attention(module: ModuleType, query: torch.Tensor, k_cache: torch.Tens
     """query: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim], causal per sequence.
     `out`, when given, must be contiguous and shaped like query (tests pass one poisoned with NaN).
     threading: "caller" runs the work items on this thread; "omp" splits them over the process's OpenMP
-    team (torch's threads; see omp_bridge.c), or runs them here when that bridge is unavailable;
-    "pool" spreads them over Mojo's own thread pool."""
+    team (torch's threads; see omp_bridge.c), or runs them here when that bridge is unavailable. (Mojo's
+    own thread pool is not offered: it competes with torch's spinning threads for the cores.)"""
     _require(threading in THREADINGS, f"threading must be one of {THREADINGS}")
     _check_cache(k_cache, v_cache)
     num_blocks, block_size, kv_heads, head_dim = k_cache.shape
@@ -170,12 +171,12 @@ def kernel_params(*values: int) -> array.array:
 
 def launch(module: ModuleType, kernel: str, params: array.array, n: int, threading: str) -> None:
     """Runs `kernel` over its n rows or work items with its int64 parameter array: on this thread, on
-    torch's OpenMP team (through the kernel's C entry `mili_<kernel>_range`), or over Mojo's pool."""
+    torch's OpenMP team (through the kernel's C entry `mili_<kernel>_range`)."""
     team = omp_team() if threading == "omp" and n > 1 else None
     if team is not None:
         team.run(module, f"mili_{kernel}_range", params, n)
     else:
-        getattr(module, kernel)((params.buffer_info()[0], int(threading == "pool")))
+        getattr(module, kernel)((params.buffer_info()[0],))
 
 
 class OmpTeam:

@@ -69,10 +69,9 @@ class MojoLayerOps:
 
     name = "mojo"
 
-    def __init__(self, backend: MojoAttentionBackend):
+    def __init__(self):
         from kernels import mojo_layers
 
-        self.backend = backend
         self._ops = mojo_layers
         self._module = mojo_layers.load()
 
@@ -119,5 +118,5 @@ def get_layer_ops(backend: AttentionBackend, cfg: ModelConfig,
     (rows of whole 8-lane vectors, rotary halves too)."""
     fits = cfg.head_dim % 16 == 0 and cfg.hidden_size % 8 == 0 and cfg.intermediate_size % 8 == 0
     if isinstance(backend, MojoAttentionBackend) and torch.device(device).type == "cpu" and fits:
-        return MojoLayerOps(backend)
+        return MojoLayerOps()
     return TorchLayerOps(backend)

@@ -33,7 +33,7 @@ def check_attention(module, rng, block_size, kv_heads, group, head_dim, dtype, s
     query = torch.randn(plan.num_tokens, kv_heads * group, head_dim).to(dtype)
     scale = head_dim ** -0.5
     expected = reference.paged_attention(query, k_cache, v_cache, ref_plan, scale)
-    for threading in mojo_ops.THREADINGS:  # this thread, torch's OpenMP team, Mojo's pool
+    for threading in mojo_ops.THREADINGS:  # this thread, and torch's OpenMP team
         out = torch.full_like(query, float("nan"))
         mojo_ops.paged_attention(module, query, k_cache, v_cache, plan, scale, out=out, threading=threading)
         assert not out.isnan().any(), "an output element was never written"
