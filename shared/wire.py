@@ -34,6 +34,7 @@ class WorkerStats:
     prefix_cache_query_tokens: int  # cumulative since the worker started
     prefix_cache_hit_tokens: int
     num_preemptions: int
+    kv_invariant_violations: int = 0  # cumulative
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ Plain Python, no torch: the scheduler consults it every step and tests drive it 
 A full block is identified by a chained digest, blake2b(parent digest + its token ids), so equal
 digests mean equal whole prefixes; each cached block also keeps its token ids and a hit is verified
 against them. Blocks nothing references but that hold a digest stay cached, evicted least recently
-freed first when fresh blocks run out. Invariant: used + cached-free + free == total.
+freed first when fresh blocks run out. Invariant: used + cached-free + free == total (audited while
+serving by worker/kv_audit.py).
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ from worker.sequence import Sequence
 
 
 class Block:
-    __slots__ = ("block_id", "ref_count", "digest", "token_ids")
+    __slots__ = ("block_id", "ref_count", "digest", "token_ids", "last_owner")
 
     def __init__(self, block_id: int):
         self.block_id = block_id
         self.ref_count = 0
         self.digest: bytes | None = None
         self.token_ids: tuple[int, ...] | None = None
+        self.last_owner: str | None = None  # request that last took it fresh (names the culprit of a leak)
 
 
 def block_digest(parent: bytes, token_ids: list[int] | tuple[int, ...]) -> bytes:
@@ -115,7 +117,9 @@ class BlockManager:
             seq.num_computed_tokens = len(prefix_hits) * self.block_size
         need = self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
         for _ in range(need):
-            seq.block_table.append(self._take_fresh())
+            block_id = self._take_fresh()
+            self.blocks[block_id].last_owner = seq.request_id
+            seq.block_table.append(block_id)
 
     def free(self, seq: Sequence) -> None:
         """Drop seq's references. Tail blocks are released first so that, among cached blocks, a shared

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from itertools import chain
 
 from shared.config import EngineConfig
 from shared.sampling_params import SamplingParams, SamplingParamsError
@@ -15,6 +16,7 @@ from worker.attention import get_attention_backend
 from worker.block_manager import BlockManager
 from worker.dtype import resolve_dtype
 from worker.layer_ops import get_layer_ops
+from worker.kv_audit import KV_AUDIT_EVERY_STEPS, KvAuditor, inject_fault
 from worker.kv_cache import allocate_kv_caches, num_blocks_for_memory
 from worker.model_config import ModelConfig
 from worker.model_runner import ModelRunner
@@ -56,6 +58,7 @@ class LLMEngine:
         # Choices 1..n-1 of a request wait until choice 0 has prefilled the prompt, then share its blocks.
         self._forks: dict[str, list[Sequence]] = {}
         self._pending: list[SequenceOutput] = []  # aborts to report on the next step
+        self.kv_audit = KvAuditor(self.block_manager, KV_AUDIT_EVERY_STEPS)
         log.info("engine ready: %s, dtype %s, attention %s, %d KV blocks of %d tokens, max_model_len %d",
                  mc.architecture, self.dtype, self.attention_backend.name, num_blocks, config.block_size,
                  self.max_model_len)
@@ -140,6 +143,7 @@ class LLMEngine:
             outputs.append(self._output(seq, [token], None if logprobs is None else [logprobs]))
             if reason is not None:
                 self._forget_if_done(seq.request_id)
+        self.kv_audit.after_step(self._live_sequences())
         return outputs
 
     def _advance(self, batch: ScheduledBatch) -> None:
@@ -176,13 +180,24 @@ class LLMEngine:
             queue_time=seq.queue_time)
 
     # ----- observability -----
+    def _live_sequences(self) -> Iterable[Sequence]:
+        return chain.from_iterable(self._requests.values())
+
+    def kv_ledger(self) -> dict:
+        """Per-request block tables and the cache's totals (GET /debug/kv)."""
+        return self.kv_audit.ledger(self._requests)
+
+    def inject_kv_fault(self, kind: str) -> str:
+        """Break the block accounting on purpose (--enable-debug-faults only): the audit must repair it."""
+        return inject_fault(self.block_manager, kind, self._live_sequences())
+
     def stats(self) -> EngineStats:
         bm, sch = self.block_manager, self.scheduler
         return EngineStats(
             num_running=len(sch.running), num_waiting=len(sch.waiting) + sum(map(len, self._forks.values())),
             kv_blocks_total=bm.num_blocks, kv_blocks_used=bm.num_used_blocks,
             prefix_cache_query_tokens=sch.prefix_query_tokens, prefix_cache_hit_tokens=sch.prefix_hit_tokens,
-            num_preemptions=sch.num_preemptions)
+            num_preemptions=sch.num_preemptions, kv_invariant_violations=self.kv_audit.num_violations)
 
     # ----- offline use -----
     def generate(self, prompts: list[list[int]], params: SamplingParams | Iterable[SamplingParams]) -> list[Completion]:

@@ -40,6 +40,7 @@ class EngineStats:
     prefix_cache_query_tokens: int
     prefix_cache_hit_tokens: int
     num_preemptions: int
+    kv_invariant_violations: int = 0  # audits that found broken block accounting (and repaired it)
 
 
 @dataclass
