@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway import openapi
+from gateway import debug_routes, openapi
 from gateway.errors import ApiError
 from gateway.http_io import ClientDisconnected
 from gateway.metrics import Metrics
@@ -43,6 +43,8 @@ class ServerSettings:
     worker_threads: int = 0  # torch threads per worker; 0: the cores divided among the workers
     worker_tcp_host: str | None = None
     worker_tcp_port: int = 5555
+    request_timeout: float | None = None  # seconds; a request's deadline when it sends no X-Request-Timeout
+    enable_debug_faults: bool = False  # POST /debug/kv/fault (drills and tests only)
 
 
 class GatewayState:
@@ -55,7 +57,7 @@ class GatewayState:
         threads = settings.worker_threads or max(1, (os.cpu_count() or 1) // settings.num_workers)
         self.pool = WorkerPool(engine_config, settings.served_model_name, settings.num_workers, threads,
                                tcp_host=settings.worker_tcp_host, tcp_port=settings.worker_tcp_port,
-                               on_stats=self._on_worker_stats)
+                               on_stats=self._on_worker_stats, debug_faults=settings.enable_debug_faults)
         self.capacity = settings.num_workers * engine_config.max_num_seqs + settings.max_waiting_requests
         self.draining = False
         self.started = int(time.time())
@@ -163,6 +165,9 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/openapi.json", openapi_json, methods=["GET"]),
+        Route("/debug/kv", _api(debug_routes.kv_ledger), methods=["GET"]),
+        *([Route("/debug/kv/fault", _api(debug_routes.inject_kv_fault), methods=["POST"])]
+          if settings.enable_debug_faults else []),
     ], exception_handlers={HTTPException: _http_error}, lifespan=lifespan)
     app.state.mili = state
     app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)

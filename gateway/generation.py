@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from tokenizers import Tokenizer
 
+from gateway.deadlines import DeadlineExceeded, exceeded
 from gateway.detokenizer import IncrementalDetokenizer
 from gateway.errors import ApiError
 from gateway.metrics import Metrics
@@ -99,11 +100,11 @@ class GenerationStream:
     """Submits one prompt and yields its ChoiceEvents; `usage` is complete once the iteration ends."""
 
     def __init__(self, pool: WorkerPool, metrics: Metrics, tokenizer: Tokenizer, prompt: list[int],
-                 params: SamplingParams, options: TextOptions, arrival: float):
+                 params: SamplingParams, options: TextOptions, arrival: float, deadline: float | None = None):
         self.pool = pool
         self.metrics = metrics
         self.arrival = arrival
-        self.handle: RequestHandle = pool.submit(prompt, params)
+        self.handle: RequestHandle = pool.submit(prompt, params, deadline)
         self.choices = [_Choice(i, tokenizer, prompt, options) for i in range(params.n)]
         self.usage = Usage(prompt_tokens=len(prompt))
         self.finish_reasons: list[str | None] = [None] * params.n
@@ -118,6 +119,9 @@ class GenerationStream:
                     raise ApiError(503, item.message, code="worker_lost")
                 if isinstance(item, wire.RequestFailed):
                     raise ApiError(400, item.message, item.param)
+                if isinstance(item, DeadlineExceeded) or item.finish_reason == "deadline":
+                    self.finish_reasons[0] = "deadline"  # the request's count goes under "deadline"
+                    raise exceeded()
                 choice = self.choices[item.index]
                 if choice.finished:
                     continue  # this choice already stopped on a stop string

@@ -37,6 +37,9 @@ class Metrics:
         self.prefix_hits = Counter("mili_prefix_cache_hits", "Prompt tokens served from the prefix cache", labels,
                                    registry=r)
         self.preemptions = Counter("mili_preemptions", "Sequences preempted for recompute", labels, registry=r)
+        self.kv_invariant_violations = Counter(
+            "mili_kv_invariant_violations", "KV block accounting found broken by a worker's audit (and repaired)",
+            labels, registry=r)
         self.requests = Counter("mili_requests", "Finished requests", labels + ["finish_reason"], registry=r)
         self.ttft = Histogram("mili_time_to_first_token_seconds", "Time to first token", labels,
                               buckets=_LATENCY_BUCKETS, registry=r)
@@ -49,7 +52,8 @@ class Metrics:
         # Every series exists from the start (at 0), so dashboards and rate() see it before the first event.
         for metric in (self.requests_running, self.requests_waiting, self.kv_blocks_total, self.kv_blocks_used,
                        self.worker_up, self.prompt_tokens, self.generation_tokens, self.prefix_queries,
-                       self.prefix_hits, self.preemptions, self.ttft, self.itl, self.e2e, self.queue_time):
+                       self.prefix_hits, self.preemptions, self.ttft, self.itl, self.e2e, self.queue_time,
+                       self.kv_invariant_violations):
             metric.labels(model)
 
     def worker_stats(self, stats: list[wire.WorkerStats], num_ready: int) -> None:
@@ -64,7 +68,8 @@ class Metrics:
     def worker_counters(self, previous: wire.WorkerStats | None, stats: wire.WorkerStats) -> None:
         m = self.model
         for counter, name in ((self.prefix_queries, "prefix_cache_query_tokens"),
-                              (self.prefix_hits, "prefix_cache_hit_tokens"), (self.preemptions, "num_preemptions")):
+                              (self.prefix_hits, "prefix_cache_hit_tokens"), (self.preemptions, "num_preemptions"),
+                              (self.kv_invariant_violations, "kv_invariant_violations")):
             delta = getattr(stats, name) - (getattr(previous, name) if previous else 0)
             if delta > 0:
                 counter.labels(m).inc(delta)

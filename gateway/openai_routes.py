@@ -18,6 +18,7 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.deadlines import check_not_passed, request_deadline
 from gateway.errors import ApiError, invalid
 from gateway.generation import ChoiceEvent, GenerationStream, TextOptions, Usage, merge
 from gateway.http_io import collect_unless_disconnected, read_json
@@ -56,12 +57,13 @@ class Admitted:
 
 async def completions(request: Request) -> Response:
     state = request.app.state.mili
+    deadline = request_deadline(request, state.settings.request_timeout)
     req = parse_completion(await read_json(request, state.settings.max_body_bytes), state.settings.limits)
     _check_served(state, req)
     if req.echo and req.params.logprobs is not None:
         raise invalid("echo together with logprobs is not supported", "echo")
     prompts = [state.text.encode_prompt(p) for p in req.prompts]
-    admitted = _admit(state, req, prompts, TextOptions(stop=req.stop))
+    admitted = _admit(state, req, prompts, TextOptions(stop=req.stop), deadline)
     fmt = CompletionFormat(req.model, state.token_names)
     echo = [state.text.decode(p) if req.echo else "" for p in prompts]
     if req.stream:
@@ -77,12 +79,13 @@ async def completions(request: Request) -> Response:
 
 async def chat_completions(request: Request) -> Response:
     state = request.app.state.mili
+    deadline = request_deadline(request, state.settings.request_timeout)
     req = parse_chat(await read_json(request, state.settings.max_body_bytes), state.settings.limits)
     _check_served(state, req)
     rendered, prompt = state.text.render_chat(list(req.messages), req.template_kwargs)
     options = TextOptions(stop=req.stop, split_reasoning=state.text.split_reasoning,
                           starts_in_reasoning=state.text.starts_in_reasoning(rendered))
-    admitted = _admit(state, req, [prompt], options)
+    admitted = _admit(state, req, [prompt], options, deadline)
     fmt = ChatFormat(req.model, state.token_names)
     if req.stream:
         return _sse(state, _chat_chunks(fmt, req, admitted), admitted)
@@ -104,7 +107,8 @@ def _check_served(state, req: CommonFields) -> None:
         raise ApiError(503, "the server is shutting down", code="draining")
 
 
-def _admit(state, req: CommonFields, prompts: list[list[int]], options: TextOptions) -> Admitted:
+def _admit(state, req: CommonFields, prompts: list[list[int]], options: TextOptions,
+           deadline: float | None = None) -> Admitted:
     info = state.pool.info
     if info is None:
         raise ApiError(503, "no worker is ready: " + ("; ".join(state.pool.down_reasons()) or "starting"),
@@ -113,12 +117,17 @@ def _admit(state, req: CommonFields, prompts: list[list[int]], options: TextOpti
     if state.pool.num_in_flight() + len(prompts) > state.capacity:
         raise ApiError(503, "the server's request queue is full; retry later", code="queue_full",
                        headers={"Retry-After": "1"})
+    try:
+        check_not_passed(deadline)  # reading and tokenizing the request count against it too
+    except ApiError:
+        state.metrics.finished("deadline", sum(map(len, prompts)))
+        raise
     arrival = time.monotonic()
     streams: list[GenerationStream] = []
     try:
         for prompt in prompts:
             streams.append(GenerationStream(state.pool, state.metrics, state.text.tokenizer, prompt, req.params,
-                                            options, arrival))
+                                            options, arrival, deadline))
     except NoWorkerAvailable as e:
         for s in streams:
             state.pool.abort(s.handle)

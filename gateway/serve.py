@@ -51,6 +51,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="requests queued beyond what the workers run at once before new ones get 503")
     p.add_argument("--sse-ping-interval", type=float, default=5.0, help="seconds between SSE keep-alive comments")
     p.add_argument("--drain-timeout", type=float, default=30.0)
+    p.add_argument("--request-timeout", type=float, default=0.0,
+                   help="seconds a request may take end to end, queue included, when it sends no "
+                        "X-Request-Timeout header (0: no limit)")
+    p.add_argument("--enable-debug-faults", action="store_true",
+                   help="add POST /debug/kv/fault, which breaks the KV block accounting on purpose (drills, tests)")
     p.add_argument("--log-level", default="info")
 
 
@@ -88,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
         attention_backend=args.attention_backend, enable_prefix_caching=not args.no_prefix_caching)
+    if not 0 <= args.request_timeout < float("inf"):
+        raise ValueError(f"--request-timeout must be 0 (no limit) or a number of seconds, got {args.request_timeout}")
     tcp_host, tcp_port = None, 0
     if args.worker_tcp:
         tcp_host, _, port = args.worker_tcp.rpartition(":")
@@ -97,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
         limits=Limits(max_n=args.max_n, max_stop=args.max_stop_strings, max_stop_length=args.max_stop_length),
         max_body_bytes=args.max_body_size, max_waiting_requests=args.max_waiting_requests,
         sse_ping_s=args.sse_ping_interval, num_workers=args.workers, worker_threads=args.worker_threads,
-        worker_tcp_host=tcp_host, worker_tcp_port=tcp_port)
+        worker_tcp_host=tcp_host, worker_tcp_port=tcp_port, request_timeout=args.request_timeout or None,
+        enable_debug_faults=args.enable_debug_faults)
     app = build_app(settings, engine_config)
     # Running streams finish during the drain; sse-starlette would otherwise end them at the first SIGTERM.
     AppStatus.disable_automatic_graceful_drain()

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -23,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 import zmq
 import zmq.asyncio
 
+from gateway.deadlines import DeadlineExceeded
 from shared import wire
 from shared.config import EngineConfig
 from shared.sampling_params import SamplingParams
@@ -51,6 +53,7 @@ class RequestHandle:
     worker: "WorkerSlot"
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # TokenDelta | RequestFailed | WorkerLost
     finished: set[int] = field(default_factory=set)
+    deadline_timer: asyncio.TimerHandle | None = None  # puts DeadlineExceeded into the queue when due
 
     @property
     def done(self) -> bool:
@@ -88,6 +91,7 @@ class WorkerSlot:
         self.requests: dict[str, RequestHandle] = {}
         self.down_reason = "starting"
         self._reader: asyncio.Task | None = None
+        self.queries: dict[str, asyncio.Future] = {}  # DebugQuery token -> its DebugReply
 
     @property
     def is_ready(self) -> bool:
@@ -127,7 +131,7 @@ class WorkerSlot:
         cmd = [sys.executable, "-m", "worker.process", "--requests", requests_addr, "--outputs", outputs_addr,
                "--config", json.dumps(asdict(self.pool.engine_config)),
                "--served-model-name", self.pool.served_model_name, "--threads", str(self.pool.threads_per_worker),
-               "--name", f"worker-{self.index}"]
+               "--name", f"worker-{self.index}", *(["--enable-debug-faults"] if self.pool.debug_faults else [])]
         self.process = await asyncio.create_subprocess_exec(*cmd, env=self.pool.worker_env)
         log.info("started worker %d (pid %d)", self.index, self.process.pid)
 
@@ -139,6 +143,10 @@ class WorkerSlot:
         for handle in self.requests.values():
             handle.queue.put_nowait(lost)
         self.requests.clear()
+        for future in self.queries.values():
+            if not future.done():
+                future.set_result(None)
+        self.queries.clear()
 
     async def _close_sockets(self) -> None:
         if self._reader is not None:
@@ -150,7 +158,7 @@ class WorkerSlot:
         self.requests_sock = self.outputs_sock = None
 
     async def _read_outputs(self, sock: zmq.asyncio.Socket, generation: int) -> None:
-        allowed = (wire.WorkerReady, wire.StepOutputs, wire.Heartbeat, wire.RequestFailed)
+        allowed = (wire.WorkerReady, wire.StepOutputs, wire.Heartbeat, wire.RequestFailed, wire.DebugReply)
         while True:
             frame = await sock.recv(copy=True)
             try:
@@ -179,6 +187,10 @@ class WorkerSlot:
             handle = self.requests.pop(message.request_id, None)
             if handle is not None:
                 handle.queue.put_nowait(message)
+        elif isinstance(message, wire.DebugReply):
+            future = self.queries.pop(message.token, None)
+            if future is not None and not future.done():
+                future.set_result(message)
         elif isinstance(message, wire.WorkerReady):
             self.ready = message
             self.down_reason = ""
@@ -198,7 +210,8 @@ class WorkerSlot:
 class WorkerPool:
     def __init__(self, engine_config: EngineConfig, served_model_name: str, num_workers: int = 1,
                  threads_per_worker: int = 0, tcp_host: str | None = None, tcp_port: int = 0,
-                 on_stats: Callable[[WorkerSlot, wire.WorkerStats | None, wire.WorkerStats], None] | None = None):
+                 on_stats: Callable[[WorkerSlot, wire.WorkerStats | None, wire.WorkerStats], None] | None = None,
+                 debug_faults: bool = False):
         self.engine_config = engine_config
         self.served_model_name = served_model_name
         self.threads_per_worker = threads_per_worker
@@ -208,6 +221,7 @@ class WorkerPool:
         self.slots = [WorkerSlot(self, i) for i in range(num_workers)]
         self.stopping = False
         self._on_stats = on_stats
+        self.debug_faults = debug_faults
         self._tasks: list[asyncio.Task] = []
         self._next_id = 0
         # The worker runs from this checkout whatever the current directory; PYTHONPATH carries it.
@@ -260,7 +274,10 @@ class WorkerPool:
             self._on_stats(slot, previous, stats)
 
     # ----- requests -----
-    def submit(self, prompt_token_ids: list[int], params: SamplingParams) -> RequestHandle:
+    def submit(self, prompt_token_ids: list[int], params: SamplingParams,
+               deadline: float | None = None) -> RequestHandle:
+        """Send a request to the least busy ready worker. `deadline` (time.monotonic()) travels as the
+        seconds left; a timer also ends the request here when it passes."""
         slots = self.ready_slots
         if not slots:
             raise NoWorkerAvailable("; ".join(self.down_reasons()) or "no worker is running")
@@ -269,12 +286,39 @@ class WorkerPool:
         request_id = f"{slot.index}-{slot.generation}-{self._next_id}"
         handle = RequestHandle(request_id, params.n, slot)
         slot.requests[request_id] = handle
+        timeout_s = None
+        if deadline is not None:
+            timeout_s = max(0.0, deadline - time.monotonic())
+            handle.deadline_timer = asyncio.get_running_loop().call_later(
+                timeout_s, handle.queue.put_nowait, DeadlineExceeded())
         slot.send(wire.AddRequest(request_id=request_id, prompt_token_ids=prompt_token_ids,
-                                  params=wire.sampling_params_to_wire(params)))
+                                  params=wire.sampling_params_to_wire(params), timeout_s=timeout_s))
         return handle
 
     def abort(self, handle: RequestHandle) -> None:
         """Stop a request wherever it is; a no-op once it finished or its worker died."""
+        if handle.deadline_timer is not None:
+            handle.deadline_timer.cancel()
         slot = handle.worker
         if slot.requests.pop(handle.request_id, None) is not None and slot.is_ready:
             slot.send(wire.AbortRequests(request_ids=[handle.request_id]))
+
+    # ----- operator queries -----
+    async def query(self, what: str, arg: str | None = None, timeout: float = 10.0) -> list[tuple[int, wire.DebugReply | None]]:
+        """Ask every ready worker; (worker index, its reply or None when it died or did not answer in time)."""
+        asked = []
+        for slot in self.ready_slots:
+            token = secrets.token_hex(8)
+            future = asyncio.get_running_loop().create_future()
+            slot.queries[token] = future
+            slot.send(wire.DebugQuery(token=token, what=what, arg=arg))
+            asked.append((slot, token, future))
+        results = []
+        for slot, token, future in asked:
+            try:
+                # A worker answers between two steps; a long prefill step may hold it a while.
+                results.append((slot.index, await asyncio.wait_for(future, timeout)))
+            except asyncio.TimeoutError:
+                slot.queries.pop(token, None)
+                results.append((slot.index, None))
+        return results

@@ -4,9 +4,9 @@ Every frame is a msgpack map with a "type" and the fields that type declares. `d
 size, the type, every field's presence and type, and refuses anything it does not know, so a malformed
 frame raises `WireError` and is never acted upon. Nothing is ever unpickled.
 
-gateway -> worker: AddRequest, AbortRequests
+gateway -> worker: AddRequest, AbortRequests, DebugQuery (operator questions: /debug/kv)
 worker -> gateway: WorkerReady, StepOutputs (token deltas and stats after every step), Heartbeat
-                   (stats while idle), RequestFailed (a request the engine refused)
+                   (stats while idle), RequestFailed (a request the engine refused), DebugReply
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ class AddRequest:
     request_id: str
     prompt_token_ids: list[int]
     params: dict[str, Any]  # SamplingParams fields; the worker builds (and so validates) SamplingParams
+    # Seconds the request may still take, queue included (its deadline; monotonic clocks differ across
+    # processes, so the budget travels, not the time). None: no deadline.
+    timeout_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -100,9 +103,33 @@ class RequestFailed:
     param: str | None = None
 
 
+KV_FAULT_KINDS = ("leak", "orphan", "over_free")  # what inject_kv_fault can break (worker/kv_audit.py)
+
+
+@dataclass(frozen=True)
+class DebugQuery:
+    """An operator's question to a worker, answered between two engine steps by a DebugReply with the same
+    token. what: "kv_ledger" (arg unused) or "inject_kv_fault" (arg: the fault kind; refused unless the
+    worker runs with --enable-debug-faults)."""
+
+    TYPE: ClassVar[str] = "debug_query"
+    token: str
+    what: str
+    arg: str | None = None
+
+
+@dataclass(frozen=True)
+class DebugReply:
+    TYPE: ClassVar[str] = "debug_reply"
+    token: str
+    body: dict[str, Any]
+    error: str | None = None
+
+
 MESSAGE_TYPES = {cls.TYPE: cls for cls in (AddRequest, AbortRequests, WorkerReady, StepOutputs, Heartbeat,
-                                           RequestFailed)}
-Message = AddRequest | AbortRequests | WorkerReady | StepOutputs | Heartbeat | RequestFailed
+                                           RequestFailed, DebugQuery, DebugReply)}
+Message = (AddRequest | AbortRequests | WorkerReady | StepOutputs | Heartbeat | RequestFailed | DebugQuery
+           | DebugReply)
 
 
 def encode(message: Message) -> bytes:

@@ -7,12 +7,14 @@ here speaks token ids; text belongs to the gateway.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from itertools import chain
 
 from shared.config import EngineConfig
 from shared.sampling_params import SamplingParams, SamplingParamsError
 from worker.attention import get_attention_backend
+from worker.deadlines import DeadlineQueue
 from worker.block_manager import BlockManager
 from worker.dtype import resolve_dtype
 from worker.layer_ops import get_layer_ops
@@ -59,6 +61,7 @@ class LLMEngine:
         self._forks: dict[str, list[Sequence]] = {}
         self._pending: list[SequenceOutput] = []  # aborts to report on the next step
         self.kv_audit = KvAuditor(self.block_manager, KV_AUDIT_EVERY_STEPS)
+        self._deadlines = DeadlineQueue()
         log.info("engine ready: %s, dtype %s, attention %s, %d KV blocks of %d tokens, max_model_len %d",
                  mc.architecture, self.dtype, self.attention_backend.name, num_blocks, config.block_size,
                  self.max_model_len)
@@ -75,13 +78,19 @@ class LLMEngine:
         return cache_tokens
 
     # ----- requests -----
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Queue a request, or raise RequestRejected if it can never be served."""
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    deadline: float | None = None) -> None:
+        """Queue a request, or raise RequestRejected if it can never be served. Past `deadline` (a
+        time.monotonic() value) the request ends with finish reason "deadline", queued or running."""
         prompt = [int(t) for t in prompt_token_ids]
         max_tokens = self._validate(request_id, prompt, params)
         seqs = [Sequence(request_id, i, prompt, params, max_tokens,
                          make_generator(None if params.seed is None else params.seed + i))
                 for i in range(params.n)]
+        if deadline is not None:
+            for seq in seqs:
+                seq.deadline = deadline
+            self._deadlines.add(request_id, deadline)
         self._requests[request_id] = seqs
         self.scheduler.add(seqs[0])
         if len(seqs) > 1:
@@ -121,11 +130,26 @@ class LLMEngine:
                 self.scheduler.finish(seq, "abort")
                 self._pending.append(self._output(seq, [], None))
 
+    def _expire_deadlines(self) -> None:
+        """Stop every request whose deadline passed, queued ones before they cost any compute; like an
+        abort, their blocks are free at once."""
+        for request_id, deadline in self._deadlines.expired(time.monotonic()):
+            seqs = self._requests.get(request_id)
+            if not seqs or seqs[0].deadline != deadline:
+                continue  # finished already (or an id reused since)
+            del self._requests[request_id]
+            self._forks.pop(request_id, None)
+            for seq in seqs:
+                if not seq.is_finished:
+                    self.scheduler.finish(seq, "deadline")
+                    self._pending.append(self._output(seq, [], None))
+
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests) or bool(self._pending)
 
     # ----- the loop -----
     def step(self) -> list[SequenceOutput]:
+        self._expire_deadlines()
         outputs, self._pending = self._pending, []
         batch = self.scheduler.schedule()
         if not batch.seqs:
@@ -182,6 +206,10 @@ class LLMEngine:
     # ----- observability -----
     def _live_sequences(self) -> Iterable[Sequence]:
         return chain.from_iterable(self._requests.values())
+
+    def check_kv(self) -> None:
+        """Audit (and repair) the KV block accounting now, outside the every-N-steps rhythm."""
+        self.kv_audit.check(self._live_sequences())
 
     def kv_ledger(self) -> dict:
         """Per-request block tables and the cache's totals (GET /debug/kv)."""

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import chain
 
+from shared.wire import KV_FAULT_KINDS
 from worker.block_manager import BlockManager
 from worker.sequence import Sequence
 
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 
 _ref_count = operator.attrgetter("ref_count")
 
-FAULT_KINDS = ("leak", "orphan", "over_free")
+FAULT_KINDS = KV_FAULT_KINDS
 
 # One audit costs 0.2-0.7 ms with the default model's 1 GiB cache (2,912 blocks), against a 20 ms decode step
 # at batch 1 (loadtest/bench_kv_audit.py); every 8th step keeps it under 0.5% of the engine's time while a

@@ -24,7 +24,7 @@ class SequenceOutput:
     index: int
     new_token_ids: list[int]
     logprobs: list[TokenLogprobs] | None  # one per new token when the request asked for logprobs
-    finish_reason: str | None  # None while running; "stop", "length" or "abort"
+    finish_reason: str | None  # None while running; "stop", "length", "abort" or "deadline"
     num_prompt_tokens: int
     num_cached_tokens: int  # prompt tokens served from the prefix cache
     stop_token_id: int | None = None  # the stop_token_ids entry that ended the choice

@@ -19,6 +19,7 @@ import os
 import queue
 import sys
 import threading
+import time
 
 import zmq
 
@@ -43,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--served-model-name", required=True)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--name", default="worker")
+    parser.add_argument("--enable-debug-faults", action="store_true",
+                        help="accept DebugQuery messages that break the KV accounting on purpose (drills, tests)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {args.name}: %(message)s")
     if args.threads:
@@ -64,20 +67,21 @@ def main(argv: list[str] | None = None) -> int:
                                 attention_backend=engine.attention_backend.name, max_model_len=engine.max_model_len,
                                 vocab_size=mc.vocab_size, stats=_stats(engine.stats())))
     try:
-        _engine_loop(engine, inbox, outbox)
+        _engine_loop(engine, inbox, outbox, args.enable_debug_faults)
     finally:
         outbox.put(_STOP)
         sender.join(timeout=2)
     return 0
 
 
-def _engine_loop(engine: LLMEngine, inbox: queue.Queue, outbox: queue.Queue) -> None:
+def _engine_loop(engine: LLMEngine, inbox: queue.Queue, outbox: queue.Queue, debug_faults: bool = False) -> None:
     while True:
         messages = []
         if not engine.has_unfinished_requests():
             try:
                 messages.append(inbox.get(timeout=HEARTBEAT_S))
             except queue.Empty:
+                engine.check_kv()  # steps audit as they go; an idle engine is audited here
                 outbox.put(wire.Heartbeat(stats=_stats(engine.stats())))
                 continue
         while True:
@@ -88,7 +92,10 @@ def _engine_loop(engine: LLMEngine, inbox: queue.Queue, outbox: queue.Queue) -> 
         for message in messages:
             if message is _STOP:
                 return
-            _handle(engine, message, outbox)
+            if isinstance(message, wire.DebugQuery):
+                outbox.put(_debug_reply(engine, message, debug_faults))
+            else:
+                _handle(engine, message, outbox)
         if engine.has_unfinished_requests():
             outputs = engine.step()
             outbox.put(wire.StepOutputs(deltas=[_delta(o) for o in outputs], stats=_stats(engine.stats())))
@@ -101,11 +108,27 @@ def _handle(engine: LLMEngine, message, outbox: queue.Queue) -> None:
         return
     try:
         params = wire.sampling_params_from_wire(message.params)
-        engine.add_request(message.request_id, message.prompt_token_ids, params)
+        deadline = None if message.timeout_s is None else time.monotonic() + message.timeout_s
+        engine.add_request(message.request_id, message.prompt_token_ids, params, deadline=deadline)
     except (RequestRejected, SamplingParamsError) as e:
         outbox.put(wire.RequestFailed(request_id=message.request_id, message=str(e), param=e.param))
     except wire.WireError as e:
         outbox.put(wire.RequestFailed(request_id=message.request_id, message=str(e)))
+
+
+def _debug_reply(engine: LLMEngine, query: wire.DebugQuery, debug_faults: bool) -> wire.DebugReply:
+    if query.what == "kv_ledger":
+        return wire.DebugReply(token=query.token, body=engine.kv_ledger())
+    if query.what == "inject_kv_fault":
+        if not debug_faults:
+            return wire.DebugReply(token=query.token, body={}, error="fault injection is off (--enable-debug-faults)")
+        try:
+            done = engine.inject_kv_fault(query.arg or "")
+        except ValueError as e:
+            return wire.DebugReply(token=query.token, body={}, error=str(e))
+        log.warning("injected a KV accounting fault on request: %s", done)
+        return wire.DebugReply(token=query.token, body={"injected": done})
+    return wire.DebugReply(token=query.token, body={}, error=f"unknown debug query {query.what!r}")
 
 
 def _receive(ctx: zmq.Context, address: str, inbox: queue.Queue, parent_pid: int) -> None:
@@ -122,7 +145,7 @@ def _receive(ctx: zmq.Context, address: str, inbox: queue.Queue, parent_pid: int
             continue
         frame = sock.recv(copy=True)
         try:
-            inbox.put(wire.decode(frame, (wire.AddRequest, wire.AbortRequests)))
+            inbox.put(wire.decode(frame, (wire.AddRequest, wire.AbortRequests, wire.DebugQuery)))
         except wire.WireError as e:
             log.warning("rejected a frame from the gateway: %s", e)
 

@@ -22,6 +22,9 @@ MESSAGES = [
                      stats=STATS),
     wire.Heartbeat(stats=STATS),
     wire.RequestFailed(request_id="r1", message="too long", param="prompt"),
+    wire.AddRequest(request_id="r2", prompt_token_ids=[4], params={}, timeout_s=2.5),
+    wire.DebugQuery(token="t1", what="inject_kv_fault", arg="leak"),
+    wire.DebugReply(token="t1", body={"totals": {"used": 3}, "requests": {"r1": []}}, error=None),
 ]
 ALL = tuple(type(m) for m in MESSAGES)
 
@@ -56,6 +59,8 @@ GOOD_ADD = {"type": "add", "request_id": "r", "prompt_token_ids": [1, 2], "param
     (frame({**GOOD_ADD, "request_id": 5}), "expected str"),
     (frame({**GOOD_ADD, "params": None}), "must not be null"),
     (frame({"type": "outputs", "deltas": [{"request_id": "r"}], "stats": {}}), "missing field"),
+    (frame({**GOOD_ADD, "timeout_s": "soon"}), "expected float"),
+    (frame({"type": "debug_reply", "token": "t", "body": []}), r"expected dict\[str, Any\]"),
 ], ids=lambda v: v.replace(" ", "-") if isinstance(v, str) else "")
 def test_malformed_frames_are_refused(raw, problem):
     with pytest.raises(wire.WireError, match=problem):
