@@ -20,6 +20,7 @@ def guarded(tiny_model_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize("method, path", [("GET", "/v1/models"), ("GET", "/metrics"), ("GET", "/openapi.json"),
+                                          ("GET", "/debug/kv"),
                                           ("POST", "/v1/completions"), ("POST", "/v1/chat/completions")])
 @pytest.mark.parametrize("header", [None, "Bearer wrong", "Bearer s3cret-ke", KEY])
 def test_routes_refuse_missing_or_wrong_keys(guarded, method, path, header):
