@@ -45,8 +45,12 @@ _ERROR = {"type": "object", "properties": {"error": {"type": "object", "properti
 def _post(summary: str, schema: dict) -> dict[str, Any]:
     errors = {str(code): {"description": text, "content": {"application/json": {"schema": _ERROR}}}
               for code, text in ((400, "invalid request"), (401, "missing or wrong API key"), (404, "unknown model"),
-                                 (413, "body too large"), (503, "no worker ready, queue full, or draining"))}
-    return {"post": {"summary": summary, "requestBody": {"required": True,
+                                 (413, "body too large"), (503, "no worker ready, queue full, or draining"),
+                                 (504, "deadline passed before anything was sent (code deadline_exceeded)"))}
+    timeout = {"name": "X-Request-Timeout", "in": "header", "required": False,
+               "description": "seconds the request may take end to end, queue included (overrides the server's "
+                              "--request-timeout)", "schema": {"type": "number", "exclusiveMinimum": 0}}
+    return {"post": {"summary": summary, "parameters": [timeout], "requestBody": {"required": True,
                                                          "content": {"application/json": {"schema": schema}}},
                      "responses": {"200": {"description": "a JSON response, or text/event-stream when stream is true"},
                                    **errors}}}
@@ -64,5 +68,6 @@ def document(model: str) -> dict[str, Any]:
             "/health": {"get": {"responses": {"200": {"description": "a worker is ready"},
                                               "503": {"description": "loading, no worker alive, or draining"}}}},
             "/metrics": get,
+            "/debug/kv": {"get": {"responses": {"200": {"description": "each worker's KV block ledger"}}}},
         },
     }

@@ -87,14 +87,14 @@ class _DrainingServer(uvicorn.Server):
 
 
 def run(args: argparse.Namespace) -> int:
+    if not 0 <= args.request_timeout < float("inf"):
+        raise ValueError(f"--request-timeout must be 0 (no limit) or a number of seconds, got {args.request_timeout}")
     model_dir, default_name = resolve_model(args.model)
     engine_config = EngineConfig(
         model=str(model_dir), dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
         attention_backend=args.attention_backend, enable_prefix_caching=not args.no_prefix_caching)
-    if not 0 <= args.request_timeout < float("inf"):
-        raise ValueError(f"--request-timeout must be 0 (no limit) or a number of seconds, got {args.request_timeout}")
     tcp_host, tcp_port = None, 0
     if args.worker_tcp:
         tcp_host, _, port = args.worker_tcp.rpartition(":")

@@ -304,7 +304,8 @@ class WorkerPool:
             slot.send(wire.AbortRequests(request_ids=[handle.request_id]))
 
     # ----- operator queries -----
-    async def query(self, what: str, arg: str | None = None, timeout: float = 10.0) -> list[tuple[int, wire.DebugReply | None]]:
+    async def query(self, what: str, arg: str | None = None,
+                    timeout: float = 10.0) -> list[tuple[int, wire.DebugReply | None]]:
         """Ask every ready worker; (worker index, its reply or None when it died or did not answer in time)."""
         asked = []
         for slot in self.ready_slots:

@@ -73,7 +73,8 @@ def main() -> None:
         assert auditor.check([hog]).ok
     audit_full = (time.perf_counter() - start) / 200
 
-    print(f"decode step, batch {args.batch}: {off * 1e3:.2f} ms without the audit, {on * 1e3:.2f} ms auditing every step")
+    print(f"decode step, batch {args.batch}: {off * 1e3:.2f} ms without the audit, "
+          f"{on * 1e3:.2f} ms auditing every step")
     print(f"audit alone: {audit * 1e6:.0f} us on this state ({audit / off:.2%} of a step); "
           f"{audit_full * 1e6:.0f} us with all {bm.num_blocks} blocks held ({audit_full / off:.2%})")
     print(f"served every {KV_AUDIT_EVERY_STEPS} steps: at most {audit_full / KV_AUDIT_EVERY_STEPS / off:.3%} "

@@ -14,8 +14,8 @@ from itertools import chain
 from shared.config import EngineConfig
 from shared.sampling_params import SamplingParams, SamplingParamsError
 from worker.attention import get_attention_backend
-from worker.deadlines import DeadlineQueue
 from worker.block_manager import BlockManager
+from worker.deadlines import DeadlineQueue
 from worker.dtype import resolve_dtype
 from worker.layer_ops import get_layer_ops
 from worker.kv_audit import KV_AUDIT_EVERY_STEPS, KvAuditor, inject_fault

@@ -9,7 +9,6 @@ The server runs at most two sequences at once, so long requests pile up in its q
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 
 import httpx2

@@ -101,3 +101,19 @@ def test_a_deadline_already_past_costs_nothing_and_a_finished_request_is_not_tou
     while engine.has_unfinished_requests():
         reasons += [o.finish_reason for o in engine.step() if o.finish_reason]
     assert reasons == ["length"]
+
+
+def test_timeout_header_and_flag_parsing(capsys):
+    from gateway.cli import main
+    from gateway.deadlines import parse_timeout
+    from gateway.errors import ApiError
+
+    assert parse_timeout(None, None) is None
+    assert parse_timeout(None, 7.0) == 7.0  # the server default
+    assert parse_timeout(" 2.5 ", 7.0) == 2.5  # the header wins
+    for bad in ("", "soon", "0", "-3", "inf", "nan", "1e12"):
+        with pytest.raises(ApiError) as e:
+            parse_timeout(bad, None)
+        assert e.value.status == 400 and e.value.param == "X-Request-Timeout"
+    assert main(["serve", "--request-timeout", "-1"]) == 2
+    assert "--request-timeout must be 0" in capsys.readouterr().err
