@@ -141,6 +141,9 @@ class KvAuditor:
                 block.digest, block.token_ids = None, None
                 free.append(b)
         bm._cached_free, bm._free = cached, free
+        for digest, b in list(bm._by_digest.items()):  # index entries of blocks that lost their digest
+            if bm.blocks[b].digest != digest:
+                del bm._by_digest[digest]
         return max(0, len(free) + len(cached) - free_before)
 
     # ----- ledger for /debug/kv -----
