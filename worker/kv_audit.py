@@ -35,9 +35,9 @@ _ref_count = operator.attrgetter("ref_count")
 
 FAULT_KINDS = KV_FAULT_KINDS
 
-# One audit of the default model's 1 GiB cache (2,912 blocks) costs 0.5-0.7 ms (loadtest/bench_kv_audit.py),
-# a few percent of a 20 ms batch-1 decode step; every 8th step keeps it under 0.5% of the engine's time,
-# and a broken count is still caught within a fraction of a second.
+# One audit of the default model's 1 GiB cache (2,912 blocks) took 0.5-1.1 ms on a busy 2-core machine
+# (loadtest/bench_kv_audit.py), 2-5% of a 20 ms batch-1 decode step; every 8th step brings it to about 0.1 ms
+# a step on average (~0.5%), and a broken count is still caught within a fraction of a second.
 KV_AUDIT_EVERY_STEPS = 8
 
 
