@@ -23,6 +23,7 @@ from gateway.metrics import Metrics
 from gateway.model_text import ModelText
 from gateway.openai_routes import chat_completions, completions
 from gateway.protocol import Limits
+from gateway.request_id import RequestIdMiddleware
 from gateway.responses import TokenNames
 from gateway.worker_pool import WorkerPool
 from shared import wire
@@ -51,7 +52,7 @@ class GatewayState:
         self.engine_config = engine_config
         self.text = ModelText(engine_config.model)
         self.token_names = TokenNames(self.text.tokenizer)
-        self.metrics = Metrics(settings.served_model_name)
+        self.metrics = Metrics(settings.served_model_name, engine_config.block_size)
         threads = settings.worker_threads or max(1, (os.cpu_count() or 1) // settings.num_workers)
         self.pool = WorkerPool(engine_config, settings.served_model_name, settings.num_workers, threads,
                                tcp_host=settings.worker_tcp_host, tcp_port=settings.worker_tcp_port,
@@ -166,4 +167,5 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
     ], exception_handlers={HTTPException: _http_error}, lifespan=lifespan)
     app.state.mili = state
     app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    app.add_middleware(RequestIdMiddleware)  # outermost: a refused request gets its id too
     return app

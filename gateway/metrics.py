@@ -10,6 +10,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from gateway.router_metrics import RouterContract
 from shared import wire
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0)
@@ -19,7 +20,7 @@ _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, model: str):
+    def __init__(self, model: str, block_size: int = 16):
         disable_created_metrics()  # the *_created series only double the output
         self.registry = r = CollectorRegistry()
         labels = ["model"]
@@ -51,6 +52,9 @@ class Metrics:
                        self.worker_up, self.prompt_tokens, self.generation_tokens, self.prefix_queries,
                        self.prefix_hits, self.preemptions, self.ttft, self.itl, self.e2e, self.queue_time):
             metric.labels(model)
+        # vLLM-named aliases of the series above, for the load-aware routers (gateway/router_metrics.py).
+        self.router_contract = RouterContract(model, block_size)
+        r.register(self.router_contract)
 
     def worker_stats(self, stats: list[wire.WorkerStats], num_ready: int) -> None:
         """Set the gauges from the latest stats of every live worker."""
@@ -60,6 +64,8 @@ class Metrics:
         self.kv_blocks_total.labels(m).set(sum(s.kv_blocks_total for s in stats))
         self.kv_blocks_used.labels(m).set(sum(s.kv_blocks_used for s in stats))
         self.worker_up.labels(m).set(num_ready)
+        self.router_contract.set_load(sum(s.num_running for s in stats), sum(s.num_waiting for s in stats),
+                                      sum(s.kv_blocks_used for s in stats), sum(s.kv_blocks_total for s in stats))
 
     def worker_counters(self, previous: wire.WorkerStats | None, stats: wire.WorkerStats) -> None:
         m = self.model
@@ -68,6 +74,9 @@ class Metrics:
             delta = getattr(stats, name) - (getattr(previous, name) if previous else 0)
             if delta > 0:
                 counter.labels(m).inc(delta)
+        queries = stats.prefix_cache_query_tokens - (previous.prefix_cache_query_tokens if previous else 0)
+        hits = stats.prefix_cache_hit_tokens - (previous.prefix_cache_hit_tokens if previous else 0)
+        self.router_contract.add_prefix_cache(max(queries, 0), max(hits, 0))
 
     def finished(self, finish_reason: str, prompt_tokens: int) -> None:
         self.requests.labels(self.model, finish_reason).inc()
