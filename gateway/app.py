@@ -167,5 +167,6 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
     ], exception_handlers={HTTPException: _http_error}, lifespan=lifespan)
     app.state.mili = state
     app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
-    app.add_middleware(RequestIdMiddleware)  # outermost: a refused request gets its id too
+    # Outermost: a refused request gets its id too, and is counted.
+    app.add_middleware(RequestIdMiddleware, on_api_response=state.metrics.http_response)
     return app

@@ -39,6 +39,10 @@ class Metrics:
                                    registry=r)
         self.preemptions = Counter("mili_preemptions", "Sequences preempted for recompute", labels, registry=r)
         self.requests = Counter("mili_requests", "Finished requests", labels + ["finish_reason"], registry=r)
+        self.http_responses = Counter("mili_http_responses", "Responses of the /v1 API by status class (2xx, 4xx, 5xx)",
+                                      labels + ["status"], registry=r)
+        for status in ("2xx", "4xx", "5xx"):
+            self.http_responses.labels(model, status)
         self.ttft = Histogram("mili_time_to_first_token_seconds", "Time to first token", labels,
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("mili_inter_token_latency_seconds", "Time between streamed tokens", labels,
@@ -81,6 +85,9 @@ class Metrics:
     def finished(self, finish_reason: str, prompt_tokens: int) -> None:
         self.requests.labels(self.model, finish_reason).inc()
         self.prompt_tokens.labels(self.model).inc(prompt_tokens)
+
+    def http_response(self, status: int) -> None:
+        self.http_responses.labels(self.model, f"{status // 100}xx").inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

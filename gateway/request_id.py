@@ -13,6 +13,7 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Callable
 
 HEADER = b"x-request-id"
 _VALID = re.compile(rb"[\x21-\x7e]{1,128}")  # printable ASCII, no spaces, at most 128 bytes
@@ -31,11 +32,12 @@ def _from_headers(headers: list[tuple[bytes, bytes]]) -> str:
 
 class RequestIdMiddleware:
     """Pure ASGI (no response buffering, so streams pass through as they are made). API requests get
-    one log line when they end, with the id, status and duration; /health and /metrics, which probes
-    and scrapers poll many times a second, do not."""
+    one log line when they end, with the id, status and duration, and are counted by status class
+    (`on_api_response`); /health and /metrics, which probes and scrapers poll many times a second, are not."""
 
-    def __init__(self, app):
+    def __init__(self, app, on_api_response: Callable[[int], None] | None = None):
         self.app = app
+        self.on_api_response = on_api_response
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -56,6 +58,8 @@ class RequestIdMiddleware:
             await self.app(scope, receive, send_with_id)
         finally:
             if scope["path"].startswith("/v1/"):
+                if self.on_api_response is not None and status:
+                    self.on_api_response(status)
                 log.info("%s %s -> %d in %.0f ms", scope["method"], scope["path"], status,
                          (time.monotonic() - started) * 1000)
             current.reset(token)

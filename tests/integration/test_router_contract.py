@@ -118,6 +118,7 @@ def test_scrape_cost(server):
 
 def test_request_id_is_echoed_and_logged(server):
     mine = "trace-4f2a9c-from-the-router"
+    counted = {c: server.metric("mili_http_responses_total", status=c) for c in ("2xx", "4xx")}
     r = httpx2.post(f"{server.url}/v1/completions", headers={"X-Request-Id": mine}, timeout=60,
                     json={"model": SERVED_NAME, "prompt": "hi", "max_tokens": 2})
     assert r.status_code == 200 and r.headers["x-request-id"] == mine
@@ -143,3 +144,6 @@ def test_request_id_is_echoed_and_logged(server):
         assert time.monotonic() < deadline, f"request ids missing from the log: {lines}"
         time.sleep(0.1)
     assert "POST /v1/completions -> 200" in lines[""][0] and "-> 400" in lines["-e"][0]
+    # Every /v1 response is counted by status class (the error-rate alert reads this).
+    assert server.metric("mili_http_responses_total", status="2xx") >= counted["2xx"] + 5
+    assert server.metric("mili_http_responses_total", status="4xx") >= counted["4xx"] + 1
