@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import importlib.metadata
 import logging
 import os
 import time
@@ -120,6 +121,16 @@ async def metrics(request: Request) -> Response:
     return Response(state.metrics.render(), media_type=state.metrics.content_type)
 
 
+async def version(request: Request) -> Response:
+    """MILI's version. Routers of the SGLang lineage (SMG) also read the presence of GET /version as "this backend
+    speaks vLLM's protocol", which MILI does for its metrics (gateway/router_metrics.py), so they poll its load."""
+    try:
+        number = importlib.metadata.version("mili")
+    except importlib.metadata.PackageNotFoundError:  # running from a checkout that was never installed
+        number = "unknown"
+    return JSONResponse({"version": number, "server": "mili"})
+
+
 async def openapi_json(request: Request) -> Response:
     return JSONResponse(openapi.document(request.app.state.mili.settings.served_model_name))
 
@@ -163,6 +174,7 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/version", version, methods=["GET"]),
         Route("/openapi.json", openapi_json, methods=["GET"]),
     ], exception_handlers={HTTPException: _http_error}, lifespan=lifespan)
     app.state.mili = state

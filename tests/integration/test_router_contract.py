@@ -147,3 +147,9 @@ def test_request_id_is_echoed_and_logged(server):
     # Every /v1 response is counted by status class (the error-rate alert reads this).
     assert server.metric("mili_http_responses_total", status="2xx") >= counted["2xx"] + 5
     assert server.metric("mili_http_responses_total", status="4xx") >= counted["4xx"] + 1
+
+
+def test_version_route(server):
+    """GET /version: MILI's version (and, for SMG, the sign of a backend that speaks vLLM's metric protocol)."""
+    r = httpx2.get(f"{server.url}/version", timeout=5)
+    assert r.status_code == 200 and r.json()["server"] == "mili" and r.json()["version"]
