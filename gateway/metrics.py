@@ -63,13 +63,14 @@ class Metrics:
     def worker_stats(self, stats: list[wire.WorkerStats], num_ready: int) -> None:
         """Set the gauges from the latest stats of every live worker."""
         m = self.model
-        self.requests_running.labels(m).set(sum(s.num_running for s in stats))
-        self.requests_waiting.labels(m).set(sum(s.num_waiting for s in stats))
-        self.kv_blocks_total.labels(m).set(sum(s.kv_blocks_total for s in stats))
-        self.kv_blocks_used.labels(m).set(sum(s.kv_blocks_used for s in stats))
+        running, waiting = sum(s.num_running for s in stats), sum(s.num_waiting for s in stats)
+        used, total = sum(s.kv_blocks_used for s in stats), sum(s.kv_blocks_total for s in stats)
+        self.requests_running.labels(m).set(running)
+        self.requests_waiting.labels(m).set(waiting)
+        self.kv_blocks_total.labels(m).set(total)
+        self.kv_blocks_used.labels(m).set(used)
         self.worker_up.labels(m).set(num_ready)
-        self.router_contract.set_load(sum(s.num_running for s in stats), sum(s.num_waiting for s in stats),
-                                      sum(s.kv_blocks_used for s in stats), sum(s.kv_blocks_total for s in stats))
+        self.router_contract.set_load(running, waiting, used, total)
 
     def worker_counters(self, previous: wire.WorkerStats | None, stats: wire.WorkerStats) -> None:
         m = self.model
