@@ -5,7 +5,9 @@ Docker needs a daemon; this uses buildah (`--isolation chroot`) and podman (runc
 one, as root, inside a sandbox (Debian's podman, buildah, runc and debootstrap packages). No registry may be
 reachable, so the base image is made locally with debootstrap (Debian bookworm with Python 3.11) and cached as
 localhost/mili-test-base:bookworm. The host's pip configuration and CA bundle are mounted into the build, so pip
-inside reaches PyPI the way the host does (a TLS-intercepting proxy, a local torch wheel).
+inside reaches PyPI the way the host does (through a TLS-intercepting proxy in some sandboxes); where PyTorch's CPU
+index cannot be reached but a CPU torch wheel lies on disk, that wheel is served to the build as its
+TORCH_INDEX_URL, so the image gets the CPU build as it would from PyTorch's index.
 """
 
 from __future__ import annotations
@@ -39,6 +41,17 @@ def _mounts() -> list[str]:
     return mounts
 
 
+def _local_torch_index(tmp_path: Path) -> list[str]:
+    """A one-package index (PEP 503) of the CPU torch wheel on this disk, as build options; none if there is none."""
+    wheels = sorted(Path("/opt/wheels").glob("torch-2.13.0+cpu-*.whl"))
+    if not wheels:
+        return []
+    index = tmp_path / "torch-index"
+    (index / "torch").mkdir(parents=True)
+    (index / "torch" / "index.html").write_text("".join(f'<a href="file://{w}">{w.name}</a>\n' for w in wheels))
+    return ["-v", f"{index}:/torch-index:ro", "--build-arg", "TORCH_INDEX_URL=file:///torch-index"]
+
+
 def _ensure_base(podman: str, tmp_path: Path) -> None:
     if run(podman, "image", "exists", BASE).returncode == 0:
         return
@@ -55,10 +68,13 @@ def test_image_builds_runs_serves_and_drains(tmp_path):
     podman = tool("podman", "apt-get install podman runc")
     buildah = tool("buildah", "apt-get install buildah")
     _ensure_base(podman, tmp_path)
-    built = run(buildah, "build", "--isolation", "chroot", "--format", "docker", *_mounts(), "--build-arg",
+    built = run(buildah, "build", "--isolation", "chroot", "--format", "docker", *_mounts(),
+                *_local_torch_index(tmp_path), "--build-arg",
                 f"BASE_IMAGE={BASE}", "-t", IMAGE, "-f", str(DEPLOY / "docker" / "Dockerfile"), str(ROOT),
                 timeout=3600)
     assert built.returncode == 0, (built.stdout + built.stderr)[-5000:]
+    size = int(run(podman, "image", "inspect", IMAGE, "--format", "{{.Size}}").stdout.strip())
+    print(f"\n{IMAGE}: {size / 2**30:.2f} GiB")
 
     name = f"mili-test-{os.getpid()}"
     port = free_port()
