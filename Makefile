@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup kernels serve test bench-engine bench-kernels bench-serve bench-compare clean
+.PHONY: setup kernels serve test deploy-tools bench-engine bench-kernels bench-serve bench-compare clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,14 @@ serve: kernels
 
 test: kernels
 	$(PY) -m pytest -q tests
+
+# Debian's prometheus package (promtool and a real Prometheus server) for tests/deploy. Needs apt and root;
+# where it cannot be had, those tests skip with the reason (and fail under CI, which runs this first).
+deploy-tools:
+	@if command -v promtool >/dev/null && command -v prometheus >/dev/null; then :; \
+	elif command -v apt-get >/dev/null && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq --no-install-recommends prometheus >/dev/null); then echo "installed prometheus"; \
+	else echo "WARNING: could not install Debian's prometheus package (promtool); tests/deploy needs it" >&2; fi
 
 bench-engine: kernels
 	$(PY) -m loadtest.bench_engine

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import importlib.metadata
 import logging
 import os
 import time
@@ -23,6 +24,7 @@ from gateway.metrics import Metrics
 from gateway.model_text import ModelText
 from gateway.openai_routes import chat_completions, completions
 from gateway.protocol import Limits
+from gateway.request_id import RequestIdMiddleware
 from gateway.responses import TokenNames
 from gateway.worker_pool import WorkerPool
 from shared import wire
@@ -53,7 +55,7 @@ class GatewayState:
         self.engine_config = engine_config
         self.text = ModelText(engine_config.model)
         self.token_names = TokenNames(self.text.tokenizer)
-        self.metrics = Metrics(settings.served_model_name)
+        self.metrics = Metrics(settings.served_model_name, engine_config.block_size)
         threads = settings.worker_threads or max(1, (os.cpu_count() or 1) // settings.num_workers)
         self.pool = WorkerPool(engine_config, settings.served_model_name, settings.num_workers, threads,
                                tcp_host=settings.worker_tcp_host, tcp_port=settings.worker_tcp_port,
@@ -121,6 +123,16 @@ async def metrics(request: Request) -> Response:
     return Response(state.metrics.render(), media_type=state.metrics.content_type)
 
 
+async def version(request: Request) -> Response:
+    """MILI's version. Routers of the SGLang lineage (SMG) also read the presence of GET /version as "this backend
+    speaks vLLM's protocol", which MILI does for its metrics (gateway/router_metrics.py), so they poll its load."""
+    try:
+        number = importlib.metadata.version("mili")
+    except importlib.metadata.PackageNotFoundError:  # running from a checkout that was never installed
+        number = "unknown"
+    return JSONResponse({"version": number, "server": "mili"})
+
+
 async def openapi_json(request: Request) -> Response:
     return JSONResponse(openapi.document(request.app.state.mili.settings.served_model_name))
 
@@ -164,6 +176,7 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/version", version, methods=["GET"]),
         Route("/openapi.json", openapi_json, methods=["GET"]),
         Route("/debug/kv", _api(debug_routes.kv_ledger), methods=["GET"]),
         *([Route("/debug/kv/fault", _api(debug_routes.inject_kv_fault), methods=["POST"])]
@@ -171,4 +184,6 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
     ], exception_handlers={HTTPException: _http_error}, lifespan=lifespan)
     app.state.mili = state
     app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    # Outermost: a refused request gets its id too, and is counted.
+    app.add_middleware(RequestIdMiddleware, on_api_response=state.metrics.http_response)
     return app

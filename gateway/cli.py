@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 
+from gateway.request_id import RequestIdLogFilter
 from gateway.serve import add_arguments as add_serve_arguments
 
 
@@ -18,7 +19,10 @@ def main(argv: list[str] | None = None) -> int:
     convert.add_argument("gguf_file")
     convert.add_argument("out_dir")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # A line written while a request is served names its X-Request-Id (gateway/request_id.py).
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s:%(request_id)s %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RequestIdLogFilter())
     if args.command == "serve":
         from gateway.serve import run
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from gateway.router_metrics import RouterContract
 from shared import wire
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0)
@@ -19,7 +20,7 @@ _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, model: str):
+    def __init__(self, model: str, block_size: int = 16):
         disable_created_metrics()  # the *_created series only double the output
         self.registry = r = CollectorRegistry()
         labels = ["model"]
@@ -41,6 +42,10 @@ class Metrics:
             "mili_kv_invariant_violations", "KV block accounting found broken by a worker's audit (and repaired)",
             labels, registry=r)
         self.requests = Counter("mili_requests", "Finished requests", labels + ["finish_reason"], registry=r)
+        self.http_responses = Counter("mili_http_responses", "Responses of the /v1 API by status class (2xx, 4xx, 5xx)",
+                                      labels + ["status"], registry=r)
+        for status in ("2xx", "4xx", "5xx"):
+            self.http_responses.labels(model, status)
         self.ttft = Histogram("mili_time_to_first_token_seconds", "Time to first token", labels,
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("mili_inter_token_latency_seconds", "Time between streamed tokens", labels,
@@ -55,15 +60,21 @@ class Metrics:
                        self.prefix_hits, self.preemptions, self.ttft, self.itl, self.e2e, self.queue_time,
                        self.kv_invariant_violations):
             metric.labels(model)
+        # vLLM-named aliases of the series above, for the load-aware routers (gateway/router_metrics.py).
+        self.router_contract = RouterContract(model, block_size)
+        r.register(self.router_contract)
 
     def worker_stats(self, stats: list[wire.WorkerStats], num_ready: int) -> None:
         """Set the gauges from the latest stats of every live worker."""
         m = self.model
-        self.requests_running.labels(m).set(sum(s.num_running for s in stats))
-        self.requests_waiting.labels(m).set(sum(s.num_waiting for s in stats))
-        self.kv_blocks_total.labels(m).set(sum(s.kv_blocks_total for s in stats))
-        self.kv_blocks_used.labels(m).set(sum(s.kv_blocks_used for s in stats))
+        running, waiting = sum(s.num_running for s in stats), sum(s.num_waiting for s in stats)
+        used, total = sum(s.kv_blocks_used for s in stats), sum(s.kv_blocks_total for s in stats)
+        self.requests_running.labels(m).set(running)
+        self.requests_waiting.labels(m).set(waiting)
+        self.kv_blocks_total.labels(m).set(total)
+        self.kv_blocks_used.labels(m).set(used)
         self.worker_up.labels(m).set(num_ready)
+        self.router_contract.set_load(running, waiting, used, total)
 
     def worker_counters(self, previous: wire.WorkerStats | None, stats: wire.WorkerStats) -> None:
         m = self.model
@@ -73,10 +84,16 @@ class Metrics:
             delta = getattr(stats, name) - (getattr(previous, name) if previous else 0)
             if delta > 0:
                 counter.labels(m).inc(delta)
+        queries = stats.prefix_cache_query_tokens - (previous.prefix_cache_query_tokens if previous else 0)
+        hits = stats.prefix_cache_hit_tokens - (previous.prefix_cache_hit_tokens if previous else 0)
+        self.router_contract.add_prefix_cache(max(queries, 0), max(hits, 0))
 
     def finished(self, finish_reason: str, prompt_tokens: int) -> None:
         self.requests.labels(self.model, finish_reason).inc()
         self.prompt_tokens.labels(self.model).inc(prompt_tokens)
+
+    def http_response(self, status: int) -> None:
+        self.http_responses.labels(self.model, f"{status // 100}xx").inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -23,11 +23,17 @@ log = logging.getLogger("mili.gateway")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="default",
-                   help="an HF-format directory, a .gguf file (converted once into the cache), or 'default'")
+    # Each flag below that names an environment variable takes its default from it (the container image sets
+    # MILI_HOST=0.0.0.0); a flag given on the command line wins.
+    p.add_argument("--model", default=os.environ.get("MILI_MODEL", "default"),
+                   help="an HF-format directory, a .gguf file (converted once into the cache), or 'default' "
+                        "(or set MILI_MODEL)")
     p.add_argument("--served-model-name", help="the name clients ask for (default: the model's directory name)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default=os.environ.get("MILI_HOST", "127.0.0.1"),
+                   help="address to listen on (or set MILI_HOST; default 127.0.0.1)")
+    # A string default goes through type=int, so a bad MILI_PORT is a clean usage error.
+    p.add_argument("--port", type=int, default=os.environ.get("MILI_PORT", "8000"),
+                   help="port to listen on (or set MILI_PORT; default 8000)")
     p.add_argument("--api-key", default=os.environ.get("MILI_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on every route but /health (or set MILI_API_KEY)")
     p.add_argument("--dtype", choices=DTYPES, default="auto")

@@ -1,0 +1,144 @@
+"""SMG (the SGLang-lineage router, PyPI `smg`, pinned in the test extra) in front of two real MILI instances on
+loopback, as deploy/README.md runs it for several hosts: `smg launch --backend vllm --worker-urls A B`.
+
+- round_robin reaches both instances;
+- power_of_two, which reads each instance's load from its /metrics (vllm:num_requests_running / waiting,
+  vllm:gpu_cache_usage_perc), sends new requests away from an instance that long streams sent to it directly
+  (so the router's own count of requests in flight cannot know) have saturated;
+- after one instance is killed, no later request is lost.
+
+Which instance served a request is read from each instance's own counters (mili_http_responses_total).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import httpx2
+import pytest
+
+from tests.deploy.conftest import SERVED_NAME, env_configured_server
+from tests.deploy.tools import tool
+from tests.helpers.server import free_port
+
+SHORT = {"model": SERVED_NAME, "prompt": "route me", "max_tokens": 2}
+LONG = {"model": SERVED_NAME, "prompt": "a long story", "max_tokens": 480, "ignore_eos": True, "stream": True}
+
+
+class Smg:
+    def __init__(self, log_path, workers: list[str], policy: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.log = open(log_path, "wb")
+        cmd = [tool("smg", "pip install smg (test extra)"), "launch", "--host", "127.0.0.1", "--port", str(self.port),
+               "--worker-urls", *workers, "--backend", "vllm", "--policy", policy, "--disable-tokenizer-autoload",
+               "--health-check-interval-secs", "1", "--health-failure-threshold", "1", "--load-monitor-interval", "1",
+               "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"smg exited:\n{self.log_tail()}"
+            try:
+                r = httpx2.post(f"{self.url}/v1/completions", json=SHORT, timeout=30)
+                if r.status_code == 200:
+                    return
+            except httpx2.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"smg does not route after {timeout} s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self) -> None:
+        self.proc.kill()  # a graceful stop waits seconds for idle connections; nothing is left to lose here
+        self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def instances(mili, deploy_model_dir, tmp_path_factory):
+    """[an instance of this module's own, the shared one]: the last test kills the first."""
+    own = env_configured_server(deploy_model_dir, tmp_path_factory.mktemp("smg-logs") / "mili-own.log").start(180)
+    yield [own, mili]
+    own.stop()
+
+
+@pytest.fixture
+def smg(instances, tmp_path):
+    routers = []
+
+    def start(policy: str, workers=None) -> Smg:
+        router = Smg(tmp_path / f"smg-{policy}.log", [s.url for s in (workers or instances)], policy)
+        routers.append(router)
+        router.wait_ready()
+        return router
+
+    yield start
+    for router in routers:
+        router.stop()
+
+
+def served(server) -> float:
+    return server.metric("mili_http_responses_total", status="2xx")
+
+
+def test_round_robin_reaches_both_instances(instances, smg):
+    router = smg("round_robin")
+    before = [served(s) for s in instances]
+    for _ in range(6):
+        r = httpx2.post(f"{router.url}/v1/completions", json=SHORT, timeout=60)
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] is not None
+    got = [served(s) - b for s, b in zip(instances, before)]
+    assert got == [3, 3], got
+
+
+def test_load_aware_policy_avoids_a_saturated_instance(instances, smg):
+    busy, idle = instances
+    # The same router without the load it reads would split these requests evenly (round robin above).
+    router = smg("power_of_two")
+    stop = threading.Event()
+
+    def hold_stream():  # straight to `busy`, past the router
+        with httpx2.stream("POST", f"{busy.url}/v1/completions", json=LONG, timeout=120) as r:
+            for _ in r.iter_lines():
+                if stop.is_set():
+                    return
+
+    streams = [threading.Thread(target=hold_stream, daemon=True) for _ in range(8)]  # 4 run, 4 wait
+    for t in streams:
+        t.start()
+    try:
+        deadline = time.monotonic() + 30
+        while busy.metric("vllm:num_requests_waiting") < 4:
+            assert time.monotonic() < deadline, "the long streams never filled the busy instance"
+            time.sleep(0.2)
+        time.sleep(2.5)  # two load polls of the router (--load-monitor-interval 1)
+        before = served(idle)
+        for _ in range(8):
+            r = httpx2.post(f"{router.url}/v1/completions", json=SHORT, timeout=60)
+            assert r.status_code == 200
+        assert served(idle) - before == 8, f"some requests went to the saturated instance:\n{router.log_tail()}"
+    finally:
+        stop.set()
+        for t in streams:
+            t.join(30)
+
+
+def test_no_request_lost_after_an_instance_dies(instances, smg):
+    # Last in this module: it kills the module's own instance.
+    doomed, survivor = instances
+    router = smg("round_robin")
+    os.kill(doomed.proc.pid, signal.SIGKILL)  # the gateway; its workers exit with it
+    doomed.proc.wait(10)
+    before = served(survivor)
+    statuses = [httpx2.post(f"{router.url}/v1/completions", json=SHORT, timeout=60).status_code for _ in range(10)]
+    assert statuses == [200] * 10, f"{statuses}\n{router.log_tail()}"
+    assert served(survivor) - before == 10
