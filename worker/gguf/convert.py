@@ -26,9 +26,9 @@ from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize
 from safetensors.torch import save_file
 
-from worker.gguf_reader import GGUFFile, TensorInfo
-from worker.gguf_rope import RopeScalingError, llama3_scaling_from_factors
-from worker.gguf_tokenizer import GGUFTokenizerError, build_tokenizer
+from worker.gguf.reader import GGUFFile, TensorInfo
+from worker.gguf.rope import RopeScalingError, llama3_scaling_from_factors
+from worker.gguf.tokenizer import GGUFTokenizerError, build_tokenizer
 
 # Bump whenever the output for the same GGUF changes, so caches keyed on it are rebuilt.
 CONVERTER_VERSION = 1
