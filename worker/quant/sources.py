@@ -98,7 +98,7 @@ def _gguf_plan(path: Path, cfg: ModelConfig) -> QuantPlan | None:
         if llama_layout and name.endswith((".attn_q.weight", ".attn_k.weight")):
             # llama.cpp interleaves q/k rows for its rope; whole rows move, so blocks stay intact.
             heads = cfg.num_heads if name.endswith(".attn_q.weight") else cfg.num_kv_heads
-            raw = unpermute_qk(torch.from_numpy(raw), heads).numpy()
+            raw = unpermute_qk(raw, heads)  # numpy rows: the same reshape and swap
         return raw
 
     def fused(names: list[str]) -> RawLoader:
