@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup kernels serve test deploy-tools bench-engine bench-kernels bench-serve bench-compare clean
+.PHONY: setup kernels serve test deploy-tools bench-engine bench-kernels bench-quant bench-serve bench-compare clean
 
 setup: $(STAMP)
 
@@ -43,6 +43,9 @@ bench-engine: kernels
 
 bench-kernels: kernels
 	$(PY) -m loadtest.bench_kernels
+
+bench-quant: kernels
+	$(PY) -m loadtest.bench_quant
 
 # Serving sweeps (concurrency 1, 8, 32, 64) into loadtest/results/; flags via ARGS (see loadtest/sweep.py).
 bench-serve: kernels

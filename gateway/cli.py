@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mili serve: {e}", file=sys.stderr)
             return 2
     if args.command == "convert-gguf":
-        from worker.gguf_import import convert_gguf
+        from worker.gguf.convert import convert_gguf
 
         try:
             out = convert_gguf(args.gguf_file, args.out_dir)

@@ -17,7 +17,7 @@ from sse_starlette.sse import AppStatus
 
 from gateway.app import ServerSettings, build_app
 from gateway.protocol import Limits
-from shared.config import ATTENTION_BACKENDS, DTYPES, EngineConfig, parse_size
+from shared.config import ATTENTION_BACKENDS, DTYPES, QUANTIZATIONS, EngineConfig, parse_size
 
 log = logging.getLogger("mili.gateway")
 
@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-kv-blocks", type=int)
     p.add_argument("--kv-cache-memory", type=parse_size, default="1GiB", help="KV cache size per worker (e.g. 4GiB)")
     p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto")
+    p.add_argument("--quantization", choices=QUANTIZATIONS, default="auto",
+                   help="linear weights: auto = a GGUF's own Q4_0/Q4_1/Q8_0 blocks (none for safetensors); "
+                        "q8_0/q4_0 quantize a checkpoint at load; none = the model dtype")
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--workers", type=int, default=1, help="engine processes behind this gateway")
     p.add_argument("--worker-threads", type=int, default=0, help="torch threads per worker (0: cores / workers)")
@@ -100,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         model=str(model_dir), dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
-        attention_backend=args.attention_backend, enable_prefix_caching=not args.no_prefix_caching)
+        attention_backend=args.attention_backend, quantization=args.quantization, enable_prefix_caching=not args.no_prefix_caching)
     tcp_host, tcp_port = None, 0
     if args.worker_tcp:
         tcp_host, _, port = args.worker_tcp.rpartition(":")

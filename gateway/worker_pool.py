@@ -195,8 +195,9 @@ class WorkerSlot:
             self.ready = message
             self.down_reason = ""
             self._set_stats(message.stats)
-            log.info("worker %d ready: %s, %s, attention %s, max_model_len %d", self.index, message.architecture,
-                     message.dtype, message.attention_backend, message.max_model_len)
+            log.info("worker %d ready: %s, %s, attention %s, quantization %s, max_model_len %d", self.index,
+                     message.architecture, message.dtype, message.attention_backend, message.quantization,
+                     message.max_model_len)
 
     def _set_stats(self, stats: wire.WorkerStats) -> None:
         previous, self.stats = self.stats, stats

@@ -186,15 +186,29 @@ class OmpTeam:
         self._run = bridge.mili_omp_run
         self._run.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_longlong]
         self._run.restype = None
+        self._run2 = bridge.mili_omp_run2
+        self._run2.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_longlong,
+                               ctypes.c_longlong]
+        self._run2.restype = None
         self._entry: dict[str, int] = {}
 
     def run(self, module: ModuleType, entry_name: str, params: array.array, n: int) -> None:
+        entry = self._address(module, entry_name)
+        self._run(entry, params.buffer_info()[0], n)  # ctypes releases the GIL; params stays alive here
+
+    def run2(self, module: ModuleType, first: str, n_first: int, second: str, n_second: int,
+             params: array.array) -> None:
+        """Two phases in one parallel region, with a barrier between them (omp_bridge.c)."""
+        self._run2(self._address(module, first), n_first, self._address(module, second), n_second,
+                   params.buffer_info()[0])
+
+    def _address(self, module: ModuleType, entry_name: str) -> int:
         key = f"{module.__file__}:{entry_name}"
         entry = self._entry.get(key)
         if entry is None:
             entry = ctypes.cast(getattr(ctypes.CDLL(module.__file__), entry_name), ctypes.c_void_p).value
             self._entry[key] = entry
-        self._run(entry, params.buffer_info()[0], n)  # ctypes releases the GIL; params stays alive here
+        return entry
 
 
 _team: OmpTeam | None = None

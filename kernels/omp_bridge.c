@@ -10,11 +10,24 @@
 
 typedef void (*range_fn)(long long params, long long begin, long long end);
 
+static void run_share(range_fn fn, long long params, long long n_items) {
+    long long t = omp_get_thread_num(), nt = omp_get_num_threads();
+    long long begin = n_items * t / nt, end = n_items * (t + 1) / nt;
+    if (begin < end) fn(params, begin, end);
+}
+
 void mili_omp_run(range_fn fn, long long params, long long n_items) {
 #pragma omp parallel
+    run_share(fn, params, n_items);
+}
+
+/* Two phases in one parallel region: every thread finishes its share of the first before any starts
+ * the second (the quantized matmul quantizes activation rows, then computes column tiles from them). */
+void mili_omp_run2(range_fn first, long long n_first, range_fn second, long long n_second, long long params) {
+#pragma omp parallel
     {
-        long long t = omp_get_thread_num(), nt = omp_get_num_threads();
-        long long begin = n_items * t / nt, end = n_items * (t + 1) / nt;
-        if (begin < end) fn(params, begin, end);
+        run_share(first, params, n_first);
+#pragma omp barrier
+        run_share(second, params, n_second);
     }
 }

@@ -16,7 +16,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from loadtest.bench_engine import make_prompts
-from shared.config import EngineConfig
+from shared.config import QUANTIZATIONS, EngineConfig
 from shared.sampling_params import SamplingParams
 from worker.default_model import default_model_path
 from worker.engine import LLMEngine
@@ -29,13 +29,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--attention-backend", default="auto", choices=("auto", "mojo", "torch"))
+    ap.add_argument("--quantization", default="auto", choices=QUANTIZATIONS)
     ap.add_argument("--no-profiler", action="store_true", help="only time the steps (for py-spy)")
     ap.add_argument("--trace", help="also write a Chrome trace here")
     ap.add_argument("--rows", type=int, default=25)
     args = ap.parse_args()
 
     engine = LLMEngine(EngineConfig(model=str(default_model_path()), dtype=args.dtype,
-                                    attention_backend=args.attention_backend, max_model_len=2048))
+                                    attention_backend=args.attention_backend, max_model_len=2048,
+                                    quantization=args.quantization))
     vocab = engine.model_config.vocab_size
     params = SamplingParams(temperature=0.0, max_tokens=args.steps * 3 + 8, ignore_eos=True)
     for i, prompt in enumerate(make_prompts(args.batch, args.context, args.context, vocab, seed=1)):

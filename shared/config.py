@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "mojo", "torch")
+# auto: a GGUF's own quantized types for a model converted from a GGUF, none for safetensors checkpoints.
+QUANTIZATIONS = ("auto", "none", "q8_0", "q4_0")
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,7 @@ class EngineConfig:
     num_kv_blocks: int | None = None  # wins over kv_cache_memory when set
     kv_cache_memory: int = 1 << 30  # bytes
     attention_backend: str = "auto"
+    quantization: str = "auto"
     enable_prefix_caching: bool = True
     device: str = "cpu"
 
@@ -29,6 +32,8 @@ class EngineConfig:
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
                              f"got {self.attention_backend!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block size must be a power of two, got {self.block_size}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "kv_cache_memory"):

@@ -61,6 +61,7 @@ class WorkerReady:
     architecture: str
     dtype: str
     attention_backend: str
+    quantization: str
     max_model_len: int
     vocab_size: int
     stats: WorkerStats

@@ -11,6 +11,8 @@ import time
 from collections.abc import Iterable
 from itertools import chain
 
+import torch
+
 from shared.config import EngineConfig
 from shared.sampling_params import SamplingParams, SamplingParamsError
 from worker.attention import get_attention_backend
@@ -27,6 +29,8 @@ from worker.outputs import Completion, EngineStats, RequestRejected, SequenceOut
 from worker.sampler import Sampler, SamplingRow, make_generator
 from worker.scheduler import ScheduledBatch, Scheduler
 from worker.sequence import Sequence
+from worker.quant.linear import kernel_module
+from worker.quant.sources import plan_quantization
 from worker.weight_loader import load_model
 
 log = logging.getLogger(__name__)
@@ -43,8 +47,10 @@ class LLMEngine:
                              f"max_position_embeddings {mc.max_position_embeddings}")
         self.attention_backend = get_attention_backend(config.attention_backend, config.device)
         self.layer_ops = get_layer_ops(self.attention_backend, mc, config.device)
+        quant = self._quant_plan()
+        self.quantization = "none" if quant is None else quant.summary()
         model = load_model(config.model, mc, self.attention_backend, self.dtype, self.max_model_len,
-                           device=config.device, ops=self.layer_ops)
+                           device=config.device, ops=self.layer_ops, quant=quant)
         if packing_supported(self.dtype, config.device):
             model.pack_linear_weights(batch_hint=config.max_num_seqs)
         num_blocks = config.num_kv_blocks or num_blocks_for_memory(mc, config.block_size, self.dtype,
@@ -62,9 +68,25 @@ class LLMEngine:
         self._pending: list[SequenceOutput] = []  # aborts to report on the next step
         self.kv_audit = KvAuditor(self.block_manager, KV_AUDIT_EVERY_STEPS)
         self._deadlines = DeadlineQueue()
-        log.info("engine ready: %s, dtype %s, attention %s, %d KV blocks of %d tokens, max_model_len %d",
-                 mc.architecture, self.dtype, self.attention_backend.name, num_blocks, config.block_size,
-                 self.max_model_len)
+        log.info("engine ready: %s, dtype %s, attention %s, quantization %s, %d KV blocks of %d tokens, "
+                 "max_model_len %d", mc.architecture, self.dtype, self.attention_backend.name,
+                 "none" if quant is None else quant.describe(), num_blocks, config.block_size, self.max_model_len)
+
+    def _quant_plan(self):
+        """What `quantization` asks for, where the kernels can serve it: auto falls back to none (with a
+        warning) where they cannot; an explicit q8_0/q4_0 is an error there."""
+        mode = self.config.quantization
+        if mode == "none":
+            return None
+        usable = self.config.device == "cpu" and self.dtype in (torch.float32, torch.bfloat16) \
+            and kernel_module() is not None
+        if not usable:
+            if mode != "auto":
+                raise ValueError(f"quantization {mode} needs the Mojo quantized-weight kernels on a CPU with "
+                                 "AVX512-VNNI (see the log for why they are unavailable)")
+            log.warning("quantized weights cannot be served here; the model runs in %s", self.dtype)
+            return None
+        return plan_quantization(self.config.model, self.model_config, mode)
 
     def _fit_context_to_cache(self, cache_tokens: int) -> int:
         """A request up to max_model_len must fit the whole cache alone, or it could never finish."""

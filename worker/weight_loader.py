@@ -17,6 +17,7 @@ from worker.attention import AttentionBackend
 from worker.model_config import ModelConfig
 from worker.layer_ops import LayerOps
 from worker.models.decoder import DecoderForCausalLM
+from worker.quant.sources import QuantPlan
 
 
 class WeightLoadError(ValueError):
@@ -46,9 +47,13 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
 
 
 def load_model(model_dir: str | Path, cfg: ModelConfig, backend: AttentionBackend, dtype: torch.dtype,
-               max_positions: int, device: torch.device | str = "cpu", ops: LayerOps | None = None) -> DecoderForCausalLM:
+               max_positions: int, device: torch.device | str = "cpu", ops: LayerOps | None = None,
+               quant: QuantPlan | None = None) -> DecoderForCausalLM:
+    """quant: the projections (and head, and embedding) to serve from quantized blocks instead
+    (worker/quant/sources.py); their checkpoint weights are skipped, never materialized."""
     model_dir = Path(model_dir)
     model = DecoderForCausalLM(cfg, backend, max_positions, dtype, device="meta", rotary_device=device, ops=ops)
+    skipped = set() if quant is None else model.use_quantized(quant)
     model.to_empty(device=device)
     params = dict(model.named_parameters())
     shard_sizes = _shard_sizes(cfg)
@@ -60,6 +65,8 @@ def load_model(model_dir: str | Path, cfg: ModelConfig, backend: AttentionBacken
                 if target is None:
                     continue
                 pname, fused, shard = target
+                if pname in skipped:
+                    continue
                 if pname not in params:
                     raise WeightLoadError(f"unexpected tensor {name!r} in {path.name}")
                 _copy(params[pname], f.get_tensor(name), name, fused, shard, shard_sizes)
@@ -68,6 +75,8 @@ def load_model(model_dir: str | Path, cfg: ModelConfig, backend: AttentionBacken
                     raise WeightLoadError(f"tensor {name!r} appears twice in the checkpoint")
                 done.add(shard)
     _check_complete(params, filled, shard_sizes)
+    if quant is not None:
+        model.load_quantized(quant)
     model.eval()
     return model
 

@@ -23,6 +23,7 @@ def test_health_models_openapi(server):
     health = httpx2.get(f"{server.url}/health").json()
     assert health["status"] == "ok" and health["model"] == SERVED_NAME
     assert health["attention_backend"] in ("mojo", "torch")
+    assert health["quantization"] == "none"  # a safetensors checkpoint under --quantization auto
     assert health["workers_ready"] == 1
     models = httpx2.get(f"{server.url}/v1/models").json()
     assert [m["id"] for m in models["data"]] == [SERVED_NAME]

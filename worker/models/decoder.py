@@ -23,6 +23,8 @@ from worker.model_config import ModelConfig
 from worker.layer_ops import LayerOps, TorchLayerOps
 from worker.models.layers import RMSNorm, RotaryEmbedding
 from worker.models.packed_linear import PackedLinear, pack_linears
+from worker.quant.blocks import repack
+from worker.quant.linear import BlockEmbedding, QuantLinear, kernel_module
 
 
 @dataclass
@@ -121,14 +123,56 @@ class DecoderForCausalLM(nn.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, **factory)
         self._packed_head: PackedLinear | None = None
+        self._quant_head: QuantLinear | None = None
+
+    def use_quantized(self, plan) -> set[str]:
+        """On the meta-device model, before loading: swaps the planned projections for QuantLinear
+        modules (and the embedding for a BlockEmbedding). Returns the parameter names the checkpoint
+        no longer fills. The blocks themselves come in load_quantized."""
+        from worker.quant.sources import HEAD
+
+        skipped = set()
+        for name in plan.matrices:
+            if name == HEAD:
+                self._quant_head = QuantLinear(self.config.hidden_size, self.config.vocab_size, False,
+                                               self.embed_tokens.weight.dtype, out_dtype=torch.float32)
+                if not self.config.tie_word_embeddings:
+                    del self.lm_head
+                    skipped.add("lm_head.weight")
+                continue
+            parent_name, _, child = name.rpartition(".")
+            parent, linear = self.get_submodule(parent_name), self.get_submodule(name)
+            setattr(parent, child, QuantLinear(linear.in_features, linear.out_features, linear.bias is not None,
+                                               linear.weight.dtype))
+            skipped.add(f"{name}.weight")
+        if plan.embedding is not None:
+            qtype, raw, keep_alive = plan.embedding
+            self.embed_tokens = BlockEmbedding(raw, qtype, self.embed_tokens.weight.dtype, keep_alive)
+            skipped.add("embed_tokens.weight")
+        return skipped
+
+    def load_quantized(self, plan) -> None:
+        """Repacks each planned matrix's blocks into the kernel's tiles (one matrix at a time)."""
+        from worker.quant.sources import HEAD
+
+        module = kernel_module()
+        for name, (qtype, load_rows) in plan.matrices.items():
+            target = self._quant_head if name == HEAD else self.get_submodule(name)
+            raw = load_rows()
+            if raw.shape[0] != target.out_features:
+                raise ValueError(f"quantized {name} has {raw.shape[0]} rows, expected {target.out_features}")
+            target.set_weight(repack(raw, qtype), qtype, module)
+            target.finish_loading()
 
     def pack_linear_weights(self, batch_hint: int) -> None:
         """Reorders every projection, and the output head, into oneDNN's layout (see packed_linear).
-        A tied head gets its own packed copy: the embedding lookup still needs the plain rows."""
-        weight = self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
-        self._packed_head = PackedLinear(weight, None, batch_hint)
+        A tied head gets its own packed copy: the embedding lookup still needs the plain rows.
+        Quantized projections and heads are not nn.Linear and stay as they are."""
+        if self._quant_head is None:
+            weight = self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
+            self._packed_head = PackedLinear(weight, None, batch_hint)
         pack_linears(self.layers, batch_hint)
-        if not self.config.tie_word_embeddings:
+        if not self.config.tie_word_embeddings and hasattr(self, "lm_head"):
             del self.lm_head
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -144,6 +188,8 @@ class DecoderForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[num_sampled, hidden] -> [num_sampled, vocab] float32."""
+        if self._quant_head is not None:
+            return self._quant_head(hidden)
         if self._packed_head is not None:
             return self._packed_head(hidden).float()
         weight = self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight

@@ -1,7 +1,8 @@
 """Convert a llama.cpp GGUF file (llama, qwen2, qwen3) into a Hugging Face-format model directory.
 
 The output is what the engine and transformers both load: `config.json`, `model.safetensors`,
-`tokenizer.json`, `tokenizer_config.json` and `generation_config.json`. Quantised weights are
+`tokenizer.json`, `tokenizer_config.json` and `generation_config.json`, plus `gguf_source.json`
+naming the GGUF (the engine serves its quantized tensors from there). Quantised weights are
 dequantised to float32 with `gguf.quants`, so nothing is lost beyond the quantisation itself;
 F16/BF16 tensors keep their dtype. Anything the converter cannot reproduce exactly (another
 architecture, an unknown tensor or quant type, unsupported rope scaling, an unknown pre-tokenizer)
@@ -26,12 +27,15 @@ from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize
 from safetensors.torch import save_file
 
-from worker.gguf_reader import GGUFFile, TensorInfo
-from worker.gguf_rope import RopeScalingError, llama3_scaling_from_factors
-from worker.gguf_tokenizer import GGUFTokenizerError, build_tokenizer
+from worker.gguf.reader import GGUFFile, TensorInfo
+from worker.gguf.rope import RopeScalingError, llama3_scaling_from_factors
+from worker.gguf.tokenizer import GGUFTokenizerError, build_tokenizer
 
 # Bump whenever the output for the same GGUF changes, so caches keyed on it are rebuilt.
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
+# Written beside the converted files: which GGUF they came from, so the engine can serve that file's
+# quantized tensors as they are (worker/quant/sources.py).
+SOURCE_RECORD = "gguf_source.json"
 
 # general.architecture -> (HF architecture class, HF model_type)
 ARCHITECTURES = {
@@ -254,6 +258,9 @@ def _write(gguf: GGUFFile, plan: dict[str, Any], out: Path) -> None:
     _write_json(out / "config.json", config)
     _write_json(out / "tokenizer_config.json", plan["tokenizer_config"])
     _write_json(out / "generation_config.json", plan["generation_config"])
+    stat = gguf.path.stat()
+    _write_json(out / SOURCE_RECORD, {"path": str(gguf.path.resolve()), "size": stat.st_size,
+                                      "mtime_ns": stat.st_mtime_ns})
 
 
 def _load_tensor(gguf: GGUFFile, info: TensorInfo, arch: str, config: dict[str, Any]) -> torch.Tensor:

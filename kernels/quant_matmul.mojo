@@ -1,0 +1,267 @@
+# MILI's quantized-weight matmul for the CPU: y = x @ W.T (+ bias), W in llama.cpp's Q4_0, Q4_1 or Q8_0
+# blocks of 32 weights, repacked once at load (worker/quant/repack.py) into 16-row tiles.
+#
+# Two phases, so a call can run on torch's OpenMP team with a barrier between them (kernels/omp_bridge.c):
+#   1. quantize_rows: each activation row, per 32-element block, to int8 with a float32 scale
+#      d = max|x| / 127 and q = round-half-even(x * 127 / max|x|) (llama.cpp's Q8_0/Q8_1 activations,
+#      scale kept in float32), plus the block's sum of q (what Q4_0's offset and Q4_1's min need).
+#   2. tiles: each 16-output-column tile, for every row. Per block, one vpdpbusd (u8 weights x s8
+#      activations, 4 products summed per int32 lane) per 4 K-steps gives the exact integer dot
+#      product of 16 columns; the float epilogue then adds d_w * d_a * (dot - offset * sum_q)
+#      (+ m_w * d_a * sum_q for Q4_1), blocks in order.
+#
+# Every output element is computed by the same instruction sequence whatever the batch size, the row's
+# place in it or the thread that runs it: a request's result does not depend on what else is batched.
+#
+# Tile record per (16-column tile, K block), the layout the kernel streams linearly:
+#   Q4_0: 256 B nibbles | 16 x f16 d             (288 B)   nibble byte (g*16 + c)*4 + j holds
+#   Q4_1: 256 B nibbles | 16 x f16 d | 16 x f16 m (320 B)   q[c, 4g+j] low and q[c, 4(g+4)+j] high, g < 4
+#   Q8_0: 512 B (q + 128) as u8 | 16 x f16 d     (544 B)   byte (g*16 + c)*4 + j holds q[c, 4g+j] + 128
+# The unsigned weights make every format one u8 x s8 dot; Q8_0's +128 and Q4_0's 8 come back out as
+# offset * sum_q.
+
+from std.python import PythonObject
+from std.python.bindings import PythonModuleBuilder
+from std.os import abort
+from std.math import round
+from std.memory import bitcast
+from std.sys import llvm_intrinsic
+from numerics import narrow
+from params import Params, param_int, param_ptr
+
+comptime F32 = DType.float32
+comptime BF16 = DType.bfloat16
+comptime TN = 16  # output columns per tile: one zmm of int32 / float32 lanes
+comptime QK = 32  # weights per block
+comptime ROWS = 4  # activation rows sharing one unpacked weight block
+
+comptime DTYPE_F32 = 0
+comptime DTYPE_BF16 = 1
+
+comptime KIND_Q4_0 = 0
+comptime KIND_Q4_1 = 1
+comptime KIND_Q8_0 = 2
+
+comptime I32x16 = SIMD[DType.int32, TN]
+comptime F32x16 = SIMD[F32, TN]
+comptime U8x64 = SIMD[DType.uint8, 64]
+
+
+@export
+def PyInit_mili_quant() abi("C") -> PythonObject:
+    try:
+        var m = PythonModuleBuilder("mili_quant")
+        m.def_function[qmatmul]("qmatmul", docstring="quantized-weight matmul, both phases on the calling thread")
+        return m.finalize()
+    except e:
+        abort(String("error creating module:", e))
+
+
+@always_inline
+def record_bytes[kind: Int]() -> Int:
+    comptime if kind == KIND_Q4_0:
+        return 288
+    elif kind == KIND_Q4_1:
+        return 320
+    else:
+        return 544
+
+
+@always_inline
+def quant_bytes[kind: Int]() -> Int:
+    comptime if kind == KIND_Q8_0:
+        return 512
+    else:
+        return 256
+
+
+@always_inline
+def _dpbusd(acc: I32x16, w: U8x64, a: I32x16) -> I32x16:
+    """acc + per lane the sum of 4 products u8 w x s8 a (a's lanes are 4 packed int8)."""
+    return llvm_intrinsic["llvm.x86.avx512.vpdpbusd.512", I32x16](
+        acc, bitcast[DType.int8, 64](w), bitcast[DType.int8, 64](a))
+
+
+# ----- phase 1: activation rows to int8 blocks -------------------------------------------------------
+
+
+def _quantize_rows[dt: DType](p: Params, begin: Int, end: Int):
+    var x = param_ptr[dt](p, 1)  # [M, K]
+    var k = param_int(p, 6)
+    var qa = param_ptr[DType.int8](p, 9)  # [M, K]
+    var da = param_ptr[F32](p, 10)  # [M, K / 32] scales
+    var sa_i = param_ptr[DType.int32](p, 11)  # [M, K / 32] sum of q
+    var sa_f = param_ptr[F32](p, 12)  # [M, K / 32] d * sum of q
+    var nb = k // QK
+    for r in range(begin, end):
+        for b in range(nb):
+            var v = x.unsafe_offset(r * k + b * QK).unsafe_load[width=QK]().cast[F32]()
+            var amax = abs(v).reduce_max()
+            var d = amax / 127
+            var inv = Float32(127) / amax if amax > 0 else Float32(0)
+            var q = round(v * inv).cast[DType.int32]()  # |q| <= 127; round() is half-to-even
+            qa.unsafe_offset(r * k + b * QK).unsafe_store(q.cast[DType.int8]())
+            var s = q.reduce_add()
+            da[unsafe_offset=r * nb + b] = d
+            sa_i[unsafe_offset=r * nb + b] = Int32(s)
+            sa_f[unsafe_offset=r * nb + b] = d * Float32(s)
+
+
+# ----- phase 2: 16-column tiles ------------------------------------------------------------------------
+
+
+@always_inline
+def _unpack[kind: Int](rec: Pointer[Scalar[DType.uint8], MutAnyOrigin]) -> Array[U8x64, 8]:
+    """The block's 8 weight vectors: vector g holds K-steps 4g..4g+3 of all 16 columns, as u8."""
+    var w = Array[U8x64, 8](fill=U8x64(0))
+    comptime if kind == KIND_Q8_0:
+        comptime for g in range(8):
+            w[g] = rec.unsafe_offset(g * 64).unsafe_load[width=64]()
+    else:
+        comptime for g in range(4):
+            var v = rec.unsafe_offset(g * 64).unsafe_load[width=64]()
+            w[g] = v & 0x0F
+            w[g + 4] = v >> 4
+    return w^
+
+
+@always_inline
+def _f16x16(p: Pointer[Scalar[DType.uint8], MutAnyOrigin], offset: Int) -> F32x16:
+    return bitcast[DType.float16, TN](p.unsafe_offset(offset).unsafe_load[width=2 * TN]()).cast[F32]()
+
+
+@always_inline
+def _block_row[kind: Int](y: F32x16, w: Array[U8x64, 8], dw: F32x16, mw: F32x16,
+                          a: SIMD[DType.int8, QK], da: Float32, s_i: Int32, s_f: Float32) -> F32x16:
+    """y plus one block's contribution for one activation row (the same instructions for every row)."""
+    var a32 = bitcast[DType.int32, 8](a)
+    # Two independent dependency chains (vpdpbusd's latency is ~5 cycles); integer sums, so exact.
+    var acc0 = I32x16(0)
+    var acc1 = I32x16(0)
+    comptime for g in range(0, 8, 2):
+        acc0 = _dpbusd(acc0, w[g], I32x16(a32[g]))
+        acc1 = _dpbusd(acc1, w[g + 1], I32x16(a32[g + 1]))
+    var acc = acc0 + acc1
+    comptime if kind == KIND_Q4_0:
+        acc -= I32x16(8 * s_i)
+    elif kind == KIND_Q8_0:
+        acc -= I32x16(128 * s_i)
+    var res = acc.cast[F32]().fma(dw * da, y)
+    comptime if kind == KIND_Q4_1:
+        res = mw.fma(F32x16(s_f), res)
+    return res
+
+
+def _store_tile[out_dt: DType](dst: Pointer[Scalar[out_dt], MutAnyOrigin], y: F32x16, count: Int):
+    if count == TN:
+        dst.unsafe_store(narrow[out_dt, TN](y))
+    else:
+        var narrowed = narrow[out_dt, TN](y)
+        for c in range(count):
+            dst[unsafe_offset=c] = narrowed[c]
+
+
+def _tile_rows[kind: Int, out_dt: DType, R: Int](p: Params, t: Int, row0: Int):
+    """Rows row0 .. row0+R-1 of tile t, every K block; each weight block is unpacked once for the R rows."""
+    var dst = param_ptr[out_dt](p, 0)  # [M, N]
+    var wp = param_ptr[DType.uint8](p, 2)
+    var bias = param_ptr[F32](p, 3)  # [N] or address 0
+    var n = param_int(p, 5)
+    var k = param_int(p, 6)
+    var qa = param_ptr[DType.int8](p, 9)
+    var da = param_ptr[F32](p, 10)
+    var sa_i = param_ptr[DType.int32](p, 11)
+    var sa_f = param_ptr[F32](p, 12)
+    var nb = k // QK
+    comptime rec_bytes = record_bytes[kind]()
+    comptime qbytes = quant_bytes[kind]()
+    var y = Array[F32x16, R](fill=F32x16(0))
+    var rec = wp.unsafe_offset(t * nb * rec_bytes)
+    for b in range(nb):
+        var w = _unpack[kind](rec)
+        var dw = _f16x16(rec, qbytes)
+        var mw = F32x16(0)
+        comptime if kind == KIND_Q4_1:
+            mw = _f16x16(rec, qbytes + 2 * TN)
+        comptime for r in range(R):
+            var row = row0 + r
+            var a = qa.unsafe_offset(row * k + b * QK).unsafe_load[width=QK]()
+            var j = row * nb + b
+            y[r] = _block_row[kind](y[r], w, dw, mw, a, da[unsafe_offset=j], sa_i[unsafe_offset=j],
+                                    sa_f[unsafe_offset=j])
+        rec = rec.unsafe_offset(rec_bytes)
+    var col0 = t * TN
+    var count = min(TN, n - col0)
+    var b_vec = F32x16(0)
+    var has_bias = param_int(p, 3) != 0
+    if has_bias:
+        if count == TN:
+            b_vec = bias.unsafe_offset(col0).unsafe_load[width=TN]()
+        else:
+            for c in range(count):
+                b_vec[c] = bias[unsafe_offset=col0 + c]
+    comptime for r in range(R):
+        var v = y[r] + b_vec if has_bias else y[r]
+        _store_tile[out_dt](dst.unsafe_offset((row0 + r) * n + col0), v, count)
+
+
+def _tiles[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
+    var m = param_int(p, 4)
+    # Rows in chunks that keep their int8 activations in cache while the thread's tiles pass over them.
+    comptime CHUNK = 64
+    var r0 = 0
+    while r0 < m:
+        var r1 = min(r0 + CHUNK, m)
+        for t in range(begin, end):
+            var r = r0
+            while r + ROWS <= r1:
+                _tile_rows[kind, out_dt, ROWS](p, t, r)
+                r += ROWS
+            while r < r1:
+                _tile_rows[kind, out_dt, 1](p, t, r)
+                r += 1
+        r0 = r1
+
+
+def _tiles_out[kind: Int](p: Params, begin: Int, end: Int):
+    if param_int(p, 13) == DTYPE_BF16:
+        _tiles[kind, BF16](p, begin, end)
+    else:
+        _tiles[kind, F32](p, begin, end)
+
+
+def _tiles_any(p: Params, begin: Int, end: Int):
+    var kind = param_int(p, 7)
+    if kind == KIND_Q4_0:
+        _tiles_out[KIND_Q4_0](p, begin, end)
+    elif kind == KIND_Q4_1:
+        _tiles_out[KIND_Q4_1](p, begin, end)
+    else:
+        _tiles_out[KIND_Q8_0](p, begin, end)
+
+
+def _quantize_any(p: Params, begin: Int, end: Int):
+    if param_int(p, 8) == DTYPE_BF16:
+        _quantize_rows[BF16](p, begin, end)
+    else:
+        _quantize_rows[F32](p, begin, end)
+
+
+def qmatmul(args: PythonObject) raises -> PythonObject:
+    """Both phases on the calling thread. args: (address of the int64 parameter array,)."""
+    var p = Params(unsafe_from_address=Int(py=args[0]))
+    _quantize_any(p, 0, param_int(p, 4))
+    _tiles_any(p, 0, (param_int(p, 5) + TN - 1) // TN)
+    return PythonObject(None)
+
+
+@export
+def mili_quantize_rows_range(params: Int, begin: Int, end: Int) abi("C"):
+    """Phase 1 for activation rows [begin, end): entered from C by each thread of an OpenMP team."""
+    _quantize_any(Params(unsafe_from_address=params), begin, end)
+
+
+@export
+def mili_qmatmul_tiles_range(params: Int, begin: Int, end: Int) abi("C"):
+    """Phase 2 for column tiles [begin, end): entered from C by each thread of an OpenMP team."""
+    _tiles_any(Params(unsafe_from_address=params), begin, end)

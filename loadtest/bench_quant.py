@@ -1,0 +1,122 @@
+"""`make bench-quant`: the quantized-weight matmul beside the bfloat16 linear it replaces, in one run.
+
+Shapes are the default model's (fused q|k|v 960x576, o 576x576, fused gate|up 3072x576, down 576x1536,
+the head 49152x576) at 1, 8, 32 and 128 rows; the bfloat16 side is MILI's oneDNN-packed linear
+(worker/models/packed_linear.py), the Q4_1 / Q8_0 side kernels/quant_matmul.mojo on torch's OpenMP team.
+Each figure is the 10th percentile of single-call times, the sides interleaved in rounds, so a
+neighbour's burst of load (which stalls a call for milliseconds on a shared 2-core machine) hits
+both sides alike and drops out. Also prints the weight bytes each reads per call.
+
+`--engine` instead times whole decode steps of the default model, served from its GGUF's blocks
+(quantization auto) and in bfloat16 (none), both engines in this process, steps interleaved in rounds.
+
+Numbers are printed, never asserted; compare ratios within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as QT
+from gguf.quants import quantize
+
+from kernels import mojo_quant
+from worker.models.packed_linear import PackedLinear
+from worker.quant.blocks import KERNEL_KINDS, RECORD_BYTES, repack
+
+SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "head": (49152, 576)}
+TYPES = (QT.Q4_1, QT.Q8_0)
+
+
+def call_times(fn, seconds: float = 0.15) -> list[float]:
+    fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < 20 or time.perf_counter() - start < seconds:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def engine_steps(batches: list[int], context: int, steps: int, rounds: int) -> None:
+    from loadtest.bench_engine import make_prompts
+    from shared.config import EngineConfig
+    from shared.sampling_params import SamplingParams
+    from worker.default_model import default_model_path
+    from worker.engine import LLMEngine
+
+    for batch in batches:
+        engines = {}
+        for mode in ("auto", "none"):
+            engine = LLMEngine(EngineConfig(model=str(default_model_path()), quantization=mode, max_model_len=2048))
+            params = SamplingParams(temperature=0.0, max_tokens=steps * (rounds + 1) + 8, ignore_eos=True)
+            for i, prompt in enumerate(make_prompts(batch, context, context, engine.model_config.vocab_size, seed=1)):
+                engine.add_request(f"p{i}", prompt, params)
+            while engine.scheduler.waiting or any(s.num_computed_tokens < s.num_prompt_tokens
+                                                  for s in engine.scheduler.running):
+                engine.step()
+            for _ in range(steps // 2):
+                engine.step()  # warm-up
+            engines[f"{engine.quantization}"] = engine
+        times: dict[str, list[float]] = {name: [] for name in engines}
+        for _ in range(rounds):
+            for name, engine in engines.items():
+                for _ in range(steps):
+                    t0 = time.perf_counter()
+                    engine.step()
+                    times[name].append(time.perf_counter() - t0)
+        cells = {name: statistics.median(t) * 1e3 for name, t in times.items()}
+        quant, dense = [n for n in cells if n != "none"][0], cells["none"]
+        print(f"decode step, batch {batch}, context {context}: {quant} {cells[quant]:.2f} ms, bf16 {dense:.2f} ms "
+              f"({dense / cells[quant]:.2f}x); {1e3 * batch / cells[quant]:.1f} vs {1e3 * batch / dense:.1f} tok/s",
+              flush=True)
+        del engines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 128])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--engine", action="store_true", help="time engine decode steps instead (see above)")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=20)
+    args = ap.parse_args()
+    if args.engine:
+        engine_steps(args.batches, args.context, args.steps, args.rounds)
+        return
+    module = mojo_quant.load()
+    print(f"torch threads {torch.get_num_threads()}; microseconds per call (10th percentile, {args.rounds} rounds)")
+    print("| shape | rows | bf16 | " + " | ".join(f"{t.name} | {t.name} speedup" for t in TYPES) + " |")
+    print("|---|---|---|" + "---|---|" * len(TYPES))
+    for name in args.shapes:
+        n, k = SHAPES[name]
+        w = np.random.default_rng(0).standard_normal((n, k)).astype(np.float32) * 0.05
+        dense = PackedLinear(torch.from_numpy(w).bfloat16(), None, 128)
+        packed = {t: repack(quantize(w, t), t) for t in TYPES}
+        for m in args.rows:
+            x = torch.randn(m, k).bfloat16()
+            calls = {"bf16": lambda: dense(x)}
+            for t in TYPES:
+                calls[t.name] = lambda t=t: mojo_quant.qmatmul(module, x, packed[t], KERNEL_KINDS[t], n)
+            samples: dict[str, list[float]] = {key: [] for key in calls}
+            for _ in range(args.rounds):
+                for key, fn in calls.items():
+                    samples[key] += call_times(fn)
+            best = {key: float(np.percentile(t, 10)) * 1e6 for key, t in samples.items()}
+            cells = [f"{best[t.name]:.0f} | {best['bf16'] / best[t.name]:.2f}x" for t in TYPES]
+            print(f"| {name} {n}x{k} | {m} | {best['bf16']:.0f} | " + " | ".join(cells) + " |", flush=True)
+    print("weight bytes per call: " + ", ".join(
+        f"{name}: bf16 {2 * n * k / 1e6:.2f} MB, " + ", ".join(
+            f"{t.name} {-(-n // 16) * 16 * k // 32 * RECORD_BYTES[t] / 16 / 1e6:.2f} MB" for t in TYPES)
+        for name, (n, k) in SHAPES.items() if name in args.shapes))
+
+
+if __name__ == "__main__":
+    main()

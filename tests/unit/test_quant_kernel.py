@@ -1,0 +1,160 @@
+"""The quantized-weight matmul (kernels/quant_matmul.mojo) against NumPy, on fresh random blocks every run.
+
+Two references: the kernel's own block arithmetic done exactly in NumPy (int8 activations, int64 dot
+products, float32 epilogue: only fused multiply-adds differ, so the tolerance is tight), and gguf.quants'
+dequantization with a float64 matmul, off by at most the int8 activations' rounding (a bound computed
+per output). Outputs are poisoned with NaN first, so an element the kernel skips cannot pass. Also:
+every row's result is bit-identical whatever the batch it is computed in and whichever thread runs it,
+and bad arguments raise before the kernel runs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QT
+from gguf.quants import dequantize, quantize
+
+from kernels import mojo_quant
+from kernels.quant_reference import activation_error_bound, dequantized_matmul, qmatmul_blocks
+from worker.quant.blocks import KERNEL_KINDS, repack, split_blocks
+
+TYPES = [QT.Q4_0, QT.Q4_1, QT.Q8_0]
+# (M, N, K): decode rows, odd row counts around the 4-row groups, N not a multiple of the 16-row tile,
+# single-block K, and the default model's shapes.
+SHAPES = [(1, 40, 96), (3, 17, 32), (5, 33, 64), (7, 1, 160), (13, 50, 128), (1, 960, 576), (9, 576, 1536),
+          (33, 3072, 576), (70, 48, 64)]
+
+
+@pytest.fixture(scope="module")
+def module():
+    return mojo_quant.load()
+
+
+def _case(seed: int, m: int, n: int, k: int, qtype: QT):
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((n, k)) * rng.uniform(0.01, 1.0, (n, 1))).astype(np.float32)
+    w[:, :32] *= rng.integers(0, 2)  # sometimes an all-zero block (scale 0)
+    x = (rng.standard_normal((m, k)) * rng.uniform(0.1, 5.0, (m, 1))).astype(np.float32)
+    if k >= 64:
+        x[0, 32:64] = 0.0  # an all-zero activation block
+    raw = quantize(w, qtype)
+    return x, raw, rng.standard_normal(n).astype(np.float32)
+
+
+def _run(module, x: np.ndarray, packed, qtype: QT, n: int, bias=None, threading="omp",
+         dtype=torch.float32, out_dtype=torch.float32) -> np.ndarray:
+    out = torch.full((x.shape[0], n), float("nan"), dtype=out_dtype)
+    mojo_quant.qmatmul(module, torch.from_numpy(x).to(dtype), packed, KERNEL_KINDS[qtype], n,
+                       bias=None if bias is None else torch.from_numpy(bias), out_dtype=out_dtype, out=out,
+                       threading=threading)
+    return out.float().numpy()
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_matches_block_arithmetic_and_dequantized_matmul(module, qtype, shape, test_seed):
+    m, n, k = shape
+    x, raw, bias = _case(test_seed, m, n, k, qtype)
+    packed = repack(raw, qtype)
+    for use_bias in (False, True):
+        b = bias if use_bias else None
+        ours = _run(module, x, packed, qtype, n, b)
+        assert np.isfinite(ours).all()
+        exact = qmatmul_blocks(x, raw, qtype, b)
+        # Same integer sums and float32 steps; only fused multiply-adds round differently.
+        scale = np.abs(x).max() * np.abs(dequantize(raw, qtype)).sum(axis=1).max() + 1.0
+        np.testing.assert_allclose(ours, exact, rtol=1e-5, atol=1e-6 * scale)
+        full = dequantized_matmul(x, raw, qtype) + (0 if b is None else b)
+        assert (np.abs(ours - full) <= activation_error_bound(x, raw, qtype)).all()
+
+
+def test_reference_bound_is_tight_enough_to_fail(test_seed):
+    """The float64 check can fail: weights off by one quantization step break it."""
+    x, raw, _ = _case(test_seed, 4, 64, 256, QT.Q8_0)
+    q, d, _ = split_blocks(raw, QT.Q8_0)
+    wrong = raw.copy().reshape(64, 8, 34)
+    wrong[:, :, 2:] = (q.astype(np.int16) - 128 + 5).clip(-127, 127).astype(np.int8).view(np.uint8)
+    bad = qmatmul_blocks(x, wrong.reshape(64, -1), QT.Q8_0)
+    assert not (np.abs(bad - dequantized_matmul(x, raw, QT.Q8_0)) <= activation_error_bound(x, raw, QT.Q8_0)).all()
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
+def test_bfloat16_activations(module, qtype, test_seed):
+    x, raw, bias = _case(test_seed, 6, 80, 192, qtype)
+    x_bf16 = torch.from_numpy(x).bfloat16()
+    ours = _run(module, x, repack(raw, qtype), qtype, 80, bias, dtype=torch.bfloat16, out_dtype=torch.bfloat16)
+    exact = qmatmul_blocks(x_bf16.float().numpy(), raw, qtype, bias)
+    # bfloat16 output: one rounding of the float32 result.
+    np.testing.assert_allclose(ours, torch.from_numpy(exact).bfloat16().float().numpy(), rtol=1e-2, atol=1e-3)
+    ours_f32 = _run(module, x, repack(raw, qtype), qtype, 80, bias, dtype=torch.bfloat16)
+    np.testing.assert_allclose(ours_f32, exact, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
+def test_rows_are_batch_and_thread_invariant(module, qtype, test_seed):
+    """A row's result is the same bits alone, at any place in batches of any size, and on any thread."""
+    x, raw, bias = _case(test_seed, 37, 200, 320, qtype)
+    packed = repack(raw, qtype)
+    full = _run(module, x, packed, qtype, 200, bias)
+    assert np.array_equal(full, _run(module, x, packed, qtype, 200, bias, threading="caller"))
+    for i in (0, 5, 36):
+        assert np.array_equal(_run(module, x[i:i + 1], packed, qtype, 200, bias)[0], full[i])
+    for start, size in ((3, 4), (1, 9), (10, 27)):
+        part = _run(module, x[start:start + size], packed, qtype, 200, bias)
+        assert np.array_equal(part, full[start:start + size])
+
+
+def test_repack_keeps_every_weight(test_seed):
+    """Unpacking the tiles by the kernel's documented layout gives back gguf.quants' dequantized weights."""
+    rng = np.random.default_rng(test_seed)
+    for qtype in TYPES:
+        n, k = 37, 96
+        raw = quantize(rng.standard_normal((n, k)).astype(np.float32), qtype)
+        tiles = repack(raw, qtype).numpy()  # [tiles, nb, record]
+        nt, nb = tiles.shape[:2]
+        qbytes = 512 if qtype == QT.Q8_0 else 256
+        if qtype == QT.Q8_0:
+            q = tiles[..., :512].reshape(nt, nb, 8, 16, 4).astype(np.float32) - 128
+        else:
+            nib = tiles[..., :256].reshape(nt, nb, 4, 16, 4)
+            q = np.concatenate([nib & 0xF, nib >> 4], axis=2).astype(np.float32) - (8 if qtype == QT.Q4_0 else 0)
+        q = q.transpose(0, 3, 1, 2, 4).reshape(nt * 16, nb * 32)  # [rows, K]
+        halves = tiles[..., qbytes:].copy().view(np.float16).astype(np.float32)  # [nt, nb, 16 or 32]
+        d = halves[..., :16].transpose(0, 2, 1).reshape(nt * 16, nb)
+        w = q * np.repeat(d, 32, axis=1)
+        if qtype == QT.Q4_1:
+            w += np.repeat(halves[..., 16:].transpose(0, 2, 1).reshape(nt * 16, nb), 32, axis=1)
+        np.testing.assert_array_equal(w[:n], dequantize(raw, qtype))
+        assert not w[n:].any()  # padding rows are zero weights
+
+
+def test_bad_arguments_raise_before_the_kernel(module):
+    raw = quantize(np.ones((20, 64), np.float32), QT.Q4_1)
+    packed = repack(raw, QT.Q4_1)
+    x = torch.ones(3, 64)
+    kind = KERNEL_KINDS[QT.Q4_1]
+    cases = [
+        (dict(x=torch.ones(3, 60)), "K = 60"),
+        (dict(x=torch.ones(3, 96)), "packed weights must be"),
+        (dict(x=torch.ones(3, 64, dtype=torch.float16)), "unsupported dtype"),
+        (dict(x=torch.ones(64, 3).t()), "contiguous"),
+        (dict(x=torch.ones(64)), "contiguous \\[rows, K\\]"),
+        (dict(packed=packed.view(-1)), "packed weights must be"),
+        (dict(packed=packed.to(torch.int8)), "packed weights must be"),
+        (dict(packed=torch.empty(packed.numel() + 1, dtype=torch.uint8)[1:].view(packed.shape)), "aligned"),
+        (dict(n=40), "packed weights must be"),
+        (dict(kind=7), "unknown weight kind"),
+        (dict(bias=torch.ones(20, dtype=torch.bfloat16)), "bias"),
+        (dict(bias=torch.ones(21)), "bias"),
+        (dict(out=torch.empty(3, 21)), "bad output"),
+        (dict(out=torch.empty(3, 20, dtype=torch.bfloat16)), "bad output"),
+        (dict(out_dtype=torch.int32), "unsupported output dtype"),
+        (dict(threading="pool"), "threading"),
+    ]
+    for overrides, message in cases:
+        args = dict(x=x, packed=packed, kind=kind, n=20, bias=None, out_dtype=None, out=None, threading="omp")
+        args.update(overrides)
+        with pytest.raises(ValueError, match=message):
+            mojo_quant.qmatmul(module, **args)

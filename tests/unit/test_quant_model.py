@@ -1,0 +1,189 @@
+"""Quantized weights in the engine, against transformers on the same (dequantized) weights.
+
+Random tiny Qwen3 / Qwen2 / Llama models, quantized two ways: at load from their safetensors
+(`quantization` q8_0 / q4_0), and written as GGUF files with Q4_0 / Q4_1 / Q8_0 tensors then served
+as they are (`auto`). Two references, both transformers with every quantized weight replaced by gguf.quants'
+dequantization, teacher-forced on the engine's own greedy sequences:
+- with each projection's input also rounded to int8 per 32-element block as the kernel does
+  (emulated): the engine must agree almost exactly (mean KL <= 1e-4; top-1 >= 95% of positions,
+  as summation order still flips an activation's rounding now and then at a near-tie);
+  this is what catches a wrong weight, layout, bias or fusion;
+- without (the dequantized weights alone): the engine differs by its int8 activations, llama.cpp's
+  own scheme. On these random models near-ties are common and that rounding flips 3-7% of the top-1
+  picks (the emulated reference flips the same ones), so the bound is top-1 >= 90%, mean KL <= 0.01.
+Both figures are printed. Chunked prefill, prefix-cache hits and preemption must give exactly the
+tokens of one uninterrupted run of the quantized engine.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QT
+from gguf.quants import dequantize, quantize
+
+from tests.helpers.engine_probe import make_engine, run_greedy
+from tests.helpers.tiny_models import TINY_MODELS, build_tiny_model
+from worker.quant.linear import BlockEmbedding, QuantLinear
+
+VOCAB = 320
+STEPS = 24
+EMULATED = (0.95, 1e-4)  # (min top-1 agreement, max mean KL) against the int8-activation emulation
+DEQUANTIZED = (0.90, 1e-2)  # ... against the dequantized weights alone
+
+
+def random_prompts(seed: int, lengths: list[int], vocab: int = VOCAB) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(n)] for n in lengths]
+
+
+def round_trip(weight: torch.Tensor, qtype: QT) -> torch.Tensor:
+    return torch.from_numpy(dequantize(quantize(weight.detach().float().numpy(), qtype), qtype))
+
+
+def int8_blocks(x: torch.Tensor) -> torch.Tensor:
+    """x rounded as the kernel quantizes activations: per 32-element block, scale max|x| / 127,
+    round half to even."""
+    blocks = x.reshape(*x.shape[:-1], -1, 32).float()
+    amax = blocks.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    return (torch.round(blocks * inv) * (amax / 127)).reshape(x.shape).to(x.dtype)
+
+
+def emulate_int8_activations(model):
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.register_forward_pre_hook(lambda mod, args: (int8_blocks(args[0]),))
+    return model
+
+
+def dequantized_reference(hf_model, qtype: QT):
+    """transformers with the projections as qtype blocks and the head as Q8_0 blocks, dequantized."""
+    ref = copy.deepcopy(hf_model)
+    with torch.no_grad():
+        for layer in ref.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+                         layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj):
+                proj.weight.copy_(round_trip(proj.weight, qtype))
+        ref.lm_head.weight = torch.nn.Parameter(round_trip(ref.lm_head.weight, QT.Q8_0))  # unties a tied head
+    return ref
+
+
+def agreement(run, ref_model) -> tuple[float, float, int]:
+    """(top-1 agreement, mean KL(reference || engine), positions) over every sampled position."""
+    agree, kls = [], []
+    for rid, tokens in run.tokens.items():
+        with torch.no_grad():
+            ref = ref_model(torch.tensor([tokens])).logits[0].double()
+        for pos, ours in run.logits[rid]:
+            expected = ref[pos - 1]
+            agree.append(int(ours.argmax()) == int(expected.argmax()))
+            p = torch.log_softmax(expected, -1)
+            kls.append(float((p.exp() * (p - torch.log_softmax(ours.double(), -1))).sum()))
+    return sum(agree) / len(agree), sum(kls) / len(kls), len(agree)
+
+
+def check_agreement(run, dequantized_model, label: str) -> None:
+    for name, ref, (min_top1, max_kl) in (("dequantized weights", dequantized_model, DEQUANTIZED),
+                                          ("int8 activations emulated", emulate_int8_activations(
+                                              copy.deepcopy(dequantized_model)), EMULATED)):
+        top1, kl, n = agreement(run, ref)
+        print(f"{label} vs {name}: top-1 agreement {top1:.4f} over {n} positions, mean KL {kl:.2e}")
+        assert top1 >= min_top1 and kl <= max_kl, (label, name, top1, kl)
+
+
+@pytest.fixture(params=sorted(TINY_MODELS))
+def tiny(request, tmp_path, test_seed):
+    model_dir = tmp_path / request.param
+    return model_dir, build_tiny_model(request.param, test_seed, model_dir, vocab_size=VOCAB)
+
+
+@pytest.mark.parametrize("mode", ["q8_0", "q4_0"])
+def test_quantized_at_load_follows_dequantized_transformers(tiny, mode, test_seed):
+    model_dir, hf_model = tiny
+    engine = make_engine(model_dir, attention_backend="mojo", quantization=mode)
+    assert engine.quantization == mode
+    layer = engine.runner.model.layers[0]
+    assert isinstance(layer.self_attn.qkv_proj, QuantLinear) and isinstance(layer.mlp.down_proj, QuantLinear)
+    assert engine.runner.model._quant_head is not None
+    run = run_greedy(engine, random_prompts(test_seed, [1, 6, 17, 40, 64]), STEPS)
+    check_agreement(run, dequantized_reference(hf_model, QT[mode.upper()]), f"{tiny[0].name} {mode}")
+
+
+def test_unquantized_reference_would_fail_the_tight_check(tiny, test_seed):
+    """The comparison can fail: against the original (unquantized) weights, q4_0 tokens disagree more
+    often or the KL is far larger than the bound allows... or the weights are identical to their Q4_0
+    round trip, which random weights never are."""
+    model_dir, hf_model = tiny
+    engine = make_engine(model_dir, attention_backend="mojo", quantization="q4_0")
+    run = run_greedy(engine, random_prompts(test_seed, [10, 30]), STEPS)
+    _, kl_quantized, _ = agreement(run, dequantized_reference(hf_model, QT.Q4_0))
+    _, kl_original, _ = agreement(run, hf_model)
+    print(f"mean KL vs dequantized weights {kl_quantized:.2e}, vs the original weights {kl_original:.2e}")
+    assert kl_original > 3 * kl_quantized
+
+
+def test_chunks_prefix_hits_and_preemption_give_the_uninterrupted_tokens(tiny, test_seed):
+    model_dir, _ = tiny
+    backend = "mojo"
+    prompts = random_prompts(test_seed, [30, 25, 38, 12])
+    baseline = run_greedy(make_engine(model_dir, attention_backend=backend, quantization="q4_0"), prompts, STEPS)
+    chunked = run_greedy(make_engine(model_dir, attention_backend=backend, quantization="q4_0",
+                                     max_num_batched_tokens=7, block_size=8), prompts, STEPS, stagger=3)
+    assert chunked.tokens == baseline.tokens
+    tight = make_engine(model_dir, attention_backend=backend, quantization="q4_0", block_size=8, num_kv_blocks=12,
+                        max_model_len=96)
+    preempted = run_greedy(tight, prompts, STEPS)
+    assert tight.scheduler.num_preemptions > 0
+    assert preempted.tokens == baseline.tokens
+    cached = make_engine(model_dir, attention_backend=backend, quantization="q4_0", block_size=8)
+    run_greedy(cached, [prompts[0][:20]], 4)
+    hits_before = cached.scheduler.prefix_hit_tokens
+    again = run_greedy(cached, prompts, STEPS)
+    assert cached.scheduler.prefix_hit_tokens - hits_before >= 16
+    assert again.tokens == baseline.tokens
+
+
+# --- GGUF files served as they are ------------------------------------------------------------------
+
+GGUF_CASES = [("llama", QT.Q4_1), ("qwen2", QT.Q4_0), ("qwen3", QT.Q8_0)]
+
+
+@pytest.mark.parametrize(("arch", "qtype"), GGUF_CASES, ids=[f"{a}-{q.name}" for a, q in GGUF_CASES])
+def test_gguf_blocks_served_as_they_are(tmp_path, arch, qtype, test_seed):
+    from transformers import AutoModelForCausalLM
+
+    from tests.unit.test_gguf_convert import VOCAB_SIZE, tiny_model, write_gguf
+    from worker.gguf.convert import convert_gguf
+
+    model, cfg = tiny_model(arch, test_seed % 10_000)
+    src = write_gguf(tmp_path / "m.gguf", arch, model, cfg, qtype)
+    model_dir = convert_gguf(src, tmp_path / "hf")
+    reference = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    engine = make_engine(model_dir, attention_backend="mojo", max_model_len=256)  # quantization auto
+    assert engine.quantization == qtype.name.lower()
+    mdl = engine.runner.model
+    assert isinstance(mdl.layers[1].mlp.gate_up_proj, QuantLinear) and isinstance(mdl.embed_tokens, BlockEmbedding)
+    assert not any(p.numel() >= cfg.hidden_size * cfg.intermediate_size for p in mdl.parameters()), \
+        "a projection was materialized in the model dtype"
+    run = run_greedy(engine, random_prompts(test_seed, [2, 9, 33, 50], VOCAB_SIZE), STEPS)
+    check_agreement(run, reference, f"{arch} {qtype.name} GGUF")
+    none = make_engine(model_dir, attention_backend="mojo", quantization="none", max_model_len=256)
+    assert none.quantization == "none" and not any(isinstance(m, QuantLinear) for m in none.runner.model.modules())
+
+
+def test_safetensors_default_to_unquantized(tiny):
+    model_dir, _ = tiny
+    engine = make_engine(model_dir, attention_backend="mojo")
+    assert engine.quantization == "none"
+
+
+def test_unknown_quantization_is_refused():
+    from shared.config import EngineConfig
+
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        EngineConfig(model="x", quantization="q5_k")
