@@ -4,7 +4,9 @@ their token deltas out to per-request queues, and restarts a worker that dies.
 Each worker slot owns a fresh pair of sockets per generation (gateway PUSH -> worker PULL for requests,
 worker PUSH -> gateway PULL for outputs), bound by the gateway: a restarted worker never receives
 messages queued for its predecessor. A supervisor task per slot awaits the process; its exit is noticed
-at once, every request on it fails with `WorkerLost`, and a new worker starts after a backoff.
+at once and a new worker starts after a backoff. New requests go to live workers only (NoWorkerAvailable,
+a 503, only when none is up). Of the dead worker's requests, those with no output yet are started afresh
+on a live worker; the others, whose clients already have part of an answer, fail with `WorkerLost`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import zmq
 import zmq.asyncio
@@ -49,8 +51,10 @@ class RequestHandle:
     request_id: str
     n: int
     worker: "WorkerSlot"
+    add: wire.AddRequest  # kept to resubmit the request elsewhere while it has no output yet
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # TokenDelta | RequestFailed | WorkerLost
     finished: set[int] = field(default_factory=set)
+    has_output: bool = False  # a delta reached the queue: from now on it lives and dies with its worker
 
     @property
     def done(self) -> bool:
@@ -135,10 +139,20 @@ class WorkerSlot:
         self.ready = None
         self.stats = None
         self.down_reason = f"worker {self.index} exited with code {code}; restarting"
-        lost = WorkerLost(f"the worker serving this request exited (code {code})")
-        for handle in self.requests.values():
-            handle.queue.put_nowait(lost)
+        orphans = list(self.requests.values())
         self.requests.clear()
+        lost = WorkerLost(f"the worker serving this request exited (code {code})")
+        moved = 0
+        for handle in orphans:
+            # A request that has no output yet (queued in the dead worker, or sent after it died but before
+            # its exit was noticed) is started afresh on a live worker; its client sees no difference.
+            if not handle.has_output and self.pool.resubmit(handle):
+                moved += 1
+            else:
+                handle.queue.put_nowait(lost)
+        if orphans:
+            log.warning("worker %d died with %d requests: %d moved to live workers, %d failed", self.index,
+                        len(orphans), moved, len(orphans) - moved)
 
     async def _close_sockets(self) -> None:
         if self._reader is not None:
@@ -167,6 +181,7 @@ class WorkerSlot:
                 handle = self.requests.get(delta.request_id)
                 if handle is None:
                     continue  # aborted by the gateway; the worker's last words about it
+                handle.has_output = True
                 if delta.finish_reason is not None:
                     handle.finished.add(delta.index)
                     if handle.done:
@@ -261,17 +276,36 @@ class WorkerPool:
 
     # ----- requests -----
     def submit(self, prompt_token_ids: list[int], params: SamplingParams) -> RequestHandle:
-        slots = self.ready_slots
-        if not slots:
+        """Send a request to the live worker with the fewest requests in flight (a dead worker is never
+        chosen: its slot is not ready from the moment its exit is noticed)."""
+        slot = self._pick()
+        if slot is None:
             raise NoWorkerAvailable("; ".join(self.down_reasons()) or "no worker is running")
-        slot = min(slots, key=lambda s: len(s.requests))  # fewest requests in flight
-        self._next_id += 1
-        request_id = f"{slot.index}-{slot.generation}-{self._next_id}"
-        handle = RequestHandle(request_id, params.n, slot)
-        slot.requests[request_id] = handle
-        slot.send(wire.AddRequest(request_id=request_id, prompt_token_ids=prompt_token_ids,
-                                  params=wire.sampling_params_to_wire(params)))
+        add = wire.AddRequest(request_id="", prompt_token_ids=prompt_token_ids,
+                              params=wire.sampling_params_to_wire(params))
+        handle = RequestHandle("", params.n, slot, add)
+        self._send_to(slot, handle)
         return handle
+
+    def resubmit(self, handle: RequestHandle) -> bool:
+        """Start a request that has no output yet afresh on a live worker; False when none is up."""
+        slot = self._pick()
+        if slot is None:
+            return False
+        self._send_to(slot, handle)
+        return True
+
+    def _pick(self) -> WorkerSlot | None:
+        slots = self.ready_slots
+        return min(slots, key=lambda s: len(s.requests)) if slots else None  # fewest requests in flight
+
+    def _send_to(self, slot: WorkerSlot, handle: RequestHandle) -> None:
+        self._next_id += 1
+        handle.request_id = f"{slot.index}-{slot.generation}-{self._next_id}"
+        handle.worker = slot
+        handle.add = replace(handle.add, request_id=handle.request_id)
+        slot.requests[handle.request_id] = handle
+        slot.send(handle.add)
 
     def abort(self, handle: RequestHandle) -> None:
         """Stop a request wherever it is; a no-op once it finished or its worker died."""
