@@ -172,8 +172,12 @@ class WorkerSlot:
             except wire.WireError as e:
                 log.warning("rejected a frame from worker %d: %s", self.index, e)
                 continue
-            if generation == self.generation:
+            if generation != self.generation:
+                continue
+            try:
                 self._dispatch(message)
+            except Exception:  # a frame that validates but makes no sense must not end this reader
+                log.exception("dropped a frame from worker %d that could not be dispatched", self.index)
 
     def _dispatch(self, message: wire.Message) -> None:
         if isinstance(message, wire.StepOutputs):
@@ -181,6 +185,8 @@ class WorkerSlot:
                 handle = self.requests.get(delta.request_id)
                 if handle is None:
                     continue  # aborted by the gateway; the worker's last words about it
+                if not self._delta_fits(delta, handle):
+                    continue
                 handle.has_output = True
                 if delta.finish_reason is not None:
                     handle.finished.add(delta.index)
@@ -195,11 +201,24 @@ class WorkerSlot:
             if handle is not None:
                 handle.queue.put_nowait(message)
         elif isinstance(message, wire.WorkerReady):
+            if self.ready is not None:  # a worker announces itself once; the first word stands
+                log.warning("rejected a frame from worker %d: a second WorkerReady", self.index)
+                return
             self.ready = message
             self.down_reason = ""
             self._set_stats(message.stats)
             log.info("worker %d ready: %s, %s, attention %s, max_model_len %d", self.index, message.architecture,
                      message.dtype, message.attention_backend, message.max_model_len)
+
+    def _delta_fits(self, delta: wire.TokenDelta, handle: RequestHandle) -> bool:
+        """A delta names one of its request's choices and tokens of the model's vocabulary (a worker bug
+        must fail loudly here, not as a crash in the request's text handling)."""
+        vocab = self.ready.vocab_size if self.ready is not None else 0
+        if delta.index < handle.n and all(t < vocab for t in delta.token_ids):
+            return True
+        log.warning("rejected a delta from worker %d: choice %d of %d, tokens %s (vocabulary %d)", self.index,
+                    delta.index, handle.n, delta.token_ids[:8], vocab)
+        return False
 
     def _set_stats(self, stats: wire.WorkerStats) -> None:
         previous, self.stats = self.stats, stats

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     inbox: queue.Queue = queue.Queue()
     outbox: queue.Queue = queue.Queue()
     ctx = zmq.Context()
-    threading.Thread(target=_receive, args=(ctx, args.requests, inbox, os.getppid()), daemon=True,
+    threading.Thread(target=_receive, args=(ctx, args.requests, inbox, outbox, os.getppid()), daemon=True,
                      name="requests").start()
     sender = threading.Thread(target=_send, args=(ctx, args.outputs, outbox), daemon=True, name="outputs")
     sender.start()
@@ -106,9 +106,12 @@ def _handle(engine: LLMEngine, message, outbox: queue.Queue) -> None:
         outbox.put(wire.RequestFailed(request_id=message.request_id, message=str(e), param=e.param))
     except wire.WireError as e:
         outbox.put(wire.RequestFailed(request_id=message.request_id, message=str(e)))
+    except Exception as e:  # a check missed above; add_request changes nothing before it fails: refuse, go on
+        log.exception("request %r could not be added", message.request_id)
+        outbox.put(wire.RequestFailed(request_id=message.request_id, message=f"the worker could not add it: {e}"))
 
 
-def _receive(ctx: zmq.Context, address: str, inbox: queue.Queue, parent_pid: int) -> None:
+def _receive(ctx: zmq.Context, address: str, inbox: queue.Queue, outbox: queue.Queue, parent_pid: int) -> None:
     sock = ctx.socket(zmq.PULL)
     sock.connect(address)
     poller = zmq.Poller()
@@ -125,6 +128,8 @@ def _receive(ctx: zmq.Context, address: str, inbox: queue.Queue, parent_pid: int
             inbox.put(wire.decode(frame, (wire.AddRequest, wire.AbortRequests)))
         except wire.WireError as e:
             log.warning("rejected a frame from the gateway: %s", e)
+            if e.request_id is not None:  # answer it, so the request does not wait forever
+                outbox.put(wire.RequestFailed(request_id=e.request_id, message=f"malformed request: {e}"))
 
 
 def _send(ctx: zmq.Context, address: str, outbox: queue.Queue) -> None:

@@ -3,6 +3,7 @@ Qwen, SmolLM2, Llama 3) and SentencePiece-style (Llama 2: '▁' word marks, <0xN
 
 from __future__ import annotations
 
+import functools
 import json
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -47,8 +48,10 @@ def sentencepiece(decoder: str = "fuse_strip") -> Tokenizer:
     return tok
 
 
+@functools.cache
 def default_tokenizer() -> Tokenizer:
-    """The default model's tokenizer (SmolLM2's byte-level BPE, as the Qwen family's)."""
+    """The default model's tokenizer (SmolLM2's byte-level BPE, as the Qwen family's); one shared object,
+    not to be modified."""
     from worker.default_model import default_model_path
 
     return Tokenizer.from_file(str(default_model_path() / "tokenizer.json"))
