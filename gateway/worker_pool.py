@@ -226,7 +226,14 @@ class WorkerSlot:
 
     def send(self, message: wire.Message) -> None:
         # Without a high-water mark, PUSH queues instead of blocking; the event loop never waits here.
-        self.requests_sock.send(wire.encode(message), flags=zmq.NOBLOCK)
+        sent = self.requests_sock.send(wire.encode(message), flags=zmq.NOBLOCK)
+        sent.add_done_callback(self._check_sent)
+
+    def _check_sent(self, sent: asyncio.Future) -> None:
+        # With no worker connected (it just died) zmq refuses the frame at once. Nothing is lost that
+        # matters: its requests are moved or failed when its exit is noticed, and aborts die with it.
+        if not sent.cancelled() and sent.exception() is not None:
+            log.warning("worker %d did not take a frame: %s", self.index, sent.exception())
 
 
 class WorkerPool:
