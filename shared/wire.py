@@ -222,7 +222,7 @@ def _is_token_id(value: Any) -> bool:
 
 
 def _is_logprob(value: Any) -> bool:
-    return type(value) in (float, int) and not value > 0  # log-probabilities: <= 0 or -inf (never NaN)
+    return type(value) in (float, int) and not math.isnan(value)  # -inf is a logprob; NaN is none
 
 
 def _is_logprob_row(row: Any) -> bool:
