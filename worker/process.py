@@ -12,26 +12,42 @@ Started by the gateway as `python -m worker.process --requests ADDR --outputs AD
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import json
 import logging
 import os
 import queue
+import signal
 import sys
 import threading
+import time
 
 import zmq
 
 from shared import wire
 from shared.config import EngineConfig
 from shared.sampling_params import SamplingParamsError
-from worker.engine import LLMEngine
-from worker.outputs import EngineStats, RequestRejected, SequenceOutput
+
+
+def _die_with_the_gateway() -> None:
+    """On Linux, have the kernel SIGKILL this process when its parent (the gateway) dies. Set before torch
+    is imported: that import alone takes seconds on a busy machine, before any thread here can watch."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+
+
+_die_with_the_gateway()
+
+from worker.engine import LLMEngine  # noqa: E402  (imports torch)
+from worker.outputs import EngineStats, RequestRejected, SequenceOutput  # noqa: E402
 
 log = logging.getLogger("mili.worker")
 
 # While idle the worker still reports every HEARTBEAT_S, so the gateway's gauges stay fresh.
 HEARTBEAT_S = 0.5
+# After the gateway died: how long the engine loop gets to stop by itself before the process exits anyway.
+_EXIT_GRACE_S = 2.0
 _STOP = object()
 
 
@@ -120,7 +136,10 @@ def _receive(ctx: zmq.Context, address: str, inbox: queue.Queue, outbox: queue.Q
         if os.getppid() != parent_pid:
             log.warning("the gateway has gone away; exiting")
             inbox.put(_STOP)
-            return
+            # The engine loop takes the stop between steps; a worker still loading its model never gets
+            # there in time, and nothing it could still send has a reader.
+            time.sleep(_EXIT_GRACE_S)
+            os._exit(0)
         if not poller.poll(timeout=int(HEARTBEAT_S * 1000)):
             continue
         frame = sock.recv(copy=True)
