@@ -157,7 +157,12 @@ class ApiKeyMiddleware:
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
-    return ApiError(exc.status_code, exc.detail or "not found").response()
+    """Starlette's routing errors (404, 405) as OpenAI error objects, keeping their headers (a 405's
+    `Allow` lists the route's methods)."""
+    message = exc.detail or "not found"
+    if exc.status_code == 405:
+        message = f"method {request.method} is not allowed on {request.url.path}"
+    return ApiError(exc.status_code, message, headers=dict(exc.headers or {})).response()
 
 
 def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlette:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from starlette.responses import JSONResponse
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          413: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable_error",
-          504: "timeout_error"}
+          405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+          503: "service_unavailable_error", 504: "timeout_error"}
 
 
 class ApiError(Exception):

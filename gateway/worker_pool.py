@@ -4,7 +4,9 @@ their token deltas out to per-request queues, and restarts a worker that dies.
 Each worker slot owns a fresh pair of sockets per generation (gateway PUSH -> worker PULL for requests,
 worker PUSH -> gateway PULL for outputs), bound by the gateway: a restarted worker never receives
 messages queued for its predecessor. A supervisor task per slot awaits the process; its exit is noticed
-at once, every request on it fails with `WorkerLost`, and a new worker starts after a backoff.
+at once and a new worker starts after a backoff. New requests go to live workers only (NoWorkerAvailable,
+a 503, only when none is up). Of the dead worker's requests, those with no output yet are started afresh
+on a live worker; the others, whose clients already have part of an answer, fail with `WorkerLost`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import zmq
 import zmq.asyncio
@@ -51,9 +53,12 @@ class RequestHandle:
     request_id: str
     n: int
     worker: "WorkerSlot"
+    add: wire.AddRequest  # kept to resubmit the request elsewhere while it has no output yet
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # TokenDelta | RequestFailed | WorkerLost
     finished: set[int] = field(default_factory=set)
     deadline_timer: asyncio.TimerHandle | None = None  # puts DeadlineExceeded into the queue when due
+    has_output: bool = False  # a delta reached the queue: from now on it lives and dies with its worker
+    deadline: float | None = None  # time.monotonic() by which the request must end
 
     @property
     def done(self) -> bool:
@@ -139,14 +144,24 @@ class WorkerSlot:
         self.ready = None
         self.stats = None
         self.down_reason = f"worker {self.index} exited with code {code}; restarting"
-        lost = WorkerLost(f"the worker serving this request exited (code {code})")
-        for handle in self.requests.values():
-            handle.queue.put_nowait(lost)
+        orphans = list(self.requests.values())
         self.requests.clear()
         for future in self.queries.values():
             if not future.done():
                 future.set_result(None)
         self.queries.clear()
+        lost = WorkerLost(f"the worker serving this request exited (code {code})")
+        moved = 0
+        for handle in orphans:
+            # A request that has no output yet (queued in the dead worker, or sent after it died but before
+            # its exit was noticed) is started afresh on a live worker; its client sees no difference.
+            if not handle.has_output and self.pool.resubmit(handle):
+                moved += 1
+            else:
+                handle.queue.put_nowait(lost)
+        if orphans:
+            log.warning("worker %d died with %d requests: %d moved to live workers, %d failed", self.index,
+                        len(orphans), moved, len(orphans) - moved)
 
     async def _close_sockets(self) -> None:
         if self._reader is not None:
@@ -166,8 +181,12 @@ class WorkerSlot:
             except wire.WireError as e:
                 log.warning("rejected a frame from worker %d: %s", self.index, e)
                 continue
-            if generation == self.generation:
+            if generation != self.generation:
+                continue
+            try:
                 self._dispatch(message)
+            except Exception:  # a frame that validates but makes no sense must not end this reader
+                log.exception("dropped a frame from worker %d that could not be dispatched", self.index)
 
     def _dispatch(self, message: wire.Message) -> None:
         if isinstance(message, wire.StepOutputs):
@@ -175,6 +194,9 @@ class WorkerSlot:
                 handle = self.requests.get(delta.request_id)
                 if handle is None:
                     continue  # aborted by the gateway; the worker's last words about it
+                if not self._delta_fits(delta, handle):
+                    continue
+                handle.has_output = True
                 if delta.finish_reason is not None:
                     handle.finished.add(delta.index)
                     if handle.done:
@@ -192,6 +214,9 @@ class WorkerSlot:
             if future is not None and not future.done():
                 future.set_result(message)
         elif isinstance(message, wire.WorkerReady):
+            if self.ready is not None:  # a worker announces itself once; the first word stands
+                log.warning("rejected a frame from worker %d: a second WorkerReady", self.index)
+                return
             self.ready = message
             self.down_reason = ""
             self._set_stats(message.stats)
@@ -199,13 +224,30 @@ class WorkerSlot:
                      message.architecture, message.dtype, message.attention_backend, message.quantization,
                      message.max_model_len)
 
+    def _delta_fits(self, delta: wire.TokenDelta, handle: RequestHandle) -> bool:
+        """A delta names one of its request's choices and tokens of the model's vocabulary (a worker bug
+        must fail loudly here, not as a crash in the request's text handling)."""
+        vocab = self.ready.vocab_size if self.ready is not None else 0
+        if delta.index < handle.n and all(t < vocab for t in delta.token_ids):
+            return True
+        log.warning("rejected a delta from worker %d: choice %d of %d, tokens %s (vocabulary %d)", self.index,
+                    delta.index, handle.n, delta.token_ids[:8], vocab)
+        return False
+
     def _set_stats(self, stats: wire.WorkerStats) -> None:
         previous, self.stats = self.stats, stats
         self.pool.on_stats(self, previous, stats)
 
     def send(self, message: wire.Message) -> None:
         # Without a high-water mark, PUSH queues instead of blocking; the event loop never waits here.
-        self.requests_sock.send(wire.encode(message), flags=zmq.NOBLOCK)
+        sent = self.requests_sock.send(wire.encode(message), flags=zmq.NOBLOCK)
+        sent.add_done_callback(self._check_sent)
+
+    def _check_sent(self, sent: asyncio.Future) -> None:
+        # With no worker connected (it just died) zmq refuses the frame at once. Nothing is lost that
+        # matters: its requests are moved or failed when its exit is noticed, and aborts die with it.
+        if not sent.cancelled() and sent.exception() is not None:
+            log.warning("worker %d did not take a frame: %s", self.index, sent.exception())
 
 
 class WorkerPool:
@@ -277,24 +319,42 @@ class WorkerPool:
     # ----- requests -----
     def submit(self, prompt_token_ids: list[int], params: SamplingParams,
                deadline: float | None = None) -> RequestHandle:
-        """Send a request to the least busy ready worker. `deadline` (time.monotonic()) travels as the
-        seconds left; a timer also ends the request here when it passes."""
-        slots = self.ready_slots
-        if not slots:
+        """Send a request to the live worker with the fewest requests in flight (a dead worker is never
+        chosen: its slot is not ready from the moment its exit is noticed). `deadline` (time.monotonic())
+        travels as the seconds left; a timer also ends the request here when it passes."""
+        slot = self._pick()
+        if slot is None:
             raise NoWorkerAvailable("; ".join(self.down_reasons()) or "no worker is running")
-        slot = min(slots, key=lambda s: len(s.requests))  # fewest requests in flight
-        self._next_id += 1
-        request_id = f"{slot.index}-{slot.generation}-{self._next_id}"
-        handle = RequestHandle(request_id, params.n, slot)
-        slot.requests[request_id] = handle
-        timeout_s = None
+        add = wire.AddRequest(request_id="", prompt_token_ids=prompt_token_ids,
+                              params=wire.sampling_params_to_wire(params))
+        handle = RequestHandle("", params.n, slot, add, deadline=deadline)
         if deadline is not None:
-            timeout_s = max(0.0, deadline - time.monotonic())
             handle.deadline_timer = asyncio.get_running_loop().call_later(
-                timeout_s, handle.queue.put_nowait, DeadlineExceeded())
-        slot.send(wire.AddRequest(request_id=request_id, prompt_token_ids=prompt_token_ids,
-                                  params=wire.sampling_params_to_wire(params), timeout_s=timeout_s))
+                max(0.0, deadline - time.monotonic()), handle.queue.put_nowait, DeadlineExceeded())
+        self._send_to(slot, handle)
         return handle
+
+    def resubmit(self, handle: RequestHandle) -> bool:
+        """Start a request that has no output yet afresh on a live worker; False when none is up."""
+        slot = self._pick()
+        if slot is None:
+            return False
+        self._send_to(slot, handle)
+        return True
+
+    def _pick(self) -> WorkerSlot | None:
+        slots = self.ready_slots
+        return min(slots, key=lambda s: len(s.requests)) if slots else None  # fewest requests in flight
+
+    def _send_to(self, slot: WorkerSlot, handle: RequestHandle) -> None:
+        self._next_id += 1
+        handle.request_id = f"{slot.index}-{slot.generation}-{self._next_id}"
+        handle.worker = slot
+        # The seconds left are counted again for each send: a resubmitted request keeps its deadline.
+        timeout_s = None if handle.deadline is None else max(0.0, handle.deadline - time.monotonic())
+        handle.add = replace(handle.add, request_id=handle.request_id, timeout_s=timeout_s)
+        slot.requests[handle.request_id] = handle
+        slot.send(handle.add)
 
     def abort(self, handle: RequestHandle) -> None:
         """Stop a request wherever it is; a no-op once it finished or its worker died."""

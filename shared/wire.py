@@ -12,6 +12,7 @@ worker -> gateway: WorkerReady, StepOutputs (token deltas and stats after every 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -22,11 +23,19 @@ MAX_FRAME_BYTES = 64 << 20
 
 
 class WireError(ValueError):
-    """A frame that is not a valid message."""
+    """A frame that is not a valid message. `request_id` is set when the frame was an AddRequest whose id
+    could still be read, so the worker can refuse that request instead of leaving it unanswered."""
+
+    def __init__(self, message: str, request_id: str | None = None):
+        super().__init__(message)
+        self.request_id = request_id
 
 
 @dataclass(frozen=True)
 class WorkerStats:
+    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("num_running", "num_waiting", "kv_blocks_total", "kv_blocks_used",
+                                               "prefix_cache_query_tokens", "prefix_cache_hit_tokens",
+                                               "num_preemptions")
     num_running: int
     num_waiting: int
     kv_blocks_total: int
@@ -57,6 +66,7 @@ class AbortRequests:
 @dataclass(frozen=True)
 class WorkerReady:
     TYPE: ClassVar[str] = "ready"
+    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("max_model_len", "vocab_size")
     model: str
     architecture: str
     dtype: str
@@ -67,18 +77,23 @@ class WorkerReady:
     stats: WorkerStats
 
 
+# One sampled token's logprob entry: [token_id, logprob, [[token_id, logprob], ...]] (the top alternatives).
+LogprobRow = list[Any]
+
+
 @dataclass(frozen=True)
 class TokenDelta:
     """New tokens of one choice. logprobs, when asked for: one [token_id, logprob, [[id, logprob], ...]]
     per new token."""
 
+    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("index", "num_prompt_tokens", "num_cached_tokens", "queue_time")
     request_id: str
     index: int
     token_ids: list[int]
     finish_reason: str | None
     num_prompt_tokens: int
     num_cached_tokens: int
-    logprobs: list[list[Any]] | None = None
+    logprobs: list[LogprobRow] | None = None
     stop_token_id: int | None = None
     queue_time: float | None = None  # seconds waited before first scheduled, on a choice's first delta
 
@@ -149,13 +164,22 @@ def decode(frame: bytes, allowed: tuple[type, ...]) -> Message:
         raise WireError(f"not a msgpack frame: {e}") from e
     if not isinstance(body, dict):
         raise WireError("a frame must be a map")
-    cls = MESSAGE_TYPES.get(body.pop("type", None))
+    kind = body.pop("type", None)
+    cls = MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None or cls not in allowed:
-        raise WireError(f"unexpected message type {body.get('type')!r}")
-    return _build(cls, body, cls.__name__)
+        raise WireError(f"unexpected message type {kind!r}")
+    try:
+        return _build(cls, body, cls.__name__)
+    except WireError as e:
+        request_id = body.get("request_id") if cls is AddRequest else None
+        if isinstance(request_id, str):
+            e.request_id = request_id
+        raise
 
 
 _SCALARS = {int: (int,), float: (float, int), str: (str,), bool: (bool,)}
+# msgpack carries integers up to 2**64 - 1; every integer on the wire (ids, counts, seeds) fits int64.
+_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 
 
 def _build(cls: type, body: Any, where: str) -> Any:
@@ -172,6 +196,9 @@ def _build(cls: type, body: Any, where: str) -> Any:
                 raise WireError(f"{where}: missing field {name!r}")
             continue
         values[name] = _check(f.type, body[name], f"{where}.{name}")
+    for name in getattr(cls, "NON_NEGATIVE", ()):
+        if values.get(name) is not None and values[name] < 0:
+            raise WireError(f"{where}.{name}: must not be negative, got {values[name]}")
     return cls(**values)
 
 
@@ -187,16 +214,29 @@ def _check(annotation: str, value: Any, where: str) -> Any:
         scalar = {"int": int, "float": float, "str": str, "bool": bool}[kind]
         if not isinstance(value, _SCALARS[scalar]) or (scalar is not bool and isinstance(value, bool)):
             raise WireError(f"{where}: expected {kind}, got {type(value).__name__}")
-        return float(value) if scalar is float else value
-    if kind in ("list[int]", "list[str]"):
-        item = int if kind == "list[int]" else str
-        if not isinstance(value, list) or not all(isinstance(v, item) and not isinstance(v, bool) for v in value):
+        if scalar is int and not _INT_MIN <= value <= _INT_MAX:
+            raise WireError(f"{where}: {value} is out of the int64 range")
+        if scalar is float:
+            value = float(value)
+            if not math.isfinite(value):
+                raise WireError(f"{where}: must be finite, got {value}")
+        return value
+    if kind == "list[int]":  # token ids
+        if not isinstance(value, list) or not all(type(v) is int and 0 <= v <= _INT_MAX for v in value):
+            raise WireError(f"{where}: expected {kind} of token ids (non-negative int64)")
+        return value
+    if kind == "list[str]":
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise WireError(f"{where}: expected {kind}")
         return value
     if kind in ("dict[str, Any]", "list[list[Any]]"):
         if not isinstance(value, dict if kind.startswith("dict") else list):
             raise WireError(f"{where}: expected {kind}")
         return value  # the consumer validates the contents (SamplingParams, logprob rows)
+    if kind == "list[LogprobRow]":
+        if not isinstance(value, list) or not all(_is_logprob_row(row) for row in value):
+            raise WireError(f"{where}: expected [token_id, logprob, [[token_id, logprob], ...]] rows")
+        return value
     if kind == "WorkerStats":
         return _build(WorkerStats, value, where)
     if kind == "list[TokenDelta]":
@@ -204,6 +244,20 @@ def _check(annotation: str, value: Any, where: str) -> Any:
             raise WireError(f"{where}: expected a list")
         return [_build(TokenDelta, v, f"{where}[{i}]") for i, v in enumerate(value)]
     raise WireError(f"{where}: no rule for {annotation}")  # a programming error, caught by the wire tests
+
+
+def _is_token_id(value: Any) -> bool:
+    return type(value) is int and 0 <= value <= _INT_MAX
+
+
+def _is_logprob(value: Any) -> bool:
+    return type(value) in (float, int) and not math.isnan(value)  # -inf is a logprob; NaN is none
+
+
+def _is_logprob_row(row: Any) -> bool:
+    return (isinstance(row, list) and len(row) == 3 and _is_token_id(row[0]) and _is_logprob(row[1])
+            and isinstance(row[2], list) and all(isinstance(p, list) and len(p) == 2 and _is_token_id(p[0])
+                                                 and _is_logprob(p[1]) for p in row[2]))
 
 
 def sampling_params_to_wire(params) -> dict[str, Any]:
@@ -215,20 +269,31 @@ def sampling_params_to_wire(params) -> dict[str, Any]:
 
 
 def sampling_params_from_wire(fields_: dict[str, Any]):
-    """The inverse of sampling_params_to_wire; SamplingParams' own validation runs on the result."""
+    """The inverse of sampling_params_to_wire; SamplingParams' own validation runs on the result.
+
+    Every field's type is checked against SamplingParams' annotation first (so its range checks never
+    meet a string or a nested map); a field whose annotation has no rule here is left to SamplingParams.
+    """
     from shared.sampling_params import SamplingParams
 
-    known = {f.name for f in dataclasses.fields(SamplingParams)}
-    unknown = set(fields_) - known
+    fields = {f.name: f for f in dataclasses.fields(SamplingParams)}
+    unknown = set(fields_) - set(fields)
     if unknown:
         raise WireError(f"unknown sampling parameters {sorted(unknown)}")
-    values = dict(fields_)
-    bias = values.get("logit_bias", [])
-    if not isinstance(bias, list) or not all(isinstance(p, list) and len(p) == 2 for p in bias):
-        raise WireError("logit_bias must be a list of [token_id, bias] pairs")
-    values["logit_bias"] = {int(k): float(v) for k, v in bias}
+    values = {}
+    for name, value in fields_.items():
+        annotation = fields[name].type
+        if name == "logit_bias":
+            if not isinstance(value, list) or not all(isinstance(p, list) and len(p) == 2 for p in value):
+                raise WireError("logit_bias must be a list of [token_id, bias] pairs")
+            value = {_check("int", k, "logit_bias key"): _check("float", v, "logit_bias value") for k, v in value}
+        elif annotation == "tuple[int, ...]":
+            value = tuple(_check("list[int]", value, f"SamplingParams.{name}"))
+        elif annotation.removesuffix(" | None") in ("int", "float", "str", "bool"):
+            value = _check(annotation, value, f"SamplingParams.{name}")
+        values[name] = value
     try:
         return SamplingParams(**values)
-    except TypeError as e:
+    except (TypeError, OverflowError) as e:
         raise WireError(f"bad sampling parameters: {e}") from e
 

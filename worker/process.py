@@ -12,11 +12,13 @@ Started by the gateway as `python -m worker.process --requests ADDR --outputs AD
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import json
 import logging
 import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -26,13 +28,26 @@ import zmq
 from shared import wire
 from shared.config import EngineConfig
 from shared.sampling_params import SamplingParamsError
-from worker.engine import LLMEngine
-from worker.outputs import EngineStats, RequestRejected, SequenceOutput
+
+
+def _die_with_the_gateway() -> None:
+    """On Linux, have the kernel SIGKILL this process when its parent (the gateway) dies. Set before torch
+    is imported: that import alone takes seconds on a busy machine, before any thread here can watch."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+
+
+_die_with_the_gateway()
+
+from worker.engine import LLMEngine  # noqa: E402  (imports torch)
+from worker.outputs import EngineStats, RequestRejected, SequenceOutput  # noqa: E402
 
 log = logging.getLogger("mili.worker")
 
 # While idle the worker still reports every HEARTBEAT_S, so the gateway's gauges stay fresh.
 HEARTBEAT_S = 0.5
+# After the gateway died: how long the engine loop gets to stop by itself before the process exits anyway.
+_EXIT_GRACE_S = 2.0
 _STOP = object()
 
 
@@ -56,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     inbox: queue.Queue = queue.Queue()
     outbox: queue.Queue = queue.Queue()
     ctx = zmq.Context()
-    threading.Thread(target=_receive, args=(ctx, args.requests, inbox, os.getppid()), daemon=True,
+    threading.Thread(target=_receive, args=(ctx, args.requests, inbox, outbox, os.getppid()), daemon=True,
                      name="requests").start()
     sender = threading.Thread(target=_send, args=(ctx, args.outputs, outbox), daemon=True, name="outputs")
     sender.start()
@@ -115,6 +130,9 @@ def _handle(engine: LLMEngine, message, outbox: queue.Queue) -> None:
         outbox.put(wire.RequestFailed(request_id=message.request_id, message=str(e), param=e.param))
     except wire.WireError as e:
         outbox.put(wire.RequestFailed(request_id=message.request_id, message=str(e)))
+    except Exception as e:  # a check missed above; add_request changes nothing before it fails: refuse, go on
+        log.exception("request %r could not be added", message.request_id)
+        outbox.put(wire.RequestFailed(request_id=message.request_id, message=f"the worker could not add it: {e}"))
 
 
 def _debug_reply(engine: LLMEngine, query: wire.DebugQuery, debug_faults: bool) -> wire.DebugReply:
@@ -132,7 +150,7 @@ def _debug_reply(engine: LLMEngine, query: wire.DebugQuery, debug_faults: bool) 
     return wire.DebugReply(token=query.token, body={}, error=f"unknown debug query {query.what!r}")
 
 
-def _receive(ctx: zmq.Context, address: str, inbox: queue.Queue, parent_pid: int) -> None:
+def _receive(ctx: zmq.Context, address: str, inbox: queue.Queue, outbox: queue.Queue, parent_pid: int) -> None:
     sock = ctx.socket(zmq.PULL)
     sock.connect(address)
     poller = zmq.Poller()
@@ -141,7 +159,10 @@ def _receive(ctx: zmq.Context, address: str, inbox: queue.Queue, parent_pid: int
         if os.getppid() != parent_pid:
             log.warning("the gateway has gone away; exiting")
             inbox.put(_STOP)
-            return
+            # The engine loop takes the stop between steps; a worker still loading its model never gets
+            # there in time, and nothing it could still send has a reader.
+            time.sleep(_EXIT_GRACE_S)
+            os._exit(0)
         if not poller.poll(timeout=int(HEARTBEAT_S * 1000)):
             continue
         frame = sock.recv(copy=True)
@@ -149,6 +170,8 @@ def _receive(ctx: zmq.Context, address: str, inbox: queue.Queue, parent_pid: int
             inbox.put(wire.decode(frame, (wire.AddRequest, wire.AbortRequests, wire.DebugQuery)))
         except wire.WireError as e:
             log.warning("rejected a frame from the gateway: %s", e)
+            if e.request_id is not None:  # answer it, so the request does not wait forever
+                outbox.put(wire.RequestFailed(request_id=e.request_id, message=f"malformed request: {e}"))
 
 
 def _send(ctx: zmq.Context, address: str, outbox: queue.Queue) -> None:

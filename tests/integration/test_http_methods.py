@@ -1,0 +1,32 @@
+"""Every route answers a method it does not serve with 405, an `Allow` header naming the methods it does
+serve, and an OpenAI error object."""
+
+from __future__ import annotations
+
+import httpx2
+import pytest
+
+ROUTES = {"/v1/completions": {"POST"}, "/v1/chat/completions": {"POST"}, "/v1/models": {"GET", "HEAD"},
+          "/health": {"GET", "HEAD"}, "/metrics": {"GET", "HEAD"}, "/openapi.json": {"GET", "HEAD"}}
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def test_the_route_table_is_all_here(server):
+    paths = set(httpx2.get(f"{server.url}/openapi.json").json()["paths"])
+    assert paths <= set(ROUTES), paths - set(ROUTES)  # a new route must join this test
+
+
+@pytest.mark.parametrize("path", sorted(ROUTES))
+def test_wrong_method_is_405_with_allow(server, path):
+    allowed = ROUTES[path]
+    for method in METHODS:
+        r = httpx2.request(method, f"{server.url}{path}", timeout=30)
+        if method in allowed:
+            assert r.status_code != 405, (method, path)
+            continue
+        assert r.status_code == 405, (method, path, r.status_code)
+        assert {m.strip() for m in r.headers["allow"].split(",")} == allowed
+        if method == "HEAD":
+            continue  # no body to a HEAD
+        error = r.json()["error"]
+        assert error["type"] == "invalid_request_error" and method in error["message"], error
