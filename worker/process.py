@@ -99,6 +99,10 @@ def _handle(engine: LLMEngine, message, outbox: queue.Queue) -> None:
         for request_id in message.request_ids:
             engine.abort_request(request_id)
         return
+    if isinstance(message, wire.AbortChoices):
+        for index in message.indices:
+            engine.abort_choice(message.request_id, index)
+        return
     try:
         params = wire.sampling_params_from_wire(message.params)
         engine.add_request(message.request_id, message.prompt_token_ids, params)
@@ -122,7 +126,7 @@ def _receive(ctx: zmq.Context, address: str, inbox: queue.Queue, parent_pid: int
             continue
         frame = sock.recv(copy=True)
         try:
-            inbox.put(wire.decode(frame, (wire.AddRequest, wire.AbortRequests)))
+            inbox.put(wire.decode(frame, (wire.AddRequest, wire.AbortRequests, wire.AbortChoices)))
         except wire.WireError as e:
             log.warning("rejected a frame from the gateway: %s", e)
 
@@ -140,10 +144,14 @@ def _delta(out: SequenceOutput) -> wire.TokenDelta:
     logprobs = None
     if out.logprobs is not None:
         logprobs = [[lp.token_id, lp.logprob, [list(t) for t in lp.top]] for lp in out.logprobs]
+    prompt_logprobs = None
+    if out.prompt_logprobs is not None:
+        prompt_logprobs = [[lp.token_id, lp.logprob, lp.rank, [list(t) for t in lp.top]] for lp in out.prompt_logprobs]
     return wire.TokenDelta(request_id=out.request_id, index=out.index, token_ids=out.new_token_ids,
                            finish_reason=out.finish_reason, num_prompt_tokens=out.num_prompt_tokens,
                            num_cached_tokens=out.num_cached_tokens, logprobs=logprobs,
-                           stop_token_id=out.stop_token_id, queue_time=out.queue_time)
+                           stop_token_id=out.stop_token_id, queue_time=out.queue_time,
+                           prompt_logprobs=prompt_logprobs)
 
 
 def _stats(s: EngineStats) -> wire.WorkerStats:
