@@ -174,7 +174,8 @@ def test_limits():
 
 def test_abort_one_choice_frees_its_blocks_and_leaves_the_others(model, test_seed):
     model_dir, _ = model
-    params = SamplingParams(n=3, temperature=1.0, max_tokens=40, seed=test_seed, ignore_eos=True)
+    # top_k keeps the seeded draws independent of float rounding that differs with the batch's shape.
+    params = SamplingParams(n=3, temperature=1.0, top_k=20, max_tokens=40, seed=test_seed, ignore_eos=True)
     p = prompt(test_seed, 13)
     reference = make_engine(model_dir, block_size=8)
     reference.add_request("r", p, params)
