@@ -2,7 +2,8 @@
 logprobs, timings. Streaming and non-streaming responses both consume `run`.
 
 Leaving `run` early (a client disconnect cancels the consuming task, or every choice hit a stop
-string) aborts the request in its worker, so its KV blocks are freed within one engine step.
+string) aborts the request in its worker, so its KV blocks are freed within one engine step. A choice of
+several that hits a stop string is aborted alone, and the others run on.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from gateway.deadlines import DeadlineExceeded, exceeded
 from gateway.detokenizer import IncrementalDetokenizer
 from gateway.errors import ApiError
 from gateway.metrics import Metrics
+from gateway.prompt_scoring import PromptLogprob, from_wire
 from gateway.reasoning import ReasoningSplitter
 from gateway.stop_strings import StopStringMatcher
 from gateway.worker_pool import RequestHandle, WorkerLost, WorkerPool
@@ -42,6 +44,8 @@ class ChoiceEvent:
     reasoning: str = ""
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+    # The prompt's scores when asked for: once per prompt, on one choice's first event (entry i: token i + 1).
+    prompt_logprobs: list[PromptLogprob] | None = None
 
 
 @dataclass
@@ -90,6 +94,8 @@ class _Choice:
                 event.reasoning += tail_reasoning
                 text += tail_text
         event.text = text
+        if delta.prompt_logprobs is not None:
+            event.prompt_logprobs = from_wire(delta.prompt_logprobs)
         if finish is not None:
             self.finished = True
             event.finish_reason = "stop" if finish == "abort" else finish
@@ -141,6 +147,9 @@ class GenerationStream:
                 event = choice.advance(item)
                 if event.finish_reason is not None:
                     self.finish_reasons[choice.index] = event.finish_reason
+                    if item.finish_reason is None and not all(c.finished for c in self.choices):
+                        # A stop string ended this choice; free its blocks now, not when the last one ends.
+                        self.pool.abort_choice(self.handle, choice.index)
                 yield event
             self.metrics.e2e.labels(self.metrics.model).observe(time.monotonic() - self.arrival)
         finally:

@@ -22,6 +22,7 @@ from gateway.deadlines import check_not_passed, request_deadline
 from gateway.errors import ApiError, invalid
 from gateway.generation import ChoiceEvent, GenerationStream, TextOptions, Usage, merge
 from gateway.http_io import collect_unless_disconnected, read_json
+from gateway.prompt_scoring import PromptLogprob, echo_logprobs, join_logprobs, vllm_prompt_logprobs
 from gateway.protocol import CommonFields, parse_chat, parse_completion, require_model
 from gateway.responses import ChatFormat, CompletionFormat
 from gateway.worker_pool import NoWorkerAvailable
@@ -60,20 +61,28 @@ async def completions(request: Request) -> Response:
     deadline = request_deadline(request, state.settings.request_timeout)
     req = parse_completion(await read_json(request, state.settings.max_body_bytes), state.settings.limits)
     _check_served(state, req)
-    if req.echo and req.params.logprobs is not None:
-        raise invalid("echo together with logprobs is not supported", "echo")
     prompts = [state.text.encode_prompt(p) for p in req.prompts]
     admitted = _admit(state, req, prompts, TextOptions(stop=req.stop), deadline)
     fmt = CompletionFormat(req.model, state.token_names)
     echo = [state.text.decode(p) if req.echo else "" for p in prompts]
     if req.stream:
-        return _sse(state, _completion_chunks(fmt, req, admitted, echo), admitted)
+        return _sse(state, _completion_chunks(fmt, req, admitted, prompts, echo), admitted)
     events = await _collect(request, admitted)
-    texts, logprobs, reasons = _gather(events, len(prompts) * req.params.n)
+    n = req.params.n
+    texts, logprobs, reasons = _gather(events, len(prompts) * n)
+    scores = _prompt_scores(events, n)
     choices = []
     for i, text in enumerate(texts):
-        lp = fmt.logprobs(logprobs[i], 0) if req.params.logprobs is not None else None
-        choices.append(fmt.choice(i, echo[i // req.params.n] + text, lp, reasons[i]))
+        p = i // n
+        lp = None
+        if req.params.logprobs is not None:
+            lp = fmt.logprobs(logprobs[i], len(echo[p]))
+            if req.echo:
+                lp = join_logprobs(echo_logprobs(fmt.names, prompts[p], scores[p], req.params.logprobs), lp)
+        choice = fmt.choice(i, echo[p] + text, lp, reasons[i])
+        if req.prompt_logprobs is not None:  # vLLM's extension, per choice
+            choice["prompt_logprobs"] = vllm_prompt_logprobs(fmt.names, scores[p], req.prompt_logprobs)
+        choices.append(choice)
     return JSONResponse(fmt.body(choices, admitted.usage))
 
 
@@ -97,7 +106,11 @@ async def chat_completions(request: Request) -> Response:
     choices = [fmt.message_choice(i, texts[i], reasoning[i] if options.split_reasoning else None,
                                   fmt.logprobs(logprobs[i]) if req.top_logprobs is not None else None, reasons[i])
                for i in range(req.params.n)]
-    return JSONResponse(fmt.body(choices, admitted.usage))
+    body = fmt.body(choices, admitted.usage)
+    if req.prompt_logprobs is not None:  # vLLM's extension, once for the response
+        body["prompt_logprobs"] = vllm_prompt_logprobs(fmt.names, _prompt_scores(events, req.params.n)[0],
+                                                       req.prompt_logprobs)
+    return JSONResponse(body)
 
 
 # ----- admission -----
@@ -146,7 +159,7 @@ def _check_tokens(params: SamplingParams, prompts: list[list[int]], vocab: int, 
         bad = next((t for t in prompt if not 0 <= t < vocab), None)
         if bad is not None:
             raise invalid(f"prompt token id {bad} is outside the vocabulary (size {vocab})", "prompt")
-        if len(prompt) >= context:
+        if len(prompt) > context or (len(prompt) == context and params.max_tokens != 0):
             raise invalid(f"the prompt has {len(prompt)} tokens, but this model's context length is {context} "
                           "tokens, which leaves no room for output", "prompt")
         if params.max_tokens is not None and len(prompt) + params.max_tokens > context:
@@ -171,6 +184,11 @@ def _gather(events: list[ChoiceEvent], num_choices: int):
     return texts, logprobs, reasons
 
 
+def _prompt_scores(events: list[ChoiceEvent], choices_per_prompt: int) -> dict[int, list[PromptLogprob]]:
+    """Prompt index -> its prompt logprobs (entry i: prompt token i + 1), for requests that asked."""
+    return {e.index // choices_per_prompt: e.prompt_logprobs for e in events if e.prompt_logprobs is not None}
+
+
 # ----- streaming -----
 def _sse(state, chunks: AsyncIterator[str], admitted: Admitted) -> EventSourceResponse:
     # The stream's own cleanup aborts the request when the client leaves mid-stream; the background task
@@ -190,14 +208,22 @@ async def _with_error_event(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
     yield "[DONE]"
 
 
-def _completion_chunks(fmt: CompletionFormat, req, admitted: Admitted, echo: list[str]) -> AsyncIterator[str]:
+def _completion_chunks(fmt: CompletionFormat, req, admitted: Admitted, prompts: list[list[int]],
+                       echo: list[str]) -> AsyncIterator[str]:
     async def chunks() -> AsyncIterator[dict]:
         n = req.params.n
         offsets = [len(echo[i // n]) for i in range(len(echo) * n)]
-        if req.echo:
+        # With logprobs, a prompt's echo waits for its scores, which come before any of its tokens.
+        scored_echo = req.echo and req.params.logprobs is not None
+        if req.echo and not scored_echo:
             for i in range(len(offsets)):
                 yield fmt.body([fmt.choice(i, echo[i // n], None, None)], None, req.include_usage)
         async for e in admitted.events():
+            if scored_echo and e.prompt_logprobs is not None:
+                p = e.index // n
+                lp = echo_logprobs(fmt.names, prompts[p], e.prompt_logprobs, req.params.logprobs)
+                for i in range(p * n, (p + 1) * n):
+                    yield fmt.body([fmt.choice(i, echo[p], lp, None)], None, req.include_usage)
             lp = None
             if req.params.logprobs is not None and e.logprobs:
                 lp = fmt.logprobs(e.logprobs, offsets[e.index])

@@ -17,10 +17,13 @@ _SAMPLING = {
     # Extensions, as vLLM names them.
     "top_k": _INT, "min_p": _NUMBER, "repetition_penalty": _NUMBER, "ignore_eos": _BOOL, "min_tokens": _INT,
     "stop_token_ids": {"type": "array", "items": _INT},
+    # Per prompt token: {token id: {logprob, rank, decoded_token}}, the first null; not with stream.
+    "prompt_logprobs": {**_INT, "minimum": 0, "maximum": 20},
 }
 
 _COMPLETION = {"type": "object", "required": ["model", "prompt"], "properties": {
-    **_SAMPLING, "max_tokens": _INT, "echo": _BOOL, "logprobs": _INT,
+    # max_tokens 0 (with echo) scores the prompt without generating; echo + logprobs covers the prompt too.
+    **_SAMPLING, "max_tokens": {**_INT, "minimum": 0}, "echo": _BOOL, "logprobs": _INT,
     "prompt": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}},
                          {"type": "array", "items": _INT}, {"type": "array", "items": {"type": "array", "items": _INT}}]},
 }}

@@ -7,6 +7,7 @@ give a client answers it did not ask for).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,7 @@ class CommonFields:
 class CompletionRequest(CommonFields):
     prompts: tuple[str | tuple[int, ...], ...]  # text, or token ids
     echo: bool
+    prompt_logprobs: int | None  # vLLM's extension, as asked (params.prompt_logprobs also covers echo)
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class ChatRequest(CommonFields):
     messages: tuple[dict[str, str], ...]  # role, content (text parts joined), and name when given
     template_kwargs: dict[str, Any]
     top_logprobs: int | None  # None: logprobs not asked for
+    prompt_logprobs: int | None  # vLLM's extension
 
 
 # Fields OpenAI defines that MILI does not implement, and the values that mean "not used".
@@ -97,8 +100,17 @@ def parse_completion(raw: Any, limits: Limits) -> CompletionRequest:
     max_tokens = body.get("max_tokens", int, 16)  # OpenAI's default for completions
     common = _common(body, limits, max_tokens, logprobs)
     echo = body.get("echo", bool, False)
+    if max_tokens == 0 and not echo:
+        # As vLLM: generating nothing only makes sense to score the prompt, which echo returns.
+        raise invalid("max_tokens must be at least 1; 0 is allowed only with echo, to score the prompt",
+                      "max_tokens")
+    prompt_logprobs = _prompt_logprobs(body, common["stream"])
+    # echo + logprobs scores the prompt too, with the same number of alternatives.
+    wanted = [k for k in (prompt_logprobs, logprobs if echo else None) if k is not None]
+    if wanted:
+        common["params"] = dataclasses.replace(common["params"], prompt_logprobs=max(wanted))
     body.finish()
-    return CompletionRequest(**common, prompts=prompts, echo=echo)
+    return CompletionRequest(**common, prompts=prompts, echo=echo, prompt_logprobs=prompt_logprobs)
 
 
 def parse_chat(raw: Any, limits: Limits) -> ChatRequest:
@@ -114,13 +126,19 @@ def parse_chat(raw: Any, limits: Limits) -> ChatRequest:
     legacy = body.get("max_tokens", int)
     max_tokens = max_tokens if max_tokens is not None else legacy
     common = _common(body, limits, max_tokens, (top or 0) if want_logprobs else None)
+    if max_tokens == 0:
+        param = "max_completion_tokens" if "max_completion_tokens" in body.body else "max_tokens"
+        raise invalid(f"{param} must be at least 1", param)
+    prompt_logprobs = _prompt_logprobs(body, common["stream"])
+    if prompt_logprobs is not None:
+        common["params"] = dataclasses.replace(common["params"], prompt_logprobs=prompt_logprobs)
     fmt = body.get("response_format", dict)
     if fmt is not None and fmt.get("type") != "text":
         raise invalid("response_format other than {\"type\": \"text\"} is not supported", "response_format")
     kwargs = body.get("chat_template_kwargs", dict, {})
     body.finish()
     return ChatRequest(**common, messages=messages, template_kwargs=kwargs,
-                       top_logprobs=(top or 0) if want_logprobs else None)
+                       top_logprobs=(top or 0) if want_logprobs else None, prompt_logprobs=prompt_logprobs)
 
 
 def _common(body: _Body, limits: Limits, max_tokens: int | None, logprobs: int | None) -> dict[str, Any]:
@@ -164,6 +182,15 @@ def _common(body: _Body, limits: Limits, max_tokens: int | None, logprobs: int |
         param = "max_completion_tokens" if e.param == "max_tokens" and "max_completion_tokens" in body.body else e.param
         raise invalid(str(e), param) from None
     return dict(model=model, params=params, stop=tuple(stop), stream=stream, include_usage=include_usage)
+
+
+def _prompt_logprobs(body: _Body, stream: bool) -> int | None:
+    k = body.get("prompt_logprobs", int)
+    if k is not None and not 0 <= k <= MAX_LOGPROBS:
+        raise invalid(f"prompt_logprobs must be between 0 and {MAX_LOGPROBS}", "prompt_logprobs")
+    if k is not None and stream:  # as vLLM: they would come before any token, and no chunk has a place for them
+        raise invalid("prompt_logprobs is not available when stream is true", "prompt_logprobs")
+    return k
 
 
 def _prompts(prompt: Any) -> tuple[str | tuple[int, ...], ...]:

@@ -364,6 +364,12 @@ class WorkerPool:
         if slot.requests.pop(handle.request_id, None) is not None and slot.is_ready:
             slot.send(wire.AbortRequests(request_ids=[handle.request_id]))
 
+    def abort_choice(self, handle: RequestHandle, index: int) -> None:
+        """Stop one choice of a request whose other choices run on; its end comes back as a delta."""
+        slot = handle.worker
+        if handle.request_id in slot.requests and slot.is_ready:
+            slot.send(wire.AbortChoices(request_id=handle.request_id, indices=[index]))
+
     # ----- operator queries -----
     async def query(self, what: str, arg: str | None = None,
                     timeout: float = 10.0) -> list[tuple[int, wire.DebugReply | None]]:

@@ -38,6 +38,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
     logprobs: int | None = None  # None: no logprobs; k: the sampled token's plus k top alternatives
+    # None: none; k: every prompt token's logprob (after the first), its rank and k top alternatives.
+    # A request that asks for them is never served from the prefix cache: every position is computed.
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.top_k == -1:
@@ -52,8 +55,9 @@ class SamplingParams:
                 raise SamplingParamsError(param, message)
 
         check(1 <= self.n <= MAX_N, "n", f"n must be between 1 and {MAX_N}, got {self.n}")
-        check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens",
-              f"max_tokens must be at least 1, got {self.max_tokens}")
+        # 0 scores the prompt without generating (the gateway allows it only with echo, as vLLM does).
+        check(self.max_tokens is None or self.max_tokens >= 0, "max_tokens",
+              f"max_tokens must not be negative, got {self.max_tokens}")
         check(0.0 <= self.temperature <= 2.0, "temperature",
               f"temperature must be between 0 and 2, got {self.temperature}")
         check(0.0 < self.top_p <= 1.0, "top_p", f"top_p must be in (0, 1], got {self.top_p}")
@@ -76,6 +80,8 @@ class SamplingParams:
               "stop_token_ids must be non-negative")
         check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
               f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}")
+        check(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS, "prompt_logprobs",
+              f"prompt_logprobs must be between 0 and {MAX_LOGPROBS}, got {self.prompt_logprobs}")
 
     @property
     def greedy(self) -> bool:

@@ -4,7 +4,8 @@ Every frame is a msgpack map with a "type" and the fields that type declares. `d
 size, the type, every field's presence and type, and refuses anything it does not know, so a malformed
 frame raises `WireError` and is never acted upon. Nothing is ever unpickled.
 
-gateway -> worker: AddRequest, AbortRequests, DebugQuery (operator questions: /debug/kv)
+gateway -> worker: AddRequest, AbortRequests, AbortChoices (some choices of an n > 1 request),
+                   DebugQuery (operator questions: /debug/kv)
 worker -> gateway: WorkerReady, StepOutputs (token deltas and stats after every step), Heartbeat
                    (stats while idle), RequestFailed (a request the engine refused), DebugReply
 """
@@ -64,6 +65,15 @@ class AbortRequests:
 
 
 @dataclass(frozen=True)
+class AbortChoices:
+    """Stop some choices of one request (each ended on a stop string in the gateway); the others run on."""
+
+    TYPE: ClassVar[str] = "abort_choices"
+    request_id: str
+    indices: list[int]
+
+
+@dataclass(frozen=True)
 class WorkerReady:
     TYPE: ClassVar[str] = "ready"
     NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("max_model_len", "vocab_size")
@@ -84,7 +94,8 @@ LogprobRow = list[Any]
 @dataclass(frozen=True)
 class TokenDelta:
     """New tokens of one choice. logprobs, when asked for: one [token_id, logprob, [[id, logprob], ...]]
-    per new token."""
+    per new token. prompt_logprobs, when asked for, once per request (on choice 0's first delta): one
+    [token_id, logprob, rank, [[id, logprob], ...]] per prompt token after the first."""
 
     NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("index", "num_prompt_tokens", "num_cached_tokens", "queue_time")
     request_id: str
@@ -96,6 +107,7 @@ class TokenDelta:
     logprobs: list[LogprobRow] | None = None
     stop_token_id: int | None = None
     queue_time: float | None = None  # seconds waited before first scheduled, on a choice's first delta
+    prompt_logprobs: list[list[Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -143,9 +155,9 @@ class DebugReply:
 
 
 MESSAGE_TYPES = {cls.TYPE: cls for cls in (AddRequest, AbortRequests, WorkerReady, StepOutputs, Heartbeat,
-                                           RequestFailed, DebugQuery, DebugReply)}
-Message = (AddRequest | AbortRequests | WorkerReady | StepOutputs | Heartbeat | RequestFailed | DebugQuery
-           | DebugReply)
+                                           RequestFailed, AbortChoices, DebugQuery, DebugReply)}
+Message = (AddRequest | AbortRequests | WorkerReady | StepOutputs | Heartbeat | RequestFailed | AbortChoices
+           | DebugQuery | DebugReply)
 
 
 def encode(message: Message) -> bytes:

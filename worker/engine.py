@@ -1,7 +1,10 @@
 """The engine: requests in, tokens out, one `step()` at a time (schedule -> execute -> sample -> update).
 
-The worker process drives it: `add_request`, `abort_request` and `step` from one thread. Everything
-here speaks token ids; text belongs to the gateway.
+The worker process drives it: `add_request`, `abort_request`, `abort_choice` and `step` from one thread.
+Everything here speaks token ids; text belongs to the gateway.
+
+`max_tokens=0` scores a prompt without generating: the request finishes with "length" once its prompt
+is computed (at once when it asked for no prompt logprobs).
 """
 
 from __future__ import annotations
@@ -63,7 +66,8 @@ class LLMEngine:
         self.eos_token_ids = frozenset(mc.eos_token_ids)
         self.sampler = Sampler(mc.vocab_size, self.eos_token_ids)
         self._requests: dict[str, list[Sequence]] = {}
-        # Choices 1..n-1 of a request wait until choice 0 has prefilled the prompt, then share its blocks.
+        # Choices 1..n-1 of a request wait until choice 0 (the leader) has prefilled the prompt, then
+        # share its blocks. Any scheduled sequence of a request that still has forks here is its leader.
         self._forks: dict[str, list[Sequence]] = {}
         self._pending: list[SequenceOutput] = []  # aborts to report on the next step
         self.kv_audit = KvAuditor(self.block_manager, KV_AUDIT_EVERY_STEPS)
@@ -114,6 +118,12 @@ class LLMEngine:
                 seq.deadline = deadline
             self._deadlines.add(request_id, deadline)
         self._requests[request_id] = seqs
+        if max_tokens == 0 and params.prompt_logprobs is None:
+            for seq in seqs:  # nothing to compute
+                self.scheduler.finish(seq, "length")
+                self._pending.append(self._output(seq, [], None))
+            del self._requests[request_id]
+            return
         self.scheduler.add(seqs[0])
         if len(seqs) > 1:
             self._forks[request_id] = seqs[1:]
@@ -132,7 +142,8 @@ class LLMEngine:
         except SamplingParamsError as e:
             raise RequestRejected(str(e), e.param) from e
         limit = self.max_model_len
-        if len(prompt) >= limit:
+        # Scoring alone (max_tokens 0) may fill the whole context.
+        if len(prompt) > limit or (len(prompt) == limit and params.max_tokens != 0):
             raise RequestRejected(f"the prompt has {len(prompt)} tokens; this model's context length is {limit}, "
                                   "which leaves no room for output", "prompt")
         max_tokens = params.max_tokens if params.max_tokens is not None else limit - len(prompt)
@@ -166,6 +177,28 @@ class LLMEngine:
                     self.scheduler.finish(seq, "deadline")
                     self._pending.append(self._output(seq, [], None))
 
+    def abort_choice(self, request_id: str, index: int) -> None:
+        """Stop one choice of a request (it ended on a stop string in the gateway) while the others run on;
+        its blocks are free when this returns. Unknown or finished choices are ignored."""
+        seqs = self._requests.get(request_id)
+        if seqs is None or not 0 <= index < len(seqs) or seqs[index].is_finished:
+            return
+        seq = seqs[index]
+        forks = self._forks.get(request_id)
+        if forks and seq in forks:
+            forks.remove(seq)  # parked: it never ran
+        elif forks:
+            # The leader goes before it prefilled the prompt: the first parked choice takes its place.
+            leader = forks.pop(0)
+            if seq.prompt_logprobs is not None:
+                leader.prompt_logprobs = []
+            self.scheduler.add_front([leader])
+        if forks == []:
+            del self._forks[request_id]
+        self.scheduler.finish(seq, "abort")
+        self._pending.append(self._output(seq, [], None))
+        self._forget_if_done(request_id)
+
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests) or bool(self._pending)
 
@@ -177,9 +210,11 @@ class LLMEngine:
         if not batch.seqs:
             return outputs
         inputs = self.runner.prepare(batch)
-        logits = self.runner.execute(inputs)  # [num_sampling, vocab]
+        result = self.runner.execute(inputs)
         sampling_seqs = [batch.seqs[i] for i in inputs.sampling_rows]
-        sampled = self.sampler(logits, [_sampling_row(seq) for seq in sampling_seqs])
+        sampled = self.sampler(result.logits, [_sampling_row(seq) for seq in sampling_seqs])
+        for i, entries in result.prompt_logprobs.items():
+            batch.seqs[i].prompt_logprobs.extend(entries)
         self._advance(batch)
         for seq, token, logprobs in zip(sampling_seqs, sampled.token_ids, sampled.logprobs):
             seq.token_ids.append(token)
@@ -189,14 +224,29 @@ class LLMEngine:
             outputs.append(self._output(seq, [token], None if logprobs is None else [logprobs]))
             if reason is not None:
                 self._forget_if_done(seq.request_id)
+        outputs.extend(self._finish_scored_prompts(batch))
         self.kv_audit.after_step(self._live_sequences())
+        return outputs
+
+    def _finish_scored_prompts(self, batch: ScheduledBatch) -> list[SequenceOutput]:
+        """max_tokens 0: a request is done once its prompt is computed; its other choices (parked or just
+        released) end with it, without running."""
+        outputs = []
+        for seq in batch.seqs:
+            if seq.max_tokens == 0 and not seq.is_finished and seq.num_computed_tokens >= seq.num_prompt_tokens:
+                for s in self._requests[seq.request_id]:
+                    if not s.is_finished:
+                        self.scheduler.finish(s, "length")
+                        outputs.append(self._output(s, [], None))
+                self._forks.pop(seq.request_id, None)
+                del self._requests[seq.request_id]
         return outputs
 
     def _advance(self, batch: ScheduledBatch) -> None:
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             seq.num_computed_tokens += n
             self.block_manager.register_computed_blocks(seq)
-            if seq.index == 0 and seq.num_computed_tokens >= seq.num_prompt_tokens:
+            if seq.num_computed_tokens >= seq.num_prompt_tokens:
                 forks = self._forks.pop(seq.request_id, None)
                 if forks:
                     self.scheduler.add_front(forks)
@@ -219,11 +269,14 @@ class LLMEngine:
 
     @staticmethod
     def _output(seq: Sequence, tokens: list[int], logprobs) -> SequenceOutput:
+        prompt_logprobs = None
+        if seq.prompt_logprobs_complete and seq.finish_reason != "abort":
+            prompt_logprobs, seq.prompt_logprobs = seq.prompt_logprobs, None  # sent once
         return SequenceOutput(
             request_id=seq.request_id, index=seq.index, new_token_ids=tokens, logprobs=logprobs,
             finish_reason=seq.finish_reason, num_prompt_tokens=seq.num_prompt_tokens,
             num_cached_tokens=seq.num_cached_prompt_tokens or 0, stop_token_id=seq.stop_token_id,
-            queue_time=seq.queue_time)
+            queue_time=seq.queue_time, prompt_logprobs=prompt_logprobs)
 
     # ----- observability -----
     def _live_sequences(self) -> Iterable[Sequence]:
@@ -267,6 +320,8 @@ class LLMEngine:
                 result.num_cached_tokens = out.num_cached_tokens
                 if out.finish_reason is not None:
                     result.finish_reasons[out.index] = out.finish_reason
+                if out.prompt_logprobs is not None:
+                    result.prompt_logprobs = out.prompt_logprobs
         return list(results.values())
 
 

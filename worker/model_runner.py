@@ -1,7 +1,9 @@
-"""Turns a scheduled batch into model inputs, runs the model, and returns logits for the sampling rows.
+"""Turns a scheduled batch into model inputs, runs the model, and returns logits for the sampling rows
+(and the prompt logprobs of sequences scoring their prompt).
 
-A sequence samples this step when its chunk reaches its last known token; an earlier prefill chunk
-only fills the cache, and computing its logits would be wasted work.
+A sequence samples this step when its chunk reaches its last known token and it may still generate; an
+earlier prefill chunk only fills the cache, and computing its logits would be wasted work, unless the
+request asked for prompt logprobs (worker/prompt_logprobs.py).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import torch
 
 from worker.attention import AttentionMetadata
 from worker.models.decoder import DecoderForCausalLM
+from worker.prompt_logprobs import PromptSpan, PromptTokenLogprob, prompt_rows_to_score, score_prompt_rows
 from worker.scheduler import ScheduledBatch
 
 
@@ -22,6 +25,15 @@ class StepInputs:
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # [num_sampling] int64: rows of the hidden states that sample
     sampling_rows: list[int]  # batch index of each sampling row
+    prompt_rows: torch.Tensor  # [num_prompt_rows] int64: rows of the hidden states that score a prompt token
+    prompt_targets: torch.Tensor  # [num_prompt_rows] int64: the prompt token each of them scores
+    prompt_spans: list[PromptSpan]  # which sequence each run of prompt rows belongs to
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor  # [num_sampling, vocab] float32
+    prompt_logprobs: dict[int, list[PromptTokenLogprob]]  # batch index -> this step's new prompt entries
 
 
 class ModelRunner:
@@ -40,15 +52,23 @@ class ModelRunner:
         context_lens: list[int] = []
         logits_indices: list[int] = []
         sampling_rows: list[int] = []
+        prompt_rows: list[int] = []
+        prompt_targets: list[int] = []
+        prompt_spans: list[PromptSpan] = []
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
             start = seq.num_computed_tokens
             end = start + n
+            scored = prompt_rows_to_score(seq, start, end)
+            if scored:
+                prompt_spans.append(PromptSpan(i, len(prompt_rows), len(scored), seq.params.prompt_logprobs))
+                prompt_rows.extend(len(input_ids) + q - start for q in scored)
+                prompt_targets.extend(seq.token_ids[q + 1] for q in scored)
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
             context_lens.append(end)
-            if end == seq.num_tokens:
+            if end == seq.num_tokens and seq.num_output_tokens < seq.max_tokens:
                 logits_indices.append(len(input_ids) - 1)
                 sampling_rows.append(i)
         max_blocks = max(len(seq.block_table) for seq in batch.seqs)
@@ -73,12 +93,31 @@ class ModelRunner:
             meta=meta,
             logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=dev),
             sampling_rows=sampling_rows,
+            prompt_rows=torch.tensor(prompt_rows, dtype=torch.int64, device=dev),
+            prompt_targets=torch.tensor(prompt_targets, dtype=torch.int64, device=dev),
+            prompt_spans=prompt_spans,
         )
 
     @torch.inference_mode()
-    def execute(self, inputs: StepInputs) -> torch.Tensor:
-        """Returns [num_sampling, vocab] float32 logits (empty when no sequence samples)."""
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
-        if not inputs.sampling_rows:
-            return hidden.new_empty((0, self.model.config.vocab_size), dtype=torch.float32)
-        return self.model.compute_logits(hidden[inputs.logits_indices])
+    def execute(self, inputs: StepInputs) -> ModelOutput:
+        """Logits of the sampling rows (empty when no sequence samples) and new prompt logprobs."""
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)  # [tokens, hidden]
+        vocab = self.model.config.vocab_size
+        if inputs.sampling_rows:
+            logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        else:
+            logits = hidden.new_empty((0, vocab), dtype=torch.float32)
+        return ModelOutput(logits, self._prompt_logprobs(hidden, inputs) if inputs.prompt_spans else {})
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs) -> dict[int, list[PromptTokenLogprob]]:
+        max_k = max(span.k for span in inputs.prompt_spans)
+        scored = score_prompt_rows(self.model.compute_logits, hidden[inputs.prompt_rows], inputs.prompt_targets,
+                                   self.model.config.vocab_size, max_k)
+        out: dict[int, list[PromptTokenLogprob]] = {}
+        for span in inputs.prompt_spans:
+            entries = scored[span.first_row:span.first_row + span.count]
+            if span.k < max_k:
+                for e in entries:
+                    e.top = e.top[:span.k]
+            out[span.batch_index] = entries
+        return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from worker.prompt_logprobs import PromptTokenLogprob
 from worker.sampler import TokenLogprobs
 
 
@@ -29,6 +30,8 @@ class SequenceOutput:
     num_cached_tokens: int  # prompt tokens served from the prefix cache
     stop_token_id: int | None = None  # the stop_token_ids entry that ended the choice
     queue_time: float | None = None  # seconds from arrival to first admission (None before admission)
+    # Once per request when asked for, on the output that completes the prompt: entry i scores prompt token i + 1.
+    prompt_logprobs: list[PromptTokenLogprob] | None = None
 
 
 @dataclass(frozen=True)
@@ -53,3 +56,4 @@ class Completion:
     logprobs: list[list[TokenLogprobs]] = field(default_factory=list)
     finish_reasons: list[str | None] = field(default_factory=list)
     num_cached_tokens: int = 0
+    prompt_logprobs: list[PromptTokenLogprob] | None = None  # entry i scores prompt token i + 1

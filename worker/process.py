@@ -122,6 +122,10 @@ def _handle(engine: LLMEngine, message, outbox: queue.Queue) -> None:
         for request_id in message.request_ids:
             engine.abort_request(request_id)
         return
+    if isinstance(message, wire.AbortChoices):
+        for index in message.indices:
+            engine.abort_choice(message.request_id, index)
+        return
     try:
         params = wire.sampling_params_from_wire(message.params)
         deadline = None if message.timeout_s is None else time.monotonic() + message.timeout_s
@@ -167,7 +171,8 @@ def _receive(ctx: zmq.Context, address: str, inbox: queue.Queue, outbox: queue.Q
             continue
         frame = sock.recv(copy=True)
         try:
-            inbox.put(wire.decode(frame, (wire.AddRequest, wire.AbortRequests, wire.DebugQuery)))
+            inbox.put(wire.decode(frame, (wire.AddRequest, wire.AbortRequests, wire.AbortChoices,
+                                          wire.DebugQuery)))
         except wire.WireError as e:
             log.warning("rejected a frame from the gateway: %s", e)
             if e.request_id is not None:  # answer it, so the request does not wait forever
@@ -187,10 +192,14 @@ def _delta(out: SequenceOutput) -> wire.TokenDelta:
     logprobs = None
     if out.logprobs is not None:
         logprobs = [[lp.token_id, lp.logprob, [list(t) for t in lp.top]] for lp in out.logprobs]
+    prompt_logprobs = None
+    if out.prompt_logprobs is not None:
+        prompt_logprobs = [[lp.token_id, lp.logprob, lp.rank, [list(t) for t in lp.top]] for lp in out.prompt_logprobs]
     return wire.TokenDelta(request_id=out.request_id, index=out.index, token_ids=out.new_token_ids,
                            finish_reason=out.finish_reason, num_prompt_tokens=out.num_prompt_tokens,
                            num_cached_tokens=out.num_cached_tokens, logprobs=logprobs,
-                           stop_token_id=out.stop_token_id, queue_time=out.queue_time)
+                           stop_token_id=out.stop_token_id, queue_time=out.queue_time,
+                           prompt_logprobs=prompt_logprobs)
 
 
 def _stats(s: EngineStats) -> wire.WorkerStats:

@@ -82,7 +82,9 @@ class Scheduler:
     def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> int:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            hits = self.block_manager.match_prefix(seq)
+            # A prompt being scored must be computed whole; it neither looks up nor counts as a query.
+            looks_up = not seq.needs_prompt_logprobs
+            hits = self.block_manager.match_prefix(seq) if looks_up else []
             num_new = min(seq.num_tokens - len(hits) * self.block_manager.block_size, budget)
             if not self.block_manager.can_allocate(seq, num_new, hits):
                 break
@@ -91,8 +93,9 @@ class Scheduler:
             if seq.num_cached_prompt_tokens is None:
                 seq.num_cached_prompt_tokens = min(seq.num_computed_tokens, seq.num_prompt_tokens)
                 seq.queue_time = time.monotonic() - seq.arrival_time
-            self.prefix_query_tokens += seq.num_tokens
-            self.prefix_hit_tokens += seq.num_computed_tokens
+            if looks_up:
+                self.prefix_query_tokens += seq.num_tokens
+                self.prefix_hit_tokens += seq.num_computed_tokens
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             batch.seqs.append(seq)

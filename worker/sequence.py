@@ -39,6 +39,9 @@ class Sequence:
         self.arrival_time = time.monotonic()
         self.queue_time: float | None = None  # seconds from arrival to first admission
         self.deadline: float | None = None  # time.monotonic() by which the request must be done
+        # Prompt scoring, by the choice that prefills the prompt (the others share it): entry i is the
+        # logprob of prompt token i + 1. None when not asked for, and again once sent.
+        self.prompt_logprobs: list | None = [] if params.prompt_logprobs is not None and index == 0 else None
 
     @property
     def num_tokens(self) -> int:
@@ -55,6 +58,16 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Still scoring its prompt: every prompt position must run through the model, so such a
+        sequence takes no prefix-cache hits (its blocks are still shared with later requests)."""
+        return self.prompt_logprobs is not None
+
+    @property
+    def prompt_logprobs_complete(self) -> bool:
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) == self.num_prompt_tokens - 1
 
     @property
     def is_finished(self) -> bool:

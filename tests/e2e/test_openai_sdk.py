@@ -74,3 +74,15 @@ def test_unicode_streams_without_replacement_characters(client):
     assert "".join(pieces) == whole.choices[0].message.content
     # A reply cut off by max_tokens inside a character ends with U+FFFD in both; nothing else may hold one.
     assert sum(p.count("\ufffd") for p in pieces) == whole.choices[0].message.content.count("\ufffd")
+
+
+def test_prompt_scoring_prefers_the_true_answer(client):
+    """echo + logprobs + max_tokens 0 (lm-evaluation-harness's loglikelihood request) on the real model."""
+    def loglikelihood(text: str) -> float:
+        r = client.completions.create(model=MODEL, prompt=text, echo=True, logprobs=1, max_tokens=0, temperature=0)
+        choice = r.choices[0]
+        assert choice.text == text and choice.finish_reason == "length" and r.usage.completion_tokens == 0
+        assert choice.logprobs.token_logprobs[0] is None and len(choice.logprobs.tokens) == r.usage.prompt_tokens
+        return sum(choice.logprobs.token_logprobs[1:])
+
+    assert loglikelihood("The capital of France is Paris.") > loglikelihood("The capital of France is London.") + 1

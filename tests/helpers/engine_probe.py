@@ -41,12 +41,12 @@ def probe(engine: LLMEngine) -> dict[str, list[tuple[int, torch.Tensor]]]:
         return batch
 
     def execute(inputs):
-        logits = original_execute(inputs)
+        result = original_execute(inputs)
         batch = batches[-1]
         for row, i in enumerate(inputs.sampling_rows):
             seq = batch.seqs[i]
-            records.setdefault(seq.request_id, []).append((seq.num_tokens, logits[row].clone()))
-        return logits
+            records.setdefault(seq.request_id, []).append((seq.num_tokens, result.logits[row].clone()))
+        return result
 
     engine.scheduler.schedule = schedule
     runner.execute = execute

@@ -42,7 +42,6 @@ CASES = {
     "stop string too long": (COMP, comp(stop="x" * 33), 400, "stop"),
     "empty stop string": (COMP, comp(stop=[""]), 400, "stop"),
     "logprobs above 20": (COMP, comp(logprobs=21), 400, "logprobs"),
-    "echo with logprobs": (COMP, comp(echo=True, logprobs=1), 400, "echo"),
     "logit_bias bad key": (COMP, comp(logit_bias={"abc": 1}), 400, "logit_bias"),
     "logit_bias out of range": (COMP, comp(logit_bias={"5": 500}), 400, "logit_bias"),
     "logit_bias token outside vocab": (COMP, comp(logit_bias={"99999999": 1}), 400, "logit_bias"),

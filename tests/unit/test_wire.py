@@ -19,13 +19,15 @@ MESSAGES = [
                      max_model_len=512, vocab_size=320, stats=STATS),
     wire.StepOutputs(deltas=[wire.TokenDelta(request_id="r1", index=0, token_ids=[7], finish_reason=None,
                                              num_prompt_tokens=3, num_cached_tokens=0,
-                                             logprobs=[[7, -0.5, [[7, -0.5], [9, -1.25]]]], queue_time=0.01)],
+                                             logprobs=[[7, -0.5, [[7, -0.5], [9, -1.25]]]], queue_time=0.01,
+                                             prompt_logprobs=[[2, -1.5, 3, [[4, -0.25]]], [3, -0.75, 1, []]])],
                      stats=STATS),
     wire.Heartbeat(stats=STATS),
     wire.RequestFailed(request_id="r1", message="too long", param="prompt"),
     wire.AddRequest(request_id="r2", prompt_token_ids=[4], params={}, timeout_s=2.5),
     wire.DebugQuery(token="t1", what="inject_kv_fault", arg="leak"),
     wire.DebugReply(token="t1", body={"totals": {"used": 3}, "requests": {"r1": []}}, error=None),
+    wire.AbortChoices(request_id="r1", indices=[0, 2]),
 ]
 ALL = tuple(type(m) for m in MESSAGES)
 
@@ -37,7 +39,7 @@ def test_round_trip(message):
 
 def test_sampling_params_round_trip():
     params = SamplingParams(n=3, max_tokens=9, temperature=0.5, top_k=4, logit_bias={11: 2.0, 3: -100.0},
-                            stop_token_ids=(4, 5), seed=-7, logprobs=2)
+                            stop_token_ids=(4, 5), seed=-7, logprobs=2, prompt_logprobs=3)
     message = wire.decode(wire.encode(wire.AddRequest("r", [1], wire.sampling_params_to_wire(params))), ALL)
     assert wire.sampling_params_from_wire(message.params) == params
 
@@ -62,6 +64,7 @@ GOOD_ADD = {"type": "add", "request_id": "r", "prompt_token_ids": [1, 2], "param
     (frame({"type": "outputs", "deltas": [{"request_id": "r"}], "stats": {}}), "missing field"),
     (frame({**GOOD_ADD, "timeout_s": "soon"}), "expected float"),
     (frame({"type": "debug_reply", "token": "t", "body": []}), r"expected dict\[str, Any\]"),
+    (frame({"type": "abort_choices", "request_id": "r", "indices": ["0"]}), r"expected list\[int\]"),
 ], ids=lambda v: v.replace(" ", "-") if isinstance(v, str) else "")
 def test_malformed_frames_are_refused(raw, problem):
     with pytest.raises(wire.WireError, match=problem):
