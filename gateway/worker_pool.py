@@ -228,7 +228,8 @@ class WorkerSlot:
         """A delta names one of its request's choices and tokens of the model's vocabulary (a worker bug
         must fail loudly here, not as a crash in the request's text handling)."""
         vocab = self.ready.vocab_size if self.ready is not None else 0
-        if delta.index < handle.n and all(t < vocab for t in delta.token_ids):
+        scored = [i for row in delta.prompt_logprobs or () for i in (row[0], *(t for t, _ in row[3]))]
+        if delta.index < handle.n and all(t < vocab for t in (*delta.token_ids, *scored)):
             return True
         log.warning("rejected a delta from worker %d: choice %d of %d, tokens %s (vocabulary %d)", self.index,
                     delta.index, handle.n, delta.token_ids[:8], vocab)

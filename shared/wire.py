@@ -89,6 +89,8 @@ class WorkerReady:
 
 # One sampled token's logprob entry: [token_id, logprob, [[token_id, logprob], ...]] (the top alternatives).
 LogprobRow = list[Any]
+# One scored prompt token: [token_id, logprob, rank, [[token_id, logprob], ...]].
+PromptLogprobRow = list[Any]
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ class TokenDelta:
     logprobs: list[LogprobRow] | None = None
     stop_token_id: int | None = None
     queue_time: float | None = None  # seconds waited before first scheduled, on a choice's first delta
-    prompt_logprobs: list[list[Any]] | None = None
+    prompt_logprobs: list[PromptLogprobRow] | None = None
 
 
 @dataclass(frozen=True)
@@ -249,6 +251,10 @@ def _check(annotation: str, value: Any, where: str) -> Any:
         if not isinstance(value, list) or not all(_is_logprob_row(row) for row in value):
             raise WireError(f"{where}: expected [token_id, logprob, [[token_id, logprob], ...]] rows")
         return value
+    if kind == "list[PromptLogprobRow]":
+        if not isinstance(value, list) or not all(_is_prompt_logprob_row(row) for row in value):
+            raise WireError(f"{where}: expected [token_id, logprob, rank, [[token_id, logprob], ...]] rows")
+        return value
     if kind == "WorkerStats":
         return _build(WorkerStats, value, where)
     if kind == "list[TokenDelta]":
@@ -270,6 +276,11 @@ def _is_logprob_row(row: Any) -> bool:
     return (isinstance(row, list) and len(row) == 3 and _is_token_id(row[0]) and _is_logprob(row[1])
             and isinstance(row[2], list) and all(isinstance(p, list) and len(p) == 2 and _is_token_id(p[0])
                                                  and _is_logprob(p[1]) for p in row[2]))
+
+
+def _is_prompt_logprob_row(row: Any) -> bool:
+    return (isinstance(row, list) and len(row) == 4 and type(row[2]) is int and row[2] >= 1
+            and _is_logprob_row([row[0], row[1], row[3]]))
 
 
 def sampling_params_to_wire(params) -> dict[str, Any]:

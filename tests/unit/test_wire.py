@@ -49,6 +49,10 @@ def frame(body) -> bytes:
 
 
 GOOD_ADD = {"type": "add", "request_id": "r", "prompt_token_ids": [1, 2], "params": {}}
+GOOD_DELTA = {"request_id": "r", "index": 0, "token_ids": [7], "finish_reason": None, "num_prompt_tokens": 3,
+              "num_cached_tokens": 0}
+STATS_MAP = {"num_running": 0, "num_waiting": 0, "kv_blocks_total": 1, "kv_blocks_used": 0,
+             "prefix_cache_query_tokens": 0, "prefix_cache_hit_tokens": 0, "num_preemptions": 0}
 
 
 @pytest.mark.parametrize("raw, problem", [
@@ -65,6 +69,10 @@ GOOD_ADD = {"type": "add", "request_id": "r", "prompt_token_ids": [1, 2], "param
     (frame({**GOOD_ADD, "timeout_s": "soon"}), "expected float"),
     (frame({"type": "debug_reply", "token": "t", "body": []}), r"expected dict\[str, Any\]"),
     (frame({"type": "abort_choices", "request_id": "r", "indices": ["0"]}), r"expected list\[int\]"),
+    (frame({"type": "outputs", "stats": STATS_MAP, "deltas": [{**GOOD_DELTA, "prompt_logprobs": [[1, -0.5, 0, []]]}]}),
+     r"rank"),  # ranks start at 1
+    (frame({"type": "outputs", "stats": STATS_MAP, "deltas": [{**GOOD_DELTA, "prompt_logprobs": [[1, -0.5, [[2, -1]]]]}]}),
+     r"rank"),
 ], ids=lambda v: v.replace(" ", "-") if isinstance(v, str) else "")
 def test_malformed_frames_are_refused(raw, problem):
     with pytest.raises(wire.WireError, match=problem):
