@@ -38,6 +38,7 @@ class Sequence:
         self.num_preemptions = 0
         self.arrival_time = time.monotonic()
         self.queue_time: float | None = None  # seconds from arrival to first admission
+        self.grammar = None  # worker.structured_output.SequenceGrammar for structured output
 
     @property
     def num_tokens(self) -> int:
