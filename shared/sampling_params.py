@@ -43,8 +43,6 @@ class SamplingParams:
     # Structured output: an llguidance grammar (the serialized form `llguidance.LLMatcher` takes) that
     # every output token must follow; None: unconstrained.
     grammar: str | None = None
-    # The grammar starts only after this token is generated (a reasoning model's </think>); None: at once.
-    grammar_start_token_id: int | None = None
 
     def __post_init__(self) -> None:
         if self.top_k == -1:
@@ -85,9 +83,6 @@ class SamplingParams:
               f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}")
         check(self.grammar is None or (isinstance(self.grammar, str) and 0 < len(self.grammar) <= MAX_GRAMMAR_CHARS),
               "response_format", f"a grammar must be a non-empty string of at most {MAX_GRAMMAR_CHARS} characters")
-        check(self.grammar_start_token_id is None
-              or (isinstance(self.grammar_start_token_id, int) and self.grammar_start_token_id >= 0),
-              "response_format", "grammar_start_token_id must be a non-negative token id")
 
     @property
     def greedy(self) -> bool:
@@ -95,9 +90,7 @@ class SamplingParams:
 
     def check_token_ids(self, vocab_size: int) -> None:
         """Token ids given by the client must exist in the model's vocabulary."""
-        start = () if self.grammar_start_token_id is None else (self.grammar_start_token_id,)
-        for param, ids in (("logit_bias", self.logit_bias.keys()), ("stop_token_ids", self.stop_token_ids),
-                           ("response_format", start)):
+        for param, ids in (("logit_bias", self.logit_bias.keys()), ("stop_token_ids", self.stop_token_ids)):
             bad = [t for t in ids if t >= vocab_size]
             if bad:
                 raise SamplingParamsError(param, f"token id {bad[0]} is outside the vocabulary (size {vocab_size})")

@@ -84,7 +84,7 @@ class LLMEngine:
         if params.grammar is not None:
             try:
                 for seq in seqs:
-                    seq.grammar = self.grammars.sequence_grammar(params.grammar, params.grammar_start_token_id)
+                    seq.grammar = self.grammars.sequence_grammar(params.grammar)
             except GrammarError as e:
                 raise RequestRejected(f"the grammar does not compile: {e}", "response_format") from e
         self._requests[request_id] = seqs
@@ -236,6 +236,6 @@ def _sampling_row(seq: Sequence) -> SamplingRow:
         prompt_token_ids=seq.prompt_token_ids if needs_prompt else (),
         output_token_ids=seq.output_token_ids if needs_output else (),
         generator=seq.generator,
-        grammar=seq.grammar if seq.grammar is not None and seq.grammar.active else None,
+        grammar=seq.grammar,
     )
 

@@ -57,23 +57,19 @@ class GrammarCompiler:
                                               self.eos_token_ids)
         return self._tokenizer
 
-    def sequence_grammar(self, grammar: str, start_token_id: int | None) -> SequenceGrammar:
+    def sequence_grammar(self, grammar: str) -> SequenceGrammar:
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=parser_limits())
         if matcher.is_error():
             raise GrammarError(matcher.get_error())
-        return SequenceGrammar(matcher, self.vocab_size, self.eos_token_ids, start_token_id)
+        return SequenceGrammar(matcher, self.eos_token_ids)
 
 
 class SequenceGrammar:
     """The grammar state of one sequence."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, eos_token_ids: frozenset[int],
-                 start_token_id: int | None):
+    def __init__(self, matcher: llguidance.LLMatcher, eos_token_ids: frozenset[int]):
         self.matcher = matcher
-        self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
-        self.start_token_id = start_token_id
-        self.active = start_token_id is None  # waiting for the start token (e.g. </think>) until then
         self.num_masks = 0  # full masks computed, for tests and benchmarks
 
     def allows(self, token_id: int) -> bool:
@@ -88,9 +84,6 @@ class SequenceGrammar:
     def advance(self, token_id: int) -> bool:
         """Follow one generated token; True when the grammar is complete (nothing but the end may come),
         which ends the sequence."""
-        if not self.active:
-            self.active = token_id == self.start_token_id
-            return False
         if token_id in self.eos_token_ids:
             return False  # the engine ends the sequence on EOS itself
         if not self.matcher.consume_token(token_id):

@@ -169,20 +169,6 @@ def test_engine_output_follows_a_json_schema(tiny):
         json.loads(tok.decode_str(free.token_ids[0]))
 
 
-def test_grammar_waits_for_its_start_token(tiny):
-    """With grammar_start_token_id the first tokens are free; the grammar takes over after that token."""
-    engine = make_engine(tiny)
-    grammar = llguidance.LLMatcher.grammar_from_json_schema(SCHEMA, overrides=OPTIONS)
-    tok = engine.grammars.tokenizer
-    prompt = tok.tokenize_str("Weather report:")
-    free = engine.generate([prompt], SamplingParams(max_tokens=3, temperature=0.0))[0].token_ids[0]
-    start = free[2]  # the greedy third token: two free tokens, then the grammar
-    params = SamplingParams(max_tokens=60, temperature=0.0, grammar=grammar, grammar_start_token_id=start)
-    out = engine.generate([prompt], params)[0].token_ids[0]
-    assert out[:3] == free
-    jsonschema.validate(json.loads(tok.decode_str(out[3:])), SCHEMA)
-
-
 def test_a_bad_grammar_is_rejected_with_its_param(tiny):
     from worker.outputs import RequestRejected
 
