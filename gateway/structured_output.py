@@ -103,8 +103,29 @@ def json_options(strict: bool) -> dict[str, Any]:
     return {**JSON_LAYOUT, "lenient": not strict}
 
 
-def json_schema_grammar(fmt: ResponseFormat) -> str:
-    return llguidance.LLMatcher.grammar_from_json_schema(fmt.schema, overrides=json_options(fmt.strict))
+def schema_lark(schema: dict[str, Any], strict: bool) -> str:
+    """A schema as the argument of Lark's %json, carrying its compile options."""
+    return json.dumps({**schema, "x-guidance": json_options(strict)}, ensure_ascii=False)
+
+
+def response_format_rules(fmt: ResponseFormat) -> list[str]:
+    return [f"answer: %json {schema_lark(fmt.schema, fmt.strict)}"]
+
+
+# How the output may open with reasoning (Qwen3's <think>...</think>) before the constrained answer:
+# "none": no reasoning (the model has no think tokens, or the prompt closed the block already);
+# "open": the prompt ends inside <think>; "optional": the model may open a think block itself.
+_REASONING_START = {"none": "start: answer", "open": "start: think answer",
+                    "optional": "start: (<think> think)? answer"}
+
+
+def build_grammar(answer_rules: list[str], reasoning: str) -> str:
+    """The llguidance grammar for a request: reasoning (free text, which cannot contain </think>: it is
+    matched as the token) first where the model thinks, then the rules' `answer`."""
+    rules = ["%llguidance {}", _REASONING_START[reasoning], *answer_rules]
+    if reasoning != "none":
+        rules += ["think: THINK </think> /[ \\n]*/", "THINK: /(.|\\n)*/"]
+    return llguidance.LLMatcher.grammar_from_lark("\n".join(rules) + "\n")
 
 
 class GrammarChecker:

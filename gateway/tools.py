@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.errors import invalid
-from gateway.structured_output import ResponseFormat, check_schema, json_options
+from gateway.structured_output import ResponseFormat, check_schema, schema_lark
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
@@ -186,34 +186,40 @@ def call_prefix(name: str) -> str:
     return '{"name": ' + json.dumps(name) + ', "arguments": '
 
 
-def tool_grammar(spec: ToolSpec, response_format: ResponseFormat | None) -> str | None:
-    """The llguidance Lark grammar for the request's tool_choice; None for `none`."""
-    if not spec.calls_possible:
-        return None
+def lark_tag(tag: str, is_token: bool) -> str:
+    """A tag in a Lark grammar: by token where the tokenizer has it as one (llguidance matches added
+    tokens by id, not by their text), else as text."""
+    return tag if is_token else _lit(tag)
+
+
+def tool_grammar_rules(spec: ToolSpec, response_format: ResponseFormat | None, tags_are_tokens: bool) -> list[str]:
+    """Lark rules defining `answer` for the request's tool_choice (not for `none`, which has no grammar)."""
     tools = [t for t in spec.tools if spec.choice != "named" or t.name == spec.named]
-    rules = ["%llguidance {}"]
-    body = " | ".join(f"call_{i}" for i in range(len(tools)))
-    more = f' ("\\n" {_lit(CALL_OPEN + chr(10))} body {_lit(chr(10) + CALL_CLOSE)})*' if spec.parallel else ""
-    if spec.choice == "named":
-        rules.append(f"start: {_lit(CALL_OPEN + chr(10))} body {_lit(chr(10) + CALL_CLOSE)}")
-    elif spec.choice == "required":
-        rules.append(f"start: {_lit(CALL_OPEN + chr(10))} body {_lit(chr(10) + CALL_CLOSE)}{more}")
+    open_, close = lark_tag(CALL_OPEN, tags_are_tokens), lark_tag(CALL_CLOSE, tags_are_tokens)
+    call = f'{open_} "\\n" body "\\n" {close}'
+    more = f' ("\\n" {call})*' if spec.parallel else ""
+    rules = []
+    if spec.choice in ("named", "required"):
+        rules.append(f"answer: {call}{more if spec.choice == 'required' else ''}")
     elif response_format is not None:
         # A JSON answer starts with "{", a call with "<": no trigger needed to tell them apart.
-        answer = json.dumps({**response_format.schema, "x-guidance": json_options(response_format.strict)})
-        rules.append(f"start: answer | {_lit(CALL_OPEN + chr(10))} body {_lit(chr(10) + CALL_CLOSE)}{more}")
-        rules.append(f"answer: %json {answer}")
+        rules.append(f"answer: json_answer | {call}{more}")
+        rules.append(f"json_answer: %json {schema_lark(response_format.schema, response_format.strict)}")
+    elif tags_are_tokens:
+        # TEXT cannot produce the tag's token, so the call starts exactly where that token is sampled.
+        rules.append(f"answer: TEXT | TEXT {call}{more}")
     else:
-        rules.append(f"start: TEXT | head body {_lit(chr(10) + CALL_CLOSE)}{more}")
-        rules.append(f"head[lazy]: TEXT {_lit(CALL_OPEN + chr(10))}")
-        # Text alone must not contain a call opening, or a malformed call could hide in it.
+        # The call is a lazy trigger: free text until the opening tag, constrained from there.
+        rules.append(f'answer: TEXT | head "\\n" body "\\n" {close}{more}')
+        rules.append(f"head[lazy]: TEXT {open_}")
+    if spec.choice == "auto" and response_format is None:
+        # Text must not spell out the opening either, or a malformed call could hide in it.
         rules.append("TEXT: /(.|\\n)*/ & ~/(.|\\n)*" + re.escape(CALL_OPEN).replace("/", "\\/") + "(.|\\n)*/")
-    rules.append(f"body: {body}")
+    rules.append("body: " + " | ".join(f"call_{i}" for i in range(len(tools))))
     for i, tool in enumerate(tools):
-        arguments = json.dumps({**tool.parameters, "x-guidance": json_options(tool.strict)})
         rules.append(f"call_{i}: {_lit(call_prefix(tool.name))} args_{i} \"}}\"")
-        rules.append(f"args_{i}: %json {arguments}")
-    return "\n".join(rules) + "\n"
+        rules.append(f"args_{i}: %json {schema_lark(tool.parameters, tool.strict)}")
+    return rules
 
 
 def _lit(text: str) -> str:
