@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,11 @@ from worker.structured_output import build_tokenizer, parser_limits
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 MAX_SCHEMA_CHARS = 128 * 1024
 MAX_SCHEMA_DEPTH = 64  # nested objects/arrays in the schema document itself
+# Object properties in one schema. Optional properties cost the grammar most: 1000 of them compile in about
+# 0.1 s and 4000 in over a second, with masks to match.
+MAX_SCHEMA_PROPERTIES = 1000
+# A compile (in the gateway's check) slower than this is refused: the worker would pay it again.
+MAX_COMPILE_SECONDS = 1.0
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
@@ -81,21 +87,27 @@ def check_schema(schema: Any, param: str) -> None:
         raise invalid(f"{param} must be a JSON schema object", param)
     if len(json.dumps(schema)) > MAX_SCHEMA_CHARS:
         raise invalid(f"{param} is larger than {MAX_SCHEMA_CHARS} characters", param)
-    depth = _depth(schema)
+    depth, properties = _measure(schema)
     if depth > MAX_SCHEMA_DEPTH:
         raise invalid(f"{param} nests {depth} levels deep; at most {MAX_SCHEMA_DEPTH} are allowed", param)
+    if properties > MAX_SCHEMA_PROPERTIES:
+        raise invalid(f"{param} declares {properties} object properties; at most {MAX_SCHEMA_PROPERTIES} "
+                      "are allowed", param)
 
 
-def _depth(value: Any) -> int:
-    """Nesting depth of a JSON document, without recursion (a hostile document may be very deep)."""
-    deepest, stack = 0, [(value, 1)]
+def _measure(value: Any) -> tuple[int, int]:
+    """(nesting depth, number of entries in "properties" maps) of a JSON schema document, without
+    recursion (a hostile document may be very deep)."""
+    deepest, properties, stack = 0, 0, [(value, 1)]
     while stack:
         item, depth = stack.pop()
         if isinstance(item, (dict, list)):
             deepest = max(deepest, depth)
+            if isinstance(item, dict) and isinstance(item.get("properties"), dict):
+                properties += len(item["properties"])
             children = item.values() if isinstance(item, dict) else item
             stack.extend((child, depth + 1) for child in children)
-    return deepest
+    return deepest, properties
 
 
 def json_options(strict: bool) -> dict[str, Any]:
@@ -139,13 +151,20 @@ class GrammarChecker:
 
     async def check(self, grammar: str, param: str) -> None:
         async with self._lock:  # one compile at a time: the first builds the tokenizer (about 0.2 s)
+            if self._tokenizer is None:
+                await asyncio.to_thread(self._build_tokenizer)
+            started = time.monotonic()
             error = await asyncio.to_thread(self._validate, grammar)
+            took = time.monotonic() - started
+        if not error and took > MAX_COMPILE_SECONDS:
+            error = f"it took {took:.1f} s to compile (the limit is {MAX_COMPILE_SECONDS} s); simplify it"
         if error:
             raise invalid(f"{param}: the schema or grammar is not supported: {error}", param)
 
+    def _build_tokenizer(self) -> None:
+        self._tokenizer = build_tokenizer(self._source.to_str(), self._source.get_vocab_size(), [])
+
     def _validate(self, grammar: str) -> str:
-        if self._tokenizer is None:
-            self._tokenizer = build_tokenizer(self._source.to_str(), self._source.get_vocab_size(), [])
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
             grammar, self._tokenizer, limits=parser_limits())
         return messages[0] if is_error else ""

@@ -83,10 +83,11 @@ class LLMEngine:
                 for i in range(params.n)]
         if params.grammar is not None:
             try:
-                for seq in seqs:
-                    seq.grammar = self.grammars.sequence_grammar(params.grammar)
+                seqs[0].grammar = self.grammars.sequence_grammar(params.grammar)
             except GrammarError as e:
                 raise RequestRejected(f"the grammar does not compile: {e}", "response_format") from e
+            for seq in seqs[1:]:  # compiled once; each choice follows its own copy
+                seq.grammar = seqs[0].grammar.copy()
         self._requests[request_id] = seqs
         self.scheduler.add(seqs[0])
         if len(seqs) > 1:

@@ -113,9 +113,13 @@ def _mask_row(processed: torch.Tensor, raw: torch.Tensor, i: int, row: SamplingR
     """Forbidden tokens of row i -> -inf, in place on processed [num_rows, vocab]."""
     row.grammar.mask_(processed[i])
     if not bool(torch.isfinite(processed[i]).any()):
-        # min_tokens blocked the only tokens the grammar allows (its end): the grammar wins.
-        processed[i] = raw[i].float()
+        # min_tokens blocked the only tokens the grammar allows (its end): the grammar wins. (A grammar
+        # that allows nothing at all, after an error, leaves the raw row; the engine ends the choice.)
+        unmasked = raw[i].float()
+        processed[i] = unmasked
         row.grammar.mask_(processed[i])
+        if not bool(torch.isfinite(processed[i]).any()):
+            processed[i] = unmasked
 
 
 def _sample(processed: torch.Tensor, rows: list[SamplingRow], which: list[int], masked: set[int]) -> torch.Tensor:

@@ -72,6 +72,9 @@ class SequenceGrammar:
         self.eos_token_ids = eos_token_ids
         self.num_masks = 0  # full masks computed, for tests and benchmarks
 
+    def copy(self) -> SequenceGrammar:
+        return SequenceGrammar(self.matcher.deep_copy(), self.eos_token_ids)
+
     def allows(self, token_id: int) -> bool:
         return self.matcher.validate_tokens([token_id]) == 1
 
