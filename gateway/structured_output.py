@@ -136,7 +136,9 @@ def build_grammar(answer_rules: list[str], reasoning: str) -> str:
     matched as the token) first where the model thinks, then the rules' `answer`."""
     rules = ["%llguidance {}", _REASONING_START[reasoning], *answer_rules]
     if reasoning != "none":
-        rules += ["think: THINK </think> /[ \\n]*/", "THINK: /(.|\\n)*/"]
+        # At most a few blanks between the reasoning and the answer (Qwen3 writes "\n\n"): unbounded,
+        # a model could fill max_tokens with them.
+        rules += ["think: THINK </think> /[ \\n]{0,4}/", "THINK: /(.|\\n)*/"]
     return llguidance.LLMatcher.grammar_from_lark("\n".join(rules) + "\n")
 
 
