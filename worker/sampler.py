@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from shared.sampling_params import SamplingParams
@@ -112,14 +113,22 @@ def _check_after_sampling(p: SamplingParams) -> bool:
 def _mask_row(processed: torch.Tensor, raw: torch.Tensor, i: int, row: SamplingRow) -> None:
     """Forbidden tokens of row i -> -inf, in place on processed [num_rows, vocab]."""
     row.grammar.mask_(processed[i])
-    if not bool(torch.isfinite(processed[i]).any()):
+    if not _any_allowed(processed[i]):
         # min_tokens blocked the only tokens the grammar allows (its end): the grammar wins. (A grammar
         # that allows nothing at all, after an error, leaves the raw row; the engine ends the choice.)
         unmasked = raw[i].float()
         processed[i] = unmasked
         row.grammar.mask_(processed[i])
-        if not bool(torch.isfinite(processed[i]).any()):
+        if not _any_allowed(processed[i]):
             processed[i] = unmasked
+
+
+def _any_allowed(row: torch.Tensor) -> bool:
+    """Whether a row [vocab] has a token above -inf. On CPU numpy does it on this thread: torch would wake
+    its OpenMP team for it, which costs more than the work whenever the cores are busy."""
+    if row.device.type == "cpu" and row.dtype == torch.float32:
+        return bool(row.numpy().max() > -np.inf)
+    return bool((row > float("-inf")).any())
 
 
 def _sample(processed: torch.Tensor, rows: list[SamplingRow], which: list[int], masked: set[int]) -> torch.Tensor:
