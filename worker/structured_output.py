@@ -6,7 +6,7 @@ the tokens the choice generates. The matcher's state is a function of the output
 preemption by recompute keeps those, so it stays valid across preemptions.
 
 The sampler asks a constrained row two things: may it take this token (`allows`, a few microseconds),
-and which tokens are allowed at all (`mask_`, a 0/1 byte per vocabulary entry from llguidance, turned
+and which tokens are allowed at all (`mask_`, one byte per vocabulary entry from llguidance, turned
 into -inf logits). Rows without a grammar never reach this module.
 """
 
