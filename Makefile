@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup kernels serve test deploy-tools bench-engine bench-kernels bench-quant bench-serve bench-compare clean
+.PHONY: setup kernels serve test deploy-tools bench-engine bench-kernels bench-quant bench-serve bench-compare \
+	bench-structured clean
 
 setup: $(STAMP)
 
@@ -55,6 +56,11 @@ bench-serve: kernels
 # one-request transformers server, on the same model.
 bench-compare: kernels
 	$(PY) -m loadtest.sweep --servers mili,llama-server,transformers $(ARGS)
+
+# JSON-schema-constrained against unconstrained serving throughput (concurrency 1 and 8), and the
+# grammar's per-token costs; flags via ARGS (see loadtest/bench_structured.py).
+bench-structured: kernels
+	$(PY) -m loadtest.bench_structured $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -83,8 +83,13 @@ class ChatTemplate:
         return cls(source if isinstance(source, str) else None,
                    _token_string(config.get("bos_token")), _token_string(config.get("eos_token")))
 
+    @property
+    def supports_tools(self) -> bool:
+        """Whether the template reads a `tools` variable (as transformers' templates with tool use do)."""
+        return self.source is not None and "tools" in self.source
+
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-               template_kwargs: dict[str, Any] | None = None) -> str:
+               template_kwargs: dict[str, Any] | None = None, tools: list[dict[str, Any]] | None = None) -> str:
         """The prompt text for a conversation. `template_kwargs` (a request's chat_template_kwargs,
         e.g. {"enable_thinking": False}) become template variables."""
         if self._template is None:
@@ -92,6 +97,8 @@ class ChatTemplate:
         # Request variables go first so they can never replace the conversation or the special tokens.
         context = {**(template_kwargs or {}), "messages": messages, "add_generation_prompt": add_generation_prompt,
                    "bos_token": self.bos_token, "eos_token": self.eos_token}
+        if tools is not None:
+            context["tools"] = tools
         try:
             return self._template.render(**context)
         except ChatTemplateError:

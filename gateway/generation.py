@@ -22,6 +22,7 @@ from gateway.metrics import Metrics
 from gateway.prompt_scoring import PromptLogprob, from_wire
 from gateway.reasoning import ReasoningSplitter
 from gateway.stop_strings import StopStringMatcher
+from gateway.tool_calls import ToolCallDelta, ToolCallParser
 from gateway.worker_pool import RequestHandle, WorkerLost, WorkerPool
 from shared import wire
 from shared.sampling_params import SamplingParams
@@ -46,6 +47,7 @@ class ChoiceEvent:
     finish_reason: str | None = None
     # The prompt's scores when asked for: once per prompt, on one choice's first event (entry i: token i + 1).
     prompt_logprobs: list[PromptLogprob] | None = None
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)  # pieces of calls parsed out of the content
 
 
 @dataclass
@@ -61,6 +63,7 @@ class TextOptions:
     split_reasoning: bool = False
     starts_in_reasoning: bool = False
     skip_special_tokens: bool = True
+    parse_tool_calls: bool = False  # the content's <tool_call> blocks become tool_calls (the grammar made them)
 
 
 class _Choice:
@@ -69,6 +72,7 @@ class _Choice:
         self.detok = IncrementalDetokenizer(tokenizer, prompt, skip_special_tokens=options.skip_special_tokens)
         self.stops = StopStringMatcher(list(options.stop)) if options.stop else None
         self.reasoning = ReasoningSplitter(options.starts_in_reasoning) if options.split_reasoning else None
+        self.tool_calls = ToolCallParser() if options.parse_tool_calls else None
         self.num_tokens = 0
         self.finished = False
         self.last_token_time: float | None = None
@@ -93,6 +97,12 @@ class _Choice:
                 tail_reasoning, tail_text = self.reasoning.flush()
                 event.reasoning += tail_reasoning
                 text += tail_text
+        if self.tool_calls is not None:
+            text, event.tool_calls = self.tool_calls.feed(text)
+            if finish is not None:
+                tail_text, tail_calls = self.tool_calls.flush()
+                text += tail_text
+                event.tool_calls += tail_calls
         event.text = text
         if delta.prompt_logprobs is not None:
             event.prompt_logprobs = from_wire(delta.prompt_logprobs)

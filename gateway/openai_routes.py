@@ -7,6 +7,7 @@ dies or refuses the request ends the stream with an error event.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -23,7 +24,10 @@ from gateway.errors import ApiError, invalid
 from gateway.generation import ChoiceEvent, GenerationStream, TextOptions, Usage, merge
 from gateway.http_io import collect_unless_disconnected, read_json
 from gateway.prompt_scoring import PromptLogprob, echo_logprobs, join_logprobs, vllm_prompt_logprobs
-from gateway.protocol import CommonFields, parse_chat, parse_completion, require_model
+from gateway.protocol import ChatRequest, CommonFields, parse_chat, parse_completion, require_model
+from gateway.structured_output import build_grammar, response_format_rules
+from gateway.tool_calls import assemble
+from gateway.tools import tool_grammar_rules
 from gateway.responses import ChatFormat, CompletionFormat
 from gateway.worker_pool import NoWorkerAvailable
 from shared.sampling_params import SamplingParams, SamplingParamsError
@@ -91,26 +95,49 @@ async def chat_completions(request: Request) -> Response:
     deadline = request_deadline(request, state.settings.request_timeout)
     req = parse_chat(await read_json(request, state.settings.max_body_bytes), state.settings.limits)
     _check_served(state, req)
-    rendered, prompt = state.text.render_chat(list(req.messages), req.template_kwargs)
+    rendered, prompt = state.text.render_chat(list(req.messages), req.template_kwargs, req.tools)
+    params = await _constrained(state, req, rendered)
+    calls = req.tools is not None and req.tools.calls_possible
     options = TextOptions(stop=req.stop, split_reasoning=state.text.split_reasoning,
-                          starts_in_reasoning=state.text.starts_in_reasoning(rendered))
-    admitted = _admit(state, req, [prompt], options, deadline)
+                          starts_in_reasoning=state.text.starts_in_reasoning(rendered), parse_tool_calls=calls)
+    admitted = _admit(state, req, [prompt], options, deadline, params)
     fmt = ChatFormat(req.model, state.token_names)
     if req.stream:
         return _sse(state, _chat_chunks(fmt, req, admitted), admitted)
     events = await _collect(request, admitted)
     texts, logprobs, reasons = _gather(events, req.params.n)
     reasoning = [""] * req.params.n
+    call_pieces: list[list] = [[] for _ in range(req.params.n)]
     for e in events:
         reasoning[e.index] += e.reasoning
-    choices = [fmt.message_choice(i, texts[i], reasoning[i] if options.split_reasoning else None,
-                                  fmt.logprobs(logprobs[i]) if req.top_logprobs is not None else None, reasons[i])
-               for i in range(req.params.n)]
+        call_pieces[e.index] += e.tool_calls
+    choices = []
+    for i in range(req.params.n):
+        tool_calls = assemble(call_pieces[i])
+        reason = req.tools.finish_reason(bool(tool_calls), reasons[i]) if req.tools else reasons[i]
+        choices.append(fmt.message_choice(i, texts[i], reasoning[i] if options.split_reasoning else None,
+                                          fmt.logprobs(logprobs[i]) if req.top_logprobs is not None else None,
+                                          reason, tool_calls))
     body = fmt.body(choices, admitted.usage)
     if req.prompt_logprobs is not None:  # vLLM's extension, once for the response
         body["prompt_logprobs"] = vllm_prompt_logprobs(fmt.names, _prompt_scores(events, req.params.n)[0],
                                                        req.prompt_logprobs)
     return JSONResponse(body)
+
+
+async def _constrained(state, req: ChatRequest, rendered: str) -> SamplingParams:
+    """The request's sampling parameters with the grammar its tools or response_format call for
+    (compiled and checked here, so a bad schema is a 400 before anything runs)."""
+    if req.tools is not None and req.tools.calls_possible:
+        rules = tool_grammar_rules(req.tools, req.response_format, state.text.tool_tags_are_tokens())
+        param = "tools"
+    elif req.response_format is not None:
+        rules, param = response_format_rules(req.response_format), "response_format"
+    else:
+        return req.params
+    grammar = build_grammar(rules, state.text.reasoning_mode(rendered))
+    await state.text.grammars.check(grammar, param)
+    return dataclasses.replace(req.params, grammar=grammar)
 
 
 # ----- admission -----
@@ -121,12 +148,13 @@ def _check_served(state, req: CommonFields) -> None:
 
 
 def _admit(state, req: CommonFields, prompts: list[list[int]], options: TextOptions,
-           deadline: float | None = None) -> Admitted:
+           deadline: float | None = None, params: SamplingParams | None = None) -> Admitted:
+    params = params or req.params
     info = state.pool.info
     if info is None:
         raise ApiError(503, "no worker is ready: " + ("; ".join(state.pool.down_reasons()) or "starting"),
                        code="worker_unavailable", headers={"Retry-After": "5"})
-    _check_tokens(req.params, prompts, info.vocab_size, info.max_model_len)
+    _check_tokens(params, prompts, info.vocab_size, info.max_model_len)
     if state.pool.num_in_flight() + len(prompts) > state.capacity:
         raise ApiError(503, "the server's request queue is full; retry later", code="queue_full",
                        headers={"Retry-After": "1"})
@@ -139,13 +167,13 @@ def _admit(state, req: CommonFields, prompts: list[list[int]], options: TextOpti
     streams: list[GenerationStream] = []
     try:
         for prompt in prompts:
-            streams.append(GenerationStream(state.pool, state.metrics, state.text.tokenizer, prompt, req.params,
+            streams.append(GenerationStream(state.pool, state.metrics, state.text.tokenizer, prompt, params,
                                             options, arrival, deadline))
     except NoWorkerAvailable as e:
         for s in streams:
             state.pool.abort(s.handle)
         raise ApiError(503, f"no worker is ready: {e}", code="worker_unavailable") from None
-    return Admitted(streams, req.params.n)
+    return Admitted(streams, params.n)
 
 
 def _check_tokens(params: SamplingParams, prompts: list[list[int]], vocab: int, context: int) -> None:
@@ -238,12 +266,20 @@ def _completion_chunks(fmt: CompletionFormat, req, admitted: Admitted, prompts: 
 
 def _chat_chunks(fmt: ChatFormat, req, admitted: Admitted) -> AsyncIterator[str]:
     async def chunks() -> AsyncIterator[dict]:
-        for i in range(req.params.n):  # the role first, before any token: clients see the stream is live
-            yield fmt.body([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                             "finish_reason": None}], None, chunk=True, include_usage_field=req.include_usage)
+        tools = req.tools if req.tools is not None and req.tools.calls_possible else None
+        # The role first, before any token: clients see the stream is live. With tools the content may
+        # never come (only calls), so it starts as null, as OpenAI's does.
+        for i in range(req.params.n):
+            yield fmt.body([{"index": i, "delta": {"role": "assistant", "content": None if tools else ""},
+                             "logprobs": None, "finish_reason": None}], None, chunk=True,
+                           include_usage_field=req.include_usage)
         with_logprobs = req.top_logprobs is not None
+        made_calls = [False] * req.params.n
         async for e in admitted.events():
-            if e.text or e.reasoning or e.finish_reason or (with_logprobs and e.logprobs):
+            if tools is not None:
+                made_calls[e.index] = made_calls[e.index] or bool(e.tool_calls)
+                e.finish_reason = tools.finish_reason(made_calls[e.index], e.finish_reason)
+            if e.text or e.reasoning or e.tool_calls or e.finish_reason or (with_logprobs and e.logprobs):
                 yield fmt.body([fmt.delta_choice(e, with_logprobs)], None, chunk=True,
                                include_usage_field=req.include_usage)
         if req.include_usage:

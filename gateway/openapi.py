@@ -28,15 +28,42 @@ _COMPLETION = {"type": "object", "required": ["model", "prompt"], "properties": 
                          {"type": "array", "items": _INT}, {"type": "array", "items": {"type": "array", "items": _INT}}]},
 }}
 
-_MESSAGE = {"type": "object", "required": ["role", "content"], "properties": {
-    "role": {"enum": ["system", "developer", "user", "assistant"]}, "name": {"type": "string"},
-    "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object", "properties": {
-        "type": {"enum": ["text"]}, "text": {"type": "string"}}}}]},
+_FUNCTION_CALL = {"type": "object", "required": ["function"], "properties": {
+    "id": {"type": "string"}, "type": {"enum": ["function"]},
+    "function": {"type": "object", "required": ["name", "arguments"], "properties": {
+        "name": {"type": "string"}, "arguments": {"type": "string", "description": "a JSON object, as text"}}}}}
+
+_MESSAGE = {"type": "object", "required": ["role"], "properties": {
+    "role": {"enum": ["system", "developer", "user", "assistant", "tool"]}, "name": {"type": "string"},
+    "content": {"oneOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": {
+        "type": "object", "properties": {"type": {"enum": ["text"]}, "text": {"type": "string"}}}}]},
+    "tool_calls": {"type": "array", "items": _FUNCTION_CALL, "description": "assistant turns"},
+    "tool_call_id": {"type": "string", "description": "tool turns: the call this result answers"},
 }}
+
+_TOOL = {"type": "object", "required": ["type", "function"], "properties": {
+    "type": {"enum": ["function"]},
+    "function": {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"}, "description": {"type": "string"},
+        "parameters": {"type": "object", "description": "JSON schema of the arguments"}, "strict": _BOOL}}}}
+
+_RESPONSE_FORMAT = {"oneOf": [
+    {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["text", "json_object"]}}},
+    {"type": "object", "required": ["type", "json_schema"], "properties": {
+        "type": {"enum": ["json_schema"]},
+        "json_schema": {"type": "object", "required": ["name"], "properties": {
+            "name": {"type": "string"}, "description": {"type": "string"}, "schema": {"type": "object"},
+            "strict": _BOOL}}}}]}
 
 _CHAT = {"type": "object", "required": ["model", "messages"], "properties": {
     **_SAMPLING, "messages": {"type": "array", "items": _MESSAGE}, "max_tokens": _INT, "max_completion_tokens": _INT,
-    "logprobs": _BOOL, "top_logprobs": _INT, "response_format": {"type": "object"},
+    "logprobs": _BOOL, "top_logprobs": _INT, "response_format": _RESPONSE_FORMAT,
+    "tools": {"type": "array", "items": _TOOL},
+    "tool_choice": {"oneOf": [{"enum": ["none", "auto", "required"]}, {
+        "type": "object", "required": ["type", "function"], "properties": {
+            "type": {"enum": ["function"]}, "function": {"type": "object", "required": ["name"],
+                                                          "properties": {"name": {"type": "string"}}}}}]},
+    "parallel_tool_calls": _BOOL,
     "chat_template_kwargs": {"type": "object"},
 }}
 

@@ -8,10 +8,13 @@ give a client answers it did not ask for).
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.errors import ApiError, invalid
+from gateway.structured_output import ResponseFormat, parse_response_format
+from gateway.tools import ToolSpec, parse_tools
 from shared.sampling_params import MAX_LOGPROBS, SamplingParams, SamplingParamsError
 
 
@@ -40,19 +43,22 @@ class CompletionRequest(CommonFields):
 
 @dataclass(frozen=True)
 class ChatRequest(CommonFields):
-    messages: tuple[dict[str, str], ...]  # role, content (text parts joined), and name when given
+    # role, content (text parts joined), and name when given; tool_calls (arguments parsed into objects,
+    # as templates expect them) on assistant turns, tool_call_id on tool results
+    messages: tuple[dict[str, Any], ...]
     template_kwargs: dict[str, Any]
     top_logprobs: int | None  # None: logprobs not asked for
     prompt_logprobs: int | None  # vLLM's extension
+    tools: ToolSpec | None = None  # None: no tools declared
+    response_format: ResponseFormat | None = None  # None: text
 
 
 # Fields OpenAI defines that MILI does not implement, and the values that mean "not used".
 _UNSUPPORTED = {
-    "best_of": (None, 1), "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none"),
-    "functions": (None, []), "function_call": (None, "none"), "audio": (None,), "prediction": (None,),
+    "best_of": (None, 1), "suffix": (None, ""), "functions": (None, []), "function_call": (None, "none"), "audio": (None,), "prediction": (None,),
     "modalities": (None, ["text"]), "web_search_options": (None,), "reasoning_effort": (None,),
 }
-_IGNORED = ("user", "store", "metadata", "service_tier", "parallel_tool_calls")  # accepted, no effect
+_IGNORED = ("user", "store", "metadata", "service_tier")  # accepted, no effect
 
 
 class _Body:
@@ -132,13 +138,14 @@ def parse_chat(raw: Any, limits: Limits) -> ChatRequest:
     prompt_logprobs = _prompt_logprobs(body, common["stream"])
     if prompt_logprobs is not None:
         common["params"] = dataclasses.replace(common["params"], prompt_logprobs=prompt_logprobs)
-    fmt = body.get("response_format", dict)
-    if fmt is not None and fmt.get("type") != "text":
-        raise invalid("response_format other than {\"type\": \"text\"} is not supported", "response_format")
+    response_format = parse_response_format(body.get("response_format", dict))
+    tools = parse_tools(body.get("tools", list), body.get("tool_choice", (str, dict)),
+                        body.get("parallel_tool_calls", bool))
     kwargs = body.get("chat_template_kwargs", dict, {})
     body.finish()
     return ChatRequest(**common, messages=messages, template_kwargs=kwargs,
-                       top_logprobs=(top or 0) if want_logprobs else None, prompt_logprobs=prompt_logprobs)
+                       top_logprobs=(top or 0) if want_logprobs else None, prompt_logprobs=prompt_logprobs,
+                       tools=tools, response_format=response_format)
 
 
 def _common(body: _Body, limits: Limits, max_tokens: int | None, logprobs: int | None) -> dict[str, Any]:
@@ -213,10 +220,12 @@ def _prompts(prompt: Any) -> tuple[str | tuple[int, ...], ...]:
     return tuple(items)
 
 
-_ROLES = ("system", "developer", "user", "assistant")
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+# What clients send back with an assistant message taken from a response; none of it reaches the template.
+_ASSISTANT_ECHO = ("refusal", "reasoning_content", "function_call", "audio", "annotations")
 
 
-def _messages(messages: list | None) -> tuple[dict[str, str], ...]:
+def _messages(messages: list | None) -> tuple[dict[str, Any], ...]:
     if not messages:
         raise invalid("messages must be a non-empty array", "messages")
     out = []
@@ -226,16 +235,50 @@ def _messages(messages: list | None) -> tuple[dict[str, str], ...]:
             raise invalid(f"{where} must be an object", where)
         role = message.get("role")
         if role not in _ROLES:
-            raise invalid(f"{where}.role must be one of {', '.join(_ROLES)} (tools are not supported)",
-                          f"{where}.role")
-        unknown = sorted(set(message) - {"role", "content", "name"})
+            raise invalid(f"{where}.role must be one of {', '.join(_ROLES)}", f"{where}.role")
+        allowed = {"role", "content", "name"}
+        allowed |= {"tool_calls", *_ASSISTANT_ECHO} if role == "assistant" else set()
+        allowed |= {"tool_call_id"} if role == "tool" else set()
+        unknown = sorted(set(message) - allowed)
         if unknown:
             raise invalid(f"{where}.{unknown[0]} is not supported", f"{where}.{unknown[0]}")
-        entry = {"role": "system" if role == "developer" else role, "content": _content(message.get("content"), where)}
+        entry: dict[str, Any] = {"role": "system" if role == "developer" else role}
+        calls = message.get("tool_calls")
+        if role == "assistant" and calls:
+            entry["tool_calls"] = _tool_calls(calls, f"{where}.tool_calls")
+            entry["content"] = None if message.get("content") is None else _content(message["content"], where)
+        else:
+            entry["content"] = _content(message.get("content"), where)
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            if not isinstance(call_id, str):
+                raise invalid(f"{where}.tool_call_id must be a string", f"{where}.tool_call_id")
+            entry["tool_call_id"] = call_id
         if isinstance(message.get("name"), str):
             entry["name"] = message["name"]
         out.append(entry)
     return tuple(out)
+
+
+def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    """An assistant turn's calls as templates read them (transformers' convention): arguments as an object."""
+    if not isinstance(calls, list):
+        raise invalid(f"{where} must be an array", where)
+    out = []
+    for j, call in enumerate(calls):
+        at = f"{where}[{j}]"
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not (isinstance(fn, dict) and isinstance(fn.get("name"), str) and isinstance(fn.get("arguments"), str)
+                and call.get("type", "function") == "function"):
+            raise invalid(f"{at} must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}} "
+                          "with name and arguments strings", at)
+        try:
+            arguments = json.loads(fn["arguments"])
+        except ValueError:
+            raise invalid(f"{at}.function.arguments is not valid JSON", f"{at}.function.arguments") from None
+        out.append({"id": call.get("id") if isinstance(call.get("id"), str) else "", "type": "function",
+                    "function": {"name": fn["name"], "arguments": arguments}})
+    return out
 
 
 def _content(content: Any, where: str) -> str:

@@ -11,6 +11,7 @@ from tokenizers import Tokenizer
 
 from gateway.detokenizer import token_bytes, token_text
 from gateway.generation import ChoiceEvent, TokenLogprob, Usage
+from gateway.tool_calls import ToolCallDelta
 
 
 def new_id(prefix: str) -> str:
@@ -89,10 +90,13 @@ class ChatFormat(_Format):
                              "top_logprobs": [self.names.chat_entry(t, lp) for t, lp in e.top]} for e in entries]}
 
     def message_choice(self, index: int, content: str, reasoning: str | None, logprobs: dict | None,
-                       finish_reason: str | None) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": content}
+                       finish_reason: str | None, tool_calls: list[dict] | None = None) -> dict[str, Any]:
+        # With tool calls and no text, content is null (as OpenAI returns it).
+        message: dict[str, Any] = {"role": "assistant", "content": None if tool_calls and not content else content}
         if reasoning is not None:
             message["reasoning_content"] = reasoning
+        if tool_calls:
+            message["tool_calls"] = tool_calls
         return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def delta_choice(self, event: ChoiceEvent, with_logprobs: bool) -> dict[str, Any]:
@@ -102,6 +106,8 @@ class ChatFormat(_Format):
             delta["reasoning_content"] = event.reasoning
         if event.text:
             delta["content"] = event.text
+        if event.tool_calls:
+            delta["tool_calls"] = [_tool_call_delta(d) for d in event.tool_calls]
         return {"index": event.index, "delta": delta,
                 "logprobs": self.logprobs(event.logprobs) if with_logprobs and event.logprobs else None,
                 "finish_reason": event.finish_reason}
@@ -110,3 +116,10 @@ class ChatFormat(_Format):
              include_usage_field: bool = False) -> dict[str, Any]:
         return self._body("chat.completion.chunk" if chunk else "chat.completion", choices, usage,
                           include_usage_field)
+
+
+def _tool_call_delta(d: ToolCallDelta) -> dict[str, Any]:
+    """A call's first piece carries id, type and name; the later ones only argument text."""
+    if d.id is not None:
+        return {"index": d.index, "id": d.id, "type": "function", "function": {"name": d.name, "arguments": d.arguments}}
+    return {"index": d.index, "function": {"arguments": d.arguments}}

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 20
 MAX_N = 128
+# An llguidance grammar (a JSON schema or Lark text compiled by the gateway) bigger than this is refused.
+MAX_GRAMMAR_CHARS = 1 << 20
 
 
 class SamplingParamsError(ValueError):
@@ -41,6 +43,9 @@ class SamplingParams:
     # None: none; k: every prompt token's logprob (after the first), its rank and k top alternatives.
     # A request that asks for them is never served from the prefix cache: every position is computed.
     prompt_logprobs: int | None = None
+    # Structured output: an llguidance grammar (the serialized form `llguidance.LLMatcher` takes) that
+    # every output token must follow; None: unconstrained.
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         if self.top_k == -1:
@@ -82,6 +87,8 @@ class SamplingParams:
               f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}")
         check(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS, "prompt_logprobs",
               f"prompt_logprobs must be between 0 and {MAX_LOGPROBS}, got {self.prompt_logprobs}")
+        check(self.grammar is None or (isinstance(self.grammar, str) and 0 < len(self.grammar) <= MAX_GRAMMAR_CHARS),
+              "response_format", f"a grammar must be a non-empty string of at most {MAX_GRAMMAR_CHARS} characters")
 
     @property
     def greedy(self) -> bool:

@@ -34,6 +34,7 @@ from worker.scheduler import ScheduledBatch, Scheduler
 from worker.sequence import Sequence
 from worker.quant.linear import kernel_module
 from worker.quant.sources import plan_quantization
+from worker.structured_output import GrammarCompiler, GrammarError
 from worker.weight_loader import load_model
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ class LLMEngine:
         self.runner = ModelRunner(model, kv_caches, config.block_size, config.device)
         self.eos_token_ids = frozenset(mc.eos_token_ids)
         self.sampler = Sampler(mc.vocab_size, self.eos_token_ids)
+        self.grammars = GrammarCompiler(config.model, mc.vocab_size, self.eos_token_ids)
         self._requests: dict[str, list[Sequence]] = {}
         # Choices 1..n-1 of a request wait until choice 0 (the leader) has prefilled the prompt, then
         # share its blocks. Any scheduled sequence of a request that still has forks here is its leader.
@@ -113,6 +115,13 @@ class LLMEngine:
         seqs = [Sequence(request_id, i, prompt, params, max_tokens,
                          make_generator(None if params.seed is None else params.seed + i))
                 for i in range(params.n)]
+        if params.grammar is not None:
+            try:
+                seqs[0].grammar = self.grammars.sequence_grammar(params.grammar)
+            except GrammarError as e:
+                raise RequestRejected(f"the grammar does not compile: {e}", "response_format") from e
+            for seq in seqs[1:]:  # compiled once; each choice follows its own copy
+                seq.grammar = seqs[0].grammar.copy()
         if deadline is not None:
             for seq in seqs:
                 seq.deadline = deadline
@@ -218,7 +227,10 @@ class LLMEngine:
         self._advance(batch)
         for seq, token, logprobs in zip(sampling_seqs, sampled.token_ids, sampled.logprobs):
             seq.token_ids.append(token)
+            grammar_done = seq.grammar is not None and self._advance_grammar(seq, token)
             reason = self._finish_reason(seq, token)
+            if grammar_done and reason in (None, "length"):
+                reason = "stop"
             if reason is not None:
                 self.scheduler.finish(seq, reason)
             outputs.append(self._output(seq, [token], None if logprobs is None else [logprobs]))
@@ -261,6 +273,16 @@ class LLMEngine:
         if seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
             return "length"
         return None
+
+    @staticmethod
+    def _advance_grammar(seq: Sequence, token: int) -> bool:
+        """True when the grammar is complete: only the end could follow, so the sequence stops."""
+        try:
+            return seq.grammar.advance(token)
+        except GrammarError:
+            # The sampler only draws allowed tokens, so this is a bug; end the choice rather than the engine.
+            log.exception("request %s: the grammar refused a sampled token", seq.request_id)
+            return True
 
     def _forget_if_done(self, request_id: str) -> None:
         seqs = self._requests.get(request_id)
@@ -335,5 +357,6 @@ def _sampling_row(seq: Sequence) -> SamplingRow:
         prompt_token_ids=seq.prompt_token_ids if needs_prompt else (),
         output_token_ids=seq.output_token_ids if needs_output else (),
         generator=seq.generator,
+        grammar=seq.grammar,
     )
 

@@ -12,6 +12,15 @@ The pipeline follows vLLM v1's order, so results match what its users expect:
      that alone costs about 1 ms per row at a 50k vocab).
 
 Every stage runs vectorized over just the rows that need it and is skipped when no row does.
+
+Rows with a grammar (structured output) sample from the processed distribution restricted to the tokens
+the grammar allows. Where the truncations of step 5 are off (greedy, or plain temperature sampling) the
+row samples first and only checks the token it drew: if the grammar allows it, that is already a draw
+from the restricted distribution (P(t) = p(t) + (1 - p(A)) p(t) / p(A) = p(t) / p(A) over the allowed
+set A, the retry being a fresh draw from the masked row); if not, the row is masked and drawn again.
+That costs one token check per step instead of a full mask in the common case where the model agrees
+with the grammar. Rows with min_p / top_k / top_p are masked up front, since truncating before masking
+would keep a different set. Rows without a grammar are untouched.
 """
 
 from __future__ import annotations
@@ -19,10 +28,15 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from shared.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from worker.structured_output import SequenceGrammar
 
 # top_p looks for its cutoff among this many most likely tokens first (a topk is far cheaper than a
 # full sort on CPU); rows whose nucleus is wider fall back to a full sort.
@@ -37,6 +51,7 @@ class SamplingRow:
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
     generator: torch.Generator  # this sequence's own random stream (the engine seeds it)
+    grammar: SequenceGrammar | None = None  # an active structured-output constraint
 
 
 @dataclass
@@ -73,18 +88,65 @@ class Sampler:
             return SamplerOutput([], [])
         # Slicing off the padded embedding columns means they can never be sampled nor enter a softmax.
         raw = logits[:, : self.vocab_size]  # [num_rows, vocab] view of the caller's tensor
-        processed = _process(raw, rows, self.eos_token_ids, always_copy=False)  # may alias raw: read only
-
-        greedy = [i for i, r in enumerate(rows) if r.params.greedy]
-        rand = [i for i, r in enumerate(rows) if not r.params.greedy]
-        tokens = torch.empty(len(rows), dtype=torch.long, device=logits.device)  # [num_rows]
-        if greedy:
-            # max(dim).indices: same first-maximum tie rule as argmax, and faster on CPU.
-            tokens[_index(greedy, logits.device)] = _take_rows(processed, greedy).max(dim=-1).indices
-        if rand:
-            tokens[_index(rand, logits.device)] = _draw(_take_rows(processed, rand), [rows[i] for i in rand])
+        constrained = [i for i, r in enumerate(rows) if r.grammar is not None]
+        # Masking writes into processed, so it must not alias raw (which logprobs read).
+        processed = _process(raw, rows, self.eos_token_ids, always_copy=bool(constrained))
+        masked = [i for i in constrained if not _check_after_sampling(rows[i].params)]
+        for i in masked:
+            _mask_row(processed, raw, i, rows[i])
+        tokens = _sample(processed, rows, list(range(len(rows))), set(masked))
+        # Rows that sampled before checking: those whose token the grammar refuses are masked and drawn again.
+        retry = [i for i in constrained if i not in masked and not rows[i].grammar.allows(int(tokens[i]))]
+        for i in retry:
+            _mask_row(processed, raw, i, rows[i])
+        if retry:
+            tokens[_index(retry, logits.device)] = _sample(processed, rows, retry, set(retry))
         token_ids = tokens.tolist()
         return SamplerOutput(token_ids, _logprobs(raw, rows, token_ids))
+
+
+def _check_after_sampling(p: SamplingParams) -> bool:
+    """Sampling then checking the drawn token is exact when no truncation runs after masking."""
+    return p.greedy or (p.top_k == 0 and p.top_p == 1.0 and p.min_p == 0.0)
+
+
+def _mask_row(processed: torch.Tensor, raw: torch.Tensor, i: int, row: SamplingRow) -> None:
+    """Forbidden tokens of row i -> -inf, in place on processed [num_rows, vocab]."""
+    row.grammar.mask_(processed[i])
+    if not _any_allowed(processed[i]):
+        # min_tokens blocked the only tokens the grammar allows (its end): the grammar wins. (A grammar
+        # that allows nothing at all, after an error, leaves the raw row; the engine ends the choice.)
+        unmasked = raw[i].float()
+        processed[i] = unmasked
+        row.grammar.mask_(processed[i])
+        if not _any_allowed(processed[i]):
+            processed[i] = unmasked
+
+
+def _any_allowed(row: torch.Tensor) -> bool:
+    """Whether a row [vocab] has a token above -inf. On CPU numpy does it on this thread: torch would wake
+    its OpenMP team for it, which costs more than the work whenever the cores are busy."""
+    if row.device.type == "cpu" and row.dtype == torch.float32:
+        return bool(row.numpy().max() > -np.inf)
+    return bool((row > float("-inf")).any())
+
+
+def _sample(processed: torch.Tensor, rows: list[SamplingRow], which: list[int], masked: set[int]) -> torch.Tensor:
+    """Tokens [len(which)] for the rows `which` of processed. Masked rows draw apart from the others so
+    they alone pay for exact zeros (their -inf logits must weigh exactly 0)."""
+    dev = processed.device
+    tokens = torch.empty(len(which), dtype=torch.long, device=dev)
+    greedy = [j for j, i in enumerate(which) if rows[i].params.greedy]
+    if greedy:
+        # max(dim).indices: same first-maximum tie rule as argmax, and faster on CPU.
+        tokens[_index(greedy, dev)] = _take_rows(processed, [which[j] for j in greedy]).max(dim=-1).indices
+    for group_masked in (False, True):
+        rand = [j for j, i in enumerate(which) if not rows[i].params.greedy and (i in masked) == group_masked]
+        if rand:
+            picked = [which[j] for j in rand]
+            tokens[_index(rand, dev)] = _draw(_take_rows(processed, picked), [rows[i] for i in picked],
+                                              exact_zeros=group_masked)
+    return tokens
 
 
 def apply_logit_processors(logits: torch.Tensor, rows: list[SamplingRow], vocab_size: int | None = None,
@@ -173,13 +235,14 @@ def _cells(seqs: list[Sequence[int]], row_ids: list[int], vocab: int, device: to
 
 # ----- random draw (step 5) -----
 
-def _draw(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """[len(rows), vocab] processed logits -> [len(rows)] sampled token ids."""
+def _draw(logits: torch.Tensor, rows: list[SamplingRow], exact_zeros: bool = False) -> torch.Tensor:
+    """[len(rows), vocab] processed logits -> [len(rows)] sampled token ids. exact_zeros: -inf logits
+    (besides min_tokens' own) are present and must weigh exactly 0."""
     params = [r.params for r in rows]
     dev = logits.device
     x = logits.float() / _column([p.temperature for p in params], dev)  # a new tensor: ours to edit
     # min_tokens blocks are the -inf logits we put there; they must weigh exactly 0.
-    blocked = any(len(r.output_token_ids) < r.params.min_tokens for r in rows)
+    blocked = exact_zeros or any(len(r.output_token_ids) < r.params.min_tokens for r in rows)
     weights = _unnormalized_probs(x, inplace=True, exact_zeros=blocked)  # [rows, vocab]; the top weighs 1
     _truncate(weights, params)
     # CPU cumsum accumulates in double and rounds each prefix sum once, so a long tail of tiny tokens

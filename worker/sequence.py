@@ -42,6 +42,7 @@ class Sequence:
         # Prompt scoring, by the choice that prefills the prompt (the others share it): entry i is the
         # logprob of prompt token i + 1. None when not asked for, and again once sent.
         self.prompt_logprobs: list | None = [] if params.prompt_logprobs is not None and index == 0 else None
+        self.grammar = None  # worker.structured_output.SequenceGrammar for structured output
 
     @property
     def num_tokens(self) -> int:

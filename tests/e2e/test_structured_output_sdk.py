@@ -1,0 +1,100 @@
+"""Structured output and tools on the default model, as an SDK user would use them."""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+import jsonschema
+import openai
+import pydantic
+import pytest
+
+from tests.helpers.server import Server
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+class Capital(pydantic.BaseModel):
+    country: str = pydantic.Field(max_length=40)
+    capital: str = pydantic.Field(max_length=40)
+    continent: Literal["Africa", "Asia", "Europe", "North America", "South America", "Oceania"]
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city",
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["city"],
+                   "properties": {"city": {"type": "string", "maxLength": 40}}}}}
+ASK_JSON = [{"role": "system", "content": "Reply in JSON."},
+            {"role": "user", "content": "What is the capital of France?"}]
+ASK_WEATHER = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = Server("default", "--dtype", "auto", log_path=tmp_path_factory.mktemp("e2e") / "server.log").start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def test_parse_pydantic(client):
+    r = client.chat.completions.parse(model=MODEL, messages=ASK_JSON, response_format=Capital, max_tokens=80,
+                                      temperature=0)
+    parsed = r.choices[0].message.parsed
+    assert isinstance(parsed, Capital) and r.choices[0].finish_reason == "stop"
+    print(parsed)
+
+
+def test_parse_streamed_equals_non_streamed(client):
+    kwargs = dict(model=MODEL, messages=ASK_JSON, response_format=Capital, max_tokens=80, temperature=0)
+    whole = client.chat.completions.parse(**kwargs).choices[0].message
+    with client.chat.completions.stream(**kwargs) as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_completion().choices[0].message
+    assert final.content == whole.content and final.parsed == whole.parsed
+
+
+def test_json_mode(client):
+    r = client.chat.completions.create(model=MODEL, messages=ASK_JSON, response_format={"type": "json_object"},
+                                       max_tokens=100, temperature=0.7, seed=1)
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+def test_tool_round_trip(client):
+    first = client.chat.completions.create(model=MODEL, messages=ASK_WEATHER, tools=[WEATHER],
+                                           tool_choice="required", parallel_tool_calls=False, max_tokens=60,
+                                           temperature=0)
+    message = first.choices[0].message
+    assert first.choices[0].finish_reason == "tool_calls"
+    (call,) = message.tool_calls
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    history = [*ASK_WEATHER, message,
+               {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"sky": "sunny", "celsius": 24})}]
+    answer = client.chat.completions.create(model=MODEL, messages=history, tools=[WEATHER], tool_choice="none",
+                                            max_tokens=40, temperature=0)
+    assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls
+    print(call.function.arguments, "->", answer.choices[0].message.content)
+
+
+def test_streamed_tool_call_equals_non_streamed(client):
+    kwargs = dict(model=MODEL, messages=ASK_WEATHER, tools=[WEATHER], max_tokens=60, temperature=0,
+                  tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    whole = client.chat.completions.create(**kwargs).choices[0]
+    name, arguments, reason = None, "", None
+    for chunk in client.chat.completions.create(**kwargs, stream=True):
+        for choice in chunk.choices:
+            for piece in choice.delta.tool_calls or ():
+                name = piece.function.name or name
+                arguments += piece.function.arguments or ""
+            reason = choice.finish_reason or reason
+    assert (name, arguments, reason) == (whole.message.tool_calls[0].function.name,
+                                         whole.message.tool_calls[0].function.arguments, whole.finish_reason)
+    assert reason == "stop"
