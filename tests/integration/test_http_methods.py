@@ -7,7 +7,8 @@ import httpx2
 import pytest
 
 ROUTES = {"/v1/completions": {"POST"}, "/v1/chat/completions": {"POST"}, "/v1/models": {"GET", "HEAD"},
-          "/health": {"GET", "HEAD"}, "/metrics": {"GET", "HEAD"}, "/openapi.json": {"GET", "HEAD"}}
+          "/health": {"GET", "HEAD"}, "/metrics": {"GET", "HEAD"}, "/openapi.json": {"GET", "HEAD"},
+          "/version": {"GET", "HEAD"}, "/debug/kv": {"GET", "HEAD"}}
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
