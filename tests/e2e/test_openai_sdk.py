@@ -5,25 +5,12 @@ from __future__ import annotations
 import asyncio
 
 import openai
-import pytest
 
-from tests.helpers.server import Server
 
 MODEL = "SmolLM2-135M-Instruct"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    # No --model: the embedded default, in the default dtype, as `make serve` runs it.
-    srv = Server("default", "--dtype", "auto", log_path=tmp_path_factory.mktemp("e2e") / "server.log").start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=120)
 
 
 def test_models_list(client):

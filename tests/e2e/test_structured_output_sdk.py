@@ -6,11 +6,8 @@ import json
 from typing import Literal
 
 import jsonschema
-import openai
 import pydantic
-import pytest
 
-from tests.helpers.server import Server
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -30,16 +27,6 @@ ASK_JSON = [{"role": "system", "content": "Reply in JSON."},
 ASK_WEATHER = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = Server("default", "--dtype", "auto", log_path=tmp_path_factory.mktemp("e2e") / "server.log").start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=120)
 
 
 def test_parse_pydantic(client):

@@ -19,6 +19,7 @@ import httpx2
 
 from tests.helpers.server import Server
 from tests.helpers.soak import soak
+from tests.integration.test_disconnect import wait_idle
 
 NAME = "tiny-soak"
 REQUESTS = 1000
@@ -37,17 +38,6 @@ def probe(server: Server) -> str:
     r = httpx2.post(f"{server.url}/v1/completions", json=PROBE, timeout=60)
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]["text"]
-
-
-def wait_idle(server: Server, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        values = {name: server.metric(name) for name in
-                  ("mili_requests_running", "mili_requests_waiting", "mili_kv_blocks_used")}
-        if not any(values.values()):
-            return
-        assert time.monotonic() < deadline, f"still busy after the soak: {values}"
-        time.sleep(0.2)
 
 
 def report(label: str, result, seconds: float) -> None:
@@ -81,7 +71,7 @@ def test_soak_one_worker_killed_and_restarted(tiny_model_dir, tmp_path, test_see
         assert sum(result.counts(after_kill=False)[k] for k in at_the_kill) <= 32  # at most those in flight
         assert result.counts()["ok"] > REQUESTS // 2
         assert server.worker_pids() != [victim]
-        wait_idle(server)
+        wait_idle(server, timeout=30.0)
         assert probe(server) == before
         assert "Traceback" not in server.log_tail(100_000)
     finally:
@@ -108,7 +98,7 @@ def test_soak_two_workers_one_killed(tiny_model_dir, tmp_path, test_seed):
         assert set(result.counts(after_kill=True)) <= SERVED_FINE
         assert sum(result.counts(after_kill=False)[k] for k in LOST_AT_THE_KILL) <= 8
         assert result.counts()["ok"] > REQUESTS // 2
-        wait_idle(server)
+        wait_idle(server, timeout=30.0)
         assert probe(server) == before
         assert "Traceback" not in server.log_tail(100_000)
     finally:
