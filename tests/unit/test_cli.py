@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -10,7 +11,10 @@ from worker.model_config import ModelConfig
 
 
 def mili(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gateway.cli", *args], capture_output=True, text=True, timeout=300)
+    # The environment as Python sees it, given explicitly: a Mojo module loaded earlier in this process
+    # setenv()s PYTHONEXECUTABLE at the C level, and a child inheriting that would lose the virtual environment.
+    return subprocess.run([sys.executable, "-m", "gateway.cli", *args], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ))
 
 
 def test_convert_gguf_writes_a_loadable_directory(tmp_path):
