@@ -36,7 +36,7 @@ class WireError(ValueError):
 class WorkerStats:
     NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("num_running", "num_waiting", "kv_blocks_total", "kv_blocks_used",
                                                "prefix_cache_query_tokens", "prefix_cache_hit_tokens",
-                                               "num_preemptions")
+                                               "num_preemptions", "kv_invariant_violations")
     num_running: int
     num_waiting: int
     kv_blocks_total: int
