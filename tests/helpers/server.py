@@ -3,6 +3,7 @@ and e2e tests; and tiny random models with a real tokenizer and chat template to
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -33,6 +34,23 @@ def build_served_tiny_model(arch: str, seed: int, out_dir: Path, max_positions: 
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(source / name, out_dir / name)
     return out_dir
+
+
+def build_tagged_qwen3(seed: int, out_dir: Path, tags: list[str], chat_template: str) -> dict[str, int]:
+    """A served tiny Qwen3 whose tokenizer (the default model's) gains `tags` as added tokens, as Qwen3's
+    has <think> and <tool_call>, served with `chat_template`; the tags' ids."""
+    from tokenizers import AddedToken, Tokenizer
+
+    from worker.default_model import default_model_path
+
+    tok = Tokenizer.from_file(str(default_model_path() / "tokenizer.json"))
+    tok.add_tokens([AddedToken(t, special=False) for t in tags])  # first, so the model's vocabulary covers them
+    build_served_tiny_model("qwen3", seed, out_dir, vocab_size=tok.get_vocab_size())
+    tok.save(str(out_dir / "tokenizer.json"))
+    config = json.loads((out_dir / "tokenizer_config.json").read_text())
+    config["chat_template"] = chat_template
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    return {t: tok.token_to_id(t) for t in tags}
 
 
 def free_port() -> int:

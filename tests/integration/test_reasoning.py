@@ -8,14 +8,12 @@ with thinking off, the template closed an empty think block already and everythi
 
 from __future__ import annotations
 
-import json
 import random
 
 import openai
 import pytest
-from tokenizers import AddedToken, Tokenizer
 
-from tests.helpers.server import Server, build_served_tiny_model
+from tests.helpers.server import Server, build_tagged_qwen3
 from tests.helpers.sse import chunks, stream_lines
 
 TEMPLATE = (
@@ -28,21 +26,12 @@ TEMPLATE = (
 def thinking_server(tmp_path_factory):
     out = tmp_path_factory.mktemp("thinking") / "tiny-think"
     out.mkdir()
-    # The tokenizer gains the two tags first, so the model's vocabulary can cover them.
-    from worker.default_model import default_model_path
-
-    tok = Tokenizer.from_file(str(default_model_path() / "tokenizer.json"))
-    tok.add_tokens([AddedToken("<think>", special=False), AddedToken("</think>", special=False)])
     seed = random.randrange(2**31)
     print(f"\n[thinking model] seed={seed}")
-    build_served_tiny_model("qwen3", seed, out, vocab_size=tok.get_vocab_size())
-    tok.save(str(out / "tokenizer.json"))
-    config = json.loads((out / "tokenizer_config.json").read_text())
-    config["chat_template"] = TEMPLATE
-    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    ids = build_tagged_qwen3(seed, out, ["<think>", "</think>"], TEMPLATE)
     srv = Server(out, "--served-model-name", "think", "--num-kv-blocks", "64",
                  log_path=tmp_path_factory.mktemp("logs") / "server.log").start()
-    yield srv, tok.token_to_id("</think>")
+    yield srv, ids["</think>"]
     srv.stop()
 
 

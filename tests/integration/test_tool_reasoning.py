@@ -14,9 +14,8 @@ import random
 import jsonschema
 import openai
 import pytest
-from tokenizers import AddedToken, Tokenizer
 
-from tests.helpers.server import Server, build_served_tiny_model
+from tests.helpers.server import Server, build_tagged_qwen3
 from tests.helpers.sse import chunks, stream_lines
 
 TEMPLATE = """\
@@ -72,21 +71,12 @@ ASK = [{"role": "user", "content": "Weather in Paris?"}]
 def served(tmp_path_factory):
     out = tmp_path_factory.mktemp("qwen3tools") / "tiny-qwen3-tools"
     out.mkdir()
-    from worker.default_model import default_model_path
-
-    tok = Tokenizer.from_file(str(default_model_path() / "tokenizer.json"))
-    tags = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
-    tok.add_tokens([AddedToken(t, special=False) for t in tags])  # as in Qwen3's tokenizer
     seed = random.randrange(2**31)
     print(f"\n[qwen3-tools model] seed={seed}")
-    build_served_tiny_model("qwen3", seed, out, vocab_size=tok.get_vocab_size())
-    tok.save(str(out / "tokenizer.json"))
-    config = json.loads((out / "tokenizer_config.json").read_text())
-    config["chat_template"] = TEMPLATE
-    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    ids = build_tagged_qwen3(seed, out, ["<think>", "</think>", "<tool_call>", "</tool_call>"], TEMPLATE)
     srv = Server(out, "--served-model-name", "q", "--num-kv-blocks", "128",
                  log_path=tmp_path_factory.mktemp("logs") / "server.log").start()
-    yield srv, {t: tok.token_to_id(t) for t in tags}
+    yield srv, ids
     srv.stop()
 
 
