@@ -26,6 +26,8 @@ from gateway.openai_routes import chat_completions, completions
 from gateway.protocol import Limits
 from gateway.request_id import RequestIdMiddleware
 from gateway.responses import TokenNames
+from gateway.stream_resume import StreamRegistry
+from gateway.stream_routes import resume_stream
 from gateway.worker_pool import WorkerPool
 from shared import wire
 from shared.config import EngineConfig
@@ -47,6 +49,8 @@ class ServerSettings:
     worker_tcp_port: int = 5555
     request_timeout: float | None = None  # seconds; a request's deadline when it sends no X-Request-Timeout
     enable_debug_faults: bool = False  # POST /debug/kv/fault (drills and tests only)
+    stream_resume_ttl: float = 0.0  # seconds a disconnected stream waits to be resumed; 0: abort at once
+    stream_resume_max_bytes: int = 64 << 20  # all resumable streams' buffered events together
 
 
 class GatewayState:
@@ -61,6 +65,8 @@ class GatewayState:
                                tcp_host=settings.worker_tcp_host, tcp_port=settings.worker_tcp_port,
                                on_stats=self._on_worker_stats, debug_faults=settings.enable_debug_faults)
         self.capacity = settings.num_workers * engine_config.max_num_seqs + settings.max_waiting_requests
+        self.streams = (StreamRegistry(settings.stream_resume_ttl, settings.stream_resume_max_bytes, self.metrics)
+                        if settings.stream_resume_ttl > 0 else None)
         self.draining = False
         self.started = int(time.time())
 
@@ -174,11 +180,14 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
         try:
             yield
         finally:
+            if state.streams is not None:
+                state.streams.close()
             await state.pool.stop()
 
     app = Starlette(routes=[
         Route("/v1/completions", _api(completions), methods=["POST"]),
         Route("/v1/chat/completions", _api(chat_completions), methods=["POST"]),
+        Route("/v1/streams/{stream_id}", _api(resume_stream), methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),

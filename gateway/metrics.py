@@ -54,11 +54,25 @@ class Metrics:
                              buckets=_LATENCY_BUCKETS, registry=r)
         self.queue_time = Histogram("mili_request_queue_time_seconds", "Time a request waited in a worker's queue",
                                     labels, buckets=_LATENCY_BUCKETS, registry=r)
+        # Resumable streams (gateway/stream_resume.py).
+        self.stream_resume_buffered_bytes = Gauge(
+            "mili_stream_resume_buffered_bytes", "Bytes of stream events kept for resuming", labels, registry=r)
+        self.stream_resumes = Counter("mili_stream_resumes", "Streams resumed (GET /v1/streams/{id})", labels,
+                                      registry=r)
+        self.stream_resume_aborted = Counter(
+            "mili_stream_resume_aborted", "Disconnected streams aborted: not resumed within the TTL (ttl), or "
+            "dropped for the buffer cap (buffer_full)", labels + ["reason"], registry=r)
+        self.stream_resume_evicted = Counter(
+            "mili_stream_resume_evicted", "Stream buffers given up before their TTL to stay under the buffer cap",
+            labels, registry=r)
+        for reason in ("ttl", "buffer_full"):
+            self.stream_resume_aborted.labels(model, reason)
         # Every series exists from the start (at 0), so dashboards and rate() see it before the first event.
         for metric in (self.requests_running, self.requests_waiting, self.kv_blocks_total, self.kv_blocks_used,
                        self.worker_up, self.prompt_tokens, self.generation_tokens, self.prefix_queries,
                        self.prefix_hits, self.preemptions, self.ttft, self.itl, self.e2e, self.queue_time,
-                       self.kv_invariant_violations):
+                       self.kv_invariant_violations, self.stream_resume_buffered_bytes, self.stream_resumes,
+                       self.stream_resume_evicted):
             metric.labels(model)
         # vLLM-named aliases of the series above, for the load-aware routers (gateway/router_metrics.py).
         self.router_contract = RouterContract(model, block_size)

@@ -29,6 +29,7 @@ from gateway.structured_output import build_grammar, response_format_rules
 from gateway.tool_calls import assemble
 from gateway.tools import tool_grammar_rules
 from gateway.responses import ChatFormat, CompletionFormat
+from gateway.stream_routes import start_response as resumable_response
 from gateway.worker_pool import NoWorkerAvailable
 from shared.sampling_params import SamplingParams, SamplingParamsError
 
@@ -70,7 +71,7 @@ async def completions(request: Request) -> Response:
     fmt = CompletionFormat(req.model, state.token_names)
     echo = [state.text.decode(p) if req.echo else "" for p in prompts]
     if req.stream:
-        return _sse(state, _completion_chunks(fmt, req, admitted, prompts, echo), admitted)
+        return _sse(request, _completion_chunks(fmt, req, admitted, prompts, echo), admitted)
     events = await _collect(request, admitted)
     n = req.params.n
     texts, logprobs, reasons = _gather(events, len(prompts) * n)
@@ -103,7 +104,7 @@ async def chat_completions(request: Request) -> Response:
     admitted = _admit(state, req, [prompt], options, deadline, params)
     fmt = ChatFormat(req.model, state.token_names)
     if req.stream:
-        return _sse(state, _chat_chunks(fmt, req, admitted), admitted)
+        return _sse(request, _chat_chunks(fmt, req, admitted), admitted)
     events = await _collect(request, admitted)
     texts, logprobs, reasons = _gather(events, req.params.n)
     reasoning = [""] * req.params.n
@@ -218,7 +219,10 @@ def _prompt_scores(events: list[ChoiceEvent], choices_per_prompt: int) -> dict[i
 
 
 # ----- streaming -----
-def _sse(state, chunks: AsyncIterator[str], admitted: Admitted) -> EventSourceResponse:
+def _sse(request: Request, chunks: AsyncIterator[str], admitted: Admitted) -> EventSourceResponse:
+    state = request.app.state.mili
+    if state.streams is not None:  # --stream-resume-ttl: the generation outlives this connection
+        return resumable_response(state.streams, chunks, admitted.abort, request, state.settings.sse_ping_s)
     # The stream's own cleanup aborts the request when the client leaves mid-stream; the background task
     # also covers a client gone before the stream's first iteration (a generator never started has no
     # cleanup to run). It runs once the response ends, however it ends.

@@ -86,6 +86,21 @@ def _post(summary: str, schema: dict) -> dict[str, Any]:
                                    **errors}}}
 
 
+def _resume() -> dict[str, Any]:
+    error = {"content": {"application/json": {"schema": _ERROR}}}
+    return {"get": {
+        "summary": "Resume a stream (with --stream-resume-ttl): the events after Last-Event-ID, then live to [DONE]",
+        "parameters": [
+            {"name": "stream_id", "in": "path", "required": True, "schema": {"type": "string"},
+             "description": "the X-Stream-Id header of the streaming response"},
+            {"name": "Last-Event-ID", "in": "header", "required": False, "schema": {"type": "integer", "minimum": 0},
+             "description": "the id of the last event received (without it: from the first event)"}],
+        "responses": {"200": {"description": "text/event-stream, each event with its id"},
+                      "400": {"description": "Last-Event-ID not an integer or beyond the last event", **error},
+                      "404": {"description": "unknown or expired id, or another API key's (code stream_not_found)",
+                              **error}}}}
+
+
 def document(model: str) -> dict[str, Any]:
     get = {"get": {"responses": {"200": {"description": "OK"}}}}
     return {
@@ -94,6 +109,7 @@ def document(model: str) -> dict[str, Any]:
         "paths": {
             "/v1/completions": _post("Text completion", _COMPLETION),
             "/v1/chat/completions": _post("Chat completion", _CHAT),
+            "/v1/streams/{stream_id}": _resume(),
             "/v1/models": get,
             "/health": {"get": {"responses": {"200": {"description": "a worker is ready"},
                                               "503": {"description": "loading, no worker alive, or draining"}}}},

@@ -63,6 +63,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-timeout", type=float, default=0.0,
                    help="seconds a request may take end to end, queue included, when it sends no "
                         "X-Request-Timeout header (0: no limit)")
+    p.add_argument("--stream-resume-ttl", type=float, default=0.0,
+                   help="seconds a stream whose client disconnected keeps running, resumable with GET "
+                        "/v1/streams/{id} and Last-Event-ID (every event then carries an id, the response an "
+                        "X-Stream-Id header); also how long a finished stream's events are kept. 0: a disconnect "
+                        "aborts the request at once")
+    p.add_argument("--stream-resume-buffer", type=parse_size, default="64MiB",
+                   help="bytes of events all resumable streams may keep together; past it the streams nobody "
+                        "reads are dropped first, the one idle longest first")
     p.add_argument("--enable-debug-faults", action="store_true",
                    help="add POST /debug/kv/fault, which breaks the KV block accounting on purpose (drills, tests)")
     p.add_argument("--log-level", default="info")
@@ -98,6 +106,10 @@ class _DrainingServer(uvicorn.Server):
 def run(args: argparse.Namespace) -> int:
     if not 0 <= args.request_timeout < float("inf"):
         raise ValueError(f"--request-timeout must be 0 (no limit) or a number of seconds, got {args.request_timeout}")
+    if not 0 <= args.stream_resume_ttl < float("inf"):
+        raise ValueError(f"--stream-resume-ttl must be 0 (off) or a number of seconds, got {args.stream_resume_ttl}")
+    if args.stream_resume_buffer <= 0:
+        raise ValueError(f"--stream-resume-buffer must be above 0, got {args.stream_resume_buffer}")
     model_dir, default_name = resolve_model(args.model)
     engine_config = EngineConfig(
         model=str(model_dir), dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
@@ -114,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_size, max_waiting_requests=args.max_waiting_requests,
         sse_ping_s=args.sse_ping_interval, num_workers=args.workers, worker_threads=args.worker_threads,
         worker_tcp_host=tcp_host, worker_tcp_port=tcp_port, request_timeout=args.request_timeout or None,
-        enable_debug_faults=args.enable_debug_faults)
+        enable_debug_faults=args.enable_debug_faults, stream_resume_ttl=args.stream_resume_ttl,
+        stream_resume_max_bytes=args.stream_resume_buffer)
     app = build_app(settings, engine_config)
     # Running streams finish during the drain; sse-starlette would otherwise end them at the first SIGTERM.
     AppStatus.disable_automatic_graceful_drain()

@@ -26,3 +26,19 @@ def chunks(lines: list[str]) -> list[dict]:
     for line in lines:
         assert line == "" or line.startswith(("data: ", ":")), f"unexpected SSE line {line!r}"
     return [json.loads(p) for p in payloads[:-1]]
+
+
+def events(lines: list[str]) -> list[tuple[int | None, str]]:
+    """The stream's events as (id, data) pairs, id None for an event without one (comments skipped)."""
+    parsed, event_id, data = [], None, None
+    for line in lines:
+        if line.startswith("id: "):
+            event_id = int(line[len("id: "):])
+        elif line.startswith("data: "):
+            data = line[len("data: "):]
+        elif line == "" and data is not None:
+            parsed.append((event_id, data))
+            event_id, data = None, None
+    if data is not None:
+        parsed.append((event_id, data))
+    return parsed

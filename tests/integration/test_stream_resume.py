@@ -1,0 +1,255 @@
+"""Resumable streams against the real server (--stream-resume-ttl): every event carries an id, the response an
+X-Stream-Id; a stream whose client went away keeps running for the TTL and `GET /v1/streams/{id}` with
+Last-Event-ID replays what followed and goes on live; nobody resuming within the TTL aborts it and frees its
+KV blocks. With the TTL at 0 (the shared server) nothing of this exists and a disconnect aborts at once.
+
+The server runs one sequence at a time, so a request with several long choices runs for seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx2
+import pytest
+
+from tests.helpers.server import Server
+from tests.helpers.sse import events as sse_events
+from tests.integration.conftest import SERVED_NAME
+from tests.integration.test_disconnect import wait_idle
+
+TTL_S = 2.0
+GREEDY = {"model": SERVED_NAME, "temperature": 0, "ignore_eos": True, "stream": True}
+COMPLETION = {**GREEDY, "prompt": "once upon a time", "max_tokens": 200}
+CHAT = {**GREEDY, "messages": [{"role": "user", "content": "tell me a story"}], "max_tokens": 200}
+# Eight choices of 480 tokens through one sequence slot: several seconds, well past the TTL.
+LONG = {**GREEDY, "prompt": "never ending story", "max_tokens": 480, "n": 8}
+NOT_FOUND = {"code": "stream_not_found", "type": "not_found_error", "param": "stream_id"}
+
+
+@pytest.fixture(scope="module")
+def resumable(tiny_model_dir, tmp_path_factory):
+    srv = Server(tiny_model_dir, "--served-model-name", SERVED_NAME, "--stream-resume-ttl", str(TTL_S),
+                 "--num-kv-blocks", "256", "--max-num-seqs", "1", "--max-num-batched-tokens", "128", "--max-n", "8",
+                 "--sse-ping-interval", "0.2", log_path=tmp_path_factory.mktemp("resume") / "server.log").start()
+    yield srv
+    srv.stop()
+
+
+# ----- clients -----
+def read_all(url: str, path: str, body: dict, headers: dict | None = None) -> tuple[str, list]:
+    """The whole stream: its X-Stream-Id and (id, data) events."""
+    with httpx2.stream("POST", url + path, json=body, headers=headers, timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        return r.headers["x-stream-id"], sse_events(list(r.iter_lines()))
+
+
+async def read_some(client: httpx2.AsyncClient, path: str, body: dict, count: int,
+                    headers: dict | None = None) -> tuple[str, list]:
+    """The first `count` events, then the connection is dropped."""
+    async with client.stream("POST", path, json=body, headers=headers) as r:
+        lines = []
+        async for line in r.aiter_lines():
+            lines.append(line)
+            if line == "" and len(sse_events(lines)) == count:
+                return r.headers["x-stream-id"], sse_events(lines)
+    raise AssertionError(f"the stream ended before {count} events")
+
+
+def drop_after(url: str, path: str, body: dict, count: int, headers: dict | None = None) -> tuple[str, list]:
+    async def run():
+        async with httpx2.AsyncClient(base_url=url, timeout=60) as client:
+            return await read_some(client, path, body, count, headers)
+
+    return asyncio.run(run())
+
+
+def resume(url: str, stream_id: str, last_event_id: int | str | None = None,
+           headers: dict | None = None) -> tuple[int, list | dict]:
+    """GET /v1/streams/{id}: (200, events) or (status, error object)."""
+    headers = dict(headers or {})
+    if last_event_id is not None:
+        headers["Last-Event-ID"] = str(last_event_id)
+    with httpx2.stream("GET", f"{url}/v1/streams/{stream_id}", headers=headers, timeout=60) as r:
+        if r.status_code != 200:
+            return r.status_code, json.loads(r.read())["error"]
+        assert r.headers["x-stream-id"] == stream_id
+        return 200, sse_events(list(r.iter_lines()))
+
+
+def comparable(events: list) -> list:
+    """Events without what differs between two requests (the response id and its creation time)."""
+    out = []
+    for event_id, data in events:
+        if data != "[DONE]":
+            data = json.loads(data)
+            data.pop("id"), data.pop("created")
+        out.append((event_id, data))
+    return out
+
+
+def text_of(events: list) -> str:
+    text = ""
+    for _, data in events:
+        if data != "[DONE]":
+            for choice in json.loads(data)["choices"]:
+                text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+    return text
+
+
+def wait_metric(server, name: str, at_least: float, timeout: float, **labels) -> float:
+    """Seconds until the metric reached `at_least`."""
+    start = time.monotonic()
+    while server.metric(name, **labels) < at_least:
+        assert time.monotonic() - start < timeout, f"{name}{labels} never reached {at_least}"
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+# ----- tests -----
+@pytest.mark.parametrize("path,body", [("/v1/completions", COMPLETION), ("/v1/chat/completions", CHAT)],
+                         ids=["completions", "chat"])
+def test_dropped_stream_resumed_joins_into_the_uninterrupted_output(resumable, path, body):
+    url = resumable.url
+    whole_id, whole = read_all(url, path, body)
+    assert [i for i, _ in whole] == list(range(len(whole))) and whole[-1][1] == "[DONE]"
+    lengths = resumable.metric("mili_requests_total", finish_reason="length")
+    aborts = resumable.metric("mili_requests_total", finish_reason="abort")
+    resumes = resumable.metric("mili_stream_resumes_total")
+
+    stream_id, first = drop_after(url, path, body, 5)
+    assert stream_id != whole_id and len(stream_id) >= 32
+    status, rest = resume(url, stream_id, last_event_id=first[-1][0])
+    assert status == 200
+    joined = first + rest
+    assert comparable(joined) == comparable(whole)  # same ids, same chunks
+    assert text_of(joined) == text_of(whole) and len(text_of(whole)) > 0
+    # The generation went on after the disconnect: it ran to max_tokens, nothing was aborted.
+    wait_metric(resumable, "mili_requests_total", lengths + 1, 10, finish_reason="length")
+    assert resumable.metric("mili_requests_total", finish_reason="abort") == aborts
+    assert resumable.metric("mili_stream_resumes_total") == resumes + 1
+
+    # Without Last-Event-ID, the finished stream is replayed from its first event.
+    status, again = resume(url, stream_id)
+    assert status == 200 and again == joined
+    wait_idle(resumable)
+
+
+def test_openai_sdk_reads_a_resumable_stream(resumable):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{resumable.url}/v1", api_key="sdk-key")
+    raw = client.chat.completions.with_raw_response.create(
+        model=SERVED_NAME, messages=CHAT["messages"], max_tokens=20, temperature=0, stream=True)
+    stream_id = raw.headers["x-stream-id"]
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in raw.parse() if chunk.choices)
+    status, replay = resume(resumable.url, stream_id, headers={"Authorization": "Bearer sdk-key"})
+    assert status == 200 and text_of(replay) == text and replay[-1][1] == "[DONE]"
+
+
+def test_detached_stream_not_resumed_is_aborted_after_the_ttl(resumable):
+    aborts = resumable.metric("mili_requests_total", finish_reason="abort")
+    expired = resumable.metric("mili_stream_resume_aborted_total", reason="ttl")
+    stream_id, _ = drop_after(resumable.url, "/v1/completions", LONG, 3)
+    dropped = time.monotonic()
+    time.sleep(TTL_S / 2)
+    assert resumable.metric("mili_requests_running") == 1  # still generating, with nobody connected
+    waited = wait_metric(resumable, "mili_stream_resume_aborted_total", expired + 1, TTL_S + 10, reason="ttl")
+    assert time.monotonic() - dropped >= TTL_S - 0.1, waited
+    wait_idle(resumable)  # its KV blocks are back
+    assert resumable.metric("mili_requests_total", finish_reason="abort") == aborts + 1
+    status, error = resume(resumable.url, stream_id, last_event_id=2)
+    assert status == 404 and NOT_FOUND.items() <= error.items()
+
+
+def test_finished_stream_is_kept_for_the_ttl_then_forgotten(resumable):
+    stream_id, whole = read_all(resumable.url, "/v1/completions", {**COMPLETION, "max_tokens": 4})
+    status, tail = resume(resumable.url, stream_id, last_event_id=len(whole) - 3)
+    assert status == 200 and tail == whole[-2:]
+    status, nothing = resume(resumable.url, stream_id, last_event_id=len(whole) - 1)  # everything was received
+    assert status == 200 and nothing == []
+    time.sleep(TTL_S + 0.5)
+    status, error = resume(resumable.url, stream_id, last_event_id=0)
+    assert status == 404 and NOT_FOUND.items() <= error.items()
+
+
+def test_only_the_same_api_key_may_resume(resumable):
+    alice = {"Authorization": "Bearer alice"}
+    stream_id, whole = read_all(resumable.url, "/v1/completions", {**COMPLETION, "max_tokens": 4}, headers=alice)
+    status, unknown = resume(resumable.url, "no-such-stream-" + "x" * 20)
+    assert status == 404 and NOT_FOUND.items() <= unknown.items()
+    for other in ({"Authorization": "Bearer bob"}, {}, {"Authorization": "bearer alice"}):
+        status, error = resume(resumable.url, stream_id, headers=other)
+        assert status == 404 and error == unknown  # the same answer as an unknown id: ids cannot be probed
+    status, replay = resume(resumable.url, stream_id, headers=alice)
+    assert status == 200 and replay == whole
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "1.5", "", "1e3", "99999999999999999999"])
+def test_last_event_id_not_an_integer_is_400(resumable, value):
+    stream_id, _ = read_all(resumable.url, "/v1/completions", {**COMPLETION, "max_tokens": 2})
+    status, error = resume(resumable.url, stream_id, last_event_id=value)
+    assert status == 400 and error["param"] == "Last-Event-ID" and error["type"] == "invalid_request_error", error
+
+
+def test_last_event_id_beyond_the_last_event_is_400(resumable):
+    stream_id, whole = read_all(resumable.url, "/v1/completions", {**COMPLETION, "max_tokens": 2})
+    status, error = resume(resumable.url, stream_id, last_event_id=len(whole))
+    assert status == 400 and error["param"] == "Last-Event-ID" and str(len(whole) - 1) in error["message"], error
+
+
+def test_a_new_reader_takes_the_stream_over(resumable):
+    async def run():
+        async with httpx2.AsyncClient(base_url=resumable.url, timeout=60) as client:
+            async with client.stream("POST", "/v1/completions", json=LONG) as old:
+                stream_id = old.headers["x-stream-id"]
+                lines = old.aiter_lines()
+                seen = [line async for line in _take(lines, 3)]  # the first three events
+                async with client.stream("GET", f"/v1/streams/{stream_id}",
+                                         headers={"Last-Event-ID": "1"}) as new:
+                    assert new.status_code == 200
+                    taken = [line async for line in _take(new.aiter_lines(), 4)]
+                    # The old response ends without [DONE]; the new one goes on.
+                    seen += [line async for line in lines]
+                    return sse_events(seen), sse_events(taken)
+
+    old_events, new_events = asyncio.run(run())
+    assert old_events[-1][1] != "[DONE]"
+    assert [i for i, _ in new_events] == [2, 3, 4, 5]
+    assert [i for i, _ in old_events] == list(range(len(old_events))) and len(old_events) >= 3
+    both = dict(old_events).keys() & dict(new_events).keys()
+    assert 2 in both and all(dict(old_events)[i] == dict(new_events)[i] for i in both)  # the same events, replayed
+    wait_idle(resumable, timeout=TTL_S + 10)  # nobody reads it now: aborted after the TTL
+
+
+async def _take(lines, count: int):
+    """Lines up to the end of the `count`-th event."""
+    seen = 0
+    async for line in lines:
+        yield line
+        if line == "":
+            seen += 1
+            if seen == count:
+                return
+
+
+def test_deadline_still_ends_a_detached_stream(resumable):
+    stream_id, first = drop_after(resumable.url, "/v1/completions", LONG, 3, headers={"X-Request-Timeout": "1"})
+    time.sleep(1.5)  # past the deadline, within the TTL
+    status, rest = resume(resumable.url, stream_id, last_event_id=first[-1][0])
+    assert status == 200
+    assert [i for i, _ in first + rest] == list(range(len(first + rest)))
+    assert rest[-1][1] == "[DONE]" and json.loads(rest[-2][1])["error"]["code"] == "deadline_exceeded"
+    wait_idle(resumable)
+
+
+def test_without_a_ttl_streams_have_no_ids_and_cannot_be_resumed(server):
+    with httpx2.stream("POST", f"{server.url}/v1/completions", json={**COMPLETION, "max_tokens": 4},
+                       timeout=60) as r:
+        assert "x-stream-id" not in r.headers
+        lines = list(r.iter_lines())
+    assert not [line for line in lines if line.startswith("id:")] and lines[-2:] == ["data: [DONE]", ""]
+    status, error = resume(server.url, "anything")
+    assert status == 404 and NOT_FOUND.items() <= error.items()
