@@ -253,3 +253,68 @@ def test_without_a_ttl_streams_have_no_ids_and_cannot_be_resumed(server):
     assert not [line for line in lines if line.startswith("id:")] and lines[-2:] == ["data: [DONE]", ""]
     status, error = resume(server.url, "anything")
     assert status == 404 and NOT_FOUND.items() <= error.items()
+
+
+# ----- the buffer cap -----
+CAP_BYTES = 64 * 1024
+
+
+@pytest.fixture(scope="module")
+def capped(tiny_model_dir, tmp_path_factory):
+    """Buffers kept for a minute, all of them together within 64 KiB (a 480-token stream is more than that)."""
+    srv = Server(tiny_model_dir, "--served-model-name", SERVED_NAME, "--stream-resume-ttl", "60",
+                 "--stream-resume-buffer", "64KiB", "--num-kv-blocks", "256", "--max-num-seqs", "4",
+                 "--sse-ping-interval", "0.2", log_path=tmp_path_factory.mktemp("capped") / "server.log").start()
+    yield srv
+    srv.stop()
+
+
+def buffered(server) -> float:
+    return server.metric("mili_stream_resume_buffered_bytes")
+
+
+def test_cap_drops_the_buffer_idle_longest_first(capped):
+    body = {**COMPLETION, "max_tokens": 150}
+    evicted = capped.metric("mili_stream_resume_evicted_total")
+    sizes, streams = [], []
+    for prompt in ("first", "second", "third"):
+        before = buffered(capped)
+        streams.append(read_all(capped.url, "/v1/completions", {**body, "prompt": prompt}))
+        sizes.append(buffered(capped) - before)
+    first, second, third = streams
+    # What the scenario needs: two of these streams fit under the cap, three do not.
+    assert sizes[0] + sizes[1] <= CAP_BYTES < sizes[0] + sizes[1] + len(json.dumps(third[1])) * 150, sizes
+    assert capped.metric("mili_stream_resume_evicted_total") == evicted + 1
+    status, error = resume(capped.url, first[0])  # the one idle longest went
+    assert status == 404 and NOT_FOUND.items() <= error.items()
+    for stream_id, events in (second, third):
+        status, replay = resume(capped.url, stream_id)
+        assert status == 200 and replay == events
+    assert buffered(capped) <= CAP_BYTES
+
+
+def test_a_read_stream_past_the_cap_is_delivered_whole_but_not_kept(capped):
+    body = {**COMPLETION, "max_tokens": 480}
+    plain = httpx2.post(f"{capped.url}/v1/completions", json={**body, "stream": False}, timeout=60).json()
+    evicted = capped.metric("mili_stream_resume_evicted_total")
+    stream_id, events = read_all(capped.url, "/v1/completions", body)
+    assert [i for i, _ in events] == list(range(len(events))) and events[-1][1] == "[DONE]"
+    assert sum(len(data) for _, data in events) > CAP_BYTES  # more than the cap went through this stream
+    assert text_of(events) == plain["choices"][0]["text"]
+    assert capped.metric("mili_stream_resume_evicted_total") > evicted
+    assert buffered(capped) <= CAP_BYTES
+    status, error = resume(capped.url, stream_id)  # no longer resumable
+    assert status == 404 and NOT_FOUND.items() <= error.items()
+
+
+def test_a_detached_stream_past_the_cap_is_aborted(capped):
+    aborts = capped.metric("mili_requests_total", finish_reason="abort")
+    dropped = capped.metric("mili_stream_resume_aborted_total", reason="buffer_full")
+    # Four choices of 480 tokens: past the cap a fifth of the way through.
+    stream_id, _ = drop_after(capped.url, "/v1/completions", {**COMPLETION, "max_tokens": 480, "n": 4}, 3)
+    wait_metric(capped, "mili_stream_resume_aborted_total", dropped + 1, 120, reason="buffer_full")
+    wait_idle(capped)  # its KV blocks are back
+    assert capped.metric("mili_requests_total", finish_reason="abort") == aborts + 1
+    assert buffered(capped) <= CAP_BYTES
+    status, error = resume(capped.url, stream_id)
+    assert status == 404 and NOT_FOUND.items() <= error.items()
