@@ -190,3 +190,13 @@ def test_a_failing_producer_ends_the_stream_with_an_error_event():
         assert '"internal server error"' in events[1][1] and aborted
 
     run(main())
+
+
+def test_bad_flag_values_are_refused(capsys):
+    from gateway.cli import main
+
+    for flags, message in ((["--stream-resume-ttl", "-1"], "--stream-resume-ttl must be 0"),
+                           (["--stream-resume-ttl", "inf"], "--stream-resume-ttl must be 0"),
+                           (["--stream-resume-buffer", "0"], "--stream-resume-buffer must be above 0")):
+        assert main(["serve", *flags]) == 2
+        assert message in capsys.readouterr().err
