@@ -1,9 +1,8 @@
-"""The gateway's Starlette application: routes, API-key check, error objects, lifespan of the workers."""
+"""The gateway's Starlette application: routes, error objects, lifespan of the workers (API keys: gateway/auth.py)."""
 
 from __future__ import annotations
 
 import contextlib
-import hmac
 import importlib.metadata
 import logging
 import os
@@ -18,8 +17,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway import debug_routes, openapi
+from gateway.auth import ApiKey, ApiKeyMiddleware, KeyRing, load_keys
 from gateway.errors import ApiError
 from gateway.http_io import ClientDisconnected
+from gateway.key_limits import KeyLimits
 from gateway.metrics import Metrics
 from gateway.model_text import ModelText
 from gateway.openai_routes import chat_completions, completions
@@ -39,6 +40,7 @@ log = logging.getLogger("mili.gateway")
 class ServerSettings:
     served_model_name: str
     api_key: str | None = None
+    api_keys: dict[str, ApiKey] | None = None  # secret -> key (auth.load_keys); None: just api_key, if any
     limits: Limits = Limits()
     max_body_bytes: int = 16 << 20
     max_waiting_requests: int = 512  # beyond what the workers run at once
@@ -60,6 +62,9 @@ class GatewayState:
         self.text = ModelText(engine_config.model)
         self.token_names = TokenNames(self.text.tokenizer)
         self.metrics = Metrics(settings.served_model_name, engine_config.block_size)
+        keys = settings.api_keys if settings.api_keys is not None else load_keys(settings.api_key, None)
+        self.keyring = KeyRing(keys)
+        self.key_limits = KeyLimits(self.keyring.keys, self.metrics.registry, settings.served_model_name)
         threads = settings.worker_threads or max(1, (os.cpu_count() or 1) // settings.num_workers)
         self.pool = WorkerPool(engine_config, settings.served_model_name, settings.num_workers, threads,
                                tcp_host=settings.worker_tcp_host, tcp_port=settings.worker_tcp_port,
@@ -144,24 +149,6 @@ async def openapi_json(request: Request) -> Response:
     return JSONResponse(openapi.document(request.app.state.mili.settings.served_model_name))
 
 
-class ApiKeyMiddleware:
-    """Bearer-token check on every route but /health, compared in constant time."""
-
-    def __init__(self, app, api_key: str | None):
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode() if api_key else None
-
-    async def __call__(self, scope, receive, send):
-        if self.expected is None or scope["type"] != "http" or scope["path"] == "/health":
-            return await self.app(scope, receive, send)
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        if not hmac.compare_digest(given, self.expected):
-            response = ApiError(401, "invalid or missing API key (Authorization: Bearer ...)",
-                                code="invalid_api_key").response()
-            return await response(scope, receive, send)
-        return await self.app(scope, receive, send)
-
-
 async def _http_error(request: Request, exc: HTTPException) -> Response:
     """Starlette's routing errors (404, 405) as OpenAI error objects, keeping their headers (a 405's
     `Allow` lists the route's methods)."""
@@ -198,7 +185,7 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
           if settings.enable_debug_faults else []),
     ], exception_handlers={HTTPException: _http_error}, lifespan=lifespan)
     app.state.mili = state
-    app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    app.add_middleware(ApiKeyMiddleware, keyring=state.keyring)
     # Outermost: a refused request gets its id too, and is counted.
     app.add_middleware(RequestIdMiddleware, on_api_response=state.metrics.http_response)
     return app

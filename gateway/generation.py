@@ -116,11 +116,12 @@ class GenerationStream:
     """Submits one prompt and yields its ChoiceEvents; `usage` is complete once the iteration ends."""
 
     def __init__(self, pool: WorkerPool, metrics: Metrics, tokenizer: Tokenizer, prompt: list[int],
-                 params: SamplingParams, options: TextOptions, arrival: float, deadline: float | None = None):
+                 params: SamplingParams, options: TextOptions, arrival: float, deadline: float | None = None,
+                 tenant: str = "", tenant_weight: float = 1.0):
         self.pool = pool
         self.metrics = metrics
         self.arrival = arrival
-        self.handle: RequestHandle = pool.submit(prompt, params, deadline)
+        self.handle: RequestHandle = pool.submit(prompt, params, deadline, tenant, tenant_weight)
         self.choices = [_Choice(i, tokenizer, prompt, options) for i in range(params.n)]
         self.usage = Usage(prompt_tokens=len(prompt))
         self.finish_reasons: list[str | None] = [None] * params.n

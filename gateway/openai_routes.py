@@ -19,10 +19,12 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.auth import ApiKey, caller
 from gateway.deadlines import check_not_passed, request_deadline
 from gateway.errors import ApiError, invalid
 from gateway.generation import ChoiceEvent, GenerationStream, TextOptions, Usage, merge
 from gateway.http_io import collect_unless_disconnected, read_json
+from gateway.key_limits import Lease
 from gateway.prompt_scoring import PromptLogprob, echo_logprobs, join_logprobs, vllm_prompt_logprobs
 from gateway.protocol import ChatRequest, CommonFields, parse_chat, parse_completion, require_model
 from gateway.structured_output import build_grammar, response_format_rules
@@ -42,6 +44,7 @@ class Admitted:
 
     streams: list[GenerationStream]
     n: int
+    lease: Lease  # its place in its API key's count of requests in flight
 
     @property
     def usage(self) -> Usage:
@@ -56,9 +59,11 @@ class Admitted:
         return merge(self.streams, self.n)
 
     def abort(self) -> None:
-        """Drop the request in its worker unless it already finished (idempotent)."""
+        """Drop the request in its worker unless it already finished, and end its count against its API
+        key (idempotent; called however the response ends)."""
         for s in self.streams:
             s.pool.abort(s.handle)
+        self.lease.release()
 
 
 async def completions(request: Request) -> Response:
@@ -67,7 +72,7 @@ async def completions(request: Request) -> Response:
     req = parse_completion(await read_json(request, state.settings.max_body_bytes), state.settings.limits)
     _check_served(state, req)
     prompts = [state.text.encode_prompt(p) for p in req.prompts]
-    admitted = _admit(state, req, prompts, TextOptions(stop=req.stop), deadline)
+    admitted = _admit(state, req, prompts, TextOptions(stop=req.stop), caller(request), deadline)
     fmt = CompletionFormat(req.model, state.token_names)
     echo = [state.text.decode(p) if req.echo else "" for p in prompts]
     if req.stream:
@@ -101,7 +106,7 @@ async def chat_completions(request: Request) -> Response:
     calls = req.tools is not None and req.tools.calls_possible
     options = TextOptions(stop=req.stop, split_reasoning=state.text.split_reasoning,
                           starts_in_reasoning=state.text.starts_in_reasoning(rendered), parse_tool_calls=calls)
-    admitted = _admit(state, req, [prompt], options, deadline, params)
+    admitted = _admit(state, req, [prompt], options, caller(request), deadline, params)
     fmt = ChatFormat(req.model, state.token_names)
     if req.stream:
         return _sse(request, _chat_chunks(fmt, req, admitted), admitted)
@@ -148,7 +153,7 @@ def _check_served(state, req: CommonFields) -> None:
         raise ApiError(503, "the server is shutting down", code="draining")
 
 
-def _admit(state, req: CommonFields, prompts: list[list[int]], options: TextOptions,
+def _admit(state, req: CommonFields, prompts: list[list[int]], options: TextOptions, key: ApiKey,
            deadline: float | None = None, params: SamplingParams | None = None) -> Admitted:
     params = params or req.params
     info = state.pool.info
@@ -165,16 +170,18 @@ def _admit(state, req: CommonFields, prompts: list[list[int]], options: TextOpti
         state.metrics.finished("deadline", sum(map(len, prompts)))
         raise
     arrival = time.monotonic()
+    lease = state.key_limits.acquire(key, arrival)  # 429 when the key is at its max_concurrent
     streams: list[GenerationStream] = []
     try:
         for prompt in prompts:
             streams.append(GenerationStream(state.pool, state.metrics, state.text.tokenizer, prompt, params,
-                                            options, arrival, deadline))
+                                            options, arrival, deadline, key.name, key.weight))
     except NoWorkerAvailable as e:
         for s in streams:
             state.pool.abort(s.handle)
+        lease.release()
         raise ApiError(503, f"no worker is ready: {e}", code="worker_unavailable") from None
-    return Admitted(streams, params.n)
+    return Admitted(streams, params.n, lease)
 
 
 def _check_tokens(params: SamplingParams, prompts: list[list[int]], vocab: int, context: int) -> None:
@@ -199,7 +206,10 @@ def _check_tokens(params: SamplingParams, prompts: list[list[int]], vocab: int, 
 
 # ----- non-streaming -----
 async def _collect(request: Request, admitted: Admitted) -> list[ChoiceEvent]:
-    return await collect_unless_disconnected(request, admitted.events())
+    try:
+        return await collect_unless_disconnected(request, admitted.events())
+    finally:
+        admitted.abort()
 
 
 def _gather(events: list[ChoiceEvent], num_choices: int):

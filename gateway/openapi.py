@@ -75,7 +75,9 @@ _ERROR = {"type": "object", "properties": {"error": {"type": "object", "properti
 def _post(summary: str, schema: dict) -> dict[str, Any]:
     errors = {str(code): {"description": text, "content": {"application/json": {"schema": _ERROR}}}
               for code, text in ((400, "invalid request"), (401, "missing or wrong API key"), (404, "unknown model"),
-                                 (413, "body too large"), (503, "no worker ready, queue full, or draining"),
+                                 (413, "body too large"),
+                                 (429, "the API key is at its max_concurrent (code rate_limit_exceeded; Retry-After)"),
+                                 (503, "no worker ready, queue full, or draining"),
                                  (504, "deadline passed before anything was sent (code deadline_exceeded)"))}
     timeout = {"name": "X-Request-Timeout", "in": "header", "required": False,
                "description": "seconds the request may take end to end, queue included (overrides the server's "

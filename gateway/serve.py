@@ -16,6 +16,7 @@ import uvicorn
 from sse_starlette.sse import AppStatus
 
 from gateway.app import ServerSettings, build_app
+from gateway.auth import load_keys
 from gateway.protocol import Limits
 from shared.config import ATTENTION_BACKENDS, DTYPES, QUANTIZATIONS, EngineConfig, parse_size
 
@@ -36,6 +37,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="port to listen on (or set MILI_PORT; default 8000)")
     p.add_argument("--api-key", default=os.environ.get("MILI_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on every route but /health (or set MILI_API_KEY)")
+    p.add_argument("--api-keys-file", metavar="PATH",
+                   help="accept the keys listed in PATH, one per line as 'KEY [name=NAME] [weight=W] "
+                        "[max_concurrent=N]' ('#' comments); requests are admitted weighted-fair between "
+                        "keys, and a key over its max_concurrent gets 429 (with --api-key: one more key)")
     p.add_argument("--dtype", choices=DTYPES, default="auto")
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--max-num-seqs", type=int, default=128)
@@ -110,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--stream-resume-ttl must be 0 (off) or a number of seconds, got {args.stream_resume_ttl}")
     if args.stream_resume_buffer <= 0:
         raise ValueError(f"--stream-resume-buffer must be above 0, got {args.stream_resume_buffer}")
+    api_keys = load_keys(args.api_key, args.api_keys_file)  # a bad keys file fails before the model loads
     model_dir, default_name = resolve_model(args.model)
     engine_config = EngineConfig(
         model=str(model_dir), dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
@@ -121,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         tcp_host, _, port = args.worker_tcp.rpartition(":")
         tcp_port = int(port)
     settings = ServerSettings(
-        served_model_name=args.served_model_name or default_name, api_key=args.api_key,
+        served_model_name=args.served_model_name or default_name, api_key=args.api_key, api_keys=api_keys,
         limits=Limits(max_n=args.max_n, max_stop=args.max_stop_strings, max_stop_length=args.max_stop_length),
         max_body_bytes=args.max_body_size, max_waiting_requests=args.max_waiting_requests,
         sse_ping_s=args.sse_ping_interval, num_workers=args.workers, worker_threads=args.worker_threads,

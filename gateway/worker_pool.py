@@ -318,16 +318,18 @@ class WorkerPool:
             self._on_stats(slot, previous, stats)
 
     # ----- requests -----
-    def submit(self, prompt_token_ids: list[int], params: SamplingParams,
-               deadline: float | None = None) -> RequestHandle:
+    def submit(self, prompt_token_ids: list[int], params: SamplingParams, deadline: float | None = None,
+               tenant: str = "", tenant_weight: float = 1.0) -> RequestHandle:
         """Send a request to the live worker with the fewest requests in flight (a dead worker is never
         chosen: its slot is not ready from the moment its exit is noticed). `deadline` (time.monotonic())
-        travels as the seconds left; a timer also ends the request here when it passes."""
+        travels as the seconds left; a timer also ends the request here when it passes. `tenant` (an API
+        key's name) and its weight travel with it: each worker admits weighted-fair between tenants."""
         slot = self._pick()
         if slot is None:
             raise NoWorkerAvailable("; ".join(self.down_reasons()) or "no worker is running")
         add = wire.AddRequest(request_id="", prompt_token_ids=prompt_token_ids,
-                              params=wire.sampling_params_to_wire(params))
+                              params=wire.sampling_params_to_wire(params), tenant=tenant,
+                              tenant_weight=tenant_weight)
         handle = RequestHandle("", params.n, slot, add, deadline=deadline)
         if deadline is not None:
             handle.deadline_timer = asyncio.get_running_loop().call_later(

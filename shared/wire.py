@@ -50,12 +50,17 @@ class WorkerStats:
 @dataclass(frozen=True)
 class AddRequest:
     TYPE: ClassVar[str] = "add"
+    POSITIVE: ClassVar[tuple[str, ...]] = ("tenant_weight",)
     request_id: str
     prompt_token_ids: list[int]
     params: dict[str, Any]  # SamplingParams fields; the worker builds (and so validates) SamplingParams
     # Seconds the request may still take, queue included (its deadline; monotonic clocks differ across
     # processes, so the budget travels, not the time). None: no deadline.
     timeout_s: float | None = None
+    # Who sent it (an API key's name, never the key; "" without keys) and that key's weight: the worker
+    # admits weighted-fair between tenants.
+    tenant: str = ""
+    tenant_weight: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -213,6 +218,9 @@ def _build(cls: type, body: Any, where: str) -> Any:
     for name in getattr(cls, "NON_NEGATIVE", ()):
         if values.get(name) is not None and values[name] < 0:
             raise WireError(f"{where}.{name}: must not be negative, got {values[name]}")
+    for name in getattr(cls, "POSITIVE", ()):
+        if values.get(name) is not None and not values[name] > 0:
+            raise WireError(f"{where}.{name}: must be positive, got {values[name]}")
     return cls(**values)
 
 

@@ -107,13 +107,16 @@ class LLMEngine:
 
     # ----- requests -----
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    deadline: float | None = None) -> None:
+                    deadline: float | None = None, tenant: str = "", tenant_weight: float = 1.0) -> None:
         """Queue a request, or raise RequestRejected if it can never be served. Past `deadline` (a
-        time.monotonic() value) the request ends with finish reason "deadline", queued or running."""
+        time.monotonic() value) the request ends with finish reason "deadline", queued or running.
+        `tenant` (an API key's name) and its weight (> 0) decide its share when several tenants wait."""
         prompt = [int(t) for t in prompt_token_ids]
         max_tokens = self._validate(request_id, prompt, params)
+        if not tenant_weight > 0 or tenant_weight == float("inf"):
+            raise RequestRejected(f"tenant weight must be a positive number, got {tenant_weight}")
         seqs = [Sequence(request_id, i, prompt, params, max_tokens,
-                         make_generator(None if params.seed is None else params.seed + i))
+                         make_generator(None if params.seed is None else params.seed + i), tenant, tenant_weight)
                 for i in range(params.n)]
         if params.grammar is not None:
             try:

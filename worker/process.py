@@ -129,7 +129,8 @@ def _handle(engine: LLMEngine, message, outbox: queue.Queue) -> None:
     try:
         params = wire.sampling_params_from_wire(message.params)
         deadline = None if message.timeout_s is None else time.monotonic() + message.timeout_s
-        engine.add_request(message.request_id, message.prompt_token_ids, params, deadline=deadline)
+        engine.add_request(message.request_id, message.prompt_token_ids, params, deadline=deadline,
+                           tenant=message.tenant, tenant_weight=message.tenant_weight)
     except (RequestRejected, SamplingParamsError) as e:
         outbox.put(wire.RequestFailed(request_id=message.request_id, message=str(e), param=e.param))
     except wire.WireError as e:

@@ -2,19 +2,20 @@
 
 One token budget per step (max_num_batched_tokens) shared by decodes and prefill chunks, at most
 max_num_seqs sequences running. Running sequences go first, in admission order; waiting ones are
-admitted first-come-first-served while budget and KV blocks last. When a running sequence needs a
-block and none is free, the most recently admitted running sequence is preempted: its blocks are
-freed and it goes back to the head of the queue, to be recomputed (its full blocks usually come back
-as prefix-cache hits).
+admitted while budget and KV blocks last, weighted-fair between tenants (API keys) and
+first-come-first-served within each (worker/fair_queue.py; with one tenant, plain FCFS). Every token
+scheduled is charged to its tenant. When a running sequence needs a block and none is free, the most
+recently admitted running sequence is preempted: its blocks are freed and it goes back to the head of
+its tenant's queue, to be recomputed (its full blocks usually come back as prefix-cache hits).
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 from worker.block_manager import BlockManager
+from worker.fair_queue import FairQueue
 from worker.sequence import Sequence, SequenceStatus
 
 
@@ -36,7 +37,7 @@ class Scheduler:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.waiting: deque[Sequence] = deque()
+        self.waiting = FairQueue()
         self.running: list[Sequence] = []
         # Counters the engine reports as metrics.
         self.num_preemptions = 0
@@ -44,10 +45,11 @@ class Scheduler:
         self.prefix_hit_tokens = 0
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        self.waiting.append(seq, self.running)
 
     def add_front(self, seqs: list[Sequence]) -> None:
-        self.waiting.extendleft(reversed(seqs))
+        for seq in reversed(seqs):
+            self.waiting.appendleft(seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -71,6 +73,7 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue
             self.block_manager.allocate(seq, num_new)
+            self.waiting.charge(seq, num_new)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(num_new)
             budget -= num_new
@@ -81,15 +84,16 @@ class Scheduler:
 
     def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> int:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+            seq = self.waiting.peek()
             # A prompt being scored must be computed whole; it neither looks up nor counts as a query.
             looks_up = not seq.needs_prompt_logprobs
             hits = self.block_manager.match_prefix(seq) if looks_up else []
             num_new = min(seq.num_tokens - len(hits) * self.block_manager.block_size, budget)
             if not self.block_manager.can_allocate(seq, num_new, hits):
                 break
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             self.block_manager.allocate(seq, num_new, hits)
+            self.waiting.charge(seq, num_new)
             if seq.num_cached_prompt_tokens is None:
                 seq.num_cached_prompt_tokens = min(seq.num_computed_tokens, seq.num_prompt_tokens)
                 seq.queue_time = time.monotonic() - seq.arrival_time

@@ -18,8 +18,13 @@ class SequenceStatus(Enum):
 
 class Sequence:
     def __init__(self, request_id: str, index: int, prompt_token_ids: list[int], params: SamplingParams,
-                 max_tokens: int, generator: torch.Generator):
+                 max_tokens: int, generator: torch.Generator, tenant: str = "", tenant_weight: float = 1.0):
         self.request_id = request_id
+        # Who sent it (an API key's name; "" when the server has no keys) and that tenant's share of the
+        # engine: the scheduler admits weighted-fair between tenants (worker/fair_queue.py).
+        self.tenant = tenant
+        self.tenant_weight = tenant_weight
+        self.arrival_order: int | None = None  # set when it first queues; breaks ties between tenants
         self.index = index  # which of the request's n choices this is
         self.params = params
         self.max_tokens = max_tokens  # params.max_tokens resolved against the context length

@@ -26,7 +26,8 @@ def gateway_to_worker_templates() -> list[dict]:
     params = wire.sampling_params_to_wire(SamplingParams(n=2, max_tokens=4, temperature=0.7, top_k=5,
                                                          logit_bias={5: -1.5}, stop_token_ids=(3,), seed=11,
                                                          logprobs=2))
-    messages = [wire.AddRequest(request_id="fuzz-1", prompt_token_ids=[1, 2, 3], params=params),
+    messages = [wire.AddRequest(request_id="fuzz-1", prompt_token_ids=[1, 2, 3], params=params,
+                                tenant="team-a", tenant_weight=2.0),
                 wire.AbortRequests(request_ids=["fuzz-1", "fuzz-2"])]
     return [_body(m) for m in messages]
 

@@ -44,6 +44,7 @@ def test_frames_to_the_worker(test_seed):
     for message in accepted:
         if isinstance(message, wire.AddRequest):
             assert all(0 <= t < 2**63 for t in message.prompt_token_ids)
+            assert isinstance(message.tenant, str) and 0 < message.tenant_weight < float("inf")
             try:
                 assert isinstance(wire.sampling_params_from_wire(message.params), SamplingParams)
                 params_ok += 1
