@@ -175,3 +175,23 @@ def test_per_key_metrics_name_keys_never_secrets(server):
         assert f'key="{name}"' in text
     assert not any(secret in text for secret in (*KEYS.values(), SINGLE_KEY))
     assert server.log_path.read_text().count("sk-") == 0, "a secret reached the log"
+
+
+def test_resumable_streams_end_their_keys_count(tiny_model_dir, tmp_path):
+    """With --stream-resume-ttl the generation outlives its connection; a stream that ends on its own must
+    still end its count against the key's max_concurrent, or the key's next request is refused."""
+    (tmp_path / "keys.txt").write_text(KEYS_FILE)
+    srv = Server(tiny_model_dir, "--served-model-name", SERVED_NAME, "--num-kv-blocks", "256",
+                 "--api-keys-file", str(tmp_path / "keys.txt"), "--stream-resume-ttl", "30",
+                 log_path=tmp_path / "server.log").start()
+    try:
+        for _ in range(3):
+            with httpx2.stream("POST", f"{srv.url}/v1/completions", json={**LIGHT, "stream": True},
+                               headers=auth("capped"), timeout=30) as r:
+                assert r.status_code == 200, r.read()
+                assert r.headers["x-stream-id"]
+                lines = list(r.iter_lines())
+            assert "data: [DONE]" in lines
+        wait_idle(srv)
+    finally:
+        srv.stop()
