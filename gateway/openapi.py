@@ -84,7 +84,9 @@ def _post(summary: str, schema: dict) -> dict[str, Any]:
                               "--request-timeout)", "schema": {"type": "number", "exclusiveMinimum": 0}}
     return {"post": {"summary": summary, "parameters": [timeout], "requestBody": {"required": True,
                                                          "content": {"application/json": {"schema": schema}}},
-                     "responses": {"200": {"description": "a JSON response, or text/event-stream when stream is true"},
+                     "responses": {"200": {"description": "a JSON response, or text/event-stream when stream is true "
+                                                          "(with --stream-resume-ttl: each event with an id, and the "
+                                                          "X-Stream-Id header to resume it by)"},
                                    **errors}}}
 
 
