@@ -29,20 +29,26 @@ class ServerSpec:
     model_processes: str = "self"  # "self": the started process holds the model; "children": its children do
 
 
-def mili_spec(threads: int) -> ServerSpec:
-    return ServerSpec("mili", lambda port, _: [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port),
-                                               "--worker-threads", str(threads)],
+def mili_spec(threads: int, model: str = "default", served_name: str | None = None,
+              quantization: str = "auto", name: str = "mili") -> ServerSpec:
+    """MILI serving `model` (a .gguf, an HF directory or "default"); quantization "auto" serves a GGUF's
+    quantized blocks as they are, "none" the model dtype (bfloat16 here)."""
+    extra = ["--served-model-name", served_name] if served_name else []
+    return ServerSpec(name, lambda port, _: [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port),
+                                             "--worker-threads", str(threads), "--model", model,
+                                             "--quantization", quantization, *extra],
                       restart_per_level=False, model_processes="children")
 
 
-def llama_server_spec(binary: Path, gguf: Path, served_name: str, threads: int) -> ServerSpec:
+def llama_server_spec(binary: Path, gguf: Path, served_name: str, threads: int, repack: bool = False) -> ServerSpec:
     # Each slot gets 1024 tokens of context: the longest benchmark request is 512 + 64 tokens.
-    # --no-repack: the only repacking ggml offers for Q4_1 is its AMX path, which segfaults in its warm-up on
-    # this machine's AMX CPU; without it llama-server runs its AVX-512 Q4_1 kernels.
+    # repack False (--no-repack) is for the default model: the only repacking ggml offers for Q4_1 is its AMX
+    # path, which segfaults in its warm-up on this machine's AMX CPU; without it llama-server runs its AVX-512
+    # Q4_1 kernels. Q4_0 and Q4_K files get ggml's repacked 8x8 kernels, its fastest, where that works.
     return ServerSpec("llama-server", lambda port, c: [
         str(binary), "-m", str(gguf), "--alias", served_name, "--host", "127.0.0.1", "--port", str(port),
         "-np", str(c), "-c", str(1024 * c), "-t", str(threads), "-tb", str(threads), "--no-webui",
-        "--no-repack"],
+        *([] if repack else ["--no-repack"])],
         restart_per_level=True)
 
 
@@ -54,8 +60,9 @@ def transformers_spec(model_dir: Path, served_name: str, threads: int, max_concu
 
 
 class RunningServer:
-    def __init__(self, spec: ServerSpec, port: int, concurrency: int, log_path: Path):
+    def __init__(self, spec: ServerSpec, port: int, concurrency: int, log_path: Path, served_name: str):
         self.spec = spec
+        self.served_name = served_name  # the model name requests send
         self.url = f"http://127.0.0.1:{port}"
         self.log = open(log_path, "ab")
         self.proc = subprocess.Popen(spec.command(port, concurrency), cwd=ROOT, stdout=self.log,

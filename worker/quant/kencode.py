@@ -57,24 +57,29 @@ def quantize_k(w: np.ndarray, qtype: QT) -> np.ndarray:
 
 
 def random_kblocks(rng: np.random.Generator, rows: int, k: int, qtype: QT, scale: float = 0.02) -> np.ndarray:
-    """[rows, ...] GGUF rows of qtype with uniformly random quants and scales (weights of about `scale`)."""
+    """[rows, ...] GGUF rows of qtype with uniformly random quants and scales, weights of standard
+    deviation about `scale` (scales drawn within a factor of 3 of the value that gives it)."""
     nb = k // QK
-    if qtype in (QT.Q5_0, QT.Q5_1):
+
+    def jitter(shape: tuple[int, ...]) -> np.ndarray:
+        return rng.uniform(0.5, 1.5, shape)
+
+    if qtype in (QT.Q5_0, QT.Q5_1):  # q uniform in 0..31: standard deviation 9.2
         q = rng.integers(0, 32, (rows, nb, QK), dtype=np.uint8)
-        d = (rng.uniform(0.2, 1.0, (rows, nb)) * scale / 8).astype(np.float16)
-        m = (-rng.uniform(0.0, 1.0, (rows, nb)) * scale * 2).astype(np.float16) if qtype == QT.Q5_1 else None
+        d = (jitter((rows, nb)) * scale / 9.2).astype(np.float16)
+        m = (-15.5 * d.astype(np.float32) * jitter((rows, nb))).astype(np.float16) if qtype == QT.Q5_1 else None
         return pack_kblocks(KBlocks(q=q, d=d, m=m), qtype)
     nsb = k // QK_K
-    if qtype == QT.Q4_K:
-        kb = KBlocks(q=rng.integers(0, 16, (rows, nb, QK), dtype=np.uint8),
-                     d=(rng.uniform(0.2, 1.0, (rows, nsb)) * scale / 300).astype(np.float16),
-                     dmin=(rng.uniform(0.2, 1.0, (rows, nsb)) * scale / 30).astype(np.float16),
+    if qtype == QT.Q4_K:  # d*sc*q - dmin*mn, q in 0..15, sc and mn in 0..63: about 256 d
+        d = (jitter((rows, nsb)) * scale / 256).astype(np.float16)
+        kb = KBlocks(q=rng.integers(0, 16, (rows, nb, QK), dtype=np.uint8), d=d,
+                     dmin=(7.5 * d.astype(np.float32) * jitter((rows, nsb))).astype(np.float16),
                      sc=rng.integers(0, 64, (rows, nb), dtype=np.uint8),
                      mn=rng.integers(0, 64, (rows, nb), dtype=np.uint8))
         return pack_kblocks(kb, qtype)
-    if qtype == QT.Q6_K:
+    if qtype == QT.Q6_K:  # d*sc*(q-32), sc in -128..127, q in 0..63: about 1370 d
         kb = KBlocks(q=rng.integers(0, 64, (rows, nb, QK), dtype=np.uint8),
-                     d=(rng.uniform(0.2, 1.0, (rows, nsb)) * scale / 2000).astype(np.float16),
+                     d=(jitter((rows, nsb)) * scale / 1370).astype(np.float16),
                      sc=rng.integers(-128, 128, (rows, 2 * nb), dtype=np.int8))
         return pack_kblocks(kb, qtype)
     raise ValueError(f"no random blocks for {qtype.name}")
