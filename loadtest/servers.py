@@ -27,6 +27,8 @@ class ServerSpec:
     restart_per_level: bool  # the server's own parallelism must be set to the concurrency
     max_concurrency: int | None = None  # levels above this are not run (a one-request server only queues)
     model_processes: str = "self"  # "self": the started process holds the model; "children": its children do
+    fallback: "ServerSpec | None" = None  # started instead if this one exits before it is ready
+    config: str = ""  # how it runs, for the results
 
 
 def mili_spec(threads: int, model: str = "default", served_name: str | None = None,
@@ -40,16 +42,24 @@ def mili_spec(threads: int, model: str = "default", served_name: str | None = No
                       restart_per_level=False, model_processes="children")
 
 
-def llama_server_spec(binary: Path, gguf: Path, served_name: str, threads: int, repack: bool = False) -> ServerSpec:
-    # Each slot gets 1024 tokens of context: the longest benchmark request is 512 + 64 tokens.
-    # repack False (--no-repack) is for the default model: the only repacking ggml offers for Q4_1 is its AMX
-    # path, which segfaults in its warm-up on this machine's AMX CPU; without it llama-server runs its AVX-512
-    # Q4_1 kernels. Q4_0 and Q4_K files get ggml's repacked 8x8 kernels, its fastest, where that works.
-    return ServerSpec("llama-server", lambda port, c: [
-        str(binary), "-m", str(gguf), "--alias", served_name, "--host", "127.0.0.1", "--port", str(port),
-        "-np", str(c), "-c", str(1024 * c), "-t", str(threads), "-tb", str(threads), "--no-webui",
-        *([] if repack else ["--no-repack"])],
-        restart_per_level=True)
+def llama_server_spec(binary: Path, gguf: Path, served_name: str, threads: int, repack: str = "auto") -> ServerSpec:
+    """repack "auto": llama-server's default (its repacked and AMX weight buffers, its fastest kernels), and
+    --no-repack only if that exits before it is ready. On this machine's AMX CPU it does, for every type
+    tried (Q4_1, Q4_0, Q4_K): ggml's AMX matmul segfaults in the warm-up; without the extra buffers
+    llama-server runs its AVX-512 kernels. "on" / "off" force one or the other."""
+    def spec(with_repack: bool, fallback: ServerSpec | None = None) -> ServerSpec:
+        # Each slot gets 1024 tokens of context: the longest benchmark request is 512 + 64 tokens.
+        return ServerSpec("llama-server", lambda port, c: [
+            str(binary), "-m", str(gguf), "--alias", served_name, "--host", "127.0.0.1", "--port", str(port),
+            "-np", str(c), "-c", str(1024 * c), "-t", str(threads), "-tb", str(threads), "--no-webui",
+            *([] if with_repack else ["--no-repack"])],
+            restart_per_level=True, fallback=fallback,
+            config="default weight buffers (repack)" if with_repack else
+            "--no-repack" + (" (the default exited before it was ready)" if repack == "auto" else ""))
+
+    if repack == "auto":
+        return spec(True, fallback=spec(False))
+    return spec(repack == "on")
 
 
 def transformers_spec(model_dir: Path, served_name: str, threads: int, max_concurrency: int) -> ServerSpec:

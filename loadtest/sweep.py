@@ -78,7 +78,16 @@ def sweep_server(spec: ServerSpec, args, log_dir: Path) -> dict:
             if server is not None:
                 server.stop()
             server = RunningServer(spec, args.port, c, log_dir / f"{spec.name}.log", args.served_name)
-            server.wait_ready()
+            try:
+                server.wait_ready()
+            except RuntimeError as e:  # exited before it was ready
+                if spec.fallback is None:
+                    raise
+                print(f"  {spec.name} ({spec.config}) {e}; using {spec.fallback.config}", flush=True)
+                server.stop()
+                spec = spec.fallback
+                server = RunningServer(spec, args.port, c, log_dir / f"{spec.name}.log", args.served_name)
+                server.wait_ready()
             measure(server, 2, 2, 16, 8, seed=999)  # warm-up: first-request costs stay out of the numbers
         if key == "ttft_long_prompt":
             out[key] = measure(server, 1, args.ttft_prompts, input_len, args.output_len, args.seed + 1)
@@ -90,10 +99,11 @@ def sweep_server(spec: ServerSpec, args, log_dir: Path) -> dict:
         peak = max([peak] + [rss or 0.0 for rss in map(peak_rss_mib, server.model_pids())])
     server.stop()
     out["peak_rss_mib"] = peak
+    out["config"] = spec.config
     return out
 
 
-def build_specs(names: list[str], threads: int, gguf: Path, served_name: str, llama_repack: bool) -> list[ServerSpec]:
+def build_specs(names: list[str], threads: int, gguf: Path, served_name: str, llama_repack: str) -> list[ServerSpec]:
     specs = []
     for name in names:
         if name == "mili":
@@ -118,8 +128,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--served-model-name", dest="served_name",
                    help="the model name sent (default: the default model's, or the GGUF file's stem)")
     p.add_argument("--llama-repack", choices=("auto", "on", "off"), default="auto",
-                   help="llama-server's weight repacking; auto: off for the default model (its Q4_1 repack "
-                        "path crashes on AMX CPUs), on (llama-server's default) for any other GGUF")
+                   help="llama-server's repacked (and AMX) weight buffers; auto: its default, and --no-repack "
+                        "only if that exits before it is ready (see loadtest/servers.py)")
     p.add_argument("--concurrency", default="1,8,32,64", type=lambda s: [int(c) for c in s.split(",")])
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=64)
@@ -145,9 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         args.gguf = default_gguf_path()
         args.served_name = args.served_name or DEFAULT_SERVED_NAME
     args.served_name = args.served_name or args.gguf.stem
-    repack = args.llama_repack == "on" or (args.llama_repack == "auto" and args.gguf != default_gguf_path())
-    args.llama_repack = "on" if repack else "off"  # recorded in the results' settings
-    specs = build_specs(names, args.threads, args.gguf, args.served_name, repack)
+    specs = build_specs(names, args.threads, args.gguf, args.served_name, args.llama_repack)
     results = {"machine": machine(), "settings": {k: v for k, v in vars(args).items() if k not in ("out_dir",)},
                "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "servers": {}}
     if "llama-server" in names:
