@@ -4,7 +4,8 @@ attn_v / ffn_down and the tied embedding, Q5_x where a K-quant would not fit), t
 with `quantization` auto and compared with transformers on the GGUF's dequantized weights, teacher-forced
 on the engine's own greedy tokens (the bounds and the int8-activation emulation of test_quant_model).
 The fused q|k|v of layer 0 mixes Q4_K and Q6_K, so it runs as two segments. Chunked prefill, prefix hits
-and preemption must give exactly the tokens of one uninterrupted run.
+and preemption must give exactly the tokens of one uninterrupted run, and a request's greedy tokens must
+not depend on what it is batched with.
 """
 
 from __future__ import annotations
@@ -86,3 +87,18 @@ def test_kquant_chunks_prefix_hits_and_preemption_give_the_uninterrupted_tokens(
     again = run_greedy(cached, prompts, STEPS)
     assert cached.scheduler.prefix_hit_tokens - hits_before >= 16
     assert again.tokens == baseline.tokens
+
+
+def test_kquant_greedy_tokens_do_not_depend_on_the_batch(kquant_gguf, test_seed):
+    """Alone, all together, and arriving one by one into batches of changing sizes (prefill beside
+    decodes): identical tokens, in bfloat16 as served (prefix caching off, so every run computes)."""
+    from tests.unit.test_gguf_convert import VOCAB_SIZE
+
+    engine = make_engine(kquant_gguf, dtype="bfloat16", attention_backend="mojo", max_model_len=128,
+                         enable_prefix_caching=False)
+    prompts = random_prompts(test_seed, [5, 23, 40, 11], VOCAB_SIZE)
+    alone = [run_greedy(engine, [p], STEPS).tokens["req-0"] for p in prompts]
+    together = run_greedy(engine, prompts, STEPS).tokens
+    assert [together[f"req-{i}"] for i in range(len(prompts))] == alone
+    staggered = run_greedy(engine, prompts, STEPS, stagger=3).tokens
+    assert [staggered[f"req-{i}"] for i in range(len(prompts))] == alone
