@@ -4,8 +4,10 @@ attn_v / ffn_down and the tied embedding, Q5_x where a K-quant would not fit), t
 with `quantization` auto and compared with transformers on the GGUF's dequantized weights, teacher-forced
 on the engine's own greedy tokens (the bounds and the int8-activation emulation of test_quant_model).
 The fused q|k|v of layer 0 mixes Q4_K and Q6_K, so it runs as two segments. Chunked prefill, prefix hits
-and preemption must give exactly the tokens of one uninterrupted run, and a request's greedy tokens must
-not depend on what it is batched with.
+and preemption must give the tokens of one uninterrupted run: exactly, or diverging only where that run's
+top two logits were within NEAR_TIE (chunked attention differs in the last float bits, and on this
+256-wide model such a bit now and then flips one activation's int8 rounding, which moves logits by up to
+about 0.03). A request's greedy tokens must not depend on what it is batched with.
 """
 
 from __future__ import annotations
@@ -28,6 +30,21 @@ TYPES = {
     "blk.1.ffn_down.weight": QT.Q5_0,
 }
 SHAPE = dict(hidden_size=256, intermediate_size=512, head_dim=64, num_attention_heads=4, num_key_value_heads=2)
+NEAR_TIE = 0.05
+
+
+def assert_same_tokens_up_to_near_ties(run, baseline, label: str) -> None:
+    """run's tokens equal baseline's, or first differ where baseline's top-1 led its runner-up by < NEAR_TIE."""
+    for rid, tokens in baseline.tokens.items():
+        other = run.tokens[rid]
+        if other == tokens:
+            continue
+        assert len(other) == len(tokens), (label, rid)
+        i = next(j for j in range(len(tokens)) if tokens[j] != other[j])
+        top2 = torch.topk(dict(baseline.logits[rid])[i], 2).values
+        gap = float(top2[0] - top2[1])
+        print(f"{label}: {rid} diverges at position {i}, where the top two logits were {gap:.4f} apart")
+        assert gap < NEAR_TIE, (label, rid, i, gap)
 
 
 @pytest.fixture
@@ -76,17 +93,17 @@ def test_kquant_chunks_prefix_hits_and_preemption_give_the_uninterrupted_tokens(
     assert "q4_k" in baseline.engine.quantization
     chunked = run_greedy(make_engine(kquant_gguf, **common, max_num_batched_tokens=7, block_size=8), prompts, STEPS,
                          stagger=3)
-    assert chunked.tokens == baseline.tokens
+    assert_same_tokens_up_to_near_ties(chunked, baseline, "chunked")
     tight = make_engine(kquant_gguf, **common, block_size=8, num_kv_blocks=12)
     preempted = run_greedy(tight, prompts, STEPS)
     assert tight.scheduler.num_preemptions > 0
-    assert preempted.tokens == baseline.tokens
+    assert_same_tokens_up_to_near_ties(preempted, baseline, "preempted")
     cached = make_engine(kquant_gguf, **common, block_size=8)
     run_greedy(cached, [prompts[0][:20]], 4)
     hits_before = cached.scheduler.prefix_hit_tokens
     again = run_greedy(cached, prompts, STEPS)
     assert cached.scheduler.prefix_hit_tokens - hits_before >= 16
-    assert again.tokens == baseline.tokens
+    assert_same_tokens_up_to_near_ties(again, baseline, "prefix hits")
 
 
 def test_kquant_greedy_tokens_do_not_depend_on_the_batch(kquant_gguf, test_seed):
