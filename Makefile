@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: setup kernels serve test deploy-tools bench-engine bench-kernels bench-quant bench-serve bench-compare \
-	bench-structured clean
+	bench-compare-0.6b bench-structured clean
 
 setup: $(STAMP)
 
@@ -52,10 +52,20 @@ bench-quant: kernels
 bench-serve: kernels
 	$(PY) -m loadtest.sweep --servers mili $(ARGS)
 
-# The same sweep beside llama.cpp's llama-server (built once from source, about 5 minutes) and a
-# one-request transformers server, on the same model.
+# The same sweep for MILI (the GGUF's quantized blocks, and bfloat16) beside llama.cpp's llama-server (built
+# once from source, about 5 minutes) and a one-request transformers server, on the same model.
 bench-compare: kernels
-	$(PY) -m loadtest.sweep --servers mili,llama-server,transformers $(ARGS)
+	$(PY) -m loadtest.sweep --servers mili,mili-bf16,llama-server,transformers $(ARGS)
+
+# The same comparison on a random Qwen3-0.6B-shaped GGUF (weights dominate more), written once into
+# build/models/; GGUF_TYPE=q4_0 (default), q8_0 or q4_k_m.
+GGUF_TYPE ?= q4_0
+build/models/qwen3-0.6b-%.gguf: | $(STAMP)
+	$(PY) -m loadtest.make_gguf --shape qwen3-0.6b --type $* $@
+
+bench-compare-0.6b: kernels build/models/qwen3-0.6b-$(GGUF_TYPE).gguf
+	$(PY) -m loadtest.sweep --servers mili,mili-bf16,llama-server,transformers \
+		--gguf build/models/qwen3-0.6b-$(GGUF_TYPE).gguf --name compare-qwen3-0.6b-$(GGUF_TYPE) $(ARGS)
 
 # JSON-schema-constrained against unconstrained serving throughput (concurrency 1 and 8), and the
 # grammar's per-token costs; flags via ARGS (see loadtest/bench_structured.py).

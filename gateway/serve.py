@@ -50,7 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-memory", type=parse_size, default="1GiB", help="KV cache size per worker (e.g. 4GiB)")
     p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto")
     p.add_argument("--quantization", choices=QUANTIZATIONS, default="auto",
-                   help="linear weights: auto = a GGUF's own Q4_0/Q4_1/Q8_0 blocks (none for safetensors); "
+                   help="linear weights: auto = a GGUF's own Q4_0/Q4_1/Q8_0 and Q4_K/Q6_K/Q5_0/Q5_1 blocks "
+                        "(none for safetensors); "
                         "q8_0/q4_0 quantize a checkpoint at load; none = the model dtype")
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--workers", type=int, default=1, help="engine processes behind this gateway")

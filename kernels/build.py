@@ -17,10 +17,11 @@ import tempfile
 from pathlib import Path
 
 KERNELS_DIR = Path(__file__).resolve().parent
-# Built module name -> its source file: three Mojo extension modules and a small C library (built with the
+# Built module name -> its source file: four Mojo extension modules and a small C library (built with the
 # system C compiler) that runs kernel work on torch's OpenMP threads.
 MODULES = {"mili_attention": "attention.mojo", "mili_layers": "layers.mojo",
-           "mili_quant": "quant_matmul.mojo", "mili_omp": "omp_bridge.c"}
+           "mili_quant": "quant_matmul.mojo", "mili_quant_k": "quant_kmatmul.mojo",
+           "mili_omp": "omp_bridge.c"}
 SHARED_SOURCES = ("numerics.mojo", "params.mojo")
 OPTIONAL = "mili_omp"  # imported by the modules above
 BUILD_ROOT = Path(os.environ.get("MILI_KERNEL_BUILD_DIR", KERNELS_DIR.parent / "build" / "kernels"))

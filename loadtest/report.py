@@ -63,6 +63,9 @@ def markdown(results: dict) -> str:
               + "".join(f"; {main} / {p} {_ratio(ttft[main], ttft[p])}" for p in peers) + ".",
               "", "Peak resident memory of the processes holding the model (VmHWM): "
               + ", ".join(f"{x} {results['servers'][x]['peak_rss_mib']:.0f} MiB" for x in servers) + "."]
+    configs = [f"{x}: {results['servers'][x]['config']}" for x in servers if results["servers"][x].get("config")]
+    if configs:
+        lines += ["", "Configurations: " + "; ".join(configs) + "."]
     return "\n".join(lines) + "\n"
 
 

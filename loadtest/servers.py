@@ -27,23 +27,39 @@ class ServerSpec:
     restart_per_level: bool  # the server's own parallelism must be set to the concurrency
     max_concurrency: int | None = None  # levels above this are not run (a one-request server only queues)
     model_processes: str = "self"  # "self": the started process holds the model; "children": its children do
+    fallback: "ServerSpec | None" = None  # started instead if this one exits before it is ready
+    config: str = ""  # how it runs, for the results
 
 
-def mili_spec(threads: int) -> ServerSpec:
-    return ServerSpec("mili", lambda port, _: [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port),
-                                               "--worker-threads", str(threads)],
+def mili_spec(threads: int, model: str = "default", served_name: str | None = None,
+              quantization: str = "auto", name: str = "mili") -> ServerSpec:
+    """MILI serving `model` (a .gguf, an HF directory or "default"); quantization "auto" serves a GGUF's
+    quantized blocks as they are, "none" the model dtype (bfloat16 here)."""
+    extra = ["--served-model-name", served_name] if served_name else []
+    return ServerSpec(name, lambda port, _: [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port),
+                                             "--worker-threads", str(threads), "--model", model,
+                                             "--quantization", quantization, *extra],
                       restart_per_level=False, model_processes="children")
 
 
-def llama_server_spec(binary: Path, gguf: Path, served_name: str, threads: int) -> ServerSpec:
-    # Each slot gets 1024 tokens of context: the longest benchmark request is 512 + 64 tokens.
-    # --no-repack: the only repacking ggml offers for Q4_1 is its AMX path, which segfaults in its warm-up on
-    # this machine's AMX CPU; without it llama-server runs its AVX-512 Q4_1 kernels.
-    return ServerSpec("llama-server", lambda port, c: [
-        str(binary), "-m", str(gguf), "--alias", served_name, "--host", "127.0.0.1", "--port", str(port),
-        "-np", str(c), "-c", str(1024 * c), "-t", str(threads), "-tb", str(threads), "--no-webui",
-        "--no-repack"],
-        restart_per_level=True)
+def llama_server_spec(binary: Path, gguf: Path, served_name: str, threads: int, repack: str = "auto") -> ServerSpec:
+    """repack "auto": llama-server's default (its repacked and AMX weight buffers, its fastest kernels), and
+    --no-repack only if that exits before it is ready. On this machine's AMX CPU it does, for every type
+    tried (Q4_1, Q4_0, Q4_K): ggml's AMX matmul segfaults in the warm-up; without the extra buffers
+    llama-server runs its AVX-512 kernels. "on" / "off" force one or the other."""
+    def spec(with_repack: bool, fallback: ServerSpec | None = None) -> ServerSpec:
+        # Each slot gets 1024 tokens of context: the longest benchmark request is 512 + 64 tokens.
+        return ServerSpec("llama-server", lambda port, c: [
+            str(binary), "-m", str(gguf), "--alias", served_name, "--host", "127.0.0.1", "--port", str(port),
+            "-np", str(c), "-c", str(1024 * c), "-t", str(threads), "-tb", str(threads), "--no-webui",
+            *([] if with_repack else ["--no-repack"])],
+            restart_per_level=True, fallback=fallback,
+            config="default weight buffers (repack)" if with_repack else
+            "--no-repack" + (" (the default exited before it was ready)" if repack == "auto" else ""))
+
+    if repack == "auto":
+        return spec(True, fallback=spec(False))
+    return spec(repack == "on")
 
 
 def transformers_spec(model_dir: Path, served_name: str, threads: int, max_concurrency: int) -> ServerSpec:
@@ -54,8 +70,9 @@ def transformers_spec(model_dir: Path, served_name: str, threads: int, max_concu
 
 
 class RunningServer:
-    def __init__(self, spec: ServerSpec, port: int, concurrency: int, log_path: Path):
+    def __init__(self, spec: ServerSpec, port: int, concurrency: int, log_path: Path, served_name: str):
         self.spec = spec
+        self.served_name = served_name  # the model name requests send
         self.url = f"http://127.0.0.1:{port}"
         self.log = open(log_path, "ab")
         self.proc = subprocess.Popen(spec.command(port, concurrency), cwd=ROOT, stdout=self.log,

@@ -1,7 +1,12 @@
-"""Serving sweeps: `make bench-serve` (MILI alone) and `make bench-compare` (MILI, llama.cpp's llama-server
-and a one-request transformers server, in the same run on the same model).
+"""Serving sweeps: `make bench-serve` (MILI alone) and `make bench-compare` (MILI serving the GGUF's quantized
+blocks, MILI in bfloat16, llama.cpp's llama-server and a one-request transformers server, in the same run on
+the same model).
 
-    python -m loadtest.sweep [--servers mili,llama-server,transformers] [--concurrency 1,8,32,64]
+    python -m loadtest.sweep [--servers mili,mili-bf16,llama-server,transformers] [--concurrency 1,8,32,64]
+                             [--gguf FILE.gguf]
+
+`--gguf` picks the model every server runs (default: the default model's GGUF); a random Qwen3-0.6B-shaped
+one comes from `python -m loadtest.make_gguf` (`make bench-compare-0.6b` writes and sweeps it).
 
 Servers run one after another, never together, so each has the machine to itself. At every
 concurrency level each server gets the same seeded prompts (128 words, about 128 tokens), 64 output
@@ -26,11 +31,11 @@ import torch
 from loadtest import bench_serve, report
 from loadtest.servers import (RunningServer, ServerSpec, llama_server_spec, mili_spec, peak_rss_mib,
                               transformers_spec)
-from worker.default_model import DEFAULT_SERVED_NAME, default_gguf_path, default_model_path
+from worker.default_model import DEFAULT_SERVED_NAME, converted_gguf, default_gguf_path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LOGS = Path(__file__).resolve().parent.parent / "build" / "bench-logs"
-SERVERS = ("mili", "llama-server", "transformers")
+SERVERS = ("mili", "mili-bf16", "llama-server", "transformers")
 
 
 def machine() -> dict:
@@ -48,7 +53,7 @@ def machine() -> dict:
 def bench_args(server: RunningServer, concurrency: int, num_prompts: int, input_len: int, output_len: int,
                seed: int) -> argparse.Namespace:
     return bench_serve.parse_args([
-        "--base-url", server.url, "--model", DEFAULT_SERVED_NAME, "--concurrency", str(concurrency),
+        "--base-url", server.url, "--model", server.served_name, "--concurrency", str(concurrency),
         "--num-prompts", str(num_prompts), "--input-len", str(input_len), "--output-len", str(output_len),
         "--seed", str(seed), "--quiet"])
 
@@ -72,8 +77,17 @@ def sweep_server(spec: ServerSpec, args, log_dir: Path) -> dict:
         if server is None or spec.restart_per_level:
             if server is not None:
                 server.stop()
-            server = RunningServer(spec, args.port, c, log_dir / f"{spec.name}.log")
-            server.wait_ready()
+            server = RunningServer(spec, args.port, c, log_dir / f"{spec.name}.log", args.served_name)
+            try:
+                server.wait_ready()
+            except RuntimeError as e:  # exited before it was ready
+                if spec.fallback is None:
+                    raise
+                print(f"  {spec.name} ({spec.config}) {e}; using {spec.fallback.config}", flush=True)
+                server.stop()
+                spec = spec.fallback
+                server = RunningServer(spec, args.port, c, log_dir / f"{spec.name}.log", args.served_name)
+                server.wait_ready()
             measure(server, 2, 2, 16, 8, seed=999)  # warm-up: first-request costs stay out of the numbers
         if key == "ttft_long_prompt":
             out[key] = measure(server, 1, args.ttft_prompts, input_len, args.output_len, args.seed + 1)
@@ -85,20 +99,23 @@ def sweep_server(spec: ServerSpec, args, log_dir: Path) -> dict:
         peak = max([peak] + [rss or 0.0 for rss in map(peak_rss_mib, server.model_pids())])
     server.stop()
     out["peak_rss_mib"] = peak
+    out["config"] = spec.config
     return out
 
 
-def build_specs(names: list[str], threads: int) -> list[ServerSpec]:
+def build_specs(names: list[str], threads: int, gguf: Path, served_name: str, llama_repack: str) -> list[ServerSpec]:
     specs = []
     for name in names:
         if name == "mili":
-            specs.append(mili_spec(threads))
+            specs.append(mili_spec(threads, str(gguf), served_name))
+        elif name == "mili-bf16":
+            specs.append(mili_spec(threads, str(gguf), served_name, quantization="none", name=name))
         elif name == "llama-server":
             from loadtest.llama_server import ensure_llama_server
 
-            specs.append(llama_server_spec(ensure_llama_server(), default_gguf_path(), DEFAULT_SERVED_NAME, threads))
+            specs.append(llama_server_spec(ensure_llama_server(), gguf, served_name, threads, llama_repack))
         elif name == "transformers":
-            specs.append(transformers_spec(default_model_path(), DEFAULT_SERVED_NAME, threads, max_concurrency=8))
+            specs.append(transformers_spec(converted_gguf(gguf, served_name), served_name, threads, max_concurrency=8))
         else:
             raise SystemExit(f"unknown server {name!r} (choose from {', '.join(SERVERS)})")
     return specs
@@ -107,6 +124,12 @@ def build_specs(names: list[str], threads: int) -> list[ServerSpec]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--servers", default="mili", help=f"comma-separated, from {', '.join(SERVERS)}")
+    p.add_argument("--gguf", type=Path, help="the model every server runs (default: the default model's GGUF)")
+    p.add_argument("--served-model-name", dest="served_name",
+                   help="the model name sent (default: the default model's, or the GGUF file's stem)")
+    p.add_argument("--llama-repack", choices=("auto", "on", "off"), default="auto",
+                   help="llama-server's repacked (and AMX) weight buffers; auto: its default, and --no-repack "
+                        "only if that exits before it is ready (see loadtest/servers.py)")
     p.add_argument("--concurrency", default="1,8,32,64", type=lambda s: [int(c) for c in s.split(",")])
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=64)
@@ -128,7 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     name = args.name or ("serve" if names == ["mili"] else "compare")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     LOGS.mkdir(parents=True, exist_ok=True)
-    specs = build_specs(names, args.threads)
+    if args.gguf is None:
+        args.gguf = default_gguf_path()
+        args.served_name = args.served_name or DEFAULT_SERVED_NAME
+    args.served_name = args.served_name or args.gguf.stem
+    specs = build_specs(names, args.threads, args.gguf, args.served_name, args.llama_repack)
     results = {"machine": machine(), "settings": {k: v for k, v in vars(args).items() if k not in ("out_dir",)},
                "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "servers": {}}
     if "llama-server" in names:

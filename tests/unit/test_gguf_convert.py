@@ -30,6 +30,7 @@ import worker.default_model as default_model  # noqa: E402
 from worker.gguf.convert import GGUFImportError, convert_gguf  # noqa: E402
 from worker.gguf.reader import GGUFFile  # noqa: E402
 from worker.gguf.tokenizer import build_tokenizer  # noqa: E402
+from worker.quant.kencode import quantize_k  # noqa: E402
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_torch_thread():
@@ -164,6 +165,8 @@ def write_gguf(path: Path, arch: str, model, cfg, qtype: QT = QT.F32, *, pre: st
         elif ty == QT.IQ4_NL:  # no quantiser in gguf-py; only the type matters (it must be refused)
             block, size = gguf.GGML_QUANT_SIZES[ty]
             w.add_tensor(name, np.zeros((data.shape[0], data.shape[1] // block * size), np.uint8), raw_dtype=ty)
+        elif ty in (QT.Q4_K, QT.Q6_K):  # gguf-py has no K-quant encoder; round-to-nearest blocks
+            w.add_tensor(name, quantize_k(data, ty), raw_dtype=ty)
         else:
             w.add_tensor(name, gguf.quants.quantize(data, ty), raw_dtype=ty)
     if rope_freqs is not None:

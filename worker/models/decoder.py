@@ -23,8 +23,7 @@ from worker.model_config import ModelConfig
 from worker.layer_ops import LayerOps, TorchLayerOps
 from worker.models.layers import RMSNorm, RotaryEmbedding
 from worker.models.packed_linear import PackedLinear, pack_linears
-from worker.quant.blocks import repack
-from worker.quant.linear import BlockEmbedding, QuantLinear, kernel_module
+from worker.quant.linear import BlockEmbedding, QuantLinear, module_for, repack_for_kernel
 
 
 @dataclass
@@ -132,7 +131,7 @@ class DecoderForCausalLM(nn.Module):
         from worker.quant.sources import HEAD
 
         skipped = set()
-        for name in plan.matrices:
+        for name in [*plan.matrices, *plan.mixed]:
             if name == HEAD:
                 self._quant_head = QuantLinear(self.config.hidden_size, self.config.vocab_size, False,
                                                self.embed_tokens.weight.dtype, out_dtype=torch.float32)
@@ -155,13 +154,20 @@ class DecoderForCausalLM(nn.Module):
         """Repacks each planned matrix's blocks into the kernel's tiles (one matrix at a time)."""
         from worker.quant.sources import HEAD
 
-        module = kernel_module()
         for name, (qtype, load_rows) in plan.matrices.items():
             target = self._quant_head if name == HEAD else self.get_submodule(name)
             raw = load_rows()
             if raw.shape[0] != target.out_features:
                 raise ValueError(f"quantized {name} has {raw.shape[0]} rows, expected {target.out_features}")
-            target.set_weight(repack(raw, qtype), qtype, module)
+            target.set_weight(repack_for_kernel(raw, qtype), qtype, module_for(qtype))
+            target.finish_loading()
+        for name, runs in plan.mixed.items():
+            target = self.get_submodule(name)
+            segments = []
+            for qtype, load_rows in runs:
+                raw = load_rows()
+                segments.append((qtype, repack_for_kernel(raw, qtype), raw.shape[0], module_for(qtype)))
+            target.set_segments(segments)  # checks that the rows add up
             target.finish_loading()
 
     def pack_linear_weights(self, batch_hint: int) -> None:

@@ -1,5 +1,6 @@
 """Modules that serve quantized weights: QuantLinear (the projections and the output head, through the
-Mojo kernel kernels/quant_matmul.mojo) and BlockEmbedding (token embeddings read from GGUF blocks).
+Mojo kernels kernels/quant_matmul.mojo for Q4_0/Q4_1/Q8_0 and kernels/quant_kmatmul.mojo for the types of
+K-quant files) and BlockEmbedding (token embeddings read from GGUF blocks).
 
 Both are created on the meta device by the loader, in place of nn.Linear / nn.Embedding, so the
 model dtype's copy of their weights is never allocated.
@@ -17,7 +18,8 @@ from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize
 from torch import nn
 
-from worker.quant.blocks import KERNEL_KINDS, NAMES
+from worker.quant.blocks import KERNEL_KINDS, NAMES, repack
+from worker.quant.kblocks import KQUANT_KINDS, NAMES as KQUANT_NAMES, repack_k
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +48,39 @@ def kernel_module() -> ModuleType | None:
         return None
 
 
+@functools.cache
+def kquant_module() -> ModuleType | None:
+    """The K-quant-file types' matmul module (same CPU needs), or None with the reason logged."""
+    if kernel_module() is None:
+        return None
+    from kernels import mojo_quant_k
+    from kernels.build import KernelBuildError
+
+    try:
+        return mojo_quant_k.load()
+    except (KernelBuildError, ImportError, OSError) as e:
+        log.warning("K-quant weight kernels unavailable: %s", e)
+        return None
+
+
+def served_types() -> set[QT]:
+    """The GGUF types QuantLinear can serve here (call only where kernel_module() loads)."""
+    return set(KERNEL_KINDS) | (set(KQUANT_KINDS) if kquant_module() is not None else set())
+
+
+def type_name(qtype: QT) -> str:
+    return NAMES.get(qtype) or KQUANT_NAMES[qtype]
+
+
+def repack_for_kernel(raw: np.ndarray, qtype: QT) -> torch.Tensor:
+    """GGUF rows of a served type -> the tiles of the kernel that serves it."""
+    return repack(raw, qtype) if qtype in KERNEL_KINDS else repack_k(raw, qtype)
+
+
 class QuantLinear(nn.Module):
-    """y = x @ W.T (+ bias) with W kept as Q4_0, Q4_1 or Q8_0 blocks in the kernel's tile layout."""
+    """y = x @ W.T (+ bias) with W kept as quantized blocks in a kernel's tile layout: one run of rows of
+    one type, or (a fused projection whose parts a GGUF stores in different types, such as Q4_K q|k and
+    a Q6_K v) several runs, each through its own kernel, concatenated."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
                  device: torch.device | str = "meta", out_dtype: torch.dtype | None = None):
@@ -57,12 +90,21 @@ class QuantLinear(nn.Module):
             if bias else None
         self.out_dtype = out_dtype  # None: the input's dtype
         self.qtype: QT | None = None
-        self.packed: torch.Tensor | None = None  # [tiles, K / 32, record bytes] uint8
+        self.packed: torch.Tensor | None = None  # [tiles, K / group, record bytes] uint8 (the first segment's)
+        self.segments: list[tuple[QT, torch.Tensor, int, ModuleType]] = []
         self._bias_f32: torch.Tensor | None = None
         self._module: ModuleType | None = None
 
     def set_weight(self, packed: torch.Tensor, qtype: QT, module: ModuleType) -> None:
         self.packed, self.qtype, self._module = packed, qtype, module
+        self.segments = [(qtype, packed, self.out_features, module)]
+
+    def set_segments(self, segments: list[tuple[QT, torch.Tensor, int, ModuleType]]) -> None:
+        """segments: (type, packed tiles, rows, kernel module) in output order; rows add up to out_features."""
+        if sum(seg[2] for seg in segments) != self.out_features:
+            raise ValueError(f"segments hold {sum(seg[2] for seg in segments)} rows, expected {self.out_features}")
+        self.set_weight(segments[0][1], segments[0][0], segments[0][3])
+        self.segments = segments
 
     def finish_loading(self) -> None:
         """After the bias is loaded: the kernel adds it in float32."""
@@ -70,17 +112,36 @@ class QuantLinear(nn.Module):
 
     @property
     def type_name(self) -> str:
-        return NAMES[self.qtype]
+        return "+".join(type_name(seg[0]) for seg in self.segments)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [rows, in_features] -> [rows, out_features]."""
-        from kernels import mojo_quant
-
-        return mojo_quant.qmatmul(self._module, x, self.packed, KERNEL_KINDS[self.qtype], self.out_features,
-                                  bias=self._bias_f32, out_dtype=self.out_dtype or x.dtype)
+        out_dtype = self.out_dtype or x.dtype
+        if len(self.segments) == 1:
+            return _matmul(self._module, x, self.qtype, self.packed, self.out_features, self._bias_f32, out_dtype)
+        parts, row0 = [], 0
+        for qtype, packed, rows, module in self.segments:
+            bias = None if self._bias_f32 is None else self._bias_f32[row0:row0 + rows]
+            parts.append(_matmul(module, x, qtype, packed, rows, bias, out_dtype))
+            row0 += rows
+        return torch.cat(parts, dim=1)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, type={self.qtype and self.type_name}"
+
+
+def module_for(qtype: QT) -> ModuleType | None:
+    return kernel_module() if qtype in KERNEL_KINDS else kquant_module()
+
+
+def _matmul(module: ModuleType, x: torch.Tensor, qtype: QT, packed: torch.Tensor, n: int,
+            bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """x: [rows, K] -> [rows, n] through the kernel that serves qtype."""
+    from kernels import mojo_quant, mojo_quant_k
+
+    if qtype in KERNEL_KINDS:
+        return mojo_quant.qmatmul(module, x, packed, KERNEL_KINDS[qtype], n, bias=bias, out_dtype=out_dtype)
+    return mojo_quant_k.qmatmul_k(module, x, packed, KQUANT_KINDS[qtype], n, bias=bias, out_dtype=out_dtype)
 
 
 class BlockEmbedding(nn.Module):

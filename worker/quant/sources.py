@@ -1,9 +1,10 @@
 """Which linear weights an engine serves quantized, and where their blocks come from.
 
 `--quantization auto` on a model converted from a GGUF (its directory has gguf_source.json, see
-worker/gguf/convert.py) takes the GGUF's own Q4_0/Q4_1/Q8_0 tensors as they are, memory-mapped; a
-fused projection (q|k|v, gate|up) is quantized when all its parts share one of those types, and the
-token embedding is read from the file's blocks too. `q8_0` / `q4_0` quantize the checkpoint's weights
+worker/gguf/convert.py) takes the GGUF's own Q4_0/Q4_1/Q8_0 tensors, and those of K-quant files (Q4_K,
+Q6_K, Q5_0, Q5_1), as they are, memory-mapped; a fused projection (q|k|v, gate|up) is quantized when
+all its parts have served types (parts of different types, such as a Q4_K_M file's Q4_K q|k and Q6_K v,
+become segments of one projection), and the token embedding is read from the file's blocks too. `q8_0` / `q4_0` quantize the checkpoint's weights
 at load with llama.cpp's reference quantizer (the output head always as Q8_0, as llama.cpp keeps it
 at 8 bits or more). Everything else keeps the model dtype.
 """
@@ -25,7 +26,8 @@ from safetensors import safe_open
 from worker.gguf.convert import SOURCE_RECORD, unpermute_qk
 from worker.gguf.reader import GGUFFile
 from worker.model_config import ModelConfig
-from worker.quant.blocks import KERNEL_KINDS, NAMES, quantize_rows
+from worker.quant.blocks import quantize_rows
+from worker.quant.linear import served_types, type_name
 
 log = logging.getLogger(__name__)
 
@@ -47,16 +49,21 @@ class QuantPlan:
     embedding: tuple[QT, np.ndarray, object] | None = None  # GGUF rows of token_embd, and the open file
     source: str = ""
     extra: dict[str, str] = field(default_factory=dict)
+    # Fused module path -> its parts' runs of one type, in row order, where the types differ.
+    mixed: dict[str, list[tuple[QT, RawLoader]]] = field(default_factory=dict)
 
     def summary(self) -> str:
         """The types of the layers' projections, most common first (e.g. "q4_1"), as /health reports them."""
-        counts = Counter(NAMES[q] for name, (q, _) in self.matrices.items() if name != HEAD)
+        counts = Counter(type_name(q) for name, (q, _) in self.matrices.items() if name != HEAD)
+        counts.update(type_name(q) for runs in self.mixed.values() for q, _ in runs)
         return "+".join(name for name, _ in counts.most_common()) or "none"
 
     def describe(self) -> str:
         head = self.matrices.get(HEAD)
-        return (f"{self.summary()} ({len(self.matrices) - (head is not None)} projections from {self.source}; "
-                f"head {NAMES[head[0]] if head else 'not quantized'}; embedding "
+        projections = len(self.matrices) - (head is not None) + len(self.mixed)
+        return (f"{self.summary()} ({projections} projections from {self.source}"
+                f"{f', {len(self.mixed)} of them of mixed types' if self.mixed else ''}; "
+                f"head {type_name(head[0]) if head else 'not quantized'}; embedding "
                 f"{'from ' + self.embedding[0].name + ' blocks' if self.embedding else 'in the model dtype'})")
 
 
@@ -104,24 +111,36 @@ def _gguf_plan(path: Path, cfg: ModelConfig) -> QuantPlan | None:
     def fused(names: list[str]) -> RawLoader:
         return lambda: np.ascontiguousarray(np.concatenate([rows(n) for n in names]))
 
+    served = served_types()
     matrices: dict[str, tuple[QT, RawLoader]] = {}
+    mixed: dict[str, list[tuple[QT, RawLoader]]] = {}
     for i in range(cfg.num_layers):
         for module, (parts, _) in _LAYER_MODULES.items():
             names = [f"blk.{i}.{p}.weight" for p in parts]
-            types = {tensors[n].ggml_type for n in names}
-            if len(types) == 1 and QT(next(iter(types))) in KERNEL_KINDS:
-                matrices[f"layers.{i}.{module}"] = (QT(next(iter(types))), fused(names))
+            types = [QT(tensors[n].ggml_type) for n in names]
+            if not all(t in served for t in types):
+                continue
+            runs: list[tuple[QT, list[str]]] = []  # consecutive parts of one type
+            for name, qtype in zip(names, types):
+                if runs and runs[-1][0] == qtype:
+                    runs[-1][1].append(name)
+                else:
+                    runs.append((qtype, [name]))
+            if len(runs) == 1:
+                matrices[f"layers.{i}.{module}"] = (types[0], fused(names))
+            else:
+                mixed[f"layers.{i}.{module}"] = [(qtype, fused(run)) for qtype, run in runs]
     head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
-    if QT(tensors[head].ggml_type) in KERNEL_KINDS:
+    if QT(tensors[head].ggml_type) in served:
         matrices[HEAD] = (QT(tensors[head].ggml_type), fused([head]))
     embd = tensors["token_embd.weight"]
     embedding = None
-    if QT(embd.ggml_type) in KERNEL_KINDS:
+    if QT(embd.ggml_type) in served:
         embedding = (QT(embd.ggml_type), gguf.raw(embd), gguf)
-    if not matrices:
+    if not matrices and not mixed:
         gguf.close()
         return None
-    return QuantPlan(matrices, embedding, source=path.name)
+    return QuantPlan(matrices, embedding, source=path.name, mixed=mixed)
 
 
 def _checkpoint_plan(model_dir: Path, cfg: ModelConfig, qtype: QT) -> QuantPlan:

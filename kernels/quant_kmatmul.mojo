@@ -1,0 +1,328 @@
+# MILI's quantized-weight matmul for the GGUF types of K-quant files: y = x @ W.T (+ bias), W in
+# llama.cpp's Q5_0, Q5_1 (32-weight blocks), Q4_K or Q6_K (256-weight super-blocks), repacked once at
+# load (worker/quant/kblocks.py) into 16-row tiles. The same two phases and instruction scheme as
+# kernels/quant_matmul.mojo, with the weights' own scale structure kept, so a token streams about the
+# bytes the GGUF stores (4.625 bits per weight for Q4_K, 6.625 for Q6_K, 5.5 / 6.0 for Q5_0 / Q5_1).
+#
+#   1. quantize_rows: each activation row, per 32-element block, to int8 with a float32 scale
+#      d = max|x| / 127 and q = round-half-even(x * 127 / max|x|), plus the sums of q over each half
+#      of the block (Q6_K's scales change every 16 weights).
+#   2. tiles: per 16-column tile and 32-element block, eight vpdpbusd (u8 weights x s8 activations)
+#      give two exact int32 partial dots of 16 columns, lo over K-steps 0-15 and hi over 16-31:
+#        Q5_0: y += d * da * (lo + hi - 16 * sum q)
+#        Q5_1: y += d * da * (lo + hi) + m * (da * sum q)
+#        Q4_K: y += (d * sc) * da * (lo + hi) - (dmin * mn) * (da * sum q)     sc, mn: 6-bit, per 32
+#        Q6_K: y += d * da * (sc_lo * (lo - 32 * sum_lo q) + sc_hi * (hi - 32 * sum_hi q))  sc: int8, per 16
+#      d * sc and dmin * mn are exact in float32 (an 11-bit mantissa times 6 bits); Q6_K's bracket is an
+#      exact integer. Blocks are added in order; every output element is computed by the same
+#      instructions whatever the batch, the row's place in it or the thread, as in quant_matmul.mojo.
+#
+# Tile records (per 16-column tile, K in order; weights unsigned, nibble byte (g*16 + c)*4 + j holds
+# q[c, 4g+j] in its low half and q[c, 4(g+4)+j] in its high half, g < 4, c the column, j < 4):
+#   Q5_0 block: 256 B nibbles | 64 B bit 4 | 16 x f16 d                                  (352 B)
+#   Q5_1 block: 256 B nibbles | 64 B bit 4 | 16 x f16 d | 16 x f16 m                     (384 B)
+#   Q4_K super-block: 16 x f16 d | 16 x f16 dmin, then 8 x [256 B nibbles | 16 u8 sc | 16 u8 mn]
+#                                                                                  (64 + 8 x 288 B)
+#   Q6_K super-block: 16 x f16 d | 32 B zero, then 8 x [256 B nibbles | 64 B bits 4-5 of groups 0-3 |
+#                     64 B bits 4-5 of groups 4-7 | 16 i8 sc_lo | 16 i8 sc_hi]       (64 + 8 x 416 B)
+# "bit 4" byte (c*4 + j) holds bit 4 of q[c, 4g+j] at bit g; "bits 4-5" byte (c*4 + j) holds bits 4-5
+# of q[c, 4g+j] at bits 2(g mod 4).
+
+from std.python import PythonObject
+from std.python.bindings import PythonModuleBuilder
+from std.os import abort
+from std.math import round
+from std.memory import bitcast
+from std.sys import llvm_intrinsic
+from numerics import narrow
+from params import Params, param_int, param_ptr
+
+comptime F32 = DType.float32
+comptime BF16 = DType.bfloat16
+comptime TN = 16  # output columns per tile
+comptime QK = 32  # activation block
+comptime ROWS = 4  # activation rows sharing one unpacked weight block
+
+comptime DTYPE_F32 = 0
+comptime DTYPE_BF16 = 1
+
+comptime KIND_Q5_0 = 0
+comptime KIND_Q5_1 = 1
+comptime KIND_Q4_K = 2
+comptime KIND_Q6_K = 3
+
+comptime I32x16 = SIMD[DType.int32, TN]
+comptime F32x16 = SIMD[F32, TN]
+comptime U8x64 = SIMD[DType.uint8, 64]
+comptime Bytes = Pointer[Scalar[DType.uint8], MutAnyOrigin]
+
+
+@export
+def PyInit_mili_quant_k() abi("C") -> PythonObject:
+    try:
+        var m = PythonModuleBuilder("mili_quant_k")
+        m.def_function[qmatmul]("qmatmul", docstring="K-quant-file matmul, both phases on the calling thread")
+        return m.finalize()
+    except e:
+        abort(String("error creating module:", e))
+
+
+@always_inline
+def blocks_per_group[kind: Int]() -> Int:
+    comptime if kind == KIND_Q4_K or kind == KIND_Q6_K:
+        return 8
+    else:
+        return 1
+
+
+@always_inline
+def header_bytes[kind: Int]() -> Int:
+    comptime if kind == KIND_Q4_K or kind == KIND_Q6_K:
+        return 64
+    else:
+        return 0
+
+
+@always_inline
+def block_bytes[kind: Int]() -> Int:
+    comptime if kind == KIND_Q5_0:
+        return 352
+    elif kind == KIND_Q5_1:
+        return 384
+    elif kind == KIND_Q4_K:
+        return 288
+    else:
+        return 416
+
+
+@always_inline
+def _dpbusd(acc: I32x16, w: U8x64, a: Int32) -> I32x16:
+    """acc + per lane the sum of 4 products u8 w x s8 a (a: 4 packed int8, the same for every lane)."""
+    return llvm_intrinsic["llvm.x86.avx512.vpdpbusd.512", I32x16](
+        acc, bitcast[DType.int8, 64](w), bitcast[DType.int8, 64](I32x16(a)))
+
+
+@always_inline
+def _f16x16(p: Bytes, offset: Int) -> F32x16:
+    return bitcast[DType.float16, TN](p.unsafe_offset(offset).unsafe_load[width=2 * TN]()).cast[F32]()
+
+
+# ----- phase 1: activation rows to int8 blocks -------------------------------------------------------
+
+
+def _quantize_rows[dt: DType](p: Params, begin: Int, end: Int):
+    var x = param_ptr[dt](p, 1)  # [M, K]
+    var k = param_int(p, 6)
+    var qa = param_ptr[DType.int8](p, 9)  # [M, K]
+    var da = param_ptr[F32](p, 10)  # [M, K / 32] scales
+    var s_lo = param_ptr[DType.int32](p, 11)  # [M, K / 32] sum of q over elements 0-15 of the block
+    var s_hi = param_ptr[DType.int32](p, 12)  # [M, K / 32] ... over 16-31
+    var s_f = param_ptr[F32](p, 13)  # [M, K / 32] d * sum of q
+    var nb = k // QK
+    for r in range(begin, end):
+        for b in range(nb):
+            var v = x.unsafe_offset(r * k + b * QK).unsafe_load[width=QK]().cast[F32]()
+            var amax = abs(v).reduce_max()
+            var d = amax / 127
+            var inv = Float32(127) / amax if amax > 0 else Float32(0)
+            var q = round(v * inv).cast[DType.int32]()  # |q| <= 127; round() is half-to-even
+            qa.unsafe_offset(r * k + b * QK).unsafe_store(q.cast[DType.int8]())
+            var lo = q.slice[16, offset=0]().reduce_add()
+            var hi = q.slice[16, offset=16]().reduce_add()
+            var j = r * nb + b
+            da[unsafe_offset=j] = d
+            s_lo[unsafe_offset=j] = lo
+            s_hi[unsafe_offset=j] = hi
+            s_f[unsafe_offset=j] = d * Float32(lo + hi)
+
+
+# ----- phase 2: 16-column tiles ------------------------------------------------------------------------
+
+
+@always_inline
+def _unpack[kind: Int](blk: Bytes) -> Array[U8x64, 8]:
+    """The block's 8 weight vectors: vector g holds K-steps 4g..4g+3 of all 16 columns, unsigned."""
+    var w = Array[U8x64, 8](fill=U8x64(0))
+    comptime for g in range(4):
+        var v = blk.unsafe_offset(g * 64).unsafe_load[width=64]()
+        w[g] = v & 0x0F
+        w[g + 4] = v >> 4
+    comptime if kind == KIND_Q5_0 or kind == KIND_Q5_1:
+        var h = blk.unsafe_offset(256).unsafe_load[width=64]()
+        comptime for g in range(8):
+            w[g] |= ((h >> UInt8(g)) & 1) << 4
+    elif kind == KIND_Q6_K:
+        var h0 = blk.unsafe_offset(256).unsafe_load[width=64]()
+        var h1 = blk.unsafe_offset(320).unsafe_load[width=64]()
+        comptime for g in range(4):
+            w[g] |= ((h0 >> UInt8(2 * g)) & 3) << 4
+            w[g + 4] |= ((h1 >> UInt8(2 * g)) & 3) << 4
+    return w^
+
+
+@always_inline
+def _block_row[kind: Int](y: F32x16, w: Array[U8x64, 8], dw: F32x16, mw: F32x16, sc_lo: I32x16,
+                          sc_hi: I32x16, a: SIMD[DType.int8, QK], da: Float32, lo_sum: Int32, hi_sum: Int32,
+                          s_f: Float32) -> F32x16:
+    """y plus one block's contribution for one activation row (the same instructions for every row)."""
+    var a32 = bitcast[DType.int32, 8](a)
+    # Two independent dependency chains, one per half of the block; integer sums, so exact.
+    var lo = I32x16(0)
+    var hi = I32x16(0)
+    comptime for g in range(4):
+        lo = _dpbusd(lo, w[g], a32[g])
+        hi = _dpbusd(hi, w[g + 4], a32[g + 4])
+    var acc: I32x16
+    comptime if kind == KIND_Q6_K:
+        acc = sc_lo * (lo - I32x16(32 * lo_sum)) + sc_hi * (hi - I32x16(32 * hi_sum))
+    elif kind == KIND_Q5_0:
+        acc = lo + hi - I32x16(16 * (lo_sum + hi_sum))
+    else:
+        acc = lo + hi
+    var res = acc.cast[F32]().fma(dw * da, y)
+    comptime if kind == KIND_Q5_1 or kind == KIND_Q4_K:
+        res = mw.fma(F32x16(s_f), res)
+    return res
+
+
+def _store_tile[out_dt: DType](dst: Pointer[Scalar[out_dt], MutAnyOrigin], y: F32x16, count: Int):
+    if count == TN:
+        dst.unsafe_store(narrow[out_dt, TN](y))
+    else:
+        var narrowed = narrow[out_dt, TN](y)
+        for c in range(count):
+            dst[unsafe_offset=c] = narrowed[c]
+
+
+def _tile_rows[kind: Int, out_dt: DType, R: Int](p: Params, t: Int, row0: Int):
+    """Rows row0 .. row0+R-1 of tile t, every K block; each weight block is unpacked once for the R rows."""
+    var dst = param_ptr[out_dt](p, 0)  # [M, N]
+    var wp = param_ptr[DType.uint8](p, 2)
+    var bias = param_ptr[F32](p, 3)  # [N] or address 0
+    var n = param_int(p, 5)
+    var k = param_int(p, 6)
+    var qa = param_ptr[DType.int8](p, 9)
+    var da = param_ptr[F32](p, 10)
+    var s_lo = param_ptr[DType.int32](p, 11)
+    var s_hi = param_ptr[DType.int32](p, 12)
+    var s_f = param_ptr[F32](p, 13)
+    var nb = k // QK
+    comptime bpg = blocks_per_group[kind]()
+    comptime hdr = header_bytes[kind]()
+    comptime blk_bytes = block_bytes[kind]()
+    comptime group_bytes = hdr + bpg * blk_bytes
+    var groups = nb // bpg
+    var y = Array[F32x16, R](fill=F32x16(0))
+    var rec = wp.unsafe_offset(t * groups * group_bytes)
+    for grp in range(groups):
+        var d_sb = F32x16(0)
+        var dmin_sb = F32x16(0)
+        comptime if hdr > 0:
+            d_sb = _f16x16(rec, 0)
+            dmin_sb = _f16x16(rec, 2 * TN)
+        var blk = rec.unsafe_offset(hdr)
+        comptime for bi in range(bpg):
+            var b = grp * bpg + bi
+            var w = _unpack[kind](blk)
+            var dw = F32x16(0)
+            var mw = F32x16(0)
+            var sc_lo = I32x16(0)
+            var sc_hi = I32x16(0)
+            comptime if kind == KIND_Q5_0:
+                dw = _f16x16(blk, 320)
+            elif kind == KIND_Q5_1:
+                dw = _f16x16(blk, 320)
+                mw = _f16x16(blk, 352)
+            elif kind == KIND_Q4_K:
+                # Both products exact in float32; the min enters negated (w = d*sc*q - dmin*mn).
+                dw = d_sb * blk.unsafe_offset(256).unsafe_load[width=TN]().cast[F32]()
+                mw = -(dmin_sb * blk.unsafe_offset(256 + TN).unsafe_load[width=TN]().cast[F32]())
+            else:
+                dw = d_sb
+                sc_lo = bitcast[DType.int8, TN](blk.unsafe_offset(384).unsafe_load[width=TN]()).cast[DType.int32]()
+                sc_hi = bitcast[DType.int8, TN](blk.unsafe_offset(400).unsafe_load[width=TN]()).cast[DType.int32]()
+            comptime for r in range(R):
+                var row = row0 + r
+                var a = qa.unsafe_offset(row * k + b * QK).unsafe_load[width=QK]()
+                var j = row * nb + b
+                y[r] = _block_row[kind](y[r], w, dw, mw, sc_lo, sc_hi, a, da[unsafe_offset=j],
+                                        s_lo[unsafe_offset=j], s_hi[unsafe_offset=j], s_f[unsafe_offset=j])
+            blk = blk.unsafe_offset(blk_bytes)
+        rec = rec.unsafe_offset(group_bytes)
+    var col0 = t * TN
+    var count = min(TN, n - col0)
+    var b_vec = F32x16(0)
+    var has_bias = param_int(p, 3) != 0
+    if has_bias:
+        if count == TN:
+            b_vec = bias.unsafe_offset(col0).unsafe_load[width=TN]()
+        else:
+            for c in range(count):
+                b_vec[c] = bias[unsafe_offset=col0 + c]
+    comptime for r in range(R):
+        var v = y[r] + b_vec if has_bias else y[r]
+        _store_tile[out_dt](dst.unsafe_offset((row0 + r) * n + col0), v, count)
+
+
+def _tiles[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
+    var m = param_int(p, 4)
+    # Rows in chunks that keep their int8 activations in cache while the thread's tiles pass over them.
+    comptime CHUNK = 64
+    var r0 = 0
+    while r0 < m:
+        var r1 = min(r0 + CHUNK, m)
+        for t in range(begin, end):
+            var r = r0
+            while r + ROWS <= r1:
+                _tile_rows[kind, out_dt, ROWS](p, t, r)
+                r += ROWS
+            while r < r1:
+                _tile_rows[kind, out_dt, 1](p, t, r)
+                r += 1
+        r0 = r1
+
+
+def _tiles_out[kind: Int](p: Params, begin: Int, end: Int):
+    if param_int(p, 14) == DTYPE_BF16:
+        _tiles[kind, BF16](p, begin, end)
+    else:
+        _tiles[kind, F32](p, begin, end)
+
+
+def _tiles_any(p: Params, begin: Int, end: Int):
+    var kind = param_int(p, 7)
+    if kind == KIND_Q5_0:
+        _tiles_out[KIND_Q5_0](p, begin, end)
+    elif kind == KIND_Q5_1:
+        _tiles_out[KIND_Q5_1](p, begin, end)
+    elif kind == KIND_Q4_K:
+        _tiles_out[KIND_Q4_K](p, begin, end)
+    else:
+        _tiles_out[KIND_Q6_K](p, begin, end)
+
+
+def _quantize_any(p: Params, begin: Int, end: Int):
+    if param_int(p, 8) == DTYPE_BF16:
+        _quantize_rows[BF16](p, begin, end)
+    else:
+        _quantize_rows[F32](p, begin, end)
+
+
+def qmatmul(args: PythonObject) raises -> PythonObject:
+    """Both phases on the calling thread. args: (address of the int64 parameter array,)."""
+    var p = Params(unsafe_from_address=Int(py=args[0]))
+    _quantize_any(p, 0, param_int(p, 4))
+    _tiles_any(p, 0, (param_int(p, 5) + TN - 1) // TN)
+    return PythonObject(None)
+
+
+@export
+def mili_quantk_rows_range(params: Int, begin: Int, end: Int) abi("C"):
+    """Phase 1 for activation rows [begin, end): entered from C by each thread of an OpenMP team."""
+    _quantize_any(Params(unsafe_from_address=params), begin, end)
+
+
+@export
+def mili_quantk_tiles_range(params: Int, begin: Int, end: Int) abi("C"):
+    """Phase 2 for column tiles [begin, end): entered from C by each thread of an OpenMP team."""
+    _tiles_any(Params(unsafe_from_address=params), begin, end)

@@ -1,0 +1,77 @@
+"""The K-quant-file types' matmul (kernels/quant_kmatmul.mojo: Q4_K, Q6_K, Q5_0, Q5_1, each in its own
+scale structure) beside the Q4_0 / Q4_1 / Q8_0 kernel and the bfloat16 linear, on Qwen3-0.6B's shapes:
+
+    python -m loadtest.bench_kquant [--rows 1 8 32] [--shapes qkv o gate_up down]
+
+What it answers: whether reading the K-quants' own layout costs speed against re-expressing them at load
+in the older kernel's formats. Those re-expressions are exact only with more bytes per weight: Q5_0 as
+Q8_0 records (8.5 bits instead of 5.5; the Q8_0 column is that path's speed), Q4_K as Q4_1-like records
+with float32 scales and mins (6.0 bits instead of 4.625; at best the speed of the Q4_1 column, which reads
+5.0). Each figure is the 10th percentile of single-call times, all sides interleaved in rounds (a shared
+machine's bursts hit them alike), torch's OpenMP threads; with it the bits per weight each streams.
+Printed, never asserted; compare ratios within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as QT
+from gguf.quants import quantize
+
+from kernels import mojo_quant, mojo_quant_k
+from loadtest.bench_quant import call_times
+from worker.models.packed_linear import PackedLinear
+from worker.quant.blocks import KERNEL_KINDS, repack
+from worker.quant.kblocks import KQUANT_KINDS, repack_k
+from worker.quant.kencode import quantize_k
+
+# Qwen3-0.6B: hidden 1024, 16 query heads and 8 KV heads of 128, FFN 3072.
+SHAPES = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072)}
+TYPES = (QT.Q4_0, QT.Q4_1, QT.Q8_0, QT.Q4_K, QT.Q5_0, QT.Q5_1, QT.Q6_K)
+
+
+def bits_per_weight(packed: torch.Tensor, n: int, k: int) -> float:
+    return packed.numel() * 8 / (-(-n // 16) * 16 * k)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    args = ap.parse_args()
+    base, kmod = mojo_quant.load(), mojo_quant_k.load()
+    print(f"torch threads {torch.get_num_threads()}; microseconds per call (10th percentile, {args.rounds} rounds)")
+    print("| shape | rows | bf16 | " + " | ".join(t.name for t in TYPES) + " |")
+    print("|---|---|---|" + "---|" * len(TYPES))
+    bits: dict[str, float] = {}
+    for name in args.shapes:
+        n, k = SHAPES[name]
+        w = np.random.default_rng(0).standard_normal((n, k)).astype(np.float32) * 0.05
+        dense = PackedLinear(torch.from_numpy(w).bfloat16(), None, 128)
+        packed = {t: repack(quantize(w, t), t) if t in KERNEL_KINDS else repack_k(quantize_k(w, t), t)
+                  for t in TYPES}
+        bits.update({t.name: bits_per_weight(p, n, k) for t, p in packed.items()})
+        for m in args.rows:
+            x = torch.randn(m, k).bfloat16()
+            calls = {"bf16": lambda: dense(x)}
+            for t in TYPES:
+                if t in KERNEL_KINDS:
+                    calls[t.name] = lambda t=t: mojo_quant.qmatmul(base, x, packed[t], KERNEL_KINDS[t], n)
+                else:
+                    calls[t.name] = lambda t=t: mojo_quant_k.qmatmul_k(kmod, x, packed[t], KQUANT_KINDS[t], n)
+            samples: dict[str, list[float]] = {key: [] for key in calls}
+            for _ in range(args.rounds):
+                for key, fn in calls.items():
+                    samples[key] += call_times(fn)
+            best = {key: float(np.percentile(t, 10)) * 1e6 for key, t in samples.items()}
+            print(f"| {name} {n}x{k} | {m} | {best['bf16']:.0f} | "
+                  + " | ".join(f"{best[t.name]:.0f}" for t in TYPES) + " |", flush=True)
+    print("bits per weight streamed: bf16 16, " + ", ".join(f"{t} {b:.3f}" for t, b in bits.items()))
+
+
+if __name__ == "__main__":
+    main()
