@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 20
+# Temperatures below this sample greedily (as vLLM's _SAMPLING_EPS): dividing float32 logits by, say, 1e-45
+# overflows to inf, and inf - inf would make every probability NaN.
+GREEDY_BELOW_TEMPERATURE = 1e-5
 MAX_N = 128
 # An llguidance grammar (a JSON schema or Lark text compiled by the gateway) bigger than this is refused.
 MAX_GRAMMAR_CHARS = 1 << 20
@@ -27,7 +30,7 @@ class SamplingParamsError(ValueError):
 class SamplingParams:
     n: int = 1
     max_tokens: int | None = None  # None: up to the model's context length
-    temperature: float = 1.0  # 0 means greedy
+    temperature: float = 1.0  # 0 (or below GREEDY_BELOW_TEMPERATURE) means greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 (or -1) disables
     min_p: float = 0.0
@@ -92,7 +95,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_BELOW_TEMPERATURE or self.top_k == 1
 
     def check_token_ids(self, vocab_size: int) -> None:
         """Token ids given by the client must exist in the model's vocabulary."""

@@ -95,6 +95,16 @@ def test_greedy_logit_bias_flips_winner() -> None:
     assert Sampler(4, [])(logits, rows).token_ids == [2, 1, 3]
 
 
+@pytest.mark.parametrize("temperature", [1.401298464324817e-45, 1e-30, 9e-6])
+def test_vanishing_temperature_is_greedy_and_stays_in_the_vocabulary(temperature: float) -> None:
+    # Found by API fuzzing: logits / 1.4e-45 overflow to +-inf, inf - inf is NaN, and the draw picked
+    # token id == vocab size, which crashed the worker's embedding lookup on the next step.
+    logits = torch.tensor([[0.0, 1.0, 5.0, 2.0, -3.0]] * 3)
+    rows = [make_row(temperature=temperature), make_row(temperature=temperature, logit_bias={0: 28.5, 3: -89.7}),
+            make_row(temperature=temperature, top_p=0.5, seed=7)]
+    assert Sampler(5, [])(logits, rows).token_ids == [2, 0, 2]
+
+
 def test_penalties_match_hand_computed_values() -> None:
     base = [2.0, -1.0, 0.5, 3.0, -2.0, 1.0]
     logits = torch.tensor([base + [50.0]] * 5)  # one padded column beyond vocab 6
