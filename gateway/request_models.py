@@ -35,7 +35,10 @@ def _integral(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-Int = Annotated[int, BeforeValidator(_integral)]
+def _int(**constraints: Any) -> Any:
+    """An integer field type with its bounds (Field first: after a validator, pydantic would write them into
+    the JSON schema as "ge"/"le" instead of minimum/maximum)."""
+    return Annotated[int, Field(**constraints), BeforeValidator(_integral)]
 
 
 class _Model(BaseModel):
@@ -43,13 +46,13 @@ class _Model(BaseModel):
 
 
 # A token id: below the vocabulary size (checked against the served model after validation).
-TokenId = Annotated[Int, Field(ge=0, le=_COUNT_MAX, json_schema_extra=_limit("token_id"))]
+TokenId = _int(ge=0, le=_COUNT_MAX, json_schema_extra=_limit("token_id"))
 TokenIds = Annotated[list[TokenId], Field(min_length=1, json_schema_extra=_limit("context"))]
 # JSON object keys are strings: logit_bias maps a token id written in decimal to a bias.
 TokenIdKey = Annotated[str, Field(pattern=r"^(0|[1-9][0-9]{0,9})$", json_schema_extra=_limit("token_id_key"))]
 StopString = Annotated[str, Field(min_length=1, json_schema_extra=_limit("stop_length"))]
 Stop = Union[StopString, Annotated[list[StopString], Field(json_schema_extra=_limit("stop_count"))]]
-Logprobs = Annotated[Int, Field(ge=0, le=MAX_LOGPROBS)]
+Logprobs = _int(ge=0, le=MAX_LOGPROBS)
 
 
 class StreamOptions(_Model):
@@ -62,22 +65,22 @@ class CommonBody(_Model):
 
     model: str = Field(description="the served model name (GET /v1/models); any other is a 404",
                        json_schema_extra=_limit("model"))
-    n: Annotated[Int, Field(ge=1, json_schema_extra=_limit("n"))] | None = None
+    n: _int(ge=1, json_schema_extra=_limit("n")) | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
     stop: Stop | None = None
-    seed: Annotated[Int, Field(**_INT64)] | None = None
+    seed: _int(**_INT64) | None = None
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     logit_bias: dict[TokenIdKey, Annotated[float, Field(ge=-100, le=100)]] | None = None
     stream: bool | None = Field(None, description="true: the response is text/event-stream, ended by data: [DONE]")
     stream_options: StreamOptions | None = Field(None, description="only with stream: true")
     # Extensions, as vLLM names them.
-    top_k: Annotated[Int, Field(ge=-1, le=_COUNT_MAX)] | None = Field(None, description="0 or -1: off")
+    top_k: _int(ge=-1, le=_COUNT_MAX) | None = Field(None, description="0 or -1: off")
     min_p: Annotated[float, Field(ge=0, le=1)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0, le=10)] | None = None
     ignore_eos: bool | None = None
-    min_tokens: Annotated[Int, Field(ge=0, le=_COUNT_MAX)] | None = Field(
+    min_tokens: _int(ge=0, le=_COUNT_MAX) | None = Field(
         None, description="at most max_tokens")
     stop_token_ids: list[TokenId] | None = None
     prompt_logprobs: Logprobs | None = Field(
@@ -132,7 +135,7 @@ class CompletionBody(CommonBody):
         *_COMMON_RULES, _when("max_tokens", {"const": 0}, _needs("echo", {"const": True}))]})
 
     prompt: Prompt = Field(description="text, texts, token ids, or arrays of token ids (one choice set each)")
-    max_tokens: Annotated[Int, Field(ge=0, json_schema_extra=_limit("context"))] | None = Field(
+    max_tokens: _int(ge=0, json_schema_extra=_limit("context")) | None = Field(
         None, description="default 16; 0 only with echo, to score the prompt; prompt + max_tokens must fit the "
                           "model's context")
     echo: bool | None = None
@@ -256,9 +259,9 @@ class ChatBody(CommonBody):
               _needs("tools", {"type": "array", "minItems": 1}))]})
 
     messages: Annotated[list[Message], Field(min_length=1)]
-    max_completion_tokens: Annotated[Int, Field(ge=1, json_schema_extra=_limit("context"))] | None = Field(
+    max_completion_tokens: _int(ge=1, json_schema_extra=_limit("context")) | None = Field(
         None, description="the rendered prompt + this must fit the model's context")
-    max_tokens: Annotated[Int, Field(ge=1, json_schema_extra=_limit("context"))] | None = Field(
+    max_tokens: _int(ge=1, json_schema_extra=_limit("context")) | None = Field(
         None, description="the older name of max_completion_tokens")
     logprobs: bool | None = None
     top_logprobs: Logprobs | None = Field(None, description="only with logprobs: true")
