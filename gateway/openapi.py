@@ -19,7 +19,7 @@ from pydantic.json_schema import models_json_schema
 
 from gateway.deadlines import HEADER, MAX_TIMEOUT_S
 from gateway.protocol import Limits
-from gateway.request_models import ChatBody, CompletionBody
+from gateway.request_models import TOKEN_ID_KEY_PATTERN, ChatBody, CompletionBody
 
 _REF = "#/components/schemas/{model}"
 _JSON = "application/json"
@@ -70,8 +70,8 @@ def _fill_limits(node: Any, bounds: ServedBounds) -> None:
         node["enum"] = [bounds.model]
     elif limit == "token_id" and vocab is not None:
         node["maximum"] = vocab - 1
-    elif limit == "token_id_key" and vocab is not None:
-        node["pattern"] = decimal_below(vocab)
+    elif limit == "token_id_key":  # the keys of a logit_bias object
+        node["pattern"] = decimal_below(vocab) if vocab is not None else TOKEN_ID_KEY_PATTERN
     elif limit == "context" and context is not None:
         if node.get("type") == "array":
             node["maxItems"] = context  # a whole context of prompt: only to score it (echo, max_tokens 0)

@@ -49,7 +49,8 @@ class _Model(BaseModel):
 TokenId = _int(ge=0, le=_COUNT_MAX, json_schema_extra=_limit("token_id"))
 TokenIds = Annotated[list[TokenId], Field(min_length=1, json_schema_extra=_limit("context"))]
 # JSON object keys are strings: logit_bias maps a token id written in decimal to a bias.
-TokenIdKey = Annotated[str, Field(pattern=r"^(0|[1-9][0-9]{0,9})$", json_schema_extra=_limit("token_id_key"))]
+TOKEN_ID_KEY_PATTERN = r"^(0|[1-9][0-9]{0,9})$"
+TokenIdKey = Annotated[str, Field(pattern=TOKEN_ID_KEY_PATTERN, json_schema_extra=_limit("token_id_key"))]
 StopString = Annotated[str, Field(min_length=1, json_schema_extra=_limit("stop_length"))]
 Stop = Union[StopString, Annotated[list[StopString], Field(json_schema_extra=_limit("stop_count"))]]
 Logprobs = _int(ge=0, le=MAX_LOGPROBS)
