@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from gateway.tools import MAX_TOOLS
-from shared.sampling_params import MAX_LOGPROBS
+from shared.sampling_params import MAX_LOGPROBS, MIN_REPETITION_PENALTY
 
 _INT64 = dict(ge=-(2**63), le=2**63 - 1)
 # Counts that cross the worker link: bounded, so every accepted value also fits msgpack's integers.
@@ -79,7 +79,7 @@ class CommonBody(_Model):
     # Extensions, as vLLM names them.
     top_k: _int(ge=-1, le=_COUNT_MAX) | None = Field(None, description="0 or -1: off")
     min_p: Annotated[float, Field(ge=0, le=1)] | None = None
-    repetition_penalty: Annotated[float, Field(gt=0, le=10)] | None = None
+    repetition_penalty: Annotated[float, Field(ge=MIN_REPETITION_PENALTY, le=10)] | None = None
     ignore_eos: bool | None = None
     min_tokens: _int(ge=0, le=_COUNT_MAX) | None = Field(
         None, description="at most max_tokens")

@@ -192,7 +192,7 @@ def test_served_bounds_are_filled_in():
     comp_schema, chat_schema = (doc["components"]["schemas"][c]["properties"] for c in ("CompletionBody", "ChatBody"))
     assert comp_schema["model"]["enum"] == [M]
     assert comp_schema["n"]["anyOf"][0]["maximum"] == LIMITS.max_n
-    stop_string, stop_list = comp_schema["stop"]["anyOf"][0]["anyOf"]
+    stop_string, stop_list, _ = comp_schema["stop"]["anyOf"]
     assert stop_string["maxLength"] == 32 and stop_list["maxItems"] == 4 and stop_list["items"]["maxLength"] == 32
     ids = comp_schema["prompt"]["anyOf"][2]
     assert ids["maxItems"] == 64 and ids["items"]["maximum"] == 999

@@ -14,7 +14,7 @@ import secrets
 import pytest
 import torch
 
-from shared.sampling_params import SamplingParams
+from shared.sampling_params import MIN_REPETITION_PENALTY, SamplingParams, SamplingParamsError
 from worker.sampler import Sampler, SamplingRow, apply_logit_processors, make_generator
 
 SEED = int(os.environ.get("MILI_TEST_SEED", secrets.randbits(32)))
@@ -103,6 +103,17 @@ def test_vanishing_temperature_is_greedy_and_stays_in_the_vocabulary(temperature
     rows = [make_row(temperature=temperature), make_row(temperature=temperature, logit_bias={0: 28.5, 3: -89.7}),
             make_row(temperature=temperature, top_p=0.5, seed=7)]
     assert Sampler(5, [])(logits, rows).token_ids == [2, 0, 2]
+
+
+def test_smallest_repetition_penalty_keeps_the_draw_in_the_vocabulary(seed: int) -> None:
+    # Found by API fuzzing: repetition_penalty 5e-324 overflowed seen tokens' logits to inf, the draw read
+    # NaN probabilities and picked id == vocab size, which crashed the worker's next forward pass.
+    with pytest.raises(SamplingParamsError):
+        SamplingParams(repetition_penalty=5e-324)
+    logits = torch.tensor([[30.0, -30.0, 20.0, 5.0]] * 2)
+    rows = [make_row(repetition_penalty=MIN_REPETITION_PENALTY, temperature=1e-5 * 1.01, prompt=(0, 1, 2), seed=seed),
+            make_row(repetition_penalty=MIN_REPETITION_PENALTY, temperature=0.0, prompt=(2, 3))]
+    assert Sampler(4, [])(logits, rows).token_ids == [0, 2]
 
 
 def test_penalties_match_hand_computed_values() -> None:
