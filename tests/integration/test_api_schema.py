@@ -19,7 +19,8 @@ from pathlib import Path
 import httpx2
 
 ROOT = Path(__file__).resolve().parents[2]
-ST = Path(sys.executable).with_name("st")
+# The CLI as a module of this interpreter (a console script's shebang would pin the venv's path).
+ST = [sys.executable, "-m", "schemathesis.cli"]
 # Fuzzing cases per operation; the coverage phase adds its own boundary cases (several hundred in all).
 MAX_EXAMPLES = int(os.environ.get("MILI_SCHEMATHESIS_EXAMPLES", "30"))
 # A deadline the client sets (X-Request-Timeout, down to 5e-324 s) is answered with the documented 504.
@@ -34,7 +35,7 @@ def run_schemathesis(url: str, tmp_path: Path, seed: int, context: int) -> subpr
     config.write_text(CONFIG)
     env = dict(os.environ, PYTHONPATH=str(ROOT), SCHEMATHESIS_HOOKS="tests.helpers.schemathesis_hooks",
                MILI_SCHEMATHESIS_CONTEXT=str(context), MILI_SCHEMATHESIS_DROPPED=str(tmp_path / "dropped.json"))
-    cmd = [str(ST), "--no-color", "--config-file", str(config), "run", f"{url}/openapi.json", "--checks", "all",
+    cmd = [*ST, "--no-color", "--config-file", str(config), "run", f"{url}/openapi.json", "--checks", "all",
            "--max-examples", str(MAX_EXAMPLES), "--seed", str(seed), "--workers", "2", "--request-timeout", "60",
            "--no-shrink", "--continue-on-failure", "--output-truncate", "true",
            # Generated conversations are often longer than the tiny model's context (those are left out), and big
