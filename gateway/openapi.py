@@ -109,8 +109,7 @@ def _result(object_name: str) -> dict[str, Any]:
 
 
 def _errors(*codes: int) -> dict[str, Any]:
-    text = {400: "invalid request", 401: "missing or wrong API key", 404: "unknown model",
-            405: "method not allowed (Allow lists the route's methods)", 413: "body too large",
+    text = {400: "invalid request", 401: "missing or wrong API key", 404: "unknown model", 413: "body too large",
             503: "no worker ready, queue full, or draining", 504: "deadline passed before anything was sent "
                                                                   "(code deadline_exceeded)"}
     return {str(c): {"description": text[c], "content": {_JSON: {"schema": _ERROR}}} for c in codes}
