@@ -146,7 +146,10 @@ async def version(request: Request) -> Response:
 
 
 async def openapi_json(request: Request) -> Response:
-    return JSONResponse(openapi.document(request.app.state.mili.settings.served_model_name))
+    state: GatewayState = request.app.state.mili
+    info = state.pool.info
+    return JSONResponse(openapi.document(openapi.ServedBounds(
+        state.settings.served_model_name, state.settings.limits, info and info.vocab_size, info and info.max_model_len)))
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:

@@ -1,97 +1,152 @@
-"""The OpenAPI description served at /openapi.json: the routes, their parameters and error shape."""
+"""The OpenAPI document served at /openapi.json, generated from the request models that validate
+(gateway/request_models.py), so what it says is what the server checks.
+
+Bounds that depend on the served model or the server's flags are filled in per server: token ids below
+the vocabulary size, token arrays and max_tokens within the context length, n and stop strings within
+--max-n, --max-stop-strings and --max-stop-length. What no schema can hold (a rendered prompt plus
+max_tokens within the context; tool_choice naming one of tools; fields valid only together, as each
+field's description says) is checked after validation and answered with a 400 naming the field.
+"""
 
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
-_NUMBER = {"type": "number"}
-_INT = {"type": "integer"}
-_BOOL = {"type": "boolean"}
-_STOP = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+from pydantic.json_schema import models_json_schema
 
-_SAMPLING = {
-    "model": {"type": "string"}, "n": _INT, "temperature": _NUMBER, "top_p": _NUMBER, "stop": _STOP, "seed": _INT,
-    "presence_penalty": _NUMBER, "frequency_penalty": _NUMBER,
-    "logit_bias": {"type": "object", "additionalProperties": _NUMBER}, "stream": _BOOL,
-    "stream_options": {"type": "object", "properties": {"include_usage": _BOOL}}, "user": {"type": "string"},
-    # Extensions, as vLLM names them.
-    "top_k": _INT, "min_p": _NUMBER, "repetition_penalty": _NUMBER, "ignore_eos": _BOOL, "min_tokens": _INT,
-    "stop_token_ids": {"type": "array", "items": _INT},
-    # Per prompt token: {token id: {logprob, rank, decoded_token}}, the first null; not with stream.
-    "prompt_logprobs": {**_INT, "minimum": 0, "maximum": 20},
-}
+from gateway.deadlines import HEADER, MAX_TIMEOUT_S
+from gateway.protocol import Limits
+from gateway.request_models import TOKEN_ID_KEY_PATTERN, ChatBody, CompletionBody
 
-_COMPLETION = {"type": "object", "required": ["model", "prompt"], "properties": {
-    # max_tokens 0 (with echo) scores the prompt without generating; echo + logprobs covers the prompt too.
-    **_SAMPLING, "max_tokens": {**_INT, "minimum": 0}, "echo": _BOOL, "logprobs": _INT,
-    "prompt": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}},
-                         {"type": "array", "items": _INT}, {"type": "array", "items": {"type": "array", "items": _INT}}]},
-}}
-
-_FUNCTION_CALL = {"type": "object", "required": ["function"], "properties": {
-    "id": {"type": "string"}, "type": {"enum": ["function"]},
-    "function": {"type": "object", "required": ["name", "arguments"], "properties": {
-        "name": {"type": "string"}, "arguments": {"type": "string", "description": "a JSON object, as text"}}}}}
-
-_MESSAGE = {"type": "object", "required": ["role"], "properties": {
-    "role": {"enum": ["system", "developer", "user", "assistant", "tool"]}, "name": {"type": "string"},
-    "content": {"oneOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": {
-        "type": "object", "properties": {"type": {"enum": ["text"]}, "text": {"type": "string"}}}}]},
-    "tool_calls": {"type": "array", "items": _FUNCTION_CALL, "description": "assistant turns"},
-    "tool_call_id": {"type": "string", "description": "tool turns: the call this result answers"},
-}}
-
-_TOOL = {"type": "object", "required": ["type", "function"], "properties": {
-    "type": {"enum": ["function"]},
-    "function": {"type": "object", "required": ["name"], "properties": {
-        "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"}, "description": {"type": "string"},
-        "parameters": {"type": "object", "description": "JSON schema of the arguments"}, "strict": _BOOL}}}}
-
-_RESPONSE_FORMAT = {"oneOf": [
-    {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["text", "json_object"]}}},
-    {"type": "object", "required": ["type", "json_schema"], "properties": {
-        "type": {"enum": ["json_schema"]},
-        "json_schema": {"type": "object", "required": ["name"], "properties": {
-            "name": {"type": "string"}, "description": {"type": "string"}, "schema": {"type": "object"},
-            "strict": _BOOL}}}}]}
-
-_CHAT = {"type": "object", "required": ["model", "messages"], "properties": {
-    **_SAMPLING, "messages": {"type": "array", "items": _MESSAGE}, "max_tokens": _INT, "max_completion_tokens": _INT,
-    "logprobs": _BOOL, "top_logprobs": _INT, "response_format": _RESPONSE_FORMAT,
-    "tools": {"type": "array", "items": _TOOL},
-    "tool_choice": {"oneOf": [{"enum": ["none", "auto", "required"]}, {
-        "type": "object", "required": ["type", "function"], "properties": {
-            "type": {"enum": ["function"]}, "function": {"type": "object", "required": ["name"],
-                                                          "properties": {"name": {"type": "string"}}}}}]},
-    "parallel_tool_calls": _BOOL,
-    "chat_template_kwargs": {"type": "object"},
-}}
-
-_ERROR = {"type": "object", "properties": {"error": {"type": "object", "properties": {
-    "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": ["string", "null"]},
-    "code": {"type": ["string", "null"]}}}}}
+_REF = "#/components/schemas/{model}"
+_JSON = "application/json"
 
 
-def _post(summary: str, schema: dict) -> dict[str, Any]:
-    errors = {str(code): {"description": text, "content": {"application/json": {"schema": _ERROR}}}
-              for code, text in ((400, "invalid request"), (401, "missing or wrong API key"), (404, "unknown model"),
-                                 (413, "body too large"),
-                                 (429, "the API key is at its max_concurrent (code rate_limit_exceeded; Retry-After)"),
-                                 (503, "no worker ready, queue full, or draining"),
-                                 (504, "deadline passed before anything was sent (code deadline_exceeded)"))}
-    timeout = {"name": "X-Request-Timeout", "in": "header", "required": False,
+@dataclass(frozen=True)
+class ServedBounds:
+    """What the document's bounds come from; vocab_size and max_model_len are None until a worker is ready."""
+
+    model: str
+    limits: Limits
+    vocab_size: int | None = None
+    max_model_len: int | None = None
+
+
+@lru_cache(maxsize=1)
+def _request_schemas() -> tuple[dict[str, dict], dict[str, Any]]:
+    """(path's model name -> its $ref, every schema definition), as pydantic generates them."""
+    refs, top = models_json_schema([(CompletionBody, "validation"), (ChatBody, "validation")], ref_template=_REF)
+    return {model.__name__: ref for (model, _), ref in refs.items()}, top["$defs"]
+
+
+def decimal_below(n: int) -> str:
+    """A regular expression for the decimal numbers 0 .. n-1 (no leading zeros): token ids as JSON object keys."""
+    top = str(n - 1)
+    k = len(top)
+    alternatives = ["0", f"[1-9][0-9]{{0,{k - 2}}}"] if k > 1 else []
+    for i, digit in enumerate(top):
+        low = 1 if i == 0 and k > 1 else 0  # no leading zero (a lone 0 is among the shorter numbers)
+        if int(digit) > low:
+            rest = f"[0-9]{{{k - i - 1}}}" if k - i - 1 else ""
+            alternatives.append(f"{top[:i]}[{low}-{int(digit) - 1}]{rest}")
+    alternatives.append(top)
+    return f"^({'|'.join(alternatives)})$"
+
+
+def _fill_limits(node: Any, bounds: ServedBounds) -> None:
+    """Replaces each `x-mili-limit` marker (gateway/request_models.py) with the served bound it names."""
+    if isinstance(node, list):
+        for item in node:
+            _fill_limits(item, bounds)
+        return
+    if not isinstance(node, dict):
+        return
+    limit = node.pop("x-mili-limit", None)
+    vocab, context = bounds.vocab_size, bounds.max_model_len
+    if limit == "model":
+        node["enum"] = [bounds.model]
+    elif limit == "token_id" and vocab is not None:
+        node["maximum"] = vocab - 1
+    elif limit == "token_id_key":  # the keys of a logit_bias object
+        node["pattern"] = decimal_below(vocab) if vocab is not None else TOKEN_ID_KEY_PATTERN
+    elif limit == "context" and context is not None:
+        if node.get("type") == "array":
+            node["maxItems"] = context  # a whole context of prompt: only to score it (echo, max_tokens 0)
+        else:
+            node["maximum"] = context - 1  # every prompt has a token
+    elif limit == "n":
+        node["maximum"] = bounds.limits.max_n
+    elif limit == "stop_length":
+        node["maxLength"] = bounds.limits.max_stop_length
+    elif limit == "stop_count":
+        node["maxItems"] = bounds.limits.max_stop
+    for value in node.values():
+        _fill_limits(value, bounds)
+
+
+# ----- responses -----
+
+_ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type", "param", "code"], "properties": {
+        "message": {"type": "string"}, "type": {"type": "string"},
+        "param": {"type": ["string", "null"], "description": "the offending field, as a dotted path"},
+        "code": {"type": ["string", "null"]}}}}}
+
+_USAGE = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"], "properties": {
+    "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"},
+    "total_tokens": {"type": "integer"}}}
+
+
+def _result(object_name: str) -> dict[str, Any]:
+    return {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"], "properties": {
+        "id": {"type": "string"}, "object": {"const": object_name}, "created": {"type": "integer"},
+        "model": {"type": "string"}, "usage": _USAGE,
+        "choices": {"type": "array", "items": {"type": "object", "required": ["index", "finish_reason"],
+                                               "properties": {"index": {"type": "integer"}}}}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    text = {400: "invalid request", 401: "missing or wrong API key", 404: "unknown model", 413: "body too large",
+            429: "the API key is at its max_concurrent (code rate_limit_exceeded; Retry-After)",
+            503: "no worker ready, queue full, or draining", 504: "deadline passed before anything was sent "
+                                                                  "(code deadline_exceeded)"}
+    return {str(c): {"description": text[c], "content": {_JSON: {"schema": _ERROR}}} for c in codes}
+
+
+def _post(summary: str, ref: dict, object_name: str) -> dict[str, Any]:
+    timeout = {"name": HEADER, "in": "header", "required": False,
                "description": "seconds the request may take end to end, queue included (overrides the server's "
-                              "--request-timeout)", "schema": {"type": "number", "exclusiveMinimum": 0}}
-    return {"post": {"summary": summary, "parameters": [timeout], "requestBody": {"required": True,
-                                                         "content": {"application/json": {"schema": schema}}},
-                     "responses": {"200": {"description": "a JSON response, or text/event-stream when stream is true "
-                                                          "(with --stream-resume-ttl: each event with an id, and the "
-                                                          "X-Stream-Id header to resume it by)"},
-                                   **errors}}}
+                              "--request-timeout)",
+               "schema": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_TIMEOUT_S}}
+    # Each server-sent event: `data: {chunk}` (an error object as the last chunk if the stream fails), then
+    # `data: [DONE]`; comment lines (`: ping`) keep an idle stream open.
+    event = {"type": "object", "required": ["data"], "properties": {
+        "data": {"type": "string", "description": "a JSON chunk, or [DONE] last"}, "event": {"type": "string"},
+        "id": {"type": "string"}, "retry": {"type": "integer"}}}
+    return {"post": {
+        "summary": summary, "parameters": [timeout],
+        "requestBody": {"required": True, "content": {_JSON: {"schema": ref}}},
+        "responses": {
+            "200": {"description": "the result; with stream: true, a text/event-stream of chunks (with "
+                                   "--stream-resume-ttl: each event with an id, and the X-Stream-Id header to "
+                                   "resume it by)",
+                    "content": {_JSON: {"schema": _result(object_name)}, "text/event-stream": {"schema": event}}},
+            **_errors(400, 401, 404, 413, 429, 503, 504)}}}
+
+
+def _get(description: str, media: str = _JSON, *extra: int) -> dict[str, Any]:
+    schema = {"type": "object"} if media == _JSON else {"type": "string"}
+    return {"get": {"responses": {"200": {"description": description, "content": {media: {"schema": schema}}},
+                                  **_errors(401, *extra)}}}
 
 
 def _resume() -> dict[str, Any]:
-    error = {"content": {"application/json": {"schema": _ERROR}}}
+    error = {"content": {_JSON: {"schema": _ERROR}}}
+    event = {"type": "object", "required": ["data"], "properties": {
+        "data": {"type": "string"}, "id": {"type": "string"}, "event": {"type": "string"}}}
     return {"get": {
         "summary": "Resume a stream (with --stream-resume-ttl): the events after Last-Event-ID, then live to [DONE]",
         "parameters": [
@@ -99,25 +154,35 @@ def _resume() -> dict[str, Any]:
              "description": "the X-Stream-Id header of the streaming response"},
             {"name": "Last-Event-ID", "in": "header", "required": False, "schema": {"type": "integer", "minimum": 0},
              "description": "the id of the last event received (without it: from the first event)"}],
-        "responses": {"200": {"description": "text/event-stream, each event with its id"},
+        "responses": {"200": {"description": "text/event-stream, each event with its id",
+                              "content": {"text/event-stream": {"schema": event}}},
                       "400": {"description": "Last-Event-ID not an integer or beyond the last event", **error},
+                      "401": {"description": "missing or wrong API key", **error},
                       "404": {"description": "unknown or expired id, or another API key's (code stream_not_found)",
                               **error}}}}
 
 
-def document(model: str) -> dict[str, Any]:
-    get = {"get": {"responses": {"200": {"description": "OK"}}}}
+def document(bounds: ServedBounds) -> dict[str, Any]:
+    refs, definitions = _request_schemas()
+    schemas = copy.deepcopy(definitions)
+    _fill_limits(schemas, bounds)
+    health = {"get": {"responses": {
+        "200": {"description": "a worker is ready", "content": {_JSON: {"schema": {"type": "object"}}}},
+        "503": {"description": "loading, no worker alive, or draining",
+                "content": {_JSON: {"schema": {"type": "object"}}}}}}}
     return {
         "openapi": "3.1.0",
-        "info": {"title": "MILI", "version": "0.1.0", "description": f"OpenAI-compatible API serving {model}"},
+        "info": {"title": "MILI", "version": "0.1.0",
+                 "description": f"OpenAI-compatible API serving {bounds.model}"},
         "paths": {
-            "/v1/completions": _post("Text completion", _COMPLETION),
-            "/v1/chat/completions": _post("Chat completion", _CHAT),
+            "/v1/completions": _post("Text completion", refs["CompletionBody"], "text_completion"),
+            "/v1/chat/completions": _post("Chat completion", refs["ChatBody"], "chat.completion"),
+            "/v1/models": _get("the served model"),
+            "/health": health,
+            "/metrics": _get("Prometheus metrics", "text/plain"),
+            "/version": _get("the server's version"),
+            "/debug/kv": _get("each worker's KV block ledger", _JSON, 503),
             "/v1/streams/{stream_id}": _resume(),
-            "/v1/models": get,
-            "/health": {"get": {"responses": {"200": {"description": "a worker is ready"},
-                                              "503": {"description": "loading, no worker alive, or draining"}}}},
-            "/metrics": get,
-            "/debug/kv": {"get": {"responses": {"200": {"description": "each worker's KV block ledger"}}}},
         },
+        "components": {"schemas": schemas},
     }

@@ -10,6 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 20
+# Temperatures below this sample greedily (as vLLM's _SAMPLING_EPS): dividing float32 logits by, say, 1e-45
+# overflows to inf, and inf - inf would make every probability NaN.
+GREEDY_BELOW_TEMPERATURE = 1e-5
+# repetition_penalty divides the positive logits of seen tokens: a divisor near 0 (5e-324 is a valid float)
+# overflows them to inf, and the draw then reads NaN probabilities. 0.01 keeps every logit finite.
+MIN_REPETITION_PENALTY = 0.01
 MAX_N = 128
 # An llguidance grammar (a JSON schema or Lark text compiled by the gateway) bigger than this is refused.
 MAX_GRAMMAR_CHARS = 1 << 20
@@ -27,7 +33,7 @@ class SamplingParamsError(ValueError):
 class SamplingParams:
     n: int = 1
     max_tokens: int | None = None  # None: up to the model's context length
-    temperature: float = 1.0  # 0 means greedy
+    temperature: float = 1.0  # 0 (or below GREEDY_BELOW_TEMPERATURE) means greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 (or -1) disables
     min_p: float = 0.0
@@ -72,8 +78,8 @@ class SamplingParams:
               f"presence_penalty must be between -2 and 2, got {self.presence_penalty}")
         check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
               f"frequency_penalty must be between -2 and 2, got {self.frequency_penalty}")
-        check(0.0 < self.repetition_penalty <= 10.0, "repetition_penalty",
-              f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}")
+        check(MIN_REPETITION_PENALTY <= self.repetition_penalty <= 10.0, "repetition_penalty",
+              f"repetition_penalty must be between {MIN_REPETITION_PENALTY} and 10, got {self.repetition_penalty}")
         for token, bias in self.logit_bias.items():
             check(-100.0 <= bias <= 100.0, "logit_bias",
                   f"logit_bias values must be between -100 and 100, got {bias} for token {token}")
@@ -92,7 +98,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_BELOW_TEMPERATURE or self.top_k == 1
 
     def check_token_ids(self, vocab_size: int) -> None:
         """Token ids given by the client must exist in the model's vocabulary."""

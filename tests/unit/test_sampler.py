@@ -14,7 +14,7 @@ import secrets
 import pytest
 import torch
 
-from shared.sampling_params import SamplingParams
+from shared.sampling_params import MIN_REPETITION_PENALTY, SamplingParams, SamplingParamsError
 from worker.sampler import Sampler, SamplingRow, apply_logit_processors, make_generator
 
 SEED = int(os.environ.get("MILI_TEST_SEED", secrets.randbits(32)))
@@ -93,6 +93,27 @@ def test_greedy_logit_bias_flips_winner() -> None:
     rows = [make_row(temperature=0.0), make_row(temperature=0.0, logit_bias={1: 4.5}),
             make_row(temperature=0.0, logit_bias={1: 0.5, 2: -3.5})]
     assert Sampler(4, [])(logits, rows).token_ids == [2, 1, 3]
+
+
+@pytest.mark.parametrize("temperature", [1.401298464324817e-45, 1e-30, 9e-6])
+def test_vanishing_temperature_is_greedy_and_stays_in_the_vocabulary(temperature: float) -> None:
+    # Found by API fuzzing: logits / 1.4e-45 overflow to +-inf, inf - inf is NaN, and the draw picked
+    # token id == vocab size, which crashed the worker's embedding lookup on the next step.
+    logits = torch.tensor([[0.0, 1.0, 5.0, 2.0, -3.0]] * 3)
+    rows = [make_row(temperature=temperature), make_row(temperature=temperature, logit_bias={0: 28.5, 3: -89.7}),
+            make_row(temperature=temperature, top_p=0.5, seed=7)]
+    assert Sampler(5, [])(logits, rows).token_ids == [2, 0, 2]
+
+
+def test_smallest_repetition_penalty_keeps_the_draw_in_the_vocabulary(seed: int) -> None:
+    # Found by API fuzzing: repetition_penalty 5e-324 overflowed seen tokens' logits to inf, the draw read
+    # NaN probabilities and picked id == vocab size, which crashed the worker's next forward pass.
+    with pytest.raises(SamplingParamsError):
+        SamplingParams(repetition_penalty=5e-324)
+    logits = torch.tensor([[30.0, -30.0, 20.0, 5.0]] * 2)
+    rows = [make_row(repetition_penalty=MIN_REPETITION_PENALTY, temperature=1e-5 * 1.01, prompt=(0, 1, 2), seed=seed),
+            make_row(repetition_penalty=MIN_REPETITION_PENALTY, temperature=0.0, prompt=(2, 3))]
+    assert Sampler(4, [])(logits, rows).token_ids == [0, 2]
 
 
 def test_penalties_match_hand_computed_values() -> None:

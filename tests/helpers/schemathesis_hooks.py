@@ -1,0 +1,160 @@
+"""Schemathesis hooks for the API schema test (loaded through SCHEMATHESIS_HOOKS).
+
+The OpenAPI document states every rule it can; a few rules compare values across fields in ways JSON
+Schema cannot (each is in its field's description, and the server answers it with a 400 naming the
+field). Generated bodies that break one are left out: they are neither valid nor invalid by the schema,
+so no check could judge the answer. Everything else the generator makes is sent as it is, except that generation is capped at 16 tokens
+(map_case; a valid body stays valid) to keep cases fast.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import json
+import os
+from typing import Any
+
+import schemathesis
+from schemathesis import GenerationMode
+
+CONTEXT = int(os.environ.get("MILI_SCHEMATHESIS_CONTEXT", "512"))
+FAST_MAX_TOKENS = 16
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+MESSAGE_TOKENS = 16  # ChatML's markers around a message (and a tool result's <tool_response> tags)
+TOOL_INSTRUCTION_TOKENS = 150  # the generic tool instructions (about 110 tokens)
+# Why generated cases were left out, counted (written to MILI_SCHEMATHESIS_DROPPED at exit, when set).
+DROPPED: collections.Counter = collections.Counter()
+
+
+@atexit.register
+def _write_dropped() -> None:
+    path = os.environ.get("MILI_SCHEMATHESIS_DROPPED")
+    if path:
+        with open(path, "w") as f:
+            json.dump(DROPPED, f)
+
+
+# Case hooks run in every phase (coverage included), body hooks only in the fuzzing phase.
+@schemathesis.hook
+def map_case(context, case):
+    # Only valid bodies: schemathesis re-judges an edited body, and was seen to judge an invalid one valid.
+    # Invalid ones are refused before anything is generated anyway.
+    if _positive(case) and isinstance(case.body, dict):
+        case.body = _capped(dict(case.body))
+    return case
+
+
+@schemathesis.hook
+def filter_case(context, case) -> bool:
+    body = case.body
+    if not isinstance(body, dict):
+        return True
+    chat = case.operation.path.endswith("/chat/completions")
+    for broken in (_min_tokens_above_max, _prompt_beyond_context, *(
+            (_chat_beyond_context, _unknown_named_tool, _tool_declared_twice, _call_arguments_not_json)
+            if chat else ())):
+        if broken(body):
+            DROPPED[broken.__name__.strip("_")] += 1
+            return False
+    return True
+
+
+def _positive(case) -> bool:
+    meta = case.meta
+    return meta is not None and meta.generation.mode == GenerationMode.POSITIVE
+
+
+def _capped(body: Any) -> Any:
+    """Generation capped at FAST_MAX_TOKENS (chat asks for it when the body names no limit, as it would
+    otherwise run to the end of the context); min_tokens follows it down. Valid values stay valid."""
+    if not isinstance(body, dict):
+        return body
+    if "messages" in body and "max_tokens" not in body and "max_completion_tokens" not in body:
+        body["max_completion_tokens"] = FAST_MAX_TOKENS
+    for field in ("max_tokens", "max_completion_tokens"):
+        value = body.get(field)
+        if _integral(value) and FAST_MAX_TOKENS < value < CONTEXT:
+            body[field] = FAST_MAX_TOKENS
+    low, high = body.get("min_tokens"), _max_tokens(body)
+    if _integral(low) and _integral(high) and 0 <= high < low:
+        body["min_tokens"] = high
+    return body
+
+
+def _integral(value: Any) -> bool:
+    """An integer as JSON (and the server) reads numbers: 4 and 4.0 alike."""
+    return type(value) is int or (type(value) is float and value.is_integer())
+
+
+def _max_tokens(body: dict) -> Any:
+    if "prompt" in body:  # completions
+        return COMPLETIONS_DEFAULT_MAX_TOKENS if body.get("max_tokens") is None else body["max_tokens"]
+    return body.get("max_completion_tokens") if body.get("max_completion_tokens") is not None \
+        else body.get("max_tokens")
+
+
+def _min_tokens_above_max(body: dict) -> bool:
+    low, high = body.get("min_tokens"), _max_tokens(body)
+    return _integral(low) and _integral(high) and low > high
+
+
+def _prompt_beyond_context(body: dict) -> bool:
+    prompt, high = body.get("prompt"), _max_tokens(body)
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    if not (isinstance(prompt, list) and prompt and _integral(high)):
+        return False
+    prompts = prompt if isinstance(prompt[0], (list, str)) else [prompt]
+    # Token ids count as they are; text at most one token per byte (see _chat_beyond_context).
+    lengths = [len(p) if isinstance(p, list) else len(json.dumps(p, ensure_ascii=True)) for p in prompts]
+    return any(n + high > CONTEXT or (n == CONTEXT and high != 0) for n in lengths)
+
+
+def _chat_beyond_context(body: dict) -> bool:
+    """The rendered prompt's length, bounded from above without the tokenizer: a byte-level BPE token covers
+    at least one UTF-8 byte, and JSON with ASCII escapes spends at least one character per byte. Each message
+    adds its role markers (under MESSAGE_TOKENS); tools are described as JSON after fixed instructions."""
+    high = _max_tokens(body)
+    messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+    size = sum(MESSAGE_TOKENS + sum(len(json.dumps(m.get(k), ensure_ascii=True)) for k in ("content", "name",
+                                                                                           "tool_calls"))
+               for m in messages if isinstance(m, dict))
+    if body.get("tools"):
+        size += TOOL_INSTRUCTION_TOKENS + len(json.dumps(body["tools"], ensure_ascii=True))
+    return size + (high if _integral(high) else CONTEXT) > CONTEXT
+
+
+def _names(body: dict) -> list:
+    tools = body.get("tools")
+    if not isinstance(tools, list):
+        return []
+    return [t["function"].get("name") for t in tools
+            if isinstance(t, dict) and isinstance(t.get("function"), dict)]
+
+
+def _unknown_named_tool(body: dict) -> bool:
+    choice = body.get("tool_choice")
+    if not (isinstance(choice, dict) and isinstance(choice.get("function"), dict)):
+        return False
+    return choice["function"].get("name") not in _names(body)
+
+
+def _tool_declared_twice(body: dict) -> bool:
+    names = _names(body)
+    return len(names) != len(set(map(str, names)))
+
+
+def _call_arguments_not_json(body: dict) -> bool:
+    messages = body.get("messages")
+    for message in messages if isinstance(messages, list) else []:
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        for call in calls if isinstance(calls, list) else []:
+            function = call.get("function") if isinstance(call, dict) else None
+            arguments = function.get("arguments") if isinstance(function, dict) else None
+            if isinstance(arguments, str):
+                try:
+                    json.loads(arguments)
+                except ValueError:
+                    return True
+    return False
