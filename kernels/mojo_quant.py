@@ -62,14 +62,15 @@ def qmatmul(module: ModuleType, x: torch.Tensor, packed: torch.Tensor, kind: int
     if m == 0:
         return out
     nb = k // QK
-    # Scratch for the quantized activations: int8 [M, K], then float32 d, int32 sum q, float32 d * sum q [M, nb].
-    scratch = torch.empty(m * k + 12 * m * nb + 64, dtype=torch.uint8)
+    # Scratch for the quantized activations: int8 q1 and q2 [M, K] each, then float32 d, int32 sum,
+    # float32 d * sum [M, nb].
+    scratch = torch.empty(2 * m * k + 12 * m * nb + 64, dtype=torch.uint8)
     base = scratch.data_ptr()
-    qa, da = base, base + m * k
+    qa, qa2, da = base, base + m * k, base + 2 * m * k
     da += -da % 4
     sa_i, sa_f = da + 4 * m * nb, da + 8 * m * nb
     params = kernel_params(out.data_ptr(), x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(),
-                           m, n, k, kind, DTYPE_CODES[x.dtype], qa, da, sa_i, sa_f, DTYPE_CODES[out_dtype])
+                           m, n, k, kind, DTYPE_CODES[x.dtype], qa, da, sa_i, sa_f, DTYPE_CODES[out_dtype], qa2)
     team = omp_team() if threading == "omp" else None
     if team is not None:
         team.run2(module, "mili_quantize_rows_range", m, "mili_qmatmul_tiles_range", tiles, params)

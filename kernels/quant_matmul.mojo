@@ -1,14 +1,17 @@
 # MILI's quantized-weight matmul for the CPU: y = x @ W.T (+ bias), W in llama.cpp's Q4_0, Q4_1 or Q8_0
-# blocks of 32 weights, repacked once at load (worker/quant/repack.py) into 16-row tiles.
+# blocks of 32 weights, repacked once at load (worker/quant/blocks.py) into 16-row tiles.
 #
 # Two phases, so a call can run on torch's OpenMP team with a barrier between them (kernels/omp_bridge.c):
-#   1. quantize_rows: each activation row, per 32-element block, to int8 with a float32 scale
-#      d = max|x| / 127 and q = round-half-even(x * 127 / max|x|) (llama.cpp's Q8_0/Q8_1 activations,
-#      scale kept in float32), plus the block's sum of q (what Q4_0's offset and Q4_1's min need).
-#   2. tiles: each 16-output-column tile, for every row. Per block, one vpdpbusd (u8 weights x s8
-#      activations, 4 products summed per int32 lane) per 4 K-steps gives the exact integer dot
-#      product of 16 columns; the float epilogue then adds d_w * d_a * (dot - offset * sum_q)
-#      (+ m_w * d_a * sum_q for Q4_1), blocks in order.
+#   1. quantize_rows: each activation row, per 32-element block, to two int8 parts: with t = x * 127 / max|x|,
+#      q1 = round-half-even(t) (llama.cpp's Q8_0/Q8_1 activations) and q2 = round-half-even(254 t) - 254 q1,
+#      the residual in 1/254 steps (|q2| <= 127), so x ~= d * (254 q1 + q2) with d = max|x| / 32258: about
+#      15 bits per activation instead of 8. Plus the block's sum of 254 q1 + q2 (what Q4_0's offset and
+#      Q4_1's min need).
+#   2. tiles: each 16-output-column tile, for every row. Per block, two vpdpbusd (u8 weights x s8 q1, and
+#      x s8 q2; 4 products summed per int32 lane) per 4 K-steps give the exact integer dot products of 16
+#      columns, combined exactly as 254 * dot1 + dot2 in int32; the float epilogue then adds
+#      d_w * d_a * (dot - offset * sum) (+ m_w * d_a * sum for Q4_1), blocks in order. Decode reads each
+#      weight byte once for both parts, so the second vpdpbusd costs little where weight bytes bound the time.
 #
 # Every output element is computed by the same instruction sequence whatever the batch size, the row's
 # place in it or the thread that runs it: a request's result does not depend on what else is batched.
@@ -88,20 +91,27 @@ def _dpbusd(acc: I32x16, w: U8x64, a: I32x16) -> I32x16:
 def _quantize_rows[dt: DType](p: Params, begin: Int, end: Int):
     var x = param_ptr[dt](p, 1)  # [M, K]
     var k = param_int(p, 6)
-    var qa = param_ptr[DType.int8](p, 9)  # [M, K]
-    var da = param_ptr[F32](p, 10)  # [M, K / 32] scales
-    var sa_i = param_ptr[DType.int32](p, 11)  # [M, K / 32] sum of q
-    var sa_f = param_ptr[F32](p, 12)  # [M, K / 32] d * sum of q
+    var qa = param_ptr[DType.int8](p, 9)  # [M, K] q1
+    var qa2 = param_ptr[DType.int8](p, 14)  # [M, K] q2, the residual
+    var da = param_ptr[F32](p, 10)  # [M, K / 32] scales d = max|x| / 32258
+    var sa_i = param_ptr[DType.int32](p, 11)  # [M, K / 32] sum of 254 q1 + q2
+    var sa_f = param_ptr[F32](p, 12)  # [M, K / 32] d * that sum
     var nb = k // QK
     for r in range(begin, end):
         for b in range(nb):
             var v = x.unsafe_offset(r * k + b * QK).unsafe_load[width=QK]().cast[F32]()
             var amax = abs(v).reduce_max()
-            var d = amax / 127
             var inv = Float32(127) / amax if amax > 0 else Float32(0)
-            var q = round(v * inv).cast[DType.int32]()  # |q| <= 127; round() is half-to-even
-            qa.unsafe_offset(r * k + b * QK).unsafe_store(q.cast[DType.int8]())
-            var s = q.reduce_add()
+            var t = v * inv
+            # q = round(254 t) in 15 bits, split as 254 q1 + q2 with q1 = round(t): |254 t - 254 q1| <= 127
+            # and both bounds are integers, so |q2| <= 127. round() is half-to-even. No sum of products
+            # here, so FMA contraction cannot make these differ from the NumPy reference.
+            var q1i = round(t).cast[DType.int32]()
+            var q2i = round(t * 254).cast[DType.int32]() - q1i * 254
+            qa.unsafe_offset(r * k + b * QK).unsafe_store(q1i.cast[DType.int8]())
+            qa2.unsafe_offset(r * k + b * QK).unsafe_store(q2i.cast[DType.int8]())
+            var s = (q1i * 254 + q2i).reduce_add()  # |s| <= 32 * 32385
+            var d = amax / 32258
             da[unsafe_offset=r * nb + b] = d
             sa_i[unsafe_offset=r * nb + b] = Int32(s)
             sa_f[unsafe_offset=r * nb + b] = d * Float32(s)
@@ -132,16 +142,23 @@ def _f16x16(p: Pointer[Scalar[DType.uint8], MutAnyOrigin], offset: Int) -> F32x1
 
 @always_inline
 def _block_row[kind: Int](y: F32x16, w: Array[U8x64, 8], dw: F32x16, mw: F32x16,
-                          a: SIMD[DType.int8, QK], da: Float32, s_i: Int32, s_f: Float32) -> F32x16:
+                          a: SIMD[DType.int8, QK], a2: SIMD[DType.int8, QK], da: Float32, s_i: Int32,
+                          s_f: Float32) -> F32x16:
     """y plus one block's contribution for one activation row (the same instructions for every row)."""
     var a32 = bitcast[DType.int32, 8](a)
-    # Two independent dependency chains (vpdpbusd's latency is ~5 cycles); integer sums, so exact.
-    var acc0 = I32x16(0)
-    var acc1 = I32x16(0)
+    var b32 = bitcast[DType.int32, 8](a2)
+    # Four independent dependency chains (vpdpbusd's latency is ~5 cycles); integer sums, so exact.
+    var hi0 = I32x16(0)
+    var hi1 = I32x16(0)
+    var lo0 = I32x16(0)
+    var lo1 = I32x16(0)
     comptime for g in range(0, 8, 2):
-        acc0 = _dpbusd(acc0, w[g], I32x16(a32[g]))
-        acc1 = _dpbusd(acc1, w[g + 1], I32x16(a32[g + 1]))
-    var acc = acc0 + acc1
+        hi0 = _dpbusd(hi0, w[g], I32x16(a32[g]))
+        lo0 = _dpbusd(lo0, w[g], I32x16(b32[g]))
+        hi1 = _dpbusd(hi1, w[g + 1], I32x16(a32[g + 1]))
+        lo1 = _dpbusd(lo1, w[g + 1], I32x16(b32[g + 1]))
+    # |254 * dot1 + dot2| <= 32 * 255 * 32385 < 2^31: exact in int32.
+    var acc = (hi0 + hi1) * 254 + (lo0 + lo1)
     comptime if kind == KIND_Q4_0:
         acc -= I32x16(8 * s_i)
     elif kind == KIND_Q8_0:
@@ -169,6 +186,7 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int](p: Params, t: Int, row0: Int):
     var n = param_int(p, 5)
     var k = param_int(p, 6)
     var qa = param_ptr[DType.int8](p, 9)
+    var qa2 = param_ptr[DType.int8](p, 14)
     var da = param_ptr[F32](p, 10)
     var sa_i = param_ptr[DType.int32](p, 11)
     var sa_f = param_ptr[F32](p, 12)
@@ -186,8 +204,9 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int](p: Params, t: Int, row0: Int):
         comptime for r in range(R):
             var row = row0 + r
             var a = qa.unsafe_offset(row * k + b * QK).unsafe_load[width=QK]()
+            var a2 = qa2.unsafe_offset(row * k + b * QK).unsafe_load[width=QK]()
             var j = row * nb + b
-            y[r] = _block_row[kind](y[r], w, dw, mw, a, da[unsafe_offset=j], sa_i[unsafe_offset=j],
+            y[r] = _block_row[kind](y[r], w, dw, mw, a, a2, da[unsafe_offset=j], sa_i[unsafe_offset=j],
                                     sa_f[unsafe_offset=j])
         rec = rec.unsafe_offset(rec_bytes)
     var col0 = t * TN

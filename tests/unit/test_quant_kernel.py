@@ -17,7 +17,8 @@ from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize, quantize
 
 from kernels import mojo_quant
-from kernels.quant_reference import activation_error_bound, dequantized_matmul, qmatmul_blocks
+from kernels.quant_reference import (activation_error_bound, dequantized_matmul, qmatmul_blocks,
+                                     quantize_activations, split_activations)
 from worker.quant.blocks import KERNEL_KINDS, repack, split_blocks
 
 TYPES = [QT.Q4_0, QT.Q4_1, QT.Q8_0]
@@ -158,3 +159,21 @@ def test_bad_arguments_raise_before_the_kernel(module):
         args.update(overrides)
         with pytest.raises(ValueError, match=message):
             mojo_quant.qmatmul(module, **args)
+
+
+def test_activation_parts_fit_int8_and_reach_15_bits(test_seed):
+    """Both int8 parts of the activations stay in [-127, 127] (what vpdpbusd's s8 operand holds), and
+    d * (254 q1 + q2) is within half a 1/32258 step of max|x| from x."""
+    rng = np.random.default_rng(test_seed)
+    x = (rng.standard_normal((64, 256)) * np.exp(rng.uniform(-20, 20, (64, 1)))).astype(np.float32)
+    x[0, :32] = 0.0
+    x[1, 32:64] = np.float32(3.0)  # ties: every t is exactly 127
+    x[2, :32] = np.arange(32, dtype=np.float32) - 15.5  # many half-way points
+    q1, q2 = split_activations(x)
+    q, d, s = quantize_activations(x)
+    assert np.abs(q1).max() <= 127 and np.abs(q2).max() <= 127
+    assert np.array_equal(254 * q1 + q2, q) and np.array_equal(s, q.sum(axis=-1))
+    blocks = x.astype(np.float64).reshape(64, -1, 32)
+    amax = np.abs(blocks).max(axis=-1, keepdims=True)
+    err = np.abs(blocks - d[..., None].astype(np.float64) * q)
+    assert (err <= amax * (0.5 / 32258 + 1e-6)).all()
