@@ -2,7 +2,9 @@
 
 Shapes are the default model's (fused q|k|v 960x576, o 576x576, fused gate|up 3072x576, down 576x1536,
 the head 49152x576) at 1, 8, 32 and 128 rows; the bfloat16 side is MILI's oneDNN-packed linear
-(worker/models/packed_linear.py), the Q4_1 / Q8_0 side kernels/quant_matmul.mojo on torch's OpenMP team.
+(worker/models/packed_linear.py), the Q4_1 / Q8_0 side kernels/quant_matmul.mojo on torch's OpenMP team,
+by each of its paths (vpdpbusd; AMX int8 tiles where the CPU has them: the same bits, different speed),
+and the path `auto` picks at that row count.
 Each figure is the 10th percentile of single-call times, the sides interleaved in rounds, so a
 neighbour's burst of load (which stalls a call for milliseconds on a shared 2-core machine) hits
 both sides alike and drops out. Also prints the weight bytes each reads per call.
@@ -92,9 +94,12 @@ def main() -> None:
         engine_steps(args.batches, args.context, args.steps, args.rounds)
         return
     module = mojo_quant.load()
-    print(f"torch threads {torch.get_num_threads()}; microseconds per call (10th percentile, {args.rounds} rounds)")
-    print("| shape | rows | bf16 | " + " | ".join(f"{t.name} | {t.name} speedup" for t in TYPES) + " |")
-    print("|---|---|---|" + "---|---|" * len(TYPES))
+    paths = ["vnni", "amx"] if mojo_quant.amx_available() else ["vnni"]
+    print(f"torch threads {torch.get_num_threads()}; microseconds per call (10th percentile, {args.rounds} rounds); "
+          f"auto takes AMX from {mojo_quant.AMX_MIN_ROWS} rows" if "amx" in paths else "; no AMX on this CPU")
+    columns = [(t, path) for t in TYPES for path in paths]
+    print("| shape | rows | bf16 | " + " | ".join(f"{t.name} {path} | vs bf16" for t, path in columns) + " |")
+    print("|---|---|---|" + "---|---|" * len(columns))
     for name in args.shapes:
         n, k = SHAPES[name]
         w = np.random.default_rng(0).standard_normal((n, k)).astype(np.float32) * 0.05
@@ -103,14 +108,15 @@ def main() -> None:
         for m in args.rows:
             x = torch.randn(m, k).bfloat16()
             calls = {"bf16": lambda: dense(x)}
-            for t in TYPES:
-                calls[t.name] = lambda t=t: mojo_quant.qmatmul(module, x, packed[t], KERNEL_KINDS[t], n)
+            for t, path in columns:
+                calls[f"{t.name} {path}"] = lambda t=t, path=path: mojo_quant.qmatmul(
+                    module, x, packed[t], KERNEL_KINDS[t], n, path=path)
             samples: dict[str, list[float]] = {key: [] for key in calls}
             for _ in range(args.rounds):
                 for key, fn in calls.items():
                     samples[key] += call_times(fn)
             best = {key: float(np.percentile(t, 10)) * 1e6 for key, t in samples.items()}
-            cells = [f"{best[t.name]:.0f} | {best['bf16'] / best[t.name]:.2f}x" for t in TYPES]
+            cells = [f"{best[key]:.0f} | {best['bf16'] / best[key]:.2f}x" for key in calls if key != "bf16"]
             print(f"| {name} {n}x{k} | {m} | {best['bf16']:.0f} | " + " | ".join(cells) + " |", flush=True)
     print("weight bytes per call: " + ", ".join(
         f"{name}: bf16 {2 * n * k / 1e6:.2f} MB, " + ", ".join(

@@ -4,8 +4,8 @@ Two references: the kernel's own block arithmetic done exactly in NumPy (int8 ac
 products, float32 epilogue: only fused multiply-adds differ, so the tolerance is tight), and gguf.quants'
 dequantization with a float64 matmul, off by at most the int8 activations' rounding (a bound computed
 per output). Outputs are poisoned with NaN first, so an element the kernel skips cannot pass. Also:
-every row's result is bit-identical whatever the batch it is computed in and whichever thread runs it,
-and bad arguments raise before the kernel runs.
+every row's result is bit-identical whatever the batch it is computed in, whichever thread runs it and
+whichever path (vpdpbusd or AMX tiles) computes it, and bad arguments raise before the kernel runs.
 """
 
 from __future__ import annotations
@@ -45,11 +45,11 @@ def _case(seed: int, m: int, n: int, k: int, qtype: QT):
 
 
 def _run(module, x: np.ndarray, packed, qtype: QT, n: int, bias=None, threading="omp",
-         dtype=torch.float32, out_dtype=torch.float32) -> np.ndarray:
+         dtype=torch.float32, out_dtype=torch.float32, path="auto") -> np.ndarray:
     out = torch.full((x.shape[0], n), float("nan"), dtype=out_dtype)
     mojo_quant.qmatmul(module, torch.from_numpy(x).to(dtype), packed, KERNEL_KINDS[qtype], n,
                        bias=None if bias is None else torch.from_numpy(bias), out_dtype=out_dtype, out=out,
-                       threading=threading)
+                       threading=threading, path=path)
     return out.float().numpy()
 
 
@@ -107,6 +107,29 @@ def test_rows_are_batch_and_thread_invariant(module, qtype, test_seed):
         assert np.array_equal(part, full[start:start + size])
 
 
+@pytest.mark.skipif(not mojo_quant.amx_available(), reason="the CPU has no AMX int8 tiles (or Linux refused them)")
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
+def test_amx_tiles_give_the_vnni_bits(module, qtype, test_seed):
+    """The many-row path (AMX int8 tiles, whole groups of 16 rows, the rest by vpdpbusd) gives every row
+    the same bits as the one-row vpdpbusd GEMV, in float32 and bfloat16, with and without bias; fresh
+    random inputs, odd shapes (a partial column tile, K of one block, row counts around 16)."""
+    for i, (m, n, k) in enumerate([(16, 16, 32), (17, 33, 64), (35, 200, 320), (64, 77, 1536), (130, 50, 96)]):
+        x, raw, bias = _case(test_seed + i, m, n, k, qtype)
+        packed = repack(raw, qtype)
+        for b, dtype in ((None, torch.float32), (bias, torch.bfloat16)):
+            amx = _run(module, x, packed, qtype, n, b, dtype=dtype, out_dtype=dtype, path="amx")
+            assert np.isfinite(amx).all()
+            vnni = _run(module, x, packed, qtype, n, b, dtype=dtype, out_dtype=dtype, path="vnni")
+            assert np.array_equal(amx, vnni), (m, n, k)
+            for r in (0, 15, m - 1):
+                alone = _run(module, x[r:r + 1], packed, qtype, n, b, dtype=dtype, out_dtype=dtype, path="vnni")
+                assert np.array_equal(alone[0], amx[r]), (m, n, k, r)
+        exact = qmatmul_blocks(x, raw, qtype, bias)
+        ours = _run(module, x, packed, qtype, n, bias, path="amx")
+        scale = np.abs(x).max() * np.abs(dequantize(raw, qtype)).sum(axis=1).max() + 1.0
+        np.testing.assert_allclose(ours, exact, rtol=1e-5, atol=1e-6 * scale)
+
+
 def test_repack_keeps_every_weight(test_seed):
     """Unpacking the tiles by the kernel's documented layout gives back gguf.quants' dequantized weights."""
     rng = np.random.default_rng(test_seed)
@@ -153,9 +176,11 @@ def test_bad_arguments_raise_before_the_kernel(module):
         (dict(out=torch.empty(3, 20, dtype=torch.bfloat16)), "bad output"),
         (dict(out_dtype=torch.int32), "unsupported output dtype"),
         (dict(threading="pool"), "threading"),
+        (dict(path="gpu"), "path"),
     ]
     for overrides, message in cases:
-        args = dict(x=x, packed=packed, kind=kind, n=20, bias=None, out_dtype=None, out=None, threading="omp")
+        args = dict(x=x, packed=packed, kind=kind, n=20, bias=None, out_dtype=None, out=None, threading="omp",
+                    path="auto")
         args.update(overrides)
         with pytest.raises(ValueError, match=message):
             mojo_quant.qmatmul(module, **args)
