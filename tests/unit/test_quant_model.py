@@ -148,6 +148,18 @@ def test_chunks_prefix_hits_and_preemption_give_the_uninterrupted_tokens(tiny, t
     assert again.tokens == baseline.tokens
 
 
+def test_decode_batches_on_either_matmul_path_give_the_tokens_of_requests_alone(tiny, test_seed):
+    """Twenty requests decoding together (a batch the quantized matmul serves with AMX tiles where the CPU
+    has them: 16 rows on tiles, 4 by vpdpbusd) give each request exactly its tokens when run alone (one
+    row: vpdpbusd)."""
+    model_dir, _ = tiny
+    engine = make_engine(model_dir, attention_backend="mojo", quantization="q4_0", enable_prefix_caching=False)
+    prompts = random_prompts(test_seed, [3 + (7 * i) % 23 for i in range(20)])
+    together = run_greedy(engine, prompts, 12).tokens
+    for i in (0, 7, 19):
+        assert run_greedy(engine, [prompts[i]], 12).tokens["req-0"] == together[f"req-{i}"]
+
+
 # --- GGUF files served as they are ------------------------------------------------------------------
 
 GGUF_CASES = [("llama", QT.Q4_1), ("qwen2", QT.Q4_0), ("qwen3", QT.Q8_0)]
