@@ -282,12 +282,31 @@ def _amx_block_sums[kind: Int, c1: Int, c2: Int](rec: U8Ptr, wbuf: U8Ptr, a1: In
     tile_store[c2](sums.unsafe_offset(1024), 64)
 
 
+@always_inline
+def _amx_epilogue[kind: Int](mut y: Array[F32x16, TN], rec: U8Ptr, buf: Int, da: Pointer[Scalar[F32], MutAnyOrigin],
+                             sa_i: Pointer[Scalar[DType.int32], MutAnyOrigin], sa_f: Pointer[Scalar[F32], MutAnyOrigin],
+                             j0: Int):
+    """One block's epilogue for the 16 rows of y, from the sums in buf (C1 then C2, as tile_store left
+    them); j0 indexes row 0's per-block values."""
+    comptime qbytes = quant_bytes[kind]()
+    var sums = Pointer[Scalar[DType.int32], MutAnyOrigin](unsafe_from_address=buf)
+    var dw = _f16x16(rec, qbytes)
+    var mw = F32x16(0)
+    comptime if kind == KIND_Q4_1:
+        mw = _f16x16(rec, qbytes + 2 * TN)
+    comptime for r in range(TN):
+        y[r] = _block_epilogue[kind](
+            y[r], sums.unsafe_offset(r * TN).unsafe_load[width=TN](),
+            sums.unsafe_offset(256 + r * TN).unsafe_load[width=TN](), dw, mw,
+            da[unsafe_offset=j0 + r], sa_i[unsafe_offset=j0 + r], sa_f[unsafe_offset=j0 + r])
+
+
 def _tiles_amx[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
     """Phase 2 on AMX tiles: per 16 columns x 16 rows x block, two tdpbsud give the exact int32 dot
     products of q1 and q2 (the same integers vpdpbusd sums), stored to a buffer and passed row by row
     through the same epilogue. Block b + 1's tiles are issued before block b's epilogue, on the other
-    tile set and buffer, so the two overlap. Whole groups of 16 rows only (branch-free, so the 16
-    accumulators stay in registers); the last M % 16 rows take the vpdpbusd path: the same bits."""
+    tile set and buffer, so the two overlap. Whole groups of 16 rows only (no per-row conditions in the
+    epilogue); the last M % 16 rows take the vpdpbusd path: the same bits."""
     var wp = param_ptr[DType.uint8](p, 2)
     var m = param_int(p, 4)
     var k = param_int(p, 6)
@@ -298,7 +317,6 @@ def _tiles_amx[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
     var sa_f = param_ptr[F32](p, 12)
     var nb = k // QK
     comptime rec_bytes = record_bytes[kind]()
-    comptime qbytes = quant_bytes[kind]()
     var wbuf = U8Ptr(unsafe_from_address=Int(stack_allocation[512, UInt8, alignment=64]()))  # B: 8 x 64
     var bufs = Int(stack_allocation[4096, UInt8, alignment=64]())  # two sets of [C1 | C2] sums
     amx_configure()
@@ -311,29 +329,21 @@ def _tiles_amx[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
             var a0 = g0 * k
             _amx_block_sums[kind, TILE_C1, TILE_C2](tile_rec, wbuf, qa + a0, qa2 + a0, k,
                                                     U8Ptr(unsafe_from_address=bufs))
-            for b in range(nb):
-                var nxt = b + 1
-                if nxt < nb:
-                    var rec_next = tile_rec.unsafe_offset(nxt * rec_bytes)
-                    var a_next = a0 + nxt * QK
-                    if nxt % 2 == 0:
-                        _amx_block_sums[kind, TILE_C1, TILE_C2](rec_next, wbuf, qa + a_next, qa2 + a_next, k,
-                                                                U8Ptr(unsafe_from_address=bufs))
-                    else:
-                        _amx_block_sums[kind, TILE_C1_NEXT, TILE_C2_NEXT](
-                            rec_next, wbuf, qa + a_next, qa2 + a_next, k, U8Ptr(unsafe_from_address=bufs + 2048))
-                var rec = tile_rec.unsafe_offset(b * rec_bytes)
-                var sums = Pointer[Scalar[DType.int32], MutAnyOrigin](unsafe_from_address=bufs + (b % 2) * 2048)
-                var dw = _f16x16(rec, qbytes)
-                var mw = F32x16(0)
-                comptime if kind == KIND_Q4_1:
-                    mw = _f16x16(rec, qbytes + 2 * TN)
-                comptime for r in range(TN):
-                    var j = b * m + g0 + r
-                    y[r] = _block_epilogue[kind](
-                        y[r], sums.unsafe_offset(r * TN).unsafe_load[width=TN](),
-                        sums.unsafe_offset(256 + r * TN).unsafe_load[width=TN](), dw, mw,
-                        da[unsafe_offset=j], sa_i[unsafe_offset=j], sa_f[unsafe_offset=j])
+            var b = 0
+            while b < nb:  # two blocks a turn: even ones on tiles C1/C2 and buffer 0, odd ones on the others
+                if b + 1 < nb:
+                    _amx_block_sums[kind, TILE_C1_NEXT, TILE_C2_NEXT](
+                        tile_rec.unsafe_offset((b + 1) * rec_bytes), wbuf, qa + a0 + (b + 1) * QK,
+                        qa2 + a0 + (b + 1) * QK, k, U8Ptr(unsafe_from_address=bufs + 2048))
+                _amx_epilogue[kind](y, tile_rec.unsafe_offset(b * rec_bytes), bufs, da, sa_i, sa_f, b * m + g0)
+                if b + 1 < nb:
+                    if b + 2 < nb:
+                        _amx_block_sums[kind, TILE_C1, TILE_C2](
+                            tile_rec.unsafe_offset((b + 2) * rec_bytes), wbuf, qa + a0 + (b + 2) * QK,
+                            qa2 + a0 + (b + 2) * QK, k, U8Ptr(unsafe_from_address=bufs))
+                    _amx_epilogue[kind](y, tile_rec.unsafe_offset((b + 1) * rec_bytes), bufs + 2048, da, sa_i, sa_f,
+                                        (b + 1) * m + g0)
+                b += 2
             comptime for r in range(TN):
                 _finish_row[out_dt](p, y[r], g0 + r, t)
             g0 += TN
