@@ -22,7 +22,10 @@ KERNELS_DIR = Path(__file__).resolve().parent
 MODULES = {"mili_attention": "attention.mojo", "mili_layers": "layers.mojo",
            "mili_quant": "quant_matmul.mojo", "mili_quant_k": "quant_kmatmul.mojo",
            "mili_omp": "omp_bridge.c"}
-SHARED_SOURCES = ("numerics.mojo", "params.mojo")
+SHARED_SOURCES = ("numerics.mojo", "params.mojo", "quant_amx.mojo")
+# Extra compiler flags per module. The quantized matmul's AMX tile path needs the AMX features at compile
+# time (added to the host's); it runs only where the CPU has them (kernels/mojo_quant.py checks).
+EXTRA_FLAGS = {"mili_quant": ("--target-features", "+amx-tile,+amx-int8")}
 OPTIONAL = "mili_omp"  # imported by the modules above
 BUILD_ROOT = Path(os.environ.get("MILI_KERNEL_BUILD_DIR", KERNELS_DIR.parent / "build" / "kernels"))
 
@@ -36,6 +39,7 @@ def source_hash() -> str:
     for name in sorted([*MODULES.values(), *SHARED_SOURCES]):
         digest.update(name.encode())
         digest.update((KERNELS_DIR / name).read_bytes())
+    digest.update(repr(sorted(EXTRA_FLAGS.items())).encode())
     return digest.hexdigest()[:16]
 
 
@@ -64,7 +68,7 @@ def build(name: str = "mili_attention") -> Path:
         for module, source in MODULES.items():
             if not module_path(module).is_file():  # not built by another process while we waited
                 try:
-                    _compile(KERNELS_DIR / source, module_path(module))
+                    _compile(KERNELS_DIR / source, module_path(module), EXTRA_FLAGS.get(module, ()))
                 except KernelBuildError as e:
                     errors[module] = e
         if name in errors:
@@ -74,7 +78,7 @@ def build(name: str = "mili_attention") -> Path:
     return target
 
 
-def _compile(source: Path, target: Path) -> None:
+def _compile(source: Path, target: Path, flags: tuple[str, ...] = ()) -> None:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     if source.suffix == ".c":
@@ -84,7 +88,7 @@ def _compile(source: Path, target: Path) -> None:
             raise KernelBuildError("no C compiler (cc or gcc) to build the OpenMP bridge")
         cmd = [cc, "-O2", "-fPIC", "-shared", "-fopenmp", str(source), "-o", tmp]
     else:
-        cmd = [mojo_compiler(), "build", str(source), "--emit", "shared-lib", "-o", tmp]
+        cmd = [mojo_compiler(), "build", *flags, str(source), "--emit", "shared-lib", "-o", tmp]
     # os.environ as this process started: a loaded Mojo module setenv()s PYTHONEXECUTABLE for its own
     # Python runtime, and a `mojo` child inheriting that would not find its virtual environment.
     result = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))

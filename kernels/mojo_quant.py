@@ -7,6 +7,9 @@ call raises ValueError and never reaches the kernel.
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import logging
 from types import ModuleType
 
 import torch
@@ -19,6 +22,33 @@ TILE = 16
 # Kernel kind code -> tile record bytes (see quant_matmul.mojo).
 RECORD_BYTES = {0: 288, 1: 320, 2: 544}
 WEIGHT_ALIGNMENT = 64  # tile records are streamed with 64-byte loads
+PATHS = ("auto", "vnni", "amx")
+# From this many rows on, "auto" computes the dot products on AMX tiles where the CPU has them
+# (`make bench-quant` prints both paths by rows; the results are the same bits either way).
+AMX_MIN_ROWS = 16  # AMX tiles take whole groups of 16 rows; the rest go through vpdpbusd
+
+log = logging.getLogger(__name__)
+
+
+@functools.cache
+def amx_available() -> bool:
+    """Whether this process may use AMX int8 tiles: the CPU has amx_tile and amx_int8, and Linux granted
+    the tile data state (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), once per process; a tile
+    instruction without it kills the process)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    if not {"amx_tile", "amx_int8"} <= set(flags):
+        return False
+    sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata = 158, 0x1023, 18
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) != 0:
+        log.warning("AMX tiles refused by the kernel (errno %d); the quantized matmul uses VNNI only",
+                    ctypes.get_errno())
+        return False
+    return True
 
 
 def load() -> ModuleType:
@@ -32,13 +62,17 @@ def _require(ok: bool, message: str) -> None:
 
 def qmatmul(module: ModuleType, x: torch.Tensor, packed: torch.Tensor, kind: int, n: int,
             bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
-            out: torch.Tensor | None = None, threading: str = "omp") -> torch.Tensor:
+            out: torch.Tensor | None = None, threading: str = "omp", path: str = "auto") -> torch.Tensor:
     """x: [M, K] float32 or bfloat16 -> x @ W.T (+ bias): [M, n] in out_dtype (x's dtype by default).
     packed: [ceil(n / 16), K / 32, record bytes] uint8 tiles of W (worker/quant/blocks.repack), kind its
     code (0 Q4_0, 1 Q4_1, 2 Q8_0). bias: [n] float32. `out`, when given, must be a contiguous [M, n]
     tensor of out_dtype (tests pass one poisoned with NaN). threading: "omp" quantizes the rows and then
-    splits the column tiles over torch's OpenMP team (one thread when the bridge is unavailable)."""
+    splits the column tiles over torch's OpenMP team (one thread when the bridge is unavailable).
+    path: "vnni" (vpdpbusd), "amx" (AMX int8 tiles; ValueError where unavailable) or "auto" (AMX from
+    AMX_MIN_ROWS rows where available): every path gives the same bits for a row."""
     _require(threading in THREADINGS, f"threading must be one of {THREADINGS}")
+    _require(path in PATHS, f"path must be one of {PATHS}")
+    _require(path != "amx" or amx_available(), "AMX int8 tiles are not available on this CPU")
     _require(kind in RECORD_BYTES, f"unknown weight kind {kind}")
     _require(x.dim() == 2 and x.is_contiguous(), "x must be a contiguous [rows, K] tensor")
     _require(x.dtype in DTYPE_CODES, f"x: unsupported dtype {x.dtype}")
@@ -62,14 +96,18 @@ def qmatmul(module: ModuleType, x: torch.Tensor, packed: torch.Tensor, kind: int
     if m == 0:
         return out
     nb = k // QK
-    # Scratch for the quantized activations: int8 [M, K], then float32 d, int32 sum q, float32 d * sum q [M, nb].
-    scratch = torch.empty(m * k + 12 * m * nb + 64, dtype=torch.uint8)
+    # AMX takes whole groups of 16 rows (the rest go through vpdpbusd).
+    amx = path == "amx" or (path == "auto" and m >= AMX_MIN_ROWS and amx_available())
+    # Scratch for the quantized activations: int8 q1 and q2 [M, K] each, then float32 d, int32 offset * sum,
+    # float32 d * sum [nb, M].
+    scratch = torch.empty(2 * m * k + 12 * m * nb + 64, dtype=torch.uint8)
     base = scratch.data_ptr()
-    qa, da = base, base + m * k
+    qa, qa2, da = base, base + m * k, base + 2 * m * k
     da += -da % 4
     sa_i, sa_f = da + 4 * m * nb, da + 8 * m * nb
     params = kernel_params(out.data_ptr(), x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(),
-                           m, n, k, kind, DTYPE_CODES[x.dtype], qa, da, sa_i, sa_f, DTYPE_CODES[out_dtype])
+                           m, n, k, kind, DTYPE_CODES[x.dtype], qa, da, sa_i, sa_f, DTYPE_CODES[out_dtype], qa2,
+                           int(amx))
     team = omp_team() if threading == "omp" else None
     if team is not None:
         team.run2(module, "mili_quantize_rows_range", m, "mili_qmatmul_tiles_range", tiles, params)

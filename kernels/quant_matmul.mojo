@@ -1,14 +1,17 @@
 # MILI's quantized-weight matmul for the CPU: y = x @ W.T (+ bias), W in llama.cpp's Q4_0, Q4_1 or Q8_0
-# blocks of 32 weights, repacked once at load (worker/quant/repack.py) into 16-row tiles.
+# blocks of 32 weights, repacked once at load (worker/quant/blocks.py) into 16-row tiles.
 #
 # Two phases, so a call can run on torch's OpenMP team with a barrier between them (kernels/omp_bridge.c):
-#   1. quantize_rows: each activation row, per 32-element block, to int8 with a float32 scale
-#      d = max|x| / 127 and q = round-half-even(x * 127 / max|x|) (llama.cpp's Q8_0/Q8_1 activations,
-#      scale kept in float32), plus the block's sum of q (what Q4_0's offset and Q4_1's min need).
-#   2. tiles: each 16-output-column tile, for every row. Per block, one vpdpbusd (u8 weights x s8
-#      activations, 4 products summed per int32 lane) per 4 K-steps gives the exact integer dot
-#      product of 16 columns; the float epilogue then adds d_w * d_a * (dot - offset * sum_q)
-#      (+ m_w * d_a * sum_q for Q4_1), blocks in order.
+#   1. quantize_rows: each activation row, per 32-element block, to two int8 parts: with t = x * 127 / max|x|,
+#      q1 = round-half-even(t) (llama.cpp's Q8_0/Q8_1 activations) and q2 = round-half-even(254 t) - 254 q1,
+#      the residual in 1/254 steps (|q2| <= 127), so x ~= d * (254 q1 + q2) with d = max|x| / 32258: about
+#      15 bits per activation instead of 8. Plus the block's sum of 254 q1 + q2 (what Q4_0's offset and
+#      Q4_1's min need).
+#   2. tiles: each 16-output-column tile, for every row. Per block, two vpdpbusd (u8 weights x s8 q1, and
+#      x s8 q2; 4 products summed per int32 lane) per 4 K-steps give the exact integer dot products of 16
+#      columns, combined exactly as 254 * dot1 + dot2 in int32; the float epilogue then adds
+#      d_w * d_a * (dot - offset * sum) (+ m_w * d_a * sum for Q4_1), blocks in order. Decode reads each
+#      weight byte once for both parts, so the second vpdpbusd costs little where weight bytes bound the time.
 #
 # Every output element is computed by the same instruction sequence whatever the batch size, the row's
 # place in it or the thread that runs it: a request's result does not depend on what else is batched.
@@ -24,10 +27,12 @@ from std.python import PythonObject
 from std.python.bindings import PythonModuleBuilder
 from std.os import abort
 from std.math import round
-from std.memory import bitcast
+from std.memory import bitcast, stack_allocation
 from std.sys import llvm_intrinsic
 from numerics import narrow
 from params import Params, param_int, param_ptr
+from quant_amx import TILE_A1, TILE_A2, TILE_B, TILE_C1, TILE_C1_NEXT, TILE_C2, TILE_C2_NEXT, U8Ptr, amx_configure, \
+    amx_release, tile_dot_su, tile_load, tile_store, tile_zero
 
 comptime F32 = DType.float32
 comptime BF16 = DType.bfloat16
@@ -88,23 +93,34 @@ def _dpbusd(acc: I32x16, w: U8x64, a: I32x16) -> I32x16:
 def _quantize_rows[dt: DType](p: Params, begin: Int, end: Int):
     var x = param_ptr[dt](p, 1)  # [M, K]
     var k = param_int(p, 6)
-    var qa = param_ptr[DType.int8](p, 9)  # [M, K]
-    var da = param_ptr[F32](p, 10)  # [M, K / 32] scales
-    var sa_i = param_ptr[DType.int32](p, 11)  # [M, K / 32] sum of q
-    var sa_f = param_ptr[F32](p, 12)  # [M, K / 32] d * sum of q
+    var qa = param_ptr[DType.int8](p, 9)  # [M, K] q1
+    var qa2 = param_ptr[DType.int8](p, 14)  # [M, K] q2, the residual
+    # Per-block values are stored block-major, [K / 32, M], so the AMX path reads 16 rows' contiguously.
+    var m = param_int(p, 4)
+    var kind = param_int(p, 7)
+    var da = param_ptr[F32](p, 10)  # [K / 32, M] scales d = max|x| / 32258
+    var sa_i = param_ptr[DType.int32](p, 11)  # [K / 32, M] the weights' offset (8, 0 or 128) x sum
+    var sa_f = param_ptr[F32](p, 12)  # [K / 32, M] d * sum
+    var offset = 8 if kind == KIND_Q4_0 else (128 if kind == KIND_Q8_0 else 0)
     var nb = k // QK
     for r in range(begin, end):
         for b in range(nb):
             var v = x.unsafe_offset(r * k + b * QK).unsafe_load[width=QK]().cast[F32]()
             var amax = abs(v).reduce_max()
-            var d = amax / 127
             var inv = Float32(127) / amax if amax > 0 else Float32(0)
-            var q = round(v * inv).cast[DType.int32]()  # |q| <= 127; round() is half-to-even
-            qa.unsafe_offset(r * k + b * QK).unsafe_store(q.cast[DType.int8]())
-            var s = q.reduce_add()
-            da[unsafe_offset=r * nb + b] = d
-            sa_i[unsafe_offset=r * nb + b] = Int32(s)
-            sa_f[unsafe_offset=r * nb + b] = d * Float32(s)
+            var t = v * inv
+            # q = round(254 t) in 15 bits, split as 254 q1 + q2 with q1 = round(t): |254 t - 254 q1| <= 127
+            # and both bounds are integers, so |q2| <= 127. round() is half-to-even. No sum of products
+            # here, so FMA contraction cannot make these differ from the NumPy reference.
+            var q1i = round(t).cast[DType.int32]()
+            var q2i = round(t * 254).cast[DType.int32]() - q1i * 254
+            qa.unsafe_offset(r * k + b * QK).unsafe_store(q1i.cast[DType.int8]())
+            qa2.unsafe_offset(r * k + b * QK).unsafe_store(q2i.cast[DType.int8]())
+            var s = (q1i * 254 + q2i).reduce_add()  # |s| <= 32 * 32385
+            var d = amax / 32258
+            da[unsafe_offset=b * m + r] = d
+            sa_i[unsafe_offset=b * m + r] = Int32(offset) * s  # |offset * s| <= 128 * 32 * 32385 < 2^31
+            sa_f[unsafe_offset=b * m + r] = d * Float32(s)
 
 
 # ----- phase 2: 16-column tiles ------------------------------------------------------------------------
@@ -132,20 +148,33 @@ def _f16x16(p: Pointer[Scalar[DType.uint8], MutAnyOrigin], offset: Int) -> F32x1
 
 @always_inline
 def _block_row[kind: Int](y: F32x16, w: Array[U8x64, 8], dw: F32x16, mw: F32x16,
-                          a: SIMD[DType.int8, QK], da: Float32, s_i: Int32, s_f: Float32) -> F32x16:
+                          a: SIMD[DType.int8, QK], a2: SIMD[DType.int8, QK], da: Float32, off_s: Int32,
+                          s_f: Float32) -> F32x16:
     """y plus one block's contribution for one activation row (the same instructions for every row)."""
     var a32 = bitcast[DType.int32, 8](a)
-    # Two independent dependency chains (vpdpbusd's latency is ~5 cycles); integer sums, so exact.
-    var acc0 = I32x16(0)
-    var acc1 = I32x16(0)
+    var b32 = bitcast[DType.int32, 8](a2)
+    # Four independent dependency chains (vpdpbusd's latency is ~5 cycles); integer sums, so exact.
+    var hi0 = I32x16(0)
+    var hi1 = I32x16(0)
+    var lo0 = I32x16(0)
+    var lo1 = I32x16(0)
     comptime for g in range(0, 8, 2):
-        acc0 = _dpbusd(acc0, w[g], I32x16(a32[g]))
-        acc1 = _dpbusd(acc1, w[g + 1], I32x16(a32[g + 1]))
-    var acc = acc0 + acc1
-    comptime if kind == KIND_Q4_0:
-        acc -= I32x16(8 * s_i)
-    elif kind == KIND_Q8_0:
-        acc -= I32x16(128 * s_i)
+        hi0 = _dpbusd(hi0, w[g], I32x16(a32[g]))
+        lo0 = _dpbusd(lo0, w[g], I32x16(b32[g]))
+        hi1 = _dpbusd(hi1, w[g + 1], I32x16(a32[g + 1]))
+        lo1 = _dpbusd(lo1, w[g + 1], I32x16(b32[g + 1]))
+    return _block_epilogue[kind](y, hi0 + hi1, lo0 + lo1, dw, mw, da, off_s, s_f)
+
+
+@always_inline
+def _block_epilogue[kind: Int](y: F32x16, dot1: I32x16, dot2: I32x16, dw: F32x16, mw: F32x16, da: Float32,
+                               off_s: Int32, s_f: Float32) -> F32x16:
+    """y plus one block's contribution given its exact integer dot products with q1 and q2. Both paths
+    (vpdpbusd and AMX tiles) end here, so a row's float steps are the same whichever computed its sums."""
+    # |254 * dot1 + dot2| <= 32 * 255 * 32385 < 2^31: exact in int32.
+    var acc = dot1 * 254 + dot2
+    comptime if kind != KIND_Q4_1:
+        acc -= I32x16(off_s)  # the stored quants' offset (Q4_0: 8, Q8_0: 128) times the activations' sum
     var res = acc.cast[F32]().fma(dw * da, y)
     comptime if kind == KIND_Q4_1:
         res = mw.fma(F32x16(s_f), res)
@@ -163,12 +192,11 @@ def _store_tile[out_dt: DType](dst: Pointer[Scalar[out_dt], MutAnyOrigin], y: F3
 
 def _tile_rows[kind: Int, out_dt: DType, R: Int](p: Params, t: Int, row0: Int):
     """Rows row0 .. row0+R-1 of tile t, every K block; each weight block is unpacked once for the R rows."""
-    var dst = param_ptr[out_dt](p, 0)  # [M, N]
     var wp = param_ptr[DType.uint8](p, 2)
-    var bias = param_ptr[F32](p, 3)  # [N] or address 0
-    var n = param_int(p, 5)
+    var m = param_int(p, 4)
     var k = param_int(p, 6)
     var qa = param_ptr[DType.int8](p, 9)
+    var qa2 = param_ptr[DType.int8](p, 14)
     var da = param_ptr[F32](p, 10)
     var sa_i = param_ptr[DType.int32](p, 11)
     var sa_f = param_ptr[F32](p, 12)
@@ -186,23 +214,32 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int](p: Params, t: Int, row0: Int):
         comptime for r in range(R):
             var row = row0 + r
             var a = qa.unsafe_offset(row * k + b * QK).unsafe_load[width=QK]()
-            var j = row * nb + b
-            y[r] = _block_row[kind](y[r], w, dw, mw, a, da[unsafe_offset=j], sa_i[unsafe_offset=j],
+            var a2 = qa2.unsafe_offset(row * k + b * QK).unsafe_load[width=QK]()
+            var j = b * m + row
+            y[r] = _block_row[kind](y[r], w, dw, mw, a, a2, da[unsafe_offset=j], sa_i[unsafe_offset=j],
                                     sa_f[unsafe_offset=j])
         rec = rec.unsafe_offset(rec_bytes)
+    comptime for r in range(R):
+        _finish_row[out_dt](p, y[r], row0 + r, t)
+
+
+def _finish_row[out_dt: DType](p: Params, y: F32x16, row: Int, t: Int):
+    """Adds the bias to one row's 16 columns of tile t and stores them."""
+    var dst = param_ptr[out_dt](p, 0)  # [M, N]
+    var bias = param_ptr[F32](p, 3)  # [N] or address 0
+    var n = param_int(p, 5)
     var col0 = t * TN
     var count = min(TN, n - col0)
-    var b_vec = F32x16(0)
-    var has_bias = param_int(p, 3) != 0
-    if has_bias:
+    var v = y
+    if param_int(p, 3) != 0:
+        var b_vec = F32x16(0)
         if count == TN:
             b_vec = bias.unsafe_offset(col0).unsafe_load[width=TN]()
         else:
             for c in range(count):
                 b_vec[c] = bias[unsafe_offset=col0 + c]
-    comptime for r in range(R):
-        var v = y[r] + b_vec if has_bias else y[r]
-        _store_tile[out_dt](dst.unsafe_offset((row0 + r) * n + col0), v, count)
+        v = y + b_vec
+    _store_tile[out_dt](dst.unsafe_offset(row * n + col0), v, count)
 
 
 def _tiles[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
@@ -223,11 +260,115 @@ def _tiles[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
         r0 = r1
 
 
-def _tiles_out[kind: Int](p: Params, begin: Int, end: Int):
-    if param_int(p, 13) == DTYPE_BF16:
-        _tiles[kind, BF16](p, begin, end)
+@always_inline
+def _amx_block_sums[kind: Int, c1: Int, c2: Int](rec: U8Ptr, wbuf: U8Ptr, a1: Int, a2: Int, k: Int, sums: U8Ptr):
+    """The exact int32 dot products of one block's 16 weight columns with 16 rows' q1 and q2 (at addresses
+    a1 and a2, row stride k), on tiles c1 and c2, stored to sums: [2, 16 rows, 16 columns] int32."""
+    comptime if kind == KIND_Q8_0:
+        tile_load[TILE_B](rec, 64)  # the record's quants are the VNNI layout already
     else:
-        _tiles[kind, F32](p, begin, end)
+        comptime for g in range(4):  # low nibbles are K-groups 0-3, high nibbles 4-7
+            var v = rec.unsafe_offset(g * 64).unsafe_load[width=64]()
+            wbuf.unsafe_offset(g * 64).unsafe_store(v & 0x0F)
+            wbuf.unsafe_offset((g + 4) * 64).unsafe_store(v >> 4)
+        tile_load[TILE_B](wbuf, 64)
+    tile_load[TILE_A1](U8Ptr(unsafe_from_address=a1), k)
+    tile_load[TILE_A2](U8Ptr(unsafe_from_address=a2), k)
+    tile_zero[c1]()
+    tile_zero[c2]()
+    tile_dot_su[c1, TILE_A1, TILE_B]()
+    tile_dot_su[c2, TILE_A2, TILE_B]()
+    tile_store[c1](sums, 64)
+    tile_store[c2](sums.unsafe_offset(1024), 64)
+
+
+@always_inline
+def _amx_epilogue[kind: Int](mut y: Array[F32x16, TN], rec: U8Ptr, buf: Int, da: Pointer[Scalar[F32], MutAnyOrigin],
+                             sa_i: Pointer[Scalar[DType.int32], MutAnyOrigin], sa_f: Pointer[Scalar[F32], MutAnyOrigin],
+                             j0: Int):
+    """One block's epilogue for the 16 rows of y, from the sums in buf (C1 then C2, as tile_store left
+    them); j0 indexes row 0's per-block values."""
+    comptime qbytes = quant_bytes[kind]()
+    var sums = Pointer[Scalar[DType.int32], MutAnyOrigin](unsafe_from_address=buf)
+    var dw = _f16x16(rec, qbytes)
+    var mw = F32x16(0)
+    comptime if kind == KIND_Q4_1:
+        mw = _f16x16(rec, qbytes + 2 * TN)
+    comptime for r in range(TN):
+        y[r] = _block_epilogue[kind](
+            y[r], sums.unsafe_offset(r * TN).unsafe_load[width=TN](),
+            sums.unsafe_offset(256 + r * TN).unsafe_load[width=TN](), dw, mw,
+            da[unsafe_offset=j0 + r], sa_i[unsafe_offset=j0 + r], sa_f[unsafe_offset=j0 + r])
+
+
+def _tiles_amx[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
+    """Phase 2 on AMX tiles: per 16 columns x 16 rows x block, two tdpbsud give the exact int32 dot
+    products of q1 and q2 (the same integers vpdpbusd sums), stored to a buffer and passed row by row
+    through the same epilogue. Block b + 1's tiles are issued before block b's epilogue, on the other
+    tile set and buffer, so the two overlap. Whole groups of 16 rows only (no per-row conditions in the
+    epilogue); the last M % 16 rows take the vpdpbusd path: the same bits."""
+    var wp = param_ptr[DType.uint8](p, 2)
+    var m = param_int(p, 4)
+    var k = param_int(p, 6)
+    var qa = param_int(p, 9)  # addresses of q1 / q2 [M, K] int8
+    var qa2 = param_int(p, 14)
+    var da = param_ptr[F32](p, 10)
+    var sa_i = param_ptr[DType.int32](p, 11)
+    var sa_f = param_ptr[F32](p, 12)
+    var nb = k // QK
+    comptime rec_bytes = record_bytes[kind]()
+    var wbuf = U8Ptr(unsafe_from_address=Int(stack_allocation[512, UInt8, alignment=64]()))  # B: 8 x 64
+    var bufs = Int(stack_allocation[4096, UInt8, alignment=64]())  # two sets of [C1 | C2] sums
+    amx_configure()
+    var full = m - m % TN
+    for t in range(begin, end):
+        var g0 = 0
+        while g0 < full:
+            var y = Array[F32x16, TN](fill=F32x16(0))
+            var tile_rec = wp.unsafe_offset(t * nb * rec_bytes)
+            var a0 = g0 * k
+            _amx_block_sums[kind, TILE_C1, TILE_C2](tile_rec, wbuf, qa + a0, qa2 + a0, k,
+                                                    U8Ptr(unsafe_from_address=bufs))
+            var b = 0
+            while b < nb:  # two blocks a turn: even ones on tiles C1/C2 and buffer 0, odd ones on the others
+                if b + 1 < nb:
+                    _amx_block_sums[kind, TILE_C1_NEXT, TILE_C2_NEXT](
+                        tile_rec.unsafe_offset((b + 1) * rec_bytes), wbuf, qa + a0 + (b + 1) * QK,
+                        qa2 + a0 + (b + 1) * QK, k, U8Ptr(unsafe_from_address=bufs + 2048))
+                _amx_epilogue[kind](y, tile_rec.unsafe_offset(b * rec_bytes), bufs, da, sa_i, sa_f, b * m + g0)
+                if b + 1 < nb:
+                    if b + 2 < nb:
+                        _amx_block_sums[kind, TILE_C1, TILE_C2](
+                            tile_rec.unsafe_offset((b + 2) * rec_bytes), wbuf, qa + a0 + (b + 2) * QK,
+                            qa2 + a0 + (b + 2) * QK, k, U8Ptr(unsafe_from_address=bufs))
+                    _amx_epilogue[kind](y, tile_rec.unsafe_offset((b + 1) * rec_bytes), bufs + 2048, da, sa_i, sa_f,
+                                        (b + 1) * m + g0)
+                b += 2
+            comptime for r in range(TN):
+                _finish_row[out_dt](p, y[r], g0 + r, t)
+            g0 += TN
+        var r = full
+        while r + ROWS <= m:
+            _tile_rows[kind, out_dt, ROWS](p, t, r)
+            r += ROWS
+        while r < m:
+            _tile_rows[kind, out_dt, 1](p, t, r)
+            r += 1
+    amx_release()
+
+
+def _tiles_out[kind: Int](p: Params, begin: Int, end: Int):
+    var amx = param_int(p, 15) != 0
+    if param_int(p, 13) == DTYPE_BF16:
+        if amx:
+            _tiles_amx[kind, BF16](p, begin, end)
+        else:
+            _tiles[kind, BF16](p, begin, end)
+    else:
+        if amx:
+            _tiles_amx[kind, F32](p, begin, end)
+        else:
+            _tiles[kind, F32](p, begin, end)
 
 
 def _tiles_any(p: Params, begin: Int, end: Int):

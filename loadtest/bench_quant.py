@@ -2,10 +2,12 @@
 
 Shapes are the default model's (fused q|k|v 960x576, o 576x576, fused gate|up 3072x576, down 576x1536,
 the head 49152x576) at 1, 8, 32 and 128 rows; the bfloat16 side is MILI's oneDNN-packed linear
-(worker/models/packed_linear.py), the Q4_1 / Q8_0 side kernels/quant_matmul.mojo on torch's OpenMP team.
-Each figure is the 10th percentile of single-call times, the sides interleaved in rounds, so a
+(worker/models/packed_linear.py), the Q4_1 / Q8_0 side kernels/quant_matmul.mojo on torch's OpenMP team,
+by each of its paths (vpdpbusd; AMX int8 tiles where the CPU has them, from 16 rows, which is what
+`auto` picks there: the same bits, different speed).
+Each figure is the 10th percentile of single-call times, one call of each column in turn, so a
 neighbour's burst of load (which stalls a call for milliseconds on a shared 2-core machine) hits
-both sides alike and drops out. Also prints the weight bytes each reads per call.
+every column alike and drops out. Also prints the weight bytes each reads per call.
 
 `--engine` instead times whole decode steps of the default model, served from its GGUF's blocks
 (quantization auto) and in bfloat16 (none), both engines in this process, steps interleaved in rounds.
@@ -32,14 +34,18 @@ SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (5
 TYPES = (QT.Q4_1, QT.Q8_0)
 
 
-def call_times(fn, seconds: float = 0.15) -> list[float]:
-    fn()
-    times: list[float] = []
+def interleaved_times(calls: dict, seconds: float = 0.5, min_samples: int = 40) -> dict[str, list[float]]:
+    """Single-call times of every function, one call of each in turn, so a neighbour's burst of load
+    falls on all of them alike."""
+    for fn in calls.values():
+        fn()  # warm-up
+    times: dict[str, list[float]] = {key: [] for key in calls}
     start = time.perf_counter()
-    while len(times) < 20 or time.perf_counter() - start < seconds:
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
+    while len(times[next(iter(calls))]) < min_samples or time.perf_counter() - start < seconds:
+        for key, fn in calls.items():
+            t0 = time.perf_counter()
+            fn()
+            times[key].append(time.perf_counter() - t0)
     return times
 
 
@@ -81,7 +87,7 @@ def engine_steps(batches: list[int], context: int, steps: int, rounds: int) -> N
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 128])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="engine rounds; kernel calls are timed for 0.2 s each")
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--engine", action="store_true", help="time engine decode steps instead (see above)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 32])
@@ -92,9 +98,14 @@ def main() -> None:
         engine_steps(args.batches, args.context, args.steps, args.rounds)
         return
     module = mojo_quant.load()
-    print(f"torch threads {torch.get_num_threads()}; microseconds per call (10th percentile, {args.rounds} rounds)")
-    print("| shape | rows | bf16 | " + " | ".join(f"{t.name} | {t.name} speedup" for t in TYPES) + " |")
-    print("|---|---|---|" + "---|---|" * len(TYPES))
+    paths = ["vnni", "amx"] if mojo_quant.amx_available() else ["vnni"]
+    print(f"torch threads {torch.get_num_threads()}; microseconds per call (10th percentile of single calls, "
+          f"all columns interleaved); " + (f"amx: AMX tiles for whole groups of {mojo_quant.AMX_MIN_ROWS} rows, "
+                                           f"what auto picks from {mojo_quant.AMX_MIN_ROWS} rows"
+                                           if "amx" in paths else "no AMX on this CPU"))
+    columns = [(t, path) for t in TYPES for path in paths]
+    print("| shape | rows | bf16 | " + " | ".join(f"{t.name} {path} | vs bf16" for t, path in columns) + " |")
+    print("|---|---|---|" + "---|---|" * len(columns))
     for name in args.shapes:
         n, k = SHAPES[name]
         w = np.random.default_rng(0).standard_normal((n, k)).astype(np.float32) * 0.05
@@ -103,14 +114,15 @@ def main() -> None:
         for m in args.rows:
             x = torch.randn(m, k).bfloat16()
             calls = {"bf16": lambda: dense(x)}
-            for t in TYPES:
-                calls[t.name] = lambda t=t: mojo_quant.qmatmul(module, x, packed[t], KERNEL_KINDS[t], n)
-            samples: dict[str, list[float]] = {key: [] for key in calls}
-            for _ in range(args.rounds):
-                for key, fn in calls.items():
-                    samples[key] += call_times(fn)
+            for t, path in columns:
+                if path == "amx" and m < mojo_quant.AMX_MIN_ROWS:
+                    continue  # no whole group of rows: the amx path would be the vnni one
+                calls[f"{t.name} {path}"] = lambda t=t, path=path: mojo_quant.qmatmul(
+                    module, x, packed[t], KERNEL_KINDS[t], n, path=path)
+            samples = interleaved_times(calls, seconds=0.2 * args.rounds)
             best = {key: float(np.percentile(t, 10)) * 1e6 for key, t in samples.items()}
-            cells = [f"{best[t.name]:.0f} | {best['bf16'] / best[t.name]:.2f}x" for t in TYPES]
+            cells = [f"{best[key]:.0f} | {best['bf16'] / best[key]:.2f}x" if key in best else "- | -"
+                     for key in (f"{t.name} {path}" for t, path in columns)]
             print(f"| {name} {n}x{k} | {m} | {best['bf16']:.0f} | " + " | ".join(cells) + " |", flush=True)
     print("weight bytes per call: " + ", ".join(
         f"{name}: bf16 {2 * n * k / 1e6:.2f} MB, " + ", ".join(

@@ -4,8 +4,8 @@ Two references: the kernel's own block arithmetic done exactly in NumPy (int8 ac
 products, float32 epilogue: only fused multiply-adds differ, so the tolerance is tight), and gguf.quants'
 dequantization with a float64 matmul, off by at most the int8 activations' rounding (a bound computed
 per output). Outputs are poisoned with NaN first, so an element the kernel skips cannot pass. Also:
-every row's result is bit-identical whatever the batch it is computed in and whichever thread runs it,
-and bad arguments raise before the kernel runs.
+every row's result is bit-identical whatever the batch it is computed in, whichever thread runs it and
+whichever path (vpdpbusd or AMX tiles) computes it, and bad arguments raise before the kernel runs.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize, quantize
 
 from kernels import mojo_quant
-from kernels.quant_reference import activation_error_bound, dequantized_matmul, qmatmul_blocks
+from kernels.quant_reference import (activation_error_bound, dequantized_matmul, qmatmul_blocks,
+                                     quantize_activations, split_activations)
 from worker.quant.blocks import KERNEL_KINDS, repack, split_blocks
 
 TYPES = [QT.Q4_0, QT.Q4_1, QT.Q8_0]
@@ -44,11 +45,11 @@ def _case(seed: int, m: int, n: int, k: int, qtype: QT):
 
 
 def _run(module, x: np.ndarray, packed, qtype: QT, n: int, bias=None, threading="omp",
-         dtype=torch.float32, out_dtype=torch.float32) -> np.ndarray:
+         dtype=torch.float32, out_dtype=torch.float32, path="auto") -> np.ndarray:
     out = torch.full((x.shape[0], n), float("nan"), dtype=out_dtype)
     mojo_quant.qmatmul(module, torch.from_numpy(x).to(dtype), packed, KERNEL_KINDS[qtype], n,
                        bias=None if bias is None else torch.from_numpy(bias), out_dtype=out_dtype, out=out,
-                       threading=threading)
+                       threading=threading, path=path)
     return out.float().numpy()
 
 
@@ -106,6 +107,29 @@ def test_rows_are_batch_and_thread_invariant(module, qtype, test_seed):
         assert np.array_equal(part, full[start:start + size])
 
 
+@pytest.mark.skipif(not mojo_quant.amx_available(), reason="the CPU has no AMX int8 tiles (or Linux refused them)")
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
+def test_amx_tiles_give_the_vnni_bits(module, qtype, test_seed):
+    """The many-row path (AMX int8 tiles, whole groups of 16 rows, the rest by vpdpbusd) gives every row
+    the same bits as the one-row vpdpbusd GEMV, in float32 and bfloat16, with and without bias; fresh
+    random inputs, odd shapes (a partial column tile, K of one block, row counts around 16)."""
+    for i, (m, n, k) in enumerate([(16, 16, 32), (17, 33, 64), (35, 200, 320), (64, 77, 1536), (130, 50, 96)]):
+        x, raw, bias = _case(test_seed + i, m, n, k, qtype)
+        packed = repack(raw, qtype)
+        for b, dtype in ((None, torch.float32), (bias, torch.bfloat16)):
+            amx = _run(module, x, packed, qtype, n, b, dtype=dtype, out_dtype=dtype, path="amx")
+            assert np.isfinite(amx).all()
+            vnni = _run(module, x, packed, qtype, n, b, dtype=dtype, out_dtype=dtype, path="vnni")
+            assert np.array_equal(amx, vnni), (m, n, k)
+            for r in (0, 15, m - 1):
+                alone = _run(module, x[r:r + 1], packed, qtype, n, b, dtype=dtype, out_dtype=dtype, path="vnni")
+                assert np.array_equal(alone[0], amx[r]), (m, n, k, r)
+        exact = qmatmul_blocks(x, raw, qtype, bias)
+        ours = _run(module, x, packed, qtype, n, bias, path="amx")
+        scale = np.abs(x).max() * np.abs(dequantize(raw, qtype)).sum(axis=1).max() + 1.0
+        np.testing.assert_allclose(ours, exact, rtol=1e-5, atol=1e-6 * scale)
+
+
 def test_repack_keeps_every_weight(test_seed):
     """Unpacking the tiles by the kernel's documented layout gives back gguf.quants' dequantized weights."""
     rng = np.random.default_rng(test_seed)
@@ -152,9 +176,29 @@ def test_bad_arguments_raise_before_the_kernel(module):
         (dict(out=torch.empty(3, 20, dtype=torch.bfloat16)), "bad output"),
         (dict(out_dtype=torch.int32), "unsupported output dtype"),
         (dict(threading="pool"), "threading"),
+        (dict(path="gpu"), "path"),
     ]
     for overrides, message in cases:
-        args = dict(x=x, packed=packed, kind=kind, n=20, bias=None, out_dtype=None, out=None, threading="omp")
+        args = dict(x=x, packed=packed, kind=kind, n=20, bias=None, out_dtype=None, out=None, threading="omp",
+                    path="auto")
         args.update(overrides)
         with pytest.raises(ValueError, match=message):
             mojo_quant.qmatmul(module, **args)
+
+
+def test_activation_parts_fit_int8_and_reach_15_bits(test_seed):
+    """Both int8 parts of the activations stay in [-127, 127] (what vpdpbusd's s8 operand holds), and
+    d * (254 q1 + q2) is within half a 1/32258 step of max|x| from x."""
+    rng = np.random.default_rng(test_seed)
+    x = (rng.standard_normal((64, 256)) * np.exp(rng.uniform(-20, 20, (64, 1)))).astype(np.float32)
+    x[0, :32] = 0.0
+    x[1, 32:64] = np.float32(3.0)  # ties: every t is exactly 127
+    x[2, :32] = np.arange(32, dtype=np.float32) - 15.5  # many half-way points
+    q1, q2 = split_activations(x)
+    q, d, s = quantize_activations(x)
+    assert np.abs(q1).max() <= 127 and np.abs(q2).max() <= 127
+    assert np.array_equal(254 * q1 + q2, q) and np.array_equal(s, q.sum(axis=-1))
+    blocks = x.astype(np.float64).reshape(64, -1, 32)
+    amax = np.abs(blocks).max(axis=-1, keepdims=True)
+    err = np.abs(blocks - d[..., None].astype(np.float64) * q)
+    assert (err <= amax * (0.5 / 32258 + 1e-6)).all()

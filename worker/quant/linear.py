@@ -42,10 +42,13 @@ def kernel_module() -> ModuleType | None:
     from kernels.build import KernelBuildError
 
     try:
-        return mojo_quant.load()
+        module = mojo_quant.load()
     except (KernelBuildError, ImportError, OSError) as e:
         log.warning("quantized weight kernels unavailable: %s", e)
         return None
+    log.info("quantized matmul: vpdpbusd%s", f", AMX int8 tiles from {mojo_quant.AMX_MIN_ROWS} rows"
+             if mojo_quant.amx_available() else " (no AMX int8 tiles on this CPU)")
+    return module
 
 
 @functools.cache
