@@ -232,12 +232,26 @@ def _prompt_scores(events: list[ChoiceEvent], choices_per_prompt: int) -> dict[i
 def _sse(request: Request, chunks: AsyncIterator[str], admitted: Admitted) -> EventSourceResponse:
     state = request.app.state.mili
     if state.streams is not None:  # --stream-resume-ttl: the generation outlives this connection
-        return resumable_response(state.streams, chunks, admitted.abort, request, state.settings.sse_ping_s)
+        return resumable_response(state.streams, _ending_lease(chunks, admitted), admitted.abort, request,
+                                  state.settings.sse_ping_s)
     # The stream's own cleanup aborts the request when the client leaves mid-stream; the background task
     # also covers a client gone before the stream's first iteration (a generator never started has no
     # cleanup to run). It runs once the response ends, however it ends.
     return EventSourceResponse(chunks, ping=state.settings.sse_ping_s, sep="\n",
                                background=BackgroundTask(admitted.abort))
+
+
+async def _ending_lease(chunks: AsyncIterator[str], admitted: Admitted) -> AsyncIterator[str]:
+    """A resumable stream's payloads: however they end (a resumable stream that ends on its own is not
+    aborted), the request's count against its API key ends with them."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    finally:
+        try:
+            await chunks.aclose()  # the request's own cleanup now, not when the generator is collected
+        finally:
+            admitted.lease.release()
 
 
 async def _with_error_event(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:

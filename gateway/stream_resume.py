@@ -167,11 +167,13 @@ class StreamRegistry:
 
     # ----- the producer -----
     async def _produce(self, stream: ResumableStream, payloads: AsyncIterator[str]) -> None:
+        ended = False
         try:
             async for payload in payloads:
                 self._append(stream, payload)
                 if stream.aborted:  # evicted by its own event (see _make_room)
                     return
+            ended = True
         except asyncio.CancelledError:
             raise  # aborted: readers see the stream end without [DONE]
         except Exception:
@@ -180,10 +182,8 @@ class StreamRegistry:
             self._append(stream, "[DONE]")
         finally:
             await _close(payloads)  # the request's own cleanup (abort in the worker) runs now
-            # Always: a request that ended on its own is not aborted again (the call is idempotent), but its
-            # end is still recorded (its API key's count of requests in flight). It also covers payloads
-            # cancelled before they started, which have no cleanup of their own to run.
-            stream.abort_request()
+            if not ended:  # also covers payloads cancelled before they started (no cleanup of their own to run)
+                stream.abort_request()
             stream.finished = True
             stream.idle_since = time.monotonic()
             self._cancel_timer(stream)

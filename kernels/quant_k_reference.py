@@ -9,13 +9,13 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from kernels.quant_reference import quantize_activations
+from kernels.quant_reference import quantize_activations_int8
 from worker.quant.kblocks import split_kblocks
 
 
 def qkmatmul_blocks(x: np.ndarray, raw: np.ndarray, qtype: QT, bias: np.ndarray | None = None) -> np.ndarray:
     """x: [M, K] float32, raw: GGUF rows [N, ...] of Q5_0, Q5_1, Q4_K or Q6_K -> [M, N] float32."""
-    qa, da, sa = quantize_activations(x)  # [M, nb, 32] int64, [M, nb] float32, [M, nb] int64
+    qa, da, sa = quantize_activations_int8(x)  # [M, nb, 32] int64, [M, nb] float32, [M, nb] int64
     kb = split_kblocks(raw, qtype)
     qw = kb.q.astype(np.int64)  # [N, nb, 32]
     lo = np.einsum("mbk,nbk->mnb", qa[..., :16], qw[..., :16])  # exact

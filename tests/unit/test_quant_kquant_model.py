@@ -81,7 +81,7 @@ def test_kquant_gguf_served_as_it_is(kquant_gguf, test_seed):
     assert not any(p.numel() >= SHAPE["hidden_size"] * SHAPE["intermediate_size"] for p in mdl.parameters()), \
         "a projection was materialized in the model dtype"
     run = run_greedy(engine, random_prompts(test_seed, [2, 9, 33, 50], VOCAB_SIZE), STEPS)
-    check_agreement(run, reference, "qwen3 Q4_K_M-like GGUF")
+    check_agreement(run, reference, "qwen3 Q4_K_M-like GGUF", one_part=True)  # the K-quant kernel: int8
 
 
 def test_kquant_chunks_prefix_hits_and_preemption_give_the_uninterrupted_tokens(kquant_gguf, test_seed):
