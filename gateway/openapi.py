@@ -20,6 +20,7 @@ from pydantic.json_schema import models_json_schema
 from gateway.deadlines import HEADER, MAX_TIMEOUT_S
 from gateway.protocol import Limits
 from gateway.request_models import TOKEN_ID_KEY_PATTERN, ChatBody, CompletionBody
+from gateway.stream_routes import MAX_EVENT_ID_DIGITS
 
 _REF = "#/components/schemas/{model}"
 _JSON = "application/json"
@@ -152,7 +153,8 @@ def _resume() -> dict[str, Any]:
         "parameters": [
             {"name": "stream_id", "in": "path", "required": True, "schema": {"type": "string"},
              "description": "the X-Stream-Id header of the streaming response"},
-            {"name": "Last-Event-ID", "in": "header", "required": False, "schema": {"type": "integer", "minimum": 0},
+            {"name": "Last-Event-ID", "in": "header", "required": False,
+             "schema": {"type": "integer", "minimum": 0, "maximum": 10**MAX_EVENT_ID_DIGITS - 1},
              "description": "the id of the last event received (without it: from the first event)"}],
         "responses": {"200": {"description": "text/event-stream, each event with its id",
                               "content": {"text/event-stream": {"schema": event}}},

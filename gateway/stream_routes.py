@@ -17,7 +17,8 @@ from gateway.stream_resume import Reader, StreamRegistry
 
 STREAM_ID_HEADER = "X-Stream-Id"
 LAST_EVENT_ID = "Last-Event-ID"
-_EVENT_ID = re.compile(r"\s*(\d{1,18})\s*")
+MAX_EVENT_ID_DIGITS = 18  # ids are counted from 0; more digits than this is no id a stream can reach
+_EVENT_ID = re.compile(rf"\s*(\d{{1,{MAX_EVENT_ID_DIGITS}}})\s*")
 
 
 def start_response(registry: StreamRegistry, payloads: AsyncIterator[str], abort, request: Request,
