@@ -15,13 +15,12 @@ from types import ModuleType
 import torch
 
 from kernels.mojo_ops import DTYPE_CODES, THREADINGS, kernel_params, load_module, omp_team
+from kernels.quant_operands import TILE, checked_output
 
 MODULE = "mili_quant"
 QK = 32
-TILE = 16
 # Kernel kind code -> tile record bytes (see quant_matmul.mojo).
 RECORD_BYTES = {0: 288, 1: 320, 2: 544}
-WEIGHT_ALIGNMENT = 64  # tile records are streamed with 64-byte loads
 PATHS = ("auto", "vnni", "amx")
 # From this many rows on, "auto" computes the dot products on AMX tiles where the CPU has them
 # (`make bench-quant` prints both paths by rows; the results are the same bits either way).
@@ -74,25 +73,9 @@ def qmatmul(module: ModuleType, x: torch.Tensor, packed: torch.Tensor, kind: int
     _require(path in PATHS, f"path must be one of {PATHS}")
     _require(path != "amx" or amx_available(), "AMX int8 tiles are not available on this CPU")
     _require(kind in RECORD_BYTES, f"unknown weight kind {kind}")
-    _require(x.dim() == 2 and x.is_contiguous(), "x must be a contiguous [rows, K] tensor")
-    _require(x.dtype in DTYPE_CODES, f"x: unsupported dtype {x.dtype}")
+    out = checked_output(_require, x, packed, n, QK, RECORD_BYTES[kind], bias, out_dtype, out)
     m, k = x.shape
-    _require(k > 0 and k % QK == 0, f"K = {k} is not a positive multiple of {QK}")
     tiles = -(-n // TILE)
-    _require(n > 0, f"n = {n} must be positive")
-    _require(packed.dtype == torch.uint8 and packed.is_contiguous()
-             and tuple(packed.shape) == (tiles, k // QK, RECORD_BYTES[kind]),
-             f"packed weights must be contiguous uint8 [{tiles}, {k // QK}, {RECORD_BYTES[kind]}], "
-             f"got {packed.dtype} {list(packed.shape)}")
-    _require(packed.data_ptr() % WEIGHT_ALIGNMENT == 0, f"packed weights must be {WEIGHT_ALIGNMENT}-byte aligned")
-    if bias is not None:
-        _require(bias.dtype == torch.float32 and bias.shape == (n,) and bias.is_contiguous(),
-                 f"bias must be a contiguous float32 [{n}]")
-    out_dtype = out_dtype or x.dtype
-    _require(out_dtype in DTYPE_CODES, f"unsupported output dtype {out_dtype}")
-    if out is None:
-        out = torch.empty(m, n, dtype=out_dtype)
-    _require(out.dtype == out_dtype and tuple(out.shape) == (m, n) and out.is_contiguous(), "bad output tensor")
     if m == 0:
         return out
     nb = k // QK
@@ -106,7 +89,7 @@ def qmatmul(module: ModuleType, x: torch.Tensor, packed: torch.Tensor, kind: int
     da += -da % 4
     sa_i, sa_f = da + 4 * m * nb, da + 8 * m * nb
     params = kernel_params(out.data_ptr(), x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(),
-                           m, n, k, kind, DTYPE_CODES[x.dtype], qa, da, sa_i, sa_f, DTYPE_CODES[out_dtype], qa2,
+                           m, n, k, kind, DTYPE_CODES[x.dtype], qa, da, sa_i, sa_f, DTYPE_CODES[out.dtype], qa2,
                            int(amx))
     team = omp_team() if threading == "omp" else None
     if team is not None:

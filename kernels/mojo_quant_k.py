@@ -12,14 +12,13 @@ from types import ModuleType
 import torch
 
 from kernels.mojo_ops import DTYPE_CODES, THREADINGS, kernel_params, load_module, omp_team
+from kernels.quant_operands import TILE, checked_output
 
 MODULE = "mili_quant_k"
 QK = 32
-TILE = 16
 # Kernel kind code (0 Q5_0, 1 Q5_1, 2 Q4_K, 3 Q6_K) -> (weights per K group, tile record bytes per group);
 # worker/quant/kblocks.py builds the records.
 GROUPS = {0: (32, 352), 1: (32, 384), 2: (256, 64 + 8 * 288), 3: (256, 64 + 8 * 416)}
-WEIGHT_ALIGNMENT = 64
 
 
 def load() -> ModuleType:
@@ -40,26 +39,10 @@ def qmatmul_k(module: ModuleType, x: torch.Tensor, packed: torch.Tensor, kind: i
     threading: "omp" quantizes the rows and then splits the column tiles over torch's OpenMP team."""
     _require(threading in THREADINGS, f"threading must be one of {THREADINGS}")
     _require(kind in GROUPS, f"unknown weight kind {kind}")
-    _require(x.dim() == 2 and x.is_contiguous(), "x must be a contiguous [rows, K] tensor")
-    _require(x.dtype in DTYPE_CODES, f"x: unsupported dtype {x.dtype}")
-    m, k = x.shape
     group, group_bytes = GROUPS[kind]
-    _require(k > 0 and k % group == 0, f"K = {k} is not a positive multiple of {group}")
-    _require(n > 0, f"n = {n} must be positive")
+    out = checked_output(_require, x, packed, n, group, group_bytes, bias, out_dtype, out)
+    m, k = x.shape
     tiles = -(-n // TILE)
-    _require(packed.dtype == torch.uint8 and packed.is_contiguous()
-             and tuple(packed.shape) == (tiles, k // group, group_bytes),
-             f"packed weights must be contiguous uint8 [{tiles}, {k // group}, {group_bytes}], "
-             f"got {packed.dtype} {list(packed.shape)}")
-    _require(packed.data_ptr() % WEIGHT_ALIGNMENT == 0, f"packed weights must be {WEIGHT_ALIGNMENT}-byte aligned")
-    if bias is not None:
-        _require(bias.dtype == torch.float32 and bias.shape == (n,) and bias.is_contiguous(),
-                 f"bias must be a contiguous float32 [{n}]")
-    out_dtype = out_dtype or x.dtype
-    _require(out_dtype in DTYPE_CODES, f"unsupported output dtype {out_dtype}")
-    if out is None:
-        out = torch.empty(m, n, dtype=out_dtype)
-    _require(out.dtype == out_dtype and tuple(out.shape) == (m, n) and out.is_contiguous(), "bad output tensor")
     if m == 0:
         return out
     nb = k // QK
@@ -70,7 +53,7 @@ def qmatmul_k(module: ModuleType, x: torch.Tensor, packed: torch.Tensor, kind: i
     da += -da % 4
     s_lo, s_hi, s_f = da + 4 * m * nb, da + 8 * m * nb, da + 12 * m * nb
     params = kernel_params(out.data_ptr(), x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(),
-                           m, n, k, kind, DTYPE_CODES[x.dtype], qa, da, s_lo, s_hi, s_f, DTYPE_CODES[out_dtype])
+                           m, n, k, kind, DTYPE_CODES[x.dtype], qa, da, s_lo, s_hi, s_f, DTYPE_CODES[out.dtype])
     team = omp_team() if threading == "omp" else None
     if team is not None:
         team.run2(module, "mili_quantk_rows_range", m, "mili_quantk_tiles_range", tiles, params)

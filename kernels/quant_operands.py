@@ -1,0 +1,40 @@
+"""The operand checks both quantized matmuls (kernels/mojo_quant.py, kernels/mojo_quant_k.py) make before
+their kernels, which trust every pointer and shape they are given."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from kernels.mojo_ops import DTYPE_CODES
+
+TILE = 16  # output columns per packed weight tile
+WEIGHT_ALIGNMENT = 64  # tile records are streamed with 64-byte loads
+
+
+def checked_output(require: Callable[[bool, str], None], x: torch.Tensor, packed: torch.Tensor, n: int,
+                   group: int, group_bytes: int, bias: torch.Tensor | None, out_dtype: torch.dtype | None,
+                   out: torch.Tensor | None) -> torch.Tensor:
+    """Checks x [M, K], the packed tiles [ceil(n / 16), K / group, group_bytes] uint8, bias [n] float32 and
+    `out` (made when None) through `require`; returns the [M, n] output tensor."""
+    require(x.dim() == 2 and x.is_contiguous(), "x must be a contiguous [rows, K] tensor")
+    require(x.dtype in DTYPE_CODES, f"x: unsupported dtype {x.dtype}")
+    m, k = x.shape
+    require(k > 0 and k % group == 0, f"K = {k} is not a positive multiple of {group}")
+    require(n > 0, f"n = {n} must be positive")
+    tiles = -(-n // TILE)
+    require(packed.dtype == torch.uint8 and packed.is_contiguous()
+            and tuple(packed.shape) == (tiles, k // group, group_bytes),
+            f"packed weights must be contiguous uint8 [{tiles}, {k // group}, {group_bytes}], "
+            f"got {packed.dtype} {list(packed.shape)}")
+    require(packed.data_ptr() % WEIGHT_ALIGNMENT == 0, f"packed weights must be {WEIGHT_ALIGNMENT}-byte aligned")
+    if bias is not None:
+        require(bias.dtype == torch.float32 and bias.shape == (n,) and bias.is_contiguous(),
+                f"bias must be a contiguous float32 [{n}]")
+    out_dtype = out_dtype or x.dtype
+    require(out_dtype in DTYPE_CODES, f"unsupported output dtype {out_dtype}")
+    if out is None:
+        out = torch.empty(m, n, dtype=out_dtype)
+    require(out.dtype == out_dtype and tuple(out.shape) == (m, n) and out.is_contiguous(), "bad output tensor")
+    return out
