@@ -7,6 +7,7 @@ import random
 import pytest
 
 from shared.sampling_params import SamplingParams
+from tests.helpers import scheduler_workload as workload
 from worker.block_manager import BlockManager
 from worker.sampler import make_generator
 from worker.scheduler import Scheduler
@@ -125,21 +126,7 @@ def test_block_accounting_holds_with_tenants_and_preemption(test_seed):
                          SamplingParams(max_tokens=8), 8, make_generator(0), name, tenants[name])
             sched.add(s)
             live.append(s)
-        batch = sched.schedule()
-        for s, n in zip(batch.seqs, batch.num_new_tokens):
-            s.num_computed_tokens += n
-            bm.register_computed_blocks(s)
-            if s.num_computed_tokens == s.num_tokens:
-                s.token_ids.append(rng.randrange(50))
-        for s in list(live):
-            r = rng.random()
-            if r < 0.03 or s.num_tokens > 40:
-                sched.finish(s, "stop")
-            elif r < 0.05:
-                sched.finish(s, "abort")
-            if s.is_finished:
-                live.remove(s)
-        bm.check_invariants()
+        workload.step(sched, bm, rng, live)
         assert len(sched.waiting) + len(sched.running) == len(live)
         assert all(s in sched.waiting for s in live if s not in sched.running)
     for s in live:
