@@ -22,7 +22,7 @@ KERNELS_DIR = Path(__file__).resolve().parent
 MODULES = {"mili_attention": "attention.mojo", "mili_layers": "layers.mojo",
            "mili_quant": "quant_matmul.mojo", "mili_quant_k": "quant_kmatmul.mojo",
            "mili_omp": "omp_bridge.c"}
-SHARED_SOURCES = ("numerics.mojo", "params.mojo", "quant_amx.mojo")
+SHARED_SOURCES = ("numerics.mojo", "params.mojo", "quant_activations.mojo", "quant_amx.mojo")
 # Extra compiler flags per module. The quantized matmul's AMX tile path needs the AMX features at compile
 # time (added to the host's); it runs only where the CPU has them (kernels/mojo_quant.py checks).
 EXTRA_FLAGS = {"mili_quant": ("--target-features", "+amx-tile,+amx-int8")}

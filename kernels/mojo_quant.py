@@ -15,10 +15,9 @@ from types import ModuleType
 import torch
 
 from kernels.mojo_ops import DTYPE_CODES, THREADINGS, kernel_params, load_module, omp_team
-from kernels.quant_operands import TILE, checked_output
+from kernels.quant_operands import QK, TILE, activation_scratch, checked_output
 
 MODULE = "mili_quant"
-QK = 32
 # Kernel kind code -> tile record bytes (see quant_matmul.mojo).
 RECORD_BYTES = {0: 288, 1: 320, 2: 544}
 PATHS = ("auto", "vnni", "amx")
@@ -78,19 +77,12 @@ def qmatmul(module: ModuleType, x: torch.Tensor, packed: torch.Tensor, kind: int
     tiles = -(-n // TILE)
     if m == 0:
         return out
-    nb = k // QK
     # AMX takes whole groups of 16 rows (the rest go through vpdpbusd).
     amx = path == "amx" or (path == "auto" and m >= AMX_MIN_ROWS and amx_available())
-    # Scratch for the quantized activations: int8 q1 and q2 [M, K] each, then float32 d, int32 offset * sum,
-    # float32 d * sum [nb, M].
-    scratch = torch.empty(2 * m * k + 12 * m * nb + 64, dtype=torch.uint8)
-    base = scratch.data_ptr()
-    qa, qa2, da = base, base + m * k, base + 2 * m * k
-    da += -da % 4
-    sa_i, sa_f = da + 4 * m * nb, da + 8 * m * nb
+    scratch, (q1, q2, d, s, s_f, s_lo) = activation_scratch(m, k)  # the quantized activations
     params = kernel_params(out.data_ptr(), x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(),
-                           m, n, k, kind, DTYPE_CODES[x.dtype], qa, da, sa_i, sa_f, DTYPE_CODES[out.dtype], qa2,
-                           int(amx))
+                           m, n, k, kind, DTYPE_CODES[x.dtype], q1, d, s, s_f, DTYPE_CODES[out.dtype], q2,
+                           int(amx), s_lo)
     team = omp_team() if threading == "omp" else None
     if team is not None:
         team.run2(module, "mili_quantize_rows_range", m, "mili_qmatmul_tiles_range", tiles, params)

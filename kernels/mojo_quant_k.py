@@ -12,10 +12,9 @@ from types import ModuleType
 import torch
 
 from kernels.mojo_ops import DTYPE_CODES, THREADINGS, kernel_params, load_module, omp_team
-from kernels.quant_operands import TILE, checked_output
+from kernels.quant_operands import TILE, activation_scratch, checked_output
 
 MODULE = "mili_quant_k"
-QK = 32
 # Kernel kind code (0 Q5_0, 1 Q5_1, 2 Q4_K, 3 Q6_K) -> (weights per K group, tile record bytes per group);
 # worker/quant/kblocks.py builds the records.
 GROUPS = {0: (32, 352), 1: (32, 384), 2: (256, 64 + 8 * 288), 3: (256, 64 + 8 * 416)}
@@ -45,15 +44,10 @@ def qmatmul_k(module: ModuleType, x: torch.Tensor, packed: torch.Tensor, kind: i
     tiles = -(-n // TILE)
     if m == 0:
         return out
-    nb = k // QK
-    # Scratch: int8 q [M, K], then float32 d, int32 sums of each half, float32 d * sum q, each [M, nb].
-    scratch = torch.empty(m * k + 16 * m * nb + 64, dtype=torch.uint8)
-    base = scratch.data_ptr()
-    qa, da = base, base + m * k
-    da += -da % 4
-    s_lo, s_hi, s_f = da + 4 * m * nb, da + 8 * m * nb, da + 12 * m * nb
+    scratch, (q1, q2, d, s, s_f, s_lo) = activation_scratch(m, k)  # the quantized activations
+    # Slot 15 (the main kernel's AMX switch) is unused here.
     params = kernel_params(out.data_ptr(), x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(),
-                           m, n, k, kind, DTYPE_CODES[x.dtype], qa, da, s_lo, s_hi, s_f, DTYPE_CODES[out.dtype])
+                           m, n, k, kind, DTYPE_CODES[x.dtype], q1, d, s, s_f, DTYPE_CODES[out.dtype], q2, 0, s_lo)
     team = omp_team() if threading == "omp" else None
     if team is not None:
         team.run2(module, "mili_quantk_rows_range", m, "mili_quantk_tiles_range", tiles, params)

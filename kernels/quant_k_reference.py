@@ -1,7 +1,8 @@
 """NumPy reference for the K-quant-file matmul (kernels/quant_kmatmul.mojo): the kernel's own block
-arithmetic with the integer dot products exact in int64 and the float32 epilogue block by block, so it
-differs from the kernel only by fused multiply-adds. The float64 product with gguf.quants' dequantization
-and its int8-activation error bound are kernels/quant_reference.py's (they hold for any GGUF type).
+arithmetic on the same two-part activations as the main kernel's (kernels/quant_reference.py), with the
+integer dot products exact in int64 and the float32 epilogue block by block, so it differs from the
+kernel only by fused multiply-adds. The float64 product with gguf.quants' dequantization and the
+activations' error bound are kernels/quant_reference.py's (they hold for any GGUF type).
 """
 
 from __future__ import annotations
@@ -9,13 +10,13 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from kernels.quant_reference import quantize_activations_int8
+from kernels.quant_reference import quantize_activations
 from worker.quant.kblocks import split_kblocks
 
 
 def qkmatmul_blocks(x: np.ndarray, raw: np.ndarray, qtype: QT, bias: np.ndarray | None = None) -> np.ndarray:
     """x: [M, K] float32, raw: GGUF rows [N, ...] of Q5_0, Q5_1, Q4_K or Q6_K -> [M, N] float32."""
-    qa, da, sa = quantize_activations_int8(x)  # [M, nb, 32] int64, [M, nb] float32, [M, nb] int64
+    qa, da, sa = quantize_activations(x)  # [M, nb, 32] int64 (= 254 q1 + q2), [M, nb] float32, [M, nb] int64
     kb = split_kblocks(raw, qtype)
     qw = kb.q.astype(np.int64)  # [N, nb, 32]
     lo = np.einsum("mbk,nbk->mnb", qa[..., :16], qw[..., :16])  # exact
@@ -26,9 +27,9 @@ def qkmatmul_blocks(x: np.ndarray, raw: np.ndarray, qtype: QT, bias: np.ndarray 
     f32 = np.float32
     for b in range(qa.shape[1]):  # block by block, as the kernel accumulates
         sb = b // 8
-        if qtype == QT.Q6_K:
-            acc = kb.sc[None, :, 2 * b].astype(np.int64) * (lo[:, :, b] - 32 * s_lo[:, None, b]) \
-                + kb.sc[None, :, 2 * b + 1].astype(np.int64) * (hi[:, :, b] - 32 * s_hi[:, None, b])
+        if qtype == QT.Q6_K:  # each half's product is an exact int32; they meet in float32
+            acc = (kb.sc[None, :, 2 * b].astype(np.int64) * (lo[:, :, b] - 32 * s_lo[:, None, b])).astype(f32) \
+                + (kb.sc[None, :, 2 * b + 1].astype(np.int64) * (hi[:, :, b] - 32 * s_hi[:, None, b])).astype(f32)
             dw = kb.d[:, sb].astype(f32)
         elif qtype == QT.Q5_0:
             acc = lo[:, :, b] + hi[:, :, b] - 16 * (s_lo[:, None, b] + s_hi[:, None, b])

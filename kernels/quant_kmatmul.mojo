@@ -4,18 +4,22 @@
 # kernels/quant_matmul.mojo, with the weights' own scale structure kept, so a token streams about the
 # bytes the GGUF stores (4.625 bits per weight for Q4_K, 6.625 for Q6_K, 5.5 / 6.0 for Q5_0 / Q5_1).
 #
-#   1. quantize_rows: each activation row, per 32-element block, to int8 with a float32 scale
-#      d = max|x| / 127 and q = round-half-even(x * 127 / max|x|), plus the sums of q over each half
-#      of the block (Q6_K's scales change every 16 weights).
-#   2. tiles: per 16-column tile and 32-element block, eight vpdpbusd (u8 weights x s8 activations)
-#      give two exact int32 partial dots of 16 columns, lo over K-steps 0-15 and hi over 16-31:
+#   1. quantize_rows (kernels/quant_activations.mojo, the main kernel's own): each activation row, per
+#      32-element block, to two int8 parts, q = 254 q1 + q2 in about 15 bits with a float32 scale
+#      da = max|x| / 32258, plus the block's sum of q and its sum over elements 0-15 (Q6_K's scales
+#      change every 16 weights; sum_hi = sum - sum_lo).
+#   2. tiles: per 16-column tile and 32-element block, sixteen vpdpbusd (u8 weights x s8 q1, and x s8 q2)
+#      give exact int32 partial dots of 16 columns, lo over K-steps 0-15 and hi over 16-31, each
+#      254 * dot(w, q1) + dot(w, q2) (|lo|, |hi| <= 16 * 63 * 32258):
 #        Q5_0: y += d * da * (lo + hi - 16 * sum q)
 #        Q5_1: y += d * da * (lo + hi) + m * (da * sum q)
 #        Q4_K: y += (d * sc) * da * (lo + hi) - (dmin * mn) * (da * sum q)     sc, mn: 6-bit, per 32
-#        Q6_K: y += d * da * (sc_lo * (lo - 32 * sum_lo q) + sc_hi * (hi - 32 * sum_hi q))  sc: int8, per 16
-#      d * sc and dmin * mn are exact in float32 (an 11-bit mantissa times 6 bits); Q6_K's bracket is an
-#      exact integer. Blocks are added in order; every output element is computed by the same
-#      instructions whatever the batch, the row's place in it or the thread, as in quant_matmul.mojo.
+#        Q6_K: y += d * da * (f32(sc_lo * (lo - 32 * sum_lo q)) + f32(sc_hi * (hi - 32 * sum_hi q)))
+#      sc: int8, per 16. d * sc and dmin * mn are exact in float32 (an 11-bit mantissa times 6 bits).
+#      Each of Q6_K's two products is an exact int32 (|sc| <= 128, |q - 32| <= 32: at most
+#      128 * 16 * 32 * 32258 < 2^31) but their sum may not be, so they meet in float32. Blocks are added
+#      in order; every output element is computed by the same instructions whatever the batch, the row's
+#      place in it or the thread, as in quant_matmul.mojo.
 #
 # Tile records (per 16-column tile, K in order; weights unsigned, nibble byte (g*16 + c)*4 + j holds
 # q[c, 4g+j] in its low half and q[c, 4(g+4)+j] in its high half, g < 4, c the column, j < 4):
@@ -31,11 +35,11 @@
 from std.python import PythonObject
 from std.python.bindings import PythonModuleBuilder
 from std.os import abort
-from std.math import round
 from std.memory import bitcast
 from std.sys import llvm_intrinsic
 from numerics import narrow
 from params import Params, param_int, param_ptr
+from quant_activations import P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, P_SUM_LO, quantize_rows
 
 comptime F32 = DType.float32
 comptime BF16 = DType.bfloat16
@@ -107,35 +111,6 @@ def _f16x16(p: Bytes, offset: Int) -> F32x16:
     return bitcast[DType.float16, TN](p.unsafe_offset(offset).unsafe_load[width=2 * TN]()).cast[F32]()
 
 
-# ----- phase 1: activation rows to int8 blocks -------------------------------------------------------
-
-
-def _quantize_rows[dt: DType](p: Params, begin: Int, end: Int):
-    var x = param_ptr[dt](p, 1)  # [M, K]
-    var k = param_int(p, 6)
-    var qa = param_ptr[DType.int8](p, 9)  # [M, K]
-    var da = param_ptr[F32](p, 10)  # [M, K / 32] scales
-    var s_lo = param_ptr[DType.int32](p, 11)  # [M, K / 32] sum of q over elements 0-15 of the block
-    var s_hi = param_ptr[DType.int32](p, 12)  # [M, K / 32] ... over 16-31
-    var s_f = param_ptr[F32](p, 13)  # [M, K / 32] d * sum of q
-    var nb = k // QK
-    for r in range(begin, end):
-        for b in range(nb):
-            var v = x.unsafe_offset(r * k + b * QK).unsafe_load[width=QK]().cast[F32]()
-            var amax = abs(v).reduce_max()
-            var d = amax / 127
-            var inv = Float32(127) / amax if amax > 0 else Float32(0)
-            var q = round(v * inv).cast[DType.int32]()  # |q| <= 127; round() is half-to-even
-            qa.unsafe_offset(r * k + b * QK).unsafe_store(q.cast[DType.int8]())
-            var lo = q.slice[16, offset=0]().reduce_add()
-            var hi = q.slice[16, offset=16]().reduce_add()
-            var j = r * nb + b
-            da[unsafe_offset=j] = d
-            s_lo[unsafe_offset=j] = lo
-            s_hi[unsafe_offset=j] = hi
-            s_f[unsafe_offset=j] = d * Float32(lo + hi)
-
-
 # ----- phase 2: 16-column tiles ------------------------------------------------------------------------
 
 
@@ -162,24 +137,32 @@ def _unpack[kind: Int](blk: Bytes) -> Array[U8x64, 8]:
 
 @always_inline
 def _block_row[kind: Int](y: F32x16, w: Array[U8x64, 8], dw: F32x16, mw: F32x16, sc_lo: I32x16,
-                          sc_hi: I32x16, a: SIMD[DType.int8, QK], da: Float32, lo_sum: Int32, hi_sum: Int32,
-                          s_f: Float32) -> F32x16:
+                          sc_hi: I32x16, a: SIMD[DType.int8, QK], a2: SIMD[DType.int8, QK], da: Float32,
+                          sum: Int32, lo_sum: Int32, s_f: Float32) -> F32x16:
     """y plus one block's contribution for one activation row (the same instructions for every row)."""
     var a32 = bitcast[DType.int32, 8](a)
-    # Two independent dependency chains, one per half of the block; integer sums, so exact.
-    var lo = I32x16(0)
-    var hi = I32x16(0)
+    var b32 = bitcast[DType.int32, 8](a2)
+    # Four independent dependency chains, per half of the block and per part; integer sums, so exact.
+    var lo1 = I32x16(0)
+    var hi1 = I32x16(0)
+    var lo2 = I32x16(0)
+    var hi2 = I32x16(0)
     comptime for g in range(4):
-        lo = _dpbusd(lo, w[g], a32[g])
-        hi = _dpbusd(hi, w[g + 4], a32[g + 4])
-    var acc: I32x16
+        lo1 = _dpbusd(lo1, w[g], a32[g])
+        lo2 = _dpbusd(lo2, w[g], b32[g])
+        hi1 = _dpbusd(hi1, w[g + 4], a32[g + 4])
+        hi2 = _dpbusd(hi2, w[g + 4], b32[g + 4])
+    var lo = lo1 * 254 + lo2
+    var hi = hi1 * 254 + hi2
+    var acc: F32x16
     comptime if kind == KIND_Q6_K:
-        acc = sc_lo * (lo - I32x16(32 * lo_sum)) + sc_hi * (hi - I32x16(32 * hi_sum))
+        var hi_sum = sum - lo_sum
+        acc = (sc_lo * (lo - I32x16(32 * lo_sum))).cast[F32]() + (sc_hi * (hi - I32x16(32 * hi_sum))).cast[F32]()
     elif kind == KIND_Q5_0:
-        acc = lo + hi - I32x16(16 * (lo_sum + hi_sum))
+        acc = (lo + hi - I32x16(16 * sum)).cast[F32]()
     else:
-        acc = lo + hi
-    var res = acc.cast[F32]().fma(dw * da, y)
+        acc = (lo + hi).cast[F32]()
+    var res = acc.fma(dw * da, y)
     comptime if kind == KIND_Q5_1 or kind == KIND_Q4_K:
         res = mw.fma(F32x16(s_f), res)
     return res
@@ -200,12 +183,14 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int](p: Params, t: Int, row0: Int):
     var wp = param_ptr[DType.uint8](p, 2)
     var bias = param_ptr[F32](p, 3)  # [N] or address 0
     var n = param_int(p, 5)
-    var k = param_int(p, 6)
-    var qa = param_ptr[DType.int8](p, 9)
-    var da = param_ptr[F32](p, 10)
-    var s_lo = param_ptr[DType.int32](p, 11)
-    var s_hi = param_ptr[DType.int32](p, 12)
-    var s_f = param_ptr[F32](p, 13)
+    var m = param_int(p, P_M)
+    var k = param_int(p, P_K)
+    var qa = param_ptr[DType.int8](p, P_Q1)
+    var qa2 = param_ptr[DType.int8](p, P_Q2)
+    var da = param_ptr[F32](p, P_D)
+    var s = param_ptr[DType.int32](p, P_SUM)
+    var s_lo = param_ptr[DType.int32](p, P_SUM_LO)
+    var s_f = param_ptr[F32](p, P_SUM_F)
     var nb = k // QK
     comptime bpg = blocks_per_group[kind]()
     comptime hdr = header_bytes[kind]()
@@ -244,9 +229,10 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int](p: Params, t: Int, row0: Int):
             comptime for r in range(R):
                 var row = row0 + r
                 var a = qa.unsafe_offset(row * k + b * QK).unsafe_load[width=QK]()
-                var j = row * nb + b
-                y[r] = _block_row[kind](y[r], w, dw, mw, sc_lo, sc_hi, a, da[unsafe_offset=j],
-                                        s_lo[unsafe_offset=j], s_hi[unsafe_offset=j], s_f[unsafe_offset=j])
+                var a2 = qa2.unsafe_offset(row * k + b * QK).unsafe_load[width=QK]()
+                var j = b * m + row
+                y[r] = _block_row[kind](y[r], w, dw, mw, sc_lo, sc_hi, a, a2, da[unsafe_offset=j],
+                                        s[unsafe_offset=j], s_lo[unsafe_offset=j], s_f[unsafe_offset=j])
             blk = blk.unsafe_offset(blk_bytes)
         rec = rec.unsafe_offset(group_bytes)
     var col0 = t * TN
@@ -283,7 +269,7 @@ def _tiles[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
 
 
 def _tiles_out[kind: Int](p: Params, begin: Int, end: Int):
-    if param_int(p, 14) == DTYPE_BF16:
+    if param_int(p, 13) == DTYPE_BF16:
         _tiles[kind, BF16](p, begin, end)
     else:
         _tiles[kind, F32](p, begin, end)
@@ -301,17 +287,10 @@ def _tiles_any(p: Params, begin: Int, end: Int):
         _tiles_out[KIND_Q6_K](p, begin, end)
 
 
-def _quantize_any(p: Params, begin: Int, end: Int):
-    if param_int(p, 8) == DTYPE_BF16:
-        _quantize_rows[BF16](p, begin, end)
-    else:
-        _quantize_rows[F32](p, begin, end)
-
-
 def qmatmul(args: PythonObject) raises -> PythonObject:
     """Both phases on the calling thread. args: (address of the int64 parameter array,)."""
     var p = Params(unsafe_from_address=Int(py=args[0]))
-    _quantize_any(p, 0, param_int(p, 4))
+    quantize_rows(p, 0, param_int(p, P_M))
     _tiles_any(p, 0, (param_int(p, 5) + TN - 1) // TN)
     return PythonObject(None)
 
@@ -319,7 +298,7 @@ def qmatmul(args: PythonObject) raises -> PythonObject:
 @export
 def mili_quantk_rows_range(params: Int, begin: Int, end: Int) abi("C"):
     """Phase 1 for activation rows [begin, end): entered from C by each thread of an OpenMP team."""
-    _quantize_any(Params(unsafe_from_address=params), begin, end)
+    quantize_rows(Params(unsafe_from_address=params), begin, end)
 
 
 @export

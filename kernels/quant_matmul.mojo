@@ -2,11 +2,10 @@
 # blocks of 32 weights, repacked once at load (worker/quant/blocks.py) into 16-row tiles.
 #
 # Two phases, so a call can run on torch's OpenMP team with a barrier between them (kernels/omp_bridge.c):
-#   1. quantize_rows: each activation row, per 32-element block, to two int8 parts: with t = x * 127 / max|x|,
-#      q1 = round-half-even(t) (llama.cpp's Q8_0/Q8_1 activations) and q2 = round-half-even(254 t) - 254 q1,
-#      the residual in 1/254 steps (|q2| <= 127), so x ~= d * (254 q1 + q2) with d = max|x| / 32258: about
-#      15 bits per activation instead of 8. Plus the block's sum of 254 q1 + q2 (what Q4_0's offset and
-#      Q4_1's min need).
+#   1. quantize_rows (kernels/quant_activations.mojo, shared with quant_kmatmul.mojo): each activation row,
+#      per 32-element block, to two int8 parts q1 (llama.cpp's int8) and q2 (its residual in 1/254 steps),
+#      x ~= d * (254 q1 + q2): about 15 bits per activation instead of 8. Plus the block's sum of
+#      254 q1 + q2 (what Q4_0's and Q8_0's offsets and Q4_1's min need).
 #   2. tiles: each 16-output-column tile, for every row. Per block, two vpdpbusd (u8 weights x s8 q1, and
 #      x s8 q2; 4 products summed per int32 lane) per 4 K-steps give the exact integer dot products of 16
 #      columns, combined exactly as 254 * dot1 + dot2 in int32; the float epilogue then adds
@@ -26,11 +25,11 @@
 from std.python import PythonObject
 from std.python.bindings import PythonModuleBuilder
 from std.os import abort
-from std.math import round
 from std.memory import bitcast, stack_allocation
 from std.sys import llvm_intrinsic
 from numerics import narrow
 from params import Params, param_int, param_ptr
+from quant_activations import P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, quantize_rows
 from quant_amx import TILE_A1, TILE_A2, TILE_B, TILE_C1, TILE_C1_NEXT, TILE_C2, TILE_C2_NEXT, U8Ptr, amx_configure, \
     amx_release, tile_dot_su, tile_load, tile_store, tile_zero
 
@@ -87,42 +86,6 @@ def _dpbusd(acc: I32x16, w: U8x64, a: I32x16) -> I32x16:
         acc, bitcast[DType.int8, 64](w), bitcast[DType.int8, 64](a))
 
 
-# ----- phase 1: activation rows to int8 blocks -------------------------------------------------------
-
-
-def _quantize_rows[dt: DType](p: Params, begin: Int, end: Int):
-    var x = param_ptr[dt](p, 1)  # [M, K]
-    var k = param_int(p, 6)
-    var qa = param_ptr[DType.int8](p, 9)  # [M, K] q1
-    var qa2 = param_ptr[DType.int8](p, 14)  # [M, K] q2, the residual
-    # Per-block values are stored block-major, [K / 32, M], so the AMX path reads 16 rows' contiguously.
-    var m = param_int(p, 4)
-    var kind = param_int(p, 7)
-    var da = param_ptr[F32](p, 10)  # [K / 32, M] scales d = max|x| / 32258
-    var sa_i = param_ptr[DType.int32](p, 11)  # [K / 32, M] the weights' offset (8, 0 or 128) x sum
-    var sa_f = param_ptr[F32](p, 12)  # [K / 32, M] d * sum
-    var offset = 8 if kind == KIND_Q4_0 else (128 if kind == KIND_Q8_0 else 0)
-    var nb = k // QK
-    for r in range(begin, end):
-        for b in range(nb):
-            var v = x.unsafe_offset(r * k + b * QK).unsafe_load[width=QK]().cast[F32]()
-            var amax = abs(v).reduce_max()
-            var inv = Float32(127) / amax if amax > 0 else Float32(0)
-            var t = v * inv
-            # q = round(254 t) in 15 bits, split as 254 q1 + q2 with q1 = round(t): |254 t - 254 q1| <= 127
-            # and both bounds are integers, so |q2| <= 127. round() is half-to-even. No sum of products
-            # here, so FMA contraction cannot make these differ from the NumPy reference.
-            var q1i = round(t).cast[DType.int32]()
-            var q2i = round(t * 254).cast[DType.int32]() - q1i * 254
-            qa.unsafe_offset(r * k + b * QK).unsafe_store(q1i.cast[DType.int8]())
-            qa2.unsafe_offset(r * k + b * QK).unsafe_store(q2i.cast[DType.int8]())
-            var s = (q1i * 254 + q2i).reduce_add()  # |s| <= 32 * 32385
-            var d = amax / 32258
-            da[unsafe_offset=b * m + r] = d
-            sa_i[unsafe_offset=b * m + r] = Int32(offset) * s  # |offset * s| <= 128 * 32 * 32385 < 2^31
-            sa_f[unsafe_offset=b * m + r] = d * Float32(s)
-
-
 # ----- phase 2: 16-column tiles ------------------------------------------------------------------------
 
 
@@ -148,7 +111,7 @@ def _f16x16(p: Pointer[Scalar[DType.uint8], MutAnyOrigin], offset: Int) -> F32x1
 
 @always_inline
 def _block_row[kind: Int](y: F32x16, w: Array[U8x64, 8], dw: F32x16, mw: F32x16,
-                          a: SIMD[DType.int8, QK], a2: SIMD[DType.int8, QK], da: Float32, off_s: Int32,
+                          a: SIMD[DType.int8, QK], a2: SIMD[DType.int8, QK], da: Float32, s_i: Int32,
                           s_f: Float32) -> F32x16:
     """y plus one block's contribution for one activation row (the same instructions for every row)."""
     var a32 = bitcast[DType.int32, 8](a)
@@ -163,18 +126,21 @@ def _block_row[kind: Int](y: F32x16, w: Array[U8x64, 8], dw: F32x16, mw: F32x16,
         lo0 = _dpbusd(lo0, w[g], I32x16(b32[g]))
         hi1 = _dpbusd(hi1, w[g + 1], I32x16(a32[g + 1]))
         lo1 = _dpbusd(lo1, w[g + 1], I32x16(b32[g + 1]))
-    return _block_epilogue[kind](y, hi0 + hi1, lo0 + lo1, dw, mw, da, off_s, s_f)
+    return _block_epilogue[kind](y, hi0 + hi1, lo0 + lo1, dw, mw, da, s_i, s_f)
 
 
 @always_inline
 def _block_epilogue[kind: Int](y: F32x16, dot1: I32x16, dot2: I32x16, dw: F32x16, mw: F32x16, da: Float32,
-                               off_s: Int32, s_f: Float32) -> F32x16:
+                               s_i: Int32, s_f: Float32) -> F32x16:
     """y plus one block's contribution given its exact integer dot products with q1 and q2. Both paths
     (vpdpbusd and AMX tiles) end here, so a row's float steps are the same whichever computed its sums."""
     # |254 * dot1 + dot2| <= 32 * 255 * 32385 < 2^31: exact in int32.
     var acc = dot1 * 254 + dot2
-    comptime if kind != KIND_Q4_1:
-        acc -= I32x16(off_s)  # the stored quants' offset (Q4_0: 8, Q8_0: 128) times the activations' sum
+    # The stored quants' offset (Q4_0: 8, Q8_0: 128) times the activations' sum: |offset * s_i| <= 128 * 32 * 32258.
+    comptime if kind == KIND_Q4_0:
+        acc -= I32x16(8 * s_i)
+    elif kind == KIND_Q8_0:
+        acc -= I32x16(128 * s_i)
     var res = acc.cast[F32]().fma(dw * da, y)
     comptime if kind == KIND_Q4_1:
         res = mw.fma(F32x16(s_f), res)
@@ -193,13 +159,13 @@ def _store_tile[out_dt: DType](dst: Pointer[Scalar[out_dt], MutAnyOrigin], y: F3
 def _tile_rows[kind: Int, out_dt: DType, R: Int](p: Params, t: Int, row0: Int):
     """Rows row0 .. row0+R-1 of tile t, every K block; each weight block is unpacked once for the R rows."""
     var wp = param_ptr[DType.uint8](p, 2)
-    var m = param_int(p, 4)
-    var k = param_int(p, 6)
-    var qa = param_ptr[DType.int8](p, 9)
-    var qa2 = param_ptr[DType.int8](p, 14)
-    var da = param_ptr[F32](p, 10)
-    var sa_i = param_ptr[DType.int32](p, 11)
-    var sa_f = param_ptr[F32](p, 12)
+    var m = param_int(p, P_M)
+    var k = param_int(p, P_K)
+    var qa = param_ptr[DType.int8](p, P_Q1)
+    var qa2 = param_ptr[DType.int8](p, P_Q2)
+    var da = param_ptr[F32](p, P_D)
+    var sa_i = param_ptr[DType.int32](p, P_SUM)
+    var sa_f = param_ptr[F32](p, P_SUM_F)
     var nb = k // QK
     comptime rec_bytes = record_bytes[kind]()
     comptime qbytes = quant_bytes[kind]()
@@ -308,13 +274,13 @@ def _tiles_amx[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
     tile set and buffer, so the two overlap. Whole groups of 16 rows only (no per-row conditions in the
     epilogue); the last M % 16 rows take the vpdpbusd path: the same bits."""
     var wp = param_ptr[DType.uint8](p, 2)
-    var m = param_int(p, 4)
-    var k = param_int(p, 6)
-    var qa = param_int(p, 9)  # addresses of q1 / q2 [M, K] int8
-    var qa2 = param_int(p, 14)
-    var da = param_ptr[F32](p, 10)
-    var sa_i = param_ptr[DType.int32](p, 11)
-    var sa_f = param_ptr[F32](p, 12)
+    var m = param_int(p, P_M)
+    var k = param_int(p, P_K)
+    var qa = param_int(p, P_Q1)  # addresses of q1 / q2 [M, K] int8
+    var qa2 = param_int(p, P_Q2)
+    var da = param_ptr[F32](p, P_D)
+    var sa_i = param_ptr[DType.int32](p, P_SUM)
+    var sa_f = param_ptr[F32](p, P_SUM_F)
     var nb = k // QK
     comptime rec_bytes = record_bytes[kind]()
     var wbuf = U8Ptr(unsafe_from_address=Int(stack_allocation[512, UInt8, alignment=64]()))  # B: 8 x 64
@@ -381,17 +347,10 @@ def _tiles_any(p: Params, begin: Int, end: Int):
         _tiles_out[KIND_Q8_0](p, begin, end)
 
 
-def _quantize_any(p: Params, begin: Int, end: Int):
-    if param_int(p, 8) == DTYPE_BF16:
-        _quantize_rows[BF16](p, begin, end)
-    else:
-        _quantize_rows[F32](p, begin, end)
-
-
 def qmatmul(args: PythonObject) raises -> PythonObject:
     """Both phases on the calling thread. args: (address of the int64 parameter array,)."""
     var p = Params(unsafe_from_address=Int(py=args[0]))
-    _quantize_any(p, 0, param_int(p, 4))
+    quantize_rows(p, 0, param_int(p, P_M))
     _tiles_any(p, 0, (param_int(p, 5) + TN - 1) // TN)
     return PythonObject(None)
 
@@ -399,7 +358,7 @@ def qmatmul(args: PythonObject) raises -> PythonObject:
 @export
 def mili_quantize_rows_range(params: Int, begin: Int, end: Int) abi("C"):
     """Phase 1 for activation rows [begin, end): entered from C by each thread of an OpenMP team."""
-    _quantize_any(Params(unsafe_from_address=params), begin, end)
+    quantize_rows(Params(unsafe_from_address=params), begin, end)
 
 
 @export

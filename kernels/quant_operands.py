@@ -1,5 +1,6 @@
-"""The operand checks both quantized matmuls (kernels/mojo_quant.py, kernels/mojo_quant_k.py) make before
-their kernels, which trust every pointer and shape they are given."""
+"""What both quantized matmuls (kernels/mojo_quant.py, kernels/mojo_quant_k.py) share on the Python side:
+the operand checks they make before their kernels, which trust every pointer and shape they are given,
+and the scratch their shared activation quantizer (kernels/quant_activations.mojo) writes."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 
 from kernels.mojo_ops import DTYPE_CODES
 
+QK = 32  # activations per quantization block
 TILE = 16  # output columns per packed weight tile
 WEIGHT_ALIGNMENT = 64  # tile records are streamed with 64-byte loads
 
@@ -38,3 +40,16 @@ def checked_output(require: Callable[[bool, str], None], x: torch.Tensor, packed
         out = torch.empty(m, n, dtype=out_dtype)
     require(out.dtype == out_dtype and tuple(out.shape) == (m, n) and out.is_contiguous(), "bad output tensor")
     return out
+
+
+def activation_scratch(m: int, k: int) -> tuple[torch.Tensor, tuple[int, int, int, int, int, int]]:
+    """Scratch for m rows of K activations quantized by kernels/quant_activations.mojo: int8 q1 and q2
+    [M, K] each, then [K / 32, M] float32 d, int32 sum q, float32 d * sum q and int32 sum over elements
+    0-15. Returns the tensor (keep it alive for the call) and the addresses (q1, q2, d, sum, d * sum,
+    sum lo), in the order of the kernels' parameter slots P_Q1, P_Q2, P_D, P_SUM, P_SUM_F, P_SUM_LO."""
+    nb = k // QK
+    scratch = torch.empty(2 * m * k + 16 * m * nb + 64, dtype=torch.uint8)
+    base = scratch.data_ptr()
+    q1, q2, d = base, base + m * k, base + 2 * m * k
+    d += -d % 4
+    return scratch, (q1, q2, d, d + 4 * m * nb, d + 8 * m * nb, d + 12 * m * nb)

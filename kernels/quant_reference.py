@@ -32,19 +32,6 @@ def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndar
     return q, d, q.sum(axis=-1)
 
 
-def quantize_activations_int8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """llama.cpp's one-part int8 activations, which the K-quant kernel (kernels/quant_kmatmul.mojo) still
-    uses: x: [M, K] float32 -> (q [M, K/32, 32] int64, d [M, K/32] float32, sum q [M, K/32] int64), with
-    q = round(x * 127 / max|x|) and d = max|x| / 127 per block."""
-    blocks = x.astype(np.float32).reshape(x.shape[0], -1, QK)
-    amax = np.abs(blocks).max(axis=-1)
-    d = (amax / np.float32(127)).astype(np.float32)
-    with np.errstate(divide="ignore"):
-        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-    q = np.rint(blocks * inv[..., None]).astype(np.int64)
-    return q, d, q.sum(axis=-1)
-
-
 def split_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The kernel's two int8 parts of quantize_activations' q: (q1, q2) [M, K/32, 32] with q = 254 q1 + q2."""
     blocks = x.astype(np.float32).reshape(x.shape[0], -1, QK)
@@ -78,13 +65,11 @@ def dequantized_matmul(x: np.ndarray, raw: np.ndarray, qtype: QT) -> np.ndarray:
     return x.astype(np.float64) @ dequantize(raw, qtype).astype(np.float64).T
 
 
-def activation_error_bound(x: np.ndarray, raw: np.ndarray, qtype: QT, two_parts: bool = True) -> np.ndarray:
+def activation_error_bound(x: np.ndarray, raw: np.ndarray, qtype: QT) -> np.ndarray:
     """[M, N] bound on |qmatmul - dequantized_matmul| from the quantized activations: each activation moves
-    by at most half a step (max|block| / (2 * 127 * 254) with two parts, max|block| / 254 with one), times
-    |w| summed (plus float32 rounding slack)."""
+    by at most half a step (max|block| / (2 * 127 * 254)), times |w| summed (plus float32 rounding slack)."""
     blocks = np.abs(x.astype(np.float64)).reshape(x.shape[0], -1, QK)
-    step = blocks.max(axis=-1, keepdims=True) / (2 * 127 * (254.0 if two_parts else 1.0))
+    step = blocks.max(axis=-1, keepdims=True) / (2 * 127 * 254.0)
     half_steps = np.broadcast_to(step, blocks.shape).reshape(x.shape)
     w = np.abs(dequantize(raw, qtype).astype(np.float64))
-    slack = 1e-5 if two_parts else 1e-4  # the one-part kernel's float epilogue as it was measured
-    return half_steps @ w.T * 1.001 + slack * (np.abs(x.astype(np.float64)) @ w.T) + 1e-6
+    return half_steps @ w.T * 1.001 + 1e-5 * (np.abs(x.astype(np.float64)) @ w.T) + 1e-6

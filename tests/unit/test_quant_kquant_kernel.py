@@ -3,8 +3,8 @@ NumPy, on fresh random blocks every run.
 
 Two references, as for the Q4_0/Q4_1/Q8_0 kernel: the kernel's own block arithmetic done exactly in
 NumPy (int64 dot products, float32 epilogue; only fused multiply-adds differ, so the tolerance is
-tight), and gguf.quants' dequantization with a float64 matmul, off by at most the int8 activations'
-rounding (a bound computed per output). Blocks come two ways: uniformly random quants and scales
+tight), and gguf.quants' dequantization with a float64 matmul, off by at most the two-part activations'
+rounding to about 15 bits (a bound computed per output). Blocks come two ways: uniformly random quants and scales
 (every bit pattern of the format), and round-to-nearest encodings of float weights. Outputs are
 poisoned with NaN first. Also: the block codec against gguf.quants' decoder, the tile layout decoded
 independently, batch and thread invariance, and bad arguments raising before the kernel.
@@ -84,7 +84,7 @@ def test_matches_block_arithmetic_and_dequantized_matmul(module, qtype, shape, e
         scale = np.abs(x).max() * np.abs(w).sum(axis=1).max() + 1.0
         np.testing.assert_allclose(ours, exact, rtol=1e-5, atol=1e-6 * scale)
         full = dequantized_matmul(x, raw, qtype) + (0 if b is None else b)
-        assert (np.abs(ours - full) <= activation_error_bound(x, raw, qtype, two_parts=False)).all()
+        assert (np.abs(ours - full) <= activation_error_bound(x, raw, qtype)).all()
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
@@ -205,7 +205,7 @@ def test_reference_bound_is_tight_enough_to_fail(test_seed):
     wrong = pack_kblocks(kb, QT.Q6_K)
     x = rng.standard_normal((4, 256)).astype(np.float32)
     bad = qkmatmul_blocks(x, wrong, QT.Q6_K)
-    assert not (np.abs(bad - dequantized_matmul(x, raw, QT.Q6_K)) <= activation_error_bound(x, raw, QT.Q6_K, two_parts=False)).all()
+    assert not (np.abs(bad - dequantized_matmul(x, raw, QT.Q6_K)) <= activation_error_bound(x, raw, QT.Q6_K)).all()
 
 
 def test_bad_arguments_raise_before_the_kernel(module):

@@ -1,0 +1,76 @@
+# The activation side of MILI's quantized matmuls (quant_matmul.mojo and quant_kmatmul.mojo): phase 1,
+# each activation row quantized per 32-element block to two int8 parts, written to one scratch layout
+# both kernels read (kernels/quant_operands.py allocates it).
+#
+# With t = x * 127 / max|x| per block, q = round-half-even(254 t) in about 15 bits, held as
+# q1 = round-half-even(t) (llama.cpp's Q8_0/Q8_1 activations) and q2 = q - 254 q1, the residual in
+# 1/254 steps: |254 t - 254 q1| <= 127 and both bounds are integers, so |q2| <= 127, and
+# x ~= d * (254 q1 + q2) with d = max|x| / 32258. |t| <= 127 (to a float32 rounding), so |q| <= 32258.
+# A kernel sums 254 * dot(w, q1) + dot(w, q2) exactly in int32. Per block it also gets the sum of q
+# (what Q4_0's and Q8_0's offsets, Q4_1's, Q5's and Q4_K's mins need), the sum over the block's first 16
+# elements (Q6_K's scales change every 16 weights), and d * sum q.
+#
+# Per-block values are stored block-major, [K / 32, M], so the AMX path reads 16 rows' contiguously.
+
+from std.math import round
+from params import Params, param_int, param_ptr
+
+comptime F32 = DType.float32
+comptime BF16 = DType.bfloat16
+comptime QK = 32  # activations per block
+comptime DTYPE_F32 = 0
+comptime DTYPE_BF16 = 1
+
+# The parameter slots of the activations and their scratch: the same in both kernels' parameter arrays.
+comptime P_X = 1  # [M, K] float32 or bfloat16
+comptime P_M = 4
+comptime P_K = 6
+comptime P_X_DTYPE = 8
+comptime P_Q1 = 9  # [M, K] int8 q1
+comptime P_D = 10  # [K / 32, M] float32 d = max|x| / 32258
+comptime P_SUM = 11  # [K / 32, M] int32 sum of q over the block
+comptime P_SUM_F = 12  # [K / 32, M] float32 d * sum of q
+comptime P_Q2 = 14  # [M, K] int8 q2, the residual
+comptime P_SUM_LO = 16  # [K / 32, M] int32 sum of q over the block's elements 0-15
+
+
+def _quantize_rows[dt: DType](p: Params, begin: Int, end: Int):
+    var x = param_ptr[dt](p, P_X)
+    var m = param_int(p, P_M)
+    var k = param_int(p, P_K)
+    var qa = param_ptr[DType.int8](p, P_Q1)
+    var qa2 = param_ptr[DType.int8](p, P_Q2)
+    var da = param_ptr[F32](p, P_D)
+    var sa = param_ptr[DType.int32](p, P_SUM)
+    var sa_f = param_ptr[F32](p, P_SUM_F)
+    var sa_lo = param_ptr[DType.int32](p, P_SUM_LO)
+    var nb = k // QK
+    for r in range(begin, end):
+        for b in range(nb):
+            var v = x.unsafe_offset(r * k + b * QK).unsafe_load[width=QK]().cast[F32]()
+            var amax = abs(v).reduce_max()
+            var inv = Float32(127) / amax if amax > 0 else Float32(0)
+            var t = v * inv
+            # round() is half-to-even. No sum of products here, so FMA contraction cannot make these
+            # differ from the NumPy reference (kernels/quant_reference.py).
+            var q1i = round(t).cast[DType.int32]()
+            var q2i = round(t * 254).cast[DType.int32]() - q1i * 254
+            qa.unsafe_offset(r * k + b * QK).unsafe_store(q1i.cast[DType.int8]())
+            qa2.unsafe_offset(r * k + b * QK).unsafe_store(q2i.cast[DType.int8]())
+            var q = q1i * 254 + q2i
+            var lo = q.slice[16, offset=0]().reduce_add()  # |lo| <= 16 * 32258
+            var s = lo + q.slice[16, offset=16]().reduce_add()  # |s| <= 32 * 32258
+            var d = amax / 32258
+            var j = b * m + r
+            da[unsafe_offset=j] = d
+            sa[unsafe_offset=j] = s
+            sa_f[unsafe_offset=j] = d * Float32(s)
+            sa_lo[unsafe_offset=j] = lo
+
+
+def quantize_rows(p: Params, begin: Int, end: Int):
+    """Phase 1 for activation rows [begin, end)."""
+    if param_int(p, P_X_DTYPE) == DTYPE_BF16:
+        _quantize_rows[BF16](p, begin, end)
+    else:
+        _quantize_rows[F32](p, begin, end)
