@@ -195,6 +195,35 @@ def test_rows_are_batch_and_thread_invariant(module, qtype, test_seed):
         assert np.array_equal(_run(module, x[start:start + size], packed, qtype, 200, bias), full[start:start + size])
 
 
+def _extreme_blocks(rng: np.random.Generator, n: int, k: int, qtype: QT) -> np.ndarray:
+    """Rows whose quants and scales sit at the ends of their ranges, where the kernel's int32 sums are
+    largest: every quant 0 or every quant at its maximum, per row; Q6_K's scales -128 or 127."""
+    kb = split_kblocks(random_kblocks(rng, n, k, qtype), qtype)
+    top = {QT.Q5_0: 31, QT.Q5_1: 31, QT.Q4_K: 15, QT.Q6_K: 63}[qtype]
+    kb.q[:] = np.where(np.arange(n) % 2 == 0, 0, top).astype(np.uint8)[:, None, None]
+    if qtype == QT.Q6_K:
+        kb.sc[:] = np.where(np.arange(n) % 4 < 2, -128, 127).astype(np.int8)[:, None]
+    if qtype == QT.Q4_K:
+        kb.sc[:], kb.mn[:] = 63, 63
+    return pack_kblocks(kb, qtype)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
+def test_extreme_blocks_keep_exact_integer_sums(module, qtype, test_seed):
+    """Activation blocks at full scale everywhere (|q| = 32258 for every element, of either sign) against
+    weights at the ends of their ranges: the largest integer sums the kernel makes (Q6_K's two scaled
+    halves are 2^31 - 2^25 each) stay exact, so the kernel still matches both references."""
+    rng = np.random.default_rng(test_seed)
+    n, k = 24, 512
+    raw = _extreme_blocks(rng, n, k, qtype)
+    signs = np.where(rng.integers(0, 2, (4, k // 32)) == 0, -1.0, 1.0)
+    x = (np.repeat(signs, 32, axis=1) * rng.uniform(0.5, 3.0, (4, 1))).astype(np.float32)
+    x[1] = np.abs(x[1])  # one row of a single sign throughout
+    ours = _run(module, x, repack_k(raw, qtype), qtype, n)
+    np.testing.assert_allclose(ours, qkmatmul_blocks(x, raw, qtype), rtol=1e-5, atol=1e-5)
+    assert (np.abs(ours - dequantized_matmul(x, raw, qtype)) <= activation_error_bound(x, raw, qtype)).all()
+
+
 def test_reference_bound_is_tight_enough_to_fail(test_seed):
     """The float64 check can fail: Q6_K weights whose 16-weight scales are swapped within a block break it
     (the bug a wrong half-block pairing would make)."""
