@@ -2,12 +2,13 @@
 super-blocks fit) written with Q4_K, Q6_K, Q5_0 and Q5_1 tensors as llama.cpp mixes them (Q6_K for some
 attn_v / ffn_down and the tied embedding, Q5_x where a K-quant would not fit), then served by the engine
 with `quantization` auto and compared with transformers on the GGUF's dequantized weights, teacher-forced
-on the engine's own greedy tokens (the bounds and the int8-activation emulation of test_quant_model).
-The fused q|k|v of layer 0 mixes Q4_K and Q6_K, so it runs as two segments. Chunked prefill, prefix hits
-and preemption must give the tokens of one uninterrupted run: exactly, or diverging only where that run's
-top two logits were within NEAR_TIE (chunked attention differs in the last float bits, and on this
-256-wide model such a bit now and then flips one activation's int8 rounding, which moves logits by up to
-about 0.03). A request's greedy tokens must not depend on what it is batched with.
+on the engine's own greedy tokens (the bounds and the two-part activation emulation of test_quant_model:
+top-1 >= 98% and mean KL <= 1e-6; measured 100% and about 2e-9). The fused q|k|v of layer 0 mixes Q4_K
+and Q6_K, so it runs as two segments. Chunked prefill, prefix hits and preemption must give the tokens of
+one uninterrupted run: exactly, or diverging only where that run's top two logits were within NEAR_TIE
+(chunked attention differs in the last float bits, and such a bit now and then flips one activation's
+rounding to its 15-bit step, which moves logits by about 1e-4 on this 256-wide model; with one-part int8
+activations it was up to 0.03). A request's greedy tokens must not depend on what it is batched with.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ TYPES = {
     "blk.1.ffn_down.weight": QT.Q5_0,
 }
 SHAPE = dict(hidden_size=256, intermediate_size=512, head_dim=64, num_attention_heads=4, num_key_value_heads=2)
-NEAR_TIE = 0.05
+NEAR_TIE = 2e-3
 
 
 def assert_same_tokens_up_to_near_ties(run, baseline, label: str) -> None:
@@ -81,7 +82,7 @@ def test_kquant_gguf_served_as_it_is(kquant_gguf, test_seed):
     assert not any(p.numel() >= SHAPE["hidden_size"] * SHAPE["intermediate_size"] for p in mdl.parameters()), \
         "a projection was materialized in the model dtype"
     run = run_greedy(engine, random_prompts(test_seed, [2, 9, 33, 50], VOCAB_SIZE), STEPS)
-    check_agreement(run, reference, "qwen3 Q4_K_M-like GGUF", one_part=True)  # the K-quant kernel: int8
+    check_agreement(run, reference, "qwen3 Q4_K_M-like GGUF")
 
 
 def test_kquant_chunks_prefix_hits_and_preemption_give_the_uninterrupted_tokens(kquant_gguf, test_seed):

@@ -34,9 +34,6 @@ VOCAB = 320
 STEPS = 24
 EMULATED = (0.98, 1e-6)  # (min top-1 agreement, max mean KL) against the activation rounding emulated
 DEQUANTIZED = (0.98, 1e-6)  # ... against the dequantized weights alone
-# The K-quant kernel's one-part int8 activations (llama.cpp's): the bounds before the two-part scheme.
-EMULATED_INT8 = (0.95, 1e-4)
-DEQUANTIZED_INT8 = (0.90, 1e-2)
 
 
 def random_prompts(seed: int, lengths: list[int], vocab: int = VOCAB) -> list[list[int]]:
@@ -48,20 +45,19 @@ def round_trip(weight: torch.Tensor, qtype: QT) -> torch.Tensor:
     return torch.from_numpy(dequantize(quantize(weight.detach().float().numpy(), qtype), qtype))
 
 
-def kernel_rounding(x: torch.Tensor, steps: int = 254) -> torch.Tensor:
-    """x rounded as the kernel quantizes activations: per 32-element block, t = x * 127 / max|x| and
-    q = round-half-even(254 t) (held as two int8 parts), value q * max|x| / 32258; with steps=1, the
-    K-quant kernel's one-part int8 q = round(t)."""
+def kernel_rounding(x: torch.Tensor) -> torch.Tensor:
+    """x rounded as the kernels quantize activations: per 32-element block, t = x * 127 / max|x| and
+    q = round-half-even(254 t) (held as two int8 parts), value q * max|x| / 32258."""
     blocks = x.reshape(*x.shape[:-1], -1, 32).float()
     amax = blocks.abs().amax(-1, keepdim=True)
     inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
-    return (torch.round(blocks * inv * steps) * (amax / (127 * steps))).reshape(x.shape).to(x.dtype)
+    return (torch.round(blocks * inv * 254) * (amax / 32258)).reshape(x.shape).to(x.dtype)
 
 
-def emulate_kernel_activations(model, steps: int = 254):
+def emulate_kernel_activations(model):
     for module in model.modules():
         if isinstance(module, torch.nn.Linear):
-            module.register_forward_pre_hook(lambda mod, args: (kernel_rounding(args[0], steps),))
+            module.register_forward_pre_hook(lambda mod, args: (kernel_rounding(args[0]),))
     return model
 
 
@@ -91,13 +87,10 @@ def agreement(run, ref_model) -> tuple[float, float, int]:
     return sum(agree) / len(agree), sum(kls) / len(kls), len(agree)
 
 
-def check_agreement(run, dequantized_model, label: str, one_part: bool = False) -> None:
-    """one_part: the K-quant kernel's int8 activations (their own emulation and bounds)."""
-    steps, dequantized, emulated = (1, DEQUANTIZED_INT8, EMULATED_INT8) if one_part else \
-        (254, DEQUANTIZED, EMULATED)
-    for name, ref, (min_top1, max_kl) in (("dequantized weights", dequantized_model, dequantized),
+def check_agreement(run, dequantized_model, label: str) -> None:
+    for name, ref, (min_top1, max_kl) in (("dequantized weights", dequantized_model, DEQUANTIZED),
                                           ("activation rounding emulated", emulate_kernel_activations(
-                                              copy.deepcopy(dequantized_model), steps), emulated)):
+                                              copy.deepcopy(dequantized_model)), EMULATED)):
         top1, kl, n = agreement(run, ref)
         print(f"{label} vs {name}: top-1 agreement {top1:.4f} over {n} positions, mean KL {kl:.2e}")
         assert top1 >= min_top1 and kl <= max_kl, (label, name, top1, kl)
