@@ -7,7 +7,7 @@ What it answers: whether reading the K-quants' own layout costs speed against re
 in the older kernel's formats. Those re-expressions are exact only with more bytes per weight: Q5_0 as
 Q8_0 records (8.5 bits instead of 5.5; the Q8_0 column is that path's speed), Q4_K as Q4_1-like records
 with float32 scales and mins (6.0 bits instead of 4.625; at best the speed of the Q4_1 column, which reads
-5.0). Each figure is the 10th percentile of single-call times, all sides interleaved in rounds (a shared
+5.0). Each figure is the 10th percentile of single-call times, one call of each column in turn (a shared
 machine's bursts hit them alike), torch's OpenMP threads; with it the bits per weight each streams.
 Printed, never asserted; compare ratios within one run.
 """
@@ -22,7 +22,7 @@ from gguf import GGMLQuantizationType as QT
 from gguf.quants import quantize
 
 from kernels import mojo_quant, mojo_quant_k
-from loadtest.bench_quant import call_times
+from loadtest.bench_quant import interleaved_times
 from worker.models.packed_linear import PackedLinear
 from worker.quant.blocks import KERNEL_KINDS, repack
 from worker.quant.kblocks import KQUANT_KINDS, repack_k
@@ -44,7 +44,8 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     args = ap.parse_args()
     base, kmod = mojo_quant.load(), mojo_quant_k.load()
-    print(f"torch threads {torch.get_num_threads()}; microseconds per call (10th percentile, {args.rounds} rounds)")
+    print(f"torch threads {torch.get_num_threads()}; microseconds per call (10th percentile of single calls, "
+          f"all columns interleaved for {0.2 * args.rounds:.1f} s)")
     print("| shape | rows | bf16 | " + " | ".join(t.name for t in TYPES) + " |")
     print("|---|---|---|" + "---|" * len(TYPES))
     bits: dict[str, float] = {}
@@ -63,10 +64,7 @@ def main() -> None:
                     calls[t.name] = lambda t=t: mojo_quant.qmatmul(base, x, packed[t], KERNEL_KINDS[t], n)
                 else:
                     calls[t.name] = lambda t=t: mojo_quant_k.qmatmul_k(kmod, x, packed[t], KQUANT_KINDS[t], n)
-            samples: dict[str, list[float]] = {key: [] for key in calls}
-            for _ in range(args.rounds):
-                for key, fn in calls.items():
-                    samples[key] += call_times(fn)
+            samples = interleaved_times(calls, seconds=0.2 * args.rounds)
             best = {key: float(np.percentile(t, 10)) * 1e6 for key, t in samples.items()}
             print(f"| {name} {n}x{k} | {m} | {best['bf16']:.0f} | "
                   + " | ".join(f"{best[t.name]:.0f}" for t in TYPES) + " |", flush=True)
