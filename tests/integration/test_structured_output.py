@@ -176,7 +176,7 @@ def test_tool_choice_none_and_auto_leave_text_alone(client):
 def test_parallel_calls(client):
     """required + parallel: one or more calls; a random model stops after any of them (EOS is allowed
     there), so the test asks for several choices and checks every call of every one."""
-    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER_TOOL, TIME_TOOL], n=4,
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER_TOOL, TIME_TOOL], n=8,
                                        tool_choice="required", max_tokens=200, temperature=1.0, seed=11)
     counts = []
     for choice in r.choices:
