@@ -7,6 +7,7 @@ call raises ValueError and never reaches the kernel.
 
 from __future__ import annotations
 
+import array
 from types import ModuleType
 
 import torch
@@ -38,25 +39,57 @@ def qmatmul_k(module: ModuleType, x: torch.Tensor, packed: torch.Tensor, kind: i
     its code. bias: [n] float32. `out`, when given, must be a contiguous [M, n] tensor of out_dtype.
     threading: "omp" quantizes the rows and then splits the column tiles over torch's OpenMP team."""
     _require(threading in THREADINGS, f"threading must be one of {THREADINGS}")
-    _require(kind in GROUPS, f"unknown weight kind {kind}")
-    group, group_bytes = GROUPS[kind]
-    out = checked_output(_require, x, packed, n, group, group_bytes, bias, out_dtype, out)
+    out = _checked(x, packed, kind, n, bias, out_dtype, out)
     m, k = x.shape
-    tiles = -(-n // TILE)
     if m == 0:
         return out
+    scratch = torch.empty(scratch_bytes(m, k), dtype=torch.uint8)
+    params = _params(x, packed, kind, n, bias, out, scratch, m)
+    team = omp_team() if threading == "omp" else None
+    if team is not None:
+        team.run2(module, ENTRIES[0], m, ENTRIES[1], -(-n // TILE), params)
+    else:
+        module.qmatmul((params.buffer_info()[0],))
+    return out
+
+
+# The kernel's C range entries (quantize the rows, then compute the column tiles) and the parameter a
+# prebuilt call patches per step: the row count.
+ENTRIES = ("mili_quantk_rows_range", "mili_quantk_tiles_range")
+ROWS_PARAM = 4
+
+
+def scratch_bytes(m: int, k: int) -> int:
+    """Scratch for m quantized activation rows of length k (the layout is in _params)."""
+    return m * k + 16 * m * (k // QK) + 64
+
+
+def qmatmul_k_params(x: torch.Tensor, packed: torch.Tensor, kind: int, n: int, bias: torch.Tensor | None,
+                     out: torch.Tensor, scratch: torch.Tensor) -> array.array:
+    """The checked parameters of qmatmul_k over x's rows into `out`, for a caller that runs the kernel's
+    ENTRIES itself and may lower the row count (ROWS_PARAM) to any m <= x's rows."""
+    _checked(x, packed, kind, n, bias, out.dtype, out)
+    m, k = x.shape
+    _require(scratch.dtype == torch.uint8 and scratch.is_contiguous() and scratch.numel() >= scratch_bytes(m, k),
+             f"scratch must be contiguous uint8 of at least {scratch_bytes(m, k)} bytes")
+    return _params(x, packed, kind, n, bias, out, scratch, m)
+
+
+def _checked(x: torch.Tensor, packed: torch.Tensor, kind: int, n: int, bias: torch.Tensor | None,
+             out_dtype: torch.dtype | None, out: torch.Tensor | None) -> torch.Tensor:
+    _require(kind in GROUPS, f"unknown weight kind {kind}")
+    group, group_bytes = GROUPS[kind]
+    return checked_output(_require, x, packed, n, group, group_bytes, bias, out_dtype, out)
+
+
+def _params(x: torch.Tensor, packed: torch.Tensor, kind: int, n: int, bias: torch.Tensor | None,
+            out: torch.Tensor, scratch: torch.Tensor, m: int) -> array.array:
+    k = x.shape[1]
     nb = k // QK
-    # Scratch: int8 q [M, K], then float32 d, int32 sums of each half, float32 d * sum q, each [M, nb].
-    scratch = torch.empty(m * k + 16 * m * nb + 64, dtype=torch.uint8)
+    # Scratch: int8 q [m, K], then float32 d, int32 sums of each half, float32 d * sum q, each [m, nb].
     base = scratch.data_ptr()
     qa, da = base, base + m * k
     da += -da % 4
     s_lo, s_hi, s_f = da + 4 * m * nb, da + 8 * m * nb, da + 12 * m * nb
-    params = kernel_params(out.data_ptr(), x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(),
-                           m, n, k, kind, DTYPE_CODES[x.dtype], qa, da, s_lo, s_hi, s_f, DTYPE_CODES[out.dtype])
-    team = omp_team() if threading == "omp" else None
-    if team is not None:
-        team.run2(module, "mili_quantk_rows_range", m, "mili_quantk_tiles_range", tiles, params)
-    else:
-        module.qmatmul((params.buffer_info()[0],))
-    return out
+    return kernel_params(out.data_ptr(), x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(),
+                         m, n, k, kind, DTYPE_CODES[x.dtype], qa, da, s_lo, s_hi, s_f, DTYPE_CODES[out.dtype])
