@@ -33,8 +33,11 @@ def make_engine(args: argparse.Namespace, decode_program: bool) -> LLMEngine:
                                     quantization=args.quantization, decode_program=decode_program,
                                     kv_cache_memory=256 << 20))
     vocab = engine.model_config.vocab_size
-    # Enough tokens for every timed step of every round, never finishing a sequence.
-    params = SamplingParams(temperature=0.0, max_tokens=args.steps * (2 * args.rounds + 4) + 8, ignore_eos=True)
+    # Enough tokens for the warm-up and every timed or profiled step, so no sequence finishes.
+    steps = args.steps * (1 + (args.rounds if args.compare_program else 2))
+    if args.context + steps + 8 > 2048:
+        raise SystemExit(f"{steps} steps after a {args.context}-token context do not fit 2048 tokens")
+    params = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True)
     for i, prompt in enumerate(make_prompts(args.batch, args.context, args.context, vocab, seed=1)):
         engine.add_request(f"p{i}", prompt, params)
     while any(s.num_computed_tokens < s.num_prompt_tokens for s in engine.scheduler.running) or engine.scheduler.waiting:
@@ -94,7 +97,10 @@ def main() -> None:
     ap.add_argument("--no-profiler", action="store_true", help="only time the steps (for py-spy)")
     ap.add_argument("--trace", help="also write a Chrome trace here")
     ap.add_argument("--rows", type=int, default=25)
+    ap.add_argument("--threads", type=int, help="torch's (and so the kernels') threads; default: torch's choice")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.compare_program:
         compare(args)
         return

@@ -125,7 +125,8 @@ class DecodeProgram:
             raise ValueError("decode program: a context is empty or longer than its block table")
         plan.min_slot, plan.max_slot = int(arrays["slots"][:rows].min()), int(arrays["slots"][:rows].max())
         # Columns beyond `width` hold earlier steps' entries; no context reaches them.
-        plan.min_block_id, plan.max_block_id = mojo_ops.table_range(arrays["tables"][:rows], lens, self.block_size)
+        plan.min_block_id, plan.max_block_id = mojo_ops.table_range(arrays["tables"][:rows, :width], lens,
+                                                                    self.block_size)
         mojo_ops.check_slots(plan, self._k_cache)
         mojo_ops.check_block_ids(plan, self._k_cache)
 
