@@ -172,9 +172,14 @@ ATTENTION_ITEMS_PARAM = 8
 
 
 def attention_scratch(n_items: int, k_cache: torch.Tensor) -> torch.Tensor:
+    """[n_items, floats per item] float32: the kernel's scratch for n_items work items."""
+    return torch.empty(n_items, _scratch_width(k_cache), dtype=torch.float32)
+
+
+def _scratch_width(k_cache: torch.Tensor) -> int:
     """Per work item: two head_dim vectors and four heads' page of scores (see attention.mojo)."""
     block_size, head_dim = k_cache.shape[1], k_cache.shape[3]
-    return torch.empty(n_items, 2 * head_dim + 4 * max(block_size, 8), dtype=torch.float32)
+    return 2 * head_dim + 4 * max(block_size, 8)
 
 
 def attention_params(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: StepPlan,
@@ -200,7 +205,7 @@ def _checked_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 def _attention_params(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: StepPlan,
                       scale: float, out: torch.Tensor, items: torch.Tensor, scratch: torch.Tensor) -> array.array:
     _require(out.shape == query.shape and out.dtype == query.dtype and out.is_contiguous(), "bad output tensor")
-    expected = attention_scratch(0, k_cache).shape[1]
+    expected = _scratch_width(k_cache)
     _require(scratch.dtype == torch.float32 and scratch.is_contiguous() and scratch.dim() == 2
              and scratch.shape[0] >= items.shape[0] and scratch.shape[1] == expected,
              f"scratch must be contiguous float32 [>= {items.shape[0]}, {expected}]")
