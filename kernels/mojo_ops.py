@@ -17,6 +17,7 @@ import struct
 from dataclasses import dataclass, field
 from types import ModuleType
 
+import numpy as np
 import torch
 
 from kernels.build import KernelBuildError, build
@@ -78,12 +79,12 @@ class StepPlan:
         _require(slot_mapping.dtype == torch.int64 and slot_mapping.numel() == starts[-1],
                  "slot_mapping must be int64 with one slot per token")
         tables = block_tables.to(torch.int32).contiguous()
-        # Only the entries each sequence's context reaches are read; the padding beyond may be anything.
-        used = torch.cat([tables[i, :-(-c // block_size)] for i, c in enumerate(context_lens)])
-        return cls(block_tables=tables, context_lens=torch.tensor(context_lens, dtype=torch.int32),
+        lens = torch.tensor(context_lens, dtype=torch.int32)
+        min_block_id, max_block_id = table_range(tables.numpy(), lens.numpy(), block_size)
+        return cls(block_tables=tables, context_lens=lens,
                    query_start=torch.tensor(starts, dtype=torch.int32), slot_mapping=slot_mapping.contiguous(),
                    rows=rows, num_tokens=starts[-1], min_slot=int(slot_mapping.min()), max_slot=int(slot_mapping.max()),
-                   min_block_id=int(used.min()), max_block_id=int(used.max()))
+                   min_block_id=min_block_id, max_block_id=max_block_id)
 
     def items(self, kv_heads: int) -> torch.Tensor:
         """[n_items, 4] int32 work items: (sequence, KV head, first row, end row)."""
@@ -91,6 +92,26 @@ class StepPlan:
             self._items[kv_heads] = torch.tensor([(s, h, r0, r1) for s, r0, r1 in self.rows for h in range(kv_heads)],
                                                  dtype=torch.int32).reshape(-1, 4)
         return self._items[kv_heads]
+
+
+def table_range(tables: np.ndarray, context_lens: np.ndarray, block_size: int) -> tuple[int, int]:
+    """tables: [batch, width] int32, context_lens: [batch] -> (min, max) block id over the entries each
+    sequence's context reaches; only those are read, and the padding beyond may be anything."""
+    reached = np.arange(tables.shape[1]) < -(-context_lens.astype(np.int64) // block_size)[:, None]
+    used = tables[reached]
+    return int(used.min()), int(used.max())
+
+
+def check_slots(plan: StepPlan, k_cache: torch.Tensor) -> None:
+    """Every new token's slot lies inside the cache (k_cache already checked by _check_cache)."""
+    num_blocks, block_size = k_cache.shape[:2]
+    _require(plan.min_slot >= 0 and plan.max_slot < num_blocks * block_size, "a slot lies outside the cache")
+
+
+def check_block_ids(plan: StepPlan, k_cache: torch.Tensor) -> None:
+    """Every block table entry the contexts reach lies inside the cache."""
+    _require(plan.min_block_id >= 0 and plan.max_block_id < k_cache.shape[0],
+             "a block table entry lies outside the cache")
 
 
 def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
@@ -116,7 +137,7 @@ def write_kv(module: ModuleType, k_cache: torch.Tensor, v_cache: torch.Tensor, k
     num_blocks, block_size, kv_heads, head_dim = k_cache.shape
     for x, name in ((key, "key"), (value, "value")):
         _check_rows(x, name, plan.num_tokens, kv_heads, head_dim, k_cache.dtype)
-    _require(plan.min_slot >= 0 and plan.max_slot < num_blocks * block_size, "a slot lies outside the cache")
+    check_slots(plan, k_cache)
     params = kernel_params(k_cache.data_ptr(), v_cache.data_ptr(), key.data_ptr(), value.data_ptr(),
                            plan.slot_mapping.data_ptr(), plan.num_tokens, kv_heads * head_dim, key.stride(0),
                            value.stride(0), DTYPE_CODES[k_cache.dtype])
@@ -135,27 +156,65 @@ def paged_attention(module: ModuleType, query: torch.Tensor, k_cache: torch.Tens
     team (torch's threads; see omp_bridge.c), or runs them here when that bridge is unavailable. (Mojo's
     own thread pool is not offered: it competes with torch's spinning threads for the cores.)"""
     _require(threading in THREADINGS, f"threading must be one of {THREADINGS}")
+    items = _checked_attention(query, k_cache, v_cache, plan)
+    if items.shape[0] == 0:
+        return out if out is not None else torch.empty_like(query)
+    if out is None:
+        out = torch.empty(query.shape, dtype=query.dtype)
+    scratch = attention_scratch(items.shape[0], k_cache)
+    params = _attention_params(query, k_cache, v_cache, plan, scale, out, items, scratch)
+    launch(module, "paged_attention", params, items.shape[0], threading)
+    return out
+
+
+# The kernel's parameter holding the number of work items (kernels/attention.mojo).
+ATTENTION_ITEMS_PARAM = 8
+
+
+def attention_scratch(n_items: int, k_cache: torch.Tensor) -> torch.Tensor:
+    """[n_items, floats per item] float32: the kernel's scratch for n_items work items."""
+    return torch.empty(n_items, _scratch_width(k_cache), dtype=torch.float32)
+
+
+def _scratch_width(k_cache: torch.Tensor) -> int:
+    """Per work item: two head_dim vectors and four heads' page of scores (see attention.mojo)."""
+    block_size, head_dim = k_cache.shape[1], k_cache.shape[3]
+    return 2 * head_dim + 4 * max(block_size, 8)
+
+
+def attention_params(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: StepPlan,
+                     scale: float, out: torch.Tensor, scratch: torch.Tensor) -> array.array:
+    """The checked parameters of paged_attention over every work item of `plan`, for a caller that runs
+    the kernel itself (worker/decode_program.py); scratch from attention_scratch."""
+    items = _checked_attention(query, k_cache, v_cache, plan)
+    return _attention_params(query, k_cache, v_cache, plan, scale, out, items, scratch)
+
+
+def _checked_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                       plan: StepPlan) -> torch.Tensor:
+    """Checks everything but the output; returns the [n_items, 4] work items."""
     _check_cache(k_cache, v_cache)
     num_blocks, block_size, kv_heads, head_dim = k_cache.shape
     num_heads = query.shape[1] if query.dim() == 3 else -1
     _require(num_heads > 0 and num_heads % kv_heads == 0, f"{num_heads} query heads do not group over {kv_heads}")
     _check_rows(query, "query", plan.num_tokens, num_heads, head_dim, k_cache.dtype)
-    _require(plan.min_block_id >= 0 and plan.max_block_id < num_blocks, "a block table entry lies outside the cache")
-    items = plan.items(kv_heads)
-    if items.shape[0] == 0:
-        return out if out is not None else torch.empty_like(query)
-    if out is None:
-        out = torch.empty(plan.num_tokens, num_heads, head_dim, dtype=query.dtype)
+    check_block_ids(plan, k_cache)
+    return plan.items(kv_heads)
+
+
+def _attention_params(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: StepPlan,
+                      scale: float, out: torch.Tensor, items: torch.Tensor, scratch: torch.Tensor) -> array.array:
     _require(out.shape == query.shape and out.dtype == query.dtype and out.is_contiguous(), "bad output tensor")
-    # Per work item: two head_dim vectors and four heads' page of scores (see attention.mojo).
-    scratch = torch.empty(items.shape[0], 2 * head_dim + 4 * max(block_size, 8), dtype=torch.float32)
-    params = kernel_params(
+    expected = _scratch_width(k_cache)
+    _require(scratch.dtype == torch.float32 and scratch.is_contiguous() and scratch.dim() == 2
+             and scratch.shape[0] >= items.shape[0] and scratch.shape[1] == expected,
+             f"scratch must be contiguous float32 [>= {items.shape[0]}, {expected}]")
+    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
+    return kernel_params(
         out.data_ptr(), query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), plan.block_tables.data_ptr(),
-        plan.context_lens.data_ptr(), plan.query_start.data_ptr(), items.data_ptr(), items.shape[0], num_heads,
+        plan.context_lens.data_ptr(), plan.query_start.data_ptr(), items.data_ptr(), items.shape[0], query.shape[1],
         kv_heads, head_dim, block_size, plan.block_tables.shape[1], query.stride(0), out.stride(0),
         float_bits(scale), scratch.data_ptr(), DTYPE_CODES[k_cache.dtype])
-    launch(module, "paged_attention", params, items.shape[0], threading)
-    return out
 
 
 def float_bits(x: float) -> int:
@@ -190,6 +249,9 @@ class OmpTeam:
         self._run2.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_longlong,
                                ctypes.c_longlong]
         self._run2.restype = None
+        self._program = bridge.mili_omp_program
+        self._program.argtypes = [ctypes.c_void_p, ctypes.c_longlong]
+        self._program.restype = None
         self._entry: dict[str, int] = {}
 
     def run(self, module: ModuleType, entry_name: str, params: array.array, n: int) -> None:
@@ -201,6 +263,15 @@ class OmpTeam:
         """Two phases in one parallel region, with a barrier between them (omp_bridge.c)."""
         self._run2(self._address(module, first), n_first, self._address(module, second), n_second,
                    params.buffer_info()[0])
+
+    def run_program(self, phases_address: int, n_phases: int) -> None:
+        """Runs a program's phases in one parallel region (omp_bridge.c): phases_address points at
+        [n_phases, 4] int64 (range entry, params address, work items, flags), kept alive by the caller."""
+        self._program(phases_address, n_phases)
+
+    def entry_address(self, module: ModuleType, entry_name: str) -> int:
+        """The address of a kernel's C range entry (`mili_<kernel>_range`), for a program's phase table."""
+        return self._address(module, entry_name)
 
     def _address(self, module: ModuleType, entry_name: str) -> int:
         key = f"{module.__file__}:{entry_name}"

@@ -7,6 +7,7 @@ call raises ValueError and never reaches the kernel.
 
 from __future__ import annotations
 
+import array
 import ctypes
 import functools
 import logging
@@ -15,7 +16,7 @@ from types import ModuleType
 import torch
 
 from kernels.mojo_ops import DTYPE_CODES, THREADINGS, kernel_params, load_module, omp_team
-from kernels.quant_operands import QK, TILE, activation_scratch, checked_output
+from kernels.quant_operands import QK, TILE, activation_addresses, activation_scratch_bytes, checked_output
 
 MODULE = "mili_quant"
 # Kernel kind code -> tile record bytes (see quant_matmul.mojo).
@@ -69,23 +70,60 @@ def qmatmul(module: ModuleType, x: torch.Tensor, packed: torch.Tensor, kind: int
     path: "vnni" (vpdpbusd), "amx" (AMX int8 tiles; ValueError where unavailable) or "auto" (AMX from
     AMX_MIN_ROWS rows where available): every path gives the same bits for a row."""
     _require(threading in THREADINGS, f"threading must be one of {THREADINGS}")
-    _require(path in PATHS, f"path must be one of {PATHS}")
-    _require(path != "amx" or amx_available(), "AMX int8 tiles are not available on this CPU")
-    _require(kind in RECORD_BYTES, f"unknown weight kind {kind}")
-    out = checked_output(_require, x, packed, n, QK, RECORD_BYTES[kind], bias, out_dtype, out)
+    out = _checked(x, packed, kind, n, bias, out_dtype, out, path)
     m, k = x.shape
-    tiles = -(-n // TILE)
     if m == 0:
         return out
-    # AMX takes whole groups of 16 rows (the rest go through vpdpbusd).
-    amx = path == "amx" or (path == "auto" and m >= AMX_MIN_ROWS and amx_available())
-    scratch, (q1, q2, d, s, s_f, s_lo) = activation_scratch(m, k)  # the quantized activations
-    params = kernel_params(out.data_ptr(), x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(),
-                           m, n, k, kind, DTYPE_CODES[x.dtype], q1, d, s, s_f, DTYPE_CODES[out.dtype], q2,
-                           int(amx), s_lo)
+    scratch = torch.empty(scratch_bytes(m, k), dtype=torch.uint8)
+    params = _params(x, packed, kind, n, bias, out, scratch, m, use_amx(m, path))
     team = omp_team() if threading == "omp" else None
     if team is not None:
-        team.run2(module, "mili_quantize_rows_range", m, "mili_qmatmul_tiles_range", tiles, params)
+        team.run2(module, ENTRIES[0], m, ENTRIES[1], -(-n // TILE), params)
     else:
         module.qmatmul((params.buffer_info()[0],))
     return out
+
+
+# The kernel's C range entries (quantize the rows, then compute the column tiles) and the parameters a
+# prebuilt call patches per step: the row count and the AMX switch.
+ENTRIES = ("mili_quantize_rows_range", "mili_qmatmul_tiles_range")
+ROWS_PARAM, AMX_PARAM = 4, 15
+
+
+def use_amx(m: int, path: str = "auto") -> bool:
+    """Whether a call of m rows computes on AMX tiles (the same bits as vpdpbusd either way)."""
+    return path == "amx" or (path == "auto" and m >= AMX_MIN_ROWS and amx_available())
+
+
+def scratch_bytes(m: int, k: int) -> int:
+    """Scratch for m quantized activation rows of length k (kernels/quant_operands.activation_addresses)."""
+    return activation_scratch_bytes(m, k)
+
+
+def qmatmul_params(x: torch.Tensor, packed: torch.Tensor, kind: int, n: int, bias: torch.Tensor | None,
+                   out: torch.Tensor, scratch: torch.Tensor, path: str = "auto") -> array.array:
+    """The checked parameters of qmatmul over x's rows into `out`, for a caller that runs the kernel's
+    ENTRIES itself (worker/decode_program.py) and may lower the row count (ROWS_PARAM, with AMX_PARAM
+    set by use_amx) to any m <= x's rows: the scratch layout is fixed by x's rows, and a row's result
+    does not depend on it."""
+    _checked(x, packed, kind, n, bias, out.dtype, out, path)
+    m, k = x.shape
+    _require(scratch.dtype == torch.uint8 and scratch.is_contiguous() and scratch.numel() >= scratch_bytes(m, k),
+             f"scratch must be contiguous uint8 of at least {scratch_bytes(m, k)} bytes")
+    return _params(x, packed, kind, n, bias, out, scratch, m, use_amx(m, path))
+
+
+def _checked(x: torch.Tensor, packed: torch.Tensor, kind: int, n: int, bias: torch.Tensor | None,
+             out_dtype: torch.dtype | None, out: torch.Tensor | None, path: str) -> torch.Tensor:
+    _require(path in PATHS, f"path must be one of {PATHS}")
+    _require(path != "amx" or amx_available(), "AMX int8 tiles are not available on this CPU")
+    _require(kind in RECORD_BYTES, f"unknown weight kind {kind}")
+    return checked_output(_require, x, packed, n, QK, RECORD_BYTES[kind], bias, out_dtype, out)
+
+
+def _params(x: torch.Tensor, packed: torch.Tensor, kind: int, n: int, bias: torch.Tensor | None,
+            out: torch.Tensor, scratch: torch.Tensor, m: int, amx: bool) -> array.array:
+    q1, q2, d, s, s_f, s_lo = activation_addresses(scratch.data_ptr(), m, x.shape[1])
+    return kernel_params(out.data_ptr(), x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(),
+                         m, n, x.shape[1], kind, DTYPE_CODES[x.dtype], q1, d, s, s_f, DTYPE_CODES[out.dtype], q2,
+                         int(amx), s_lo)

@@ -7,12 +7,13 @@ call raises ValueError and never reaches the kernel.
 
 from __future__ import annotations
 
+import array
 from types import ModuleType
 
 import torch
 
 from kernels.mojo_ops import DTYPE_CODES, THREADINGS, kernel_params, load_module, omp_team
-from kernels.quant_operands import TILE, activation_scratch, checked_output
+from kernels.quant_operands import TILE, activation_addresses, activation_scratch_bytes, checked_output
 
 MODULE = "mili_quant_k"
 # Kernel kind code (0 Q5_0, 1 Q5_1, 2 Q4_K, 3 Q6_K) -> (weights per K group, tile record bytes per group);
@@ -37,20 +38,53 @@ def qmatmul_k(module: ModuleType, x: torch.Tensor, packed: torch.Tensor, kind: i
     its code. bias: [n] float32. `out`, when given, must be a contiguous [M, n] tensor of out_dtype.
     threading: "omp" quantizes the rows and then splits the column tiles over torch's OpenMP team."""
     _require(threading in THREADINGS, f"threading must be one of {THREADINGS}")
-    _require(kind in GROUPS, f"unknown weight kind {kind}")
-    group, group_bytes = GROUPS[kind]
-    out = checked_output(_require, x, packed, n, group, group_bytes, bias, out_dtype, out)
+    out = _checked(x, packed, kind, n, bias, out_dtype, out)
     m, k = x.shape
-    tiles = -(-n // TILE)
     if m == 0:
         return out
-    scratch, (q1, q2, d, s, s_f, s_lo) = activation_scratch(m, k)  # the quantized activations
-    # Slot 15 (the main kernel's AMX switch) is unused here.
-    params = kernel_params(out.data_ptr(), x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(),
-                           m, n, k, kind, DTYPE_CODES[x.dtype], q1, d, s, s_f, DTYPE_CODES[out.dtype], q2, 0, s_lo)
+    scratch = torch.empty(scratch_bytes(m, k), dtype=torch.uint8)
+    params = _params(x, packed, kind, n, bias, out, scratch, m)
     team = omp_team() if threading == "omp" else None
     if team is not None:
-        team.run2(module, "mili_quantk_rows_range", m, "mili_quantk_tiles_range", tiles, params)
+        team.run2(module, ENTRIES[0], m, ENTRIES[1], -(-n // TILE), params)
     else:
         module.qmatmul((params.buffer_info()[0],))
     return out
+
+
+# The kernel's C range entries (quantize the rows, then compute the column tiles) and the parameter a
+# prebuilt call patches per step: the row count.
+ENTRIES = ("mili_quantk_rows_range", "mili_quantk_tiles_range")
+ROWS_PARAM = 4
+
+
+def scratch_bytes(m: int, k: int) -> int:
+    """Scratch for m quantized activation rows of length k (kernels/quant_operands.activation_addresses)."""
+    return activation_scratch_bytes(m, k)
+
+
+def qmatmul_k_params(x: torch.Tensor, packed: torch.Tensor, kind: int, n: int, bias: torch.Tensor | None,
+                     out: torch.Tensor, scratch: torch.Tensor) -> array.array:
+    """The checked parameters of qmatmul_k over x's rows into `out`, for a caller that runs the kernel's
+    ENTRIES itself and may lower the row count (ROWS_PARAM) to any m <= x's rows."""
+    _checked(x, packed, kind, n, bias, out.dtype, out)
+    m, k = x.shape
+    _require(scratch.dtype == torch.uint8 and scratch.is_contiguous() and scratch.numel() >= scratch_bytes(m, k),
+             f"scratch must be contiguous uint8 of at least {scratch_bytes(m, k)} bytes")
+    return _params(x, packed, kind, n, bias, out, scratch, m)
+
+
+def _checked(x: torch.Tensor, packed: torch.Tensor, kind: int, n: int, bias: torch.Tensor | None,
+             out_dtype: torch.dtype | None, out: torch.Tensor | None) -> torch.Tensor:
+    _require(kind in GROUPS, f"unknown weight kind {kind}")
+    group, group_bytes = GROUPS[kind]
+    return checked_output(_require, x, packed, n, group, group_bytes, bias, out_dtype, out)
+
+
+def _params(x: torch.Tensor, packed: torch.Tensor, kind: int, n: int, bias: torch.Tensor | None,
+            out: torch.Tensor, scratch: torch.Tensor, m: int) -> array.array:
+    q1, q2, d, s, s_f, s_lo = activation_addresses(scratch.data_ptr(), m, x.shape[1])
+    # Slot 15 (the main kernel's AMX switch) is unused here.
+    return kernel_params(out.data_ptr(), x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(),
+                         m, n, x.shape[1], kind, DTYPE_CODES[x.dtype], q1, d, s, s_f, DTYPE_CODES[out.dtype], q2, 0,
+                         s_lo)

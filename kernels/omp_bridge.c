@@ -31,3 +31,21 @@ void mili_omp_run2(range_fn first, long long n_first, range_fn second, long long
         run_share(second, params, n_second);
     }
 }
+
+/* A program: many phases in one parallel region, in order. phases: [n_phases][4] int64, each
+ * (range entry, params address, work items, flags). Between two phases every thread waits for the others
+ * (a barrier), unless the later phase has flag bit 0: it splits the same number of items as the one before
+ * and each item reads only what the same item wrote there, so each thread may go on with its own share.
+ * One call runs a whole decode step's layers (worker/decode_program.py) instead of one call per kernel. */
+void mili_omp_program(const long long *phases, long long n_phases) {
+#pragma omp parallel
+    {
+        for (long long i = 0; i < n_phases; i++) {
+            const long long *phase = phases + 4 * i;
+            if (i > 0 && !(phase[3] & 1)) {
+#pragma omp barrier
+            }
+            run_share((range_fn)phase[0], phase[1], phase[2]);
+        }
+    }
+}

@@ -42,14 +42,19 @@ def checked_output(require: Callable[[bool, str], None], x: torch.Tensor, packed
     return out
 
 
-def activation_scratch(m: int, k: int) -> tuple[torch.Tensor, tuple[int, int, int, int, int, int]]:
-    """Scratch for m rows of K activations quantized by kernels/quant_activations.mojo: int8 q1 and q2
-    [M, K] each, then [K / 32, M] float32 d, int32 sum q, float32 d * sum q and int32 sum over elements
-    0-15. Returns the tensor (keep it alive for the call) and the addresses (q1, q2, d, sum, d * sum,
-    sum lo), in the order of the kernels' parameter slots P_Q1, P_Q2, P_D, P_SUM, P_SUM_F, P_SUM_LO."""
+def activation_scratch_bytes(m: int, k: int) -> int:
+    """Bytes of scratch for m rows of K activations quantized by kernels/quant_activations.mojo (the layout
+    is in activation_addresses)."""
+    return 2 * m * k + 16 * m * (k // QK) + 64
+
+
+def activation_addresses(base: int, m: int, k: int) -> tuple[int, int, int, int, int, int]:
+    """The quantized activations' places in scratch at `base` (activation_scratch_bytes(m, k) long):
+    int8 q1 and q2 [M, K] each, then [K / 32, M] float32 d, int32 sum q, float32 d * sum q and int32 sum
+    over elements 0-15. Returns (q1, q2, d, sum, d * sum, sum lo), in the order of the kernels' parameter
+    slots P_Q1, P_Q2, P_D, P_SUM, P_SUM_F, P_SUM_LO. A caller may run fewer rows than m through this
+    layout: the [K / 32, M] arrays are indexed with the rows run, inside the space m rows reserve."""
     nb = k // QK
-    scratch = torch.empty(2 * m * k + 16 * m * nb + 64, dtype=torch.uint8)
-    base = scratch.data_ptr()
     q1, q2, d = base, base + m * k, base + 2 * m * k
     d += -d % 4
-    return scratch, (q1, q2, d, d + 4 * m * nb, d + 8 * m * nb, d + 12 * m * nb)
+    return q1, q2, d, d + 4 * m * nb, d + 8 * m * nb, d + 12 * m * nb

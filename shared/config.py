@@ -25,6 +25,9 @@ class EngineConfig:
     quantization: str = "auto"
     enable_prefix_caching: bool = True
     device: str = "cpu"
+    # Decode-only steps of a quantized model run their layers as one kernel program where eligible
+    # (worker/decode_program.py); False keeps every step on the module path (tests compare the two).
+    decode_program: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -107,6 +107,11 @@ class MojoAttentionBackend:
             ref_plan = reference.AttentionPlan(decode=(), prefills=full.prefills)
         return MojoStepPlan(kernel, ref_plan, kernel_attends=bool(kernel.rows))
 
+    @property
+    def kernel_module(self):
+        """The kernels' extension module (worker/decode_program.py enters its kernels directly)."""
+        return self._module
+
     def write_kv(self, k_cache, v_cache, key, value, meta: AttentionMetadata, plan: MojoStepPlan) -> None:
         self._ops.write_kv(self._module, k_cache, v_cache, key.to(k_cache.dtype), value.to(k_cache.dtype),
                            plan.kernel)

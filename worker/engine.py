@@ -63,7 +63,9 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         kv_caches = allocate_kv_caches(mc, num_blocks, config.block_size, self.dtype, config.device)
-        self.runner = ModelRunner(model, kv_caches, config.block_size, config.device)
+        self.runner = ModelRunner(model, kv_caches, config.block_size, config.device,
+                                  decode_program=config.decode_program, max_num_seqs=config.max_num_seqs,
+                                  max_model_len=self.max_model_len)
         self.eos_token_ids = frozenset(mc.eos_token_ids)
         self.sampler = Sampler(mc.vocab_size, self.eos_token_ids)
         self.grammars = GrammarCompiler(config.model, mc.vocab_size, self.eos_token_ids)
@@ -75,8 +77,9 @@ class LLMEngine:
         self.kv_audit = KvAuditor(self.block_manager, KV_AUDIT_EVERY_STEPS)
         self._deadlines = DeadlineQueue()
         log.info("engine ready: %s, dtype %s, attention %s, quantization %s, %d KV blocks of %d tokens, "
-                 "max_model_len %d", mc.architecture, self.dtype, self.attention_backend.name,
-                 "none" if quant is None else quant.describe(), num_blocks, config.block_size, self.max_model_len)
+                 "max_model_len %d, decode steps as one kernel program: %s", mc.architecture, self.dtype,
+                 self.attention_backend.name, "none" if quant is None else quant.describe(), num_blocks,
+                 config.block_size, self.max_model_len, self.runner.decode_program_status)
 
     def _quant_plan(self):
         """What `quantization` asks for, where the kernels can serve it: auto falls back to none (with a

@@ -75,6 +75,11 @@ class MojoLayerOps:
         self._ops = mojo_layers
         self._module = mojo_layers.load()
 
+    @property
+    def kernel_module(self):
+        """The kernels' extension module (worker/decode_program.py enters its kernels directly)."""
+        return self._module
+
     def check_step(self, positions: torch.Tensor, max_positions: int) -> None:
         self._ops.check_positions(positions, max_positions)
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from worker.attention import AttentionMetadata
+from worker.decode_program import DecodeProgram, unsupported_reason
 from worker.models.decoder import DecoderForCausalLM
 from worker.prompt_logprobs import PromptSpan, PromptTokenLogprob, prompt_rows_to_score, score_prompt_rows
 from worker.scheduler import ScheduledBatch
@@ -38,11 +39,21 @@ class ModelOutput:
 
 class ModelRunner:
     def __init__(self, model: DecoderForCausalLM, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                 block_size: int, device: torch.device | str = "cpu"):
+                 block_size: int, device: torch.device | str = "cpu", decode_program: bool = False,
+                 max_num_seqs: int = 1, max_model_len: int = 1):
+        """decode_program: run decode-only steps as one kernel program where the model allows it
+        (worker/decode_program.py), with buffers for max_num_seqs rows of up to max_model_len tokens."""
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
+        self._program_reason = unsupported_reason(model) if decode_program else "turned off"
+        self._program_size = (max_num_seqs, -(-max_model_len // block_size))
+        self.decode_program: DecodeProgram | None = None  # built at the first decode-only step
+
+    @property
+    def decode_program_status(self) -> str:
+        return "on" if self._program_reason is None else f"off ({self._program_reason})"
 
     def prepare(self, batch: ScheduledBatch) -> StepInputs:
         bs = self.block_size
@@ -101,13 +112,26 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, inputs: StepInputs) -> ModelOutput:
         """Logits of the sampling rows (empty when no sequence samples) and new prompt logprobs."""
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)  # [tokens, hidden]
+        hidden = self._program_hidden(inputs)
+        if hidden is None:
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)  # [tokens, hidden]
         vocab = self.model.config.vocab_size
         if inputs.sampling_rows:
             logits = self.model.compute_logits(hidden[inputs.logits_indices])
         else:
             logits = hidden.new_empty((0, vocab), dtype=torch.float32)
         return ModelOutput(logits, self._prompt_logprobs(hidden, inputs) if inputs.prompt_spans else {})
+
+    def _program_hidden(self, inputs: StepInputs) -> torch.Tensor | None:
+        """The final hidden states through the decode program, or None where the step is not one for it."""
+        meta = inputs.meta
+        if self._program_reason is not None or not all(n == 1 for n in meta.query_lens_host):
+            return None
+        if self.decode_program is None:
+            self.decode_program = DecodeProgram(self.model, self.kv_caches, *self._program_size, self.block_size)
+        if not self.decode_program.accepts(meta):
+            return None
+        return self.decode_program.forward(inputs.input_ids, inputs.positions, meta)
 
     def _prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs) -> dict[int, list[PromptTokenLogprob]]:
         max_k = max(span.k for span in inputs.prompt_spans)

@@ -21,11 +21,12 @@ TINY_MODELS: dict[str, dict] = {
 
 
 def build_tiny_model(name: str, seed: int, out_dir: Path, vocab_size: int = 320, num_layers: int = 2,
-                     max_positions: int = 512):
-    """Save a random model to out_dir (safetensors + generation_config) and return it (float32, eval)."""
+                     max_positions: int = 512, **overrides):
+    """Save a random model to out_dir (safetensors + generation_config) and return it (float32, eval).
+    overrides: config fields that replace the named model's (head counts, sizes)."""
     import transformers
 
-    spec = dict(TINY_MODELS[name])
+    spec = dict(TINY_MODELS[name]) | overrides
     arch = spec.pop("arch")
     config_cls = getattr(transformers, f"{arch}Config")
     model_cls = getattr(transformers, f"{arch}ForCausalLM")

@@ -8,8 +8,10 @@ model dtype's copy of their weights is never allocated.
 
 from __future__ import annotations
 
+import array
 import functools
 import logging
+from dataclasses import dataclass
 from types import ModuleType
 
 import numpy as np
@@ -131,6 +133,46 @@ class QuantLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, type={self.qtype and self.type_name}"
+
+    def scratch_bytes(self, rows: int) -> int:
+        """The activation scratch its kernel needs for `rows` rows (one segment)."""
+        from kernels import mojo_quant, mojo_quant_k
+
+        kernel = mojo_quant if self.qtype in KERNEL_KINDS else mojo_quant_k
+        return kernel.scratch_bytes(rows, self.in_features)
+
+    def prebuilt(self, x: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> "PrebuiltMatmul":
+        """The checked kernel call computing forward(x) into `out` with `scratch` (scratch_bytes(rows)
+        bytes), for a caller that runs it itself and may lower its row count (worker/decode_program.py).
+        One segment only: the kernels write whole rows of one output."""
+        from kernels import mojo_quant, mojo_quant_k
+        from kernels.quant_operands import TILE
+
+        if len(self.segments) != 1:
+            raise ValueError(f"a prebuilt call needs one block type, this projection has {self.type_name}")
+        tiles = -(-self.out_features // TILE)
+        if self.qtype in KERNEL_KINDS:
+            params = mojo_quant.qmatmul_params(x, self.packed, KERNEL_KINDS[self.qtype], self.out_features,
+                                               self._bias_f32, out, scratch)
+            return PrebuiltMatmul(self._module, mojo_quant.ENTRIES, params, tiles, mojo_quant.ROWS_PARAM,
+                                  mojo_quant.AMX_PARAM)
+        params = mojo_quant_k.qmatmul_k_params(x, self.packed, KQUANT_KINDS[self.qtype], self.out_features,
+                                               self._bias_f32, out, scratch)
+        return PrebuiltMatmul(self._module, mojo_quant_k.ENTRIES, params, tiles, mojo_quant_k.ROWS_PARAM, None)
+
+
+@dataclass(frozen=True)
+class PrebuiltMatmul:
+    """A quantized matmul's checked call: quantize the rows (entries[0], one item per row), then the
+    column tiles (entries[1], `tiles` items), with the row count at params[rows_param] and, for kernels
+    with an AMX path, its switch at params[amx_param] (set as kernels.mojo_quant.use_amx says)."""
+
+    module: ModuleType
+    entries: tuple[str, str]
+    params: array.array
+    tiles: int
+    rows_param: int
+    amx_param: int | None
 
 
 def module_for(qtype: QT) -> ModuleType | None:
