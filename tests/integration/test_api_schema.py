@@ -42,8 +42,10 @@ def run_schemathesis(url: str, tmp_path: Path, seed: int, context: int) -> subpr
     env = dict(os.environ, PYTHONPATH=str(ROOT), SCHEMATHESIS_HOOKS="tests.helpers.schemathesis_hooks",
                MILI_SCHEMATHESIS_CONTEXT=str(context), MILI_SCHEMATHESIS_DROPPED=str(tmp_path / "dropped.json"))
     cmd = [*ST, "--no-color", "--config-file", str(config), "run", f"{url}/openapi.json", "--checks", "all",
-           "--max-examples", str(MAX_EXAMPLES), "--seed", str(seed), "--workers", "2", "--request-timeout", "60",
+           "--max-examples", str(MAX_EXAMPLES), "--seed", str(seed), "--workers", "1", "--request-timeout", "60",
            "--no-shrink", "--continue-on-failure", "--output-truncate", "true",
+           # One worker: with two, schemathesis's coverage phase now and then raised a KeyError inside its own
+           # schema walk (an error of the tool, reported as an error, not a finding); one worker costs ~2 s.
            # Generated conversations are often longer than the tiny model's context (those are left out), and big
            # bodies are slow to generate on a busy machine.
            "--suppress-health-check", "filter_too_much,too_slow"]
