@@ -79,6 +79,7 @@ def load_model(model_dir: str | Path, cfg: ModelConfig, backend: AttentionBacken
     _check_complete(params, filled, shard_sizes)
     if quant is not None:
         model.load_quantized(quant)
+        quant.drop_source_pages()
     model.eval()
     return model
 
