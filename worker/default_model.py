@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from worker.gguf.convert import CONVERTER_VERSION, convert_gguf
+from worker.gguf.records import CONVERTER_VERSION
 
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -70,6 +70,8 @@ def converted_gguf(source: Path, name: str) -> Path:
         if _is_complete(target):  # another process converted it while we waited
             return target
         _remove_leftovers(target)
+        from worker.gguf.convert import convert_gguf  # imports torch: only a conversion needs it
+
         convert_gguf(source, target)
     return target
 

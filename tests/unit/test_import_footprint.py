@@ -8,12 +8,20 @@ import os
 import subprocess
 import sys
 
+from worker.default_model import converted_gguf, default_gguf_path, default_model_path
+
 GATEWAY_MODULES = ["gateway.cli", "gateway.serve", "gateway.app", "gateway.openai_routes", "gateway.structured_output",
                    "gateway.tools", "gateway.worker_pool", "gateway.stream_routes", "gateway.debug_routes"]
 
 
 def test_the_gateway_imports_no_torch():
+    """Nor does resolving a model whose conversion is cached (only a conversion, on the first start, needs it)."""
+    default_model_path()  # converted here if they are not cached yet
+    converted_gguf(default_gguf_path(), default_gguf_path().stem)
     code = ("import json, sys\n" + "".join(f"import {m}\n" for m in GATEWAY_MODULES)
+            + "from gateway.serve import resolve_model\n"
+            + "from worker.default_model import default_gguf_path\n"
+            + "resolve_model('default')\nresolve_model(str(default_gguf_path()))\n"
             + "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers'))))")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env=dict(os.environ))

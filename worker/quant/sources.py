@@ -23,8 +23,9 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from safetensors import safe_open
 
-from worker.gguf.convert import SOURCE_RECORD, unpermute_qk
+from worker.gguf.convert import unpermute_qk
 from worker.gguf.reader import GGUFFile
+from worker.gguf.records import SOURCE_RECORD
 from worker.model_config import ModelConfig
 from worker.quant.blocks import quantize_rows
 from worker.quant.linear import served_types, type_name
