@@ -172,14 +172,15 @@ LLAMA_CONTEXT_ALIGN = 256
 def check_context(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """The context must be the same for every server and hold every level's requests, or the sweep measures
     something else: at concurrency c each llama-server slot holds context / c tokens, which must be a
-    multiple of 256, and a request needs its prompt (about one token per word) and its output."""
+    multiple of 256 when llama-server runs, and a request needs its prompt (about one token per word) and
+    its output."""
     ctx = args.context_tokens
     if ctx <= 0 or ctx % LLAMA_CONTEXT_ALIGN:
         p.error(f"--context-tokens must be a positive multiple of {LLAMA_CONTEXT_ALIGN}, got {ctx}")
     for c in args.concurrency:
         if c < 1:
             p.error(f"--concurrency levels must be at least 1, got {c}")
-        if ctx % (c * LLAMA_CONTEXT_ALIGN):
+        if "llama-server" in args.servers.split(",") and ctx % (c * LLAMA_CONTEXT_ALIGN):
             p.error(f"--context-tokens {ctx} does not split into {c} slots of a multiple of {LLAMA_CONTEXT_ALIGN} "
                     f"tokens (llama-server would round its context up to {-(-ctx // (c * 256)) * c * 256})")
         if ctx // c < args.input_len + args.output_len:

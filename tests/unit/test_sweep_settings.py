@@ -36,9 +36,9 @@ def test_mili_kv_tokens_must_fill_whole_blocks():
 @pytest.mark.parametrize("argv, message", [
     (["--context-tokens", "1000"], "multiple of 256"),
     (["--context-tokens", "0"], "multiple of 256"),
-    (["--context-tokens", "8192"], "does not split into 64 slots"),  # llama-server would hold 64 x 256
+    (["--servers", "llama-server", "--context-tokens", "8192"], "does not split into 64 slots"),  # llama-server would hold 64 x 256
     (["--context-tokens", "8192", "--concurrency", "1,32", "--input-len", "200"], "each of 32 slots 256 tokens, less than a request's 200 + 64"),
-    (["--context-tokens", "16384", "--concurrency", "3"], "round its context up to 16896"),
+    (["--servers", "mili,llama-server", "--concurrency", "3"], "round its context up to 16896"),
     (["--context-tokens", "256", "--concurrency", "1"], "long-prompt request"),
     (["--concurrency", "0,8"], "at least 1"),
 ])
@@ -46,3 +46,7 @@ def test_a_context_the_workload_does_not_fit_is_refused(argv, message, capsys):
     with pytest.raises(SystemExit):
         parse_args(argv)
     assert message in capsys.readouterr().err
+
+
+def test_uneven_slots_matter_only_to_llama_server():
+    assert parse_args(["--servers", "mili,transformers", "--concurrency", "1,3"]).concurrency == [1, 3]
