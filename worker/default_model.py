@@ -70,10 +70,16 @@ def converted_gguf(source: Path, name: str) -> Path:
         if _is_complete(target):  # another process converted it while we waited
             return target
         _remove_leftovers(target)
-        from worker.gguf.convert import convert_gguf  # imports torch: only a conversion needs it
-
         convert_gguf(source, target)
     return target
+
+
+def convert_gguf(source: Path, target: Path) -> Path:
+    """worker.gguf.convert's, imported here on first use: it imports torch, which the gateway resolving a
+    cached conversion must not load."""
+    from worker.gguf.convert import convert_gguf as convert
+
+    return convert(source, target)
 
 
 def _source_key(source: Path) -> str:
