@@ -25,7 +25,7 @@ import llguidance
 from tokenizers import Tokenizer
 
 from gateway.errors import invalid
-from worker.structured_output import build_tokenizer, parser_limits
+from shared.grammar_limits import build_tokenizer, parser_limits
 
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 MAX_SCHEMA_CHARS = 128 * 1024

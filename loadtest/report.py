@@ -30,7 +30,9 @@ def markdown(results: dict) -> str:
         f"Python {m['python']}, torch {m['torch']}" + (f"; {m['llama_server']}" if "llama_server" in m else "") + ".",
         f"Run {results['started']}. Prompts of {s['input_len']} words (about as many tokens), {s['output_len']} output "
         f"tokens, temperature 0, ignore_eos; {s['prompts_per_level']} x concurrency requests per level "
-        f"(at least {s['min_prompts']}).",
+        f"(at least {s['min_prompts']})." + (
+            f" Equal context: {s['context_tokens']} tokens of KV capacity for every server that bounds it"
+            " (its per-sequence limit below)." if s.get("context_tokens") else ""),
         "",
         "Output tokens/s by concurrency:",
         "",
@@ -61,12 +63,24 @@ def markdown(results: dict) -> str:
     lines += ["", f"Time to first token for 512-token prompts at concurrency 1, median: "
               + ", ".join(f"{x} {ttft[x]:.1f} ms" for x in servers)
               + "".join(f"; {main} / {p} {_ratio(ttft[main], ttft[p])}" for p in peers) + ".",
-              "", "Peak resident memory of the processes holding the model (VmHWM): "
-              + ", ".join(f"{x} {results['servers'][x]['peak_rss_mib']:.0f} MiB" for x in servers) + "."]
+              "", "Peak resident memory (VmHWM; for servers of several processes, each one's peak, summed): "
+              + ", ".join(f"{x} {_rss(results['servers'][x])}" for x in servers)
+              + "".join(f"; {main} / {p} {_ratio(results['servers'][main]['peak_rss_mib'], results['servers'][p]['peak_rss_mib'])}"
+                        for p in peers) + "."]
     configs = [f"{x}: {results['servers'][x]['config']}" for x in servers if results["servers"][x].get("config")]
     if configs:
         lines += ["", "Configurations: " + "; ".join(configs) + "."]
+    contexts = [f"{x}: {results['servers'][x]['context']}" for x in servers if results["servers"][x].get("context")]
+    if contexts:
+        lines += ["", "Context: " + "; ".join(contexts) + "."]
     return "\n".join(lines) + "\n"
+
+
+def _rss(server: dict) -> str:
+    """"1234 MiB", or with several processes "1234 MiB (gateway 80 + worker 1154)"."""
+    parts = server.get("peak_rss_by_process_mib") or {}
+    detail = f" ({' + '.join(f'{role} {mib:.0f}' for role, mib in parts.items())})" if len(parts) > 1 else ""
+    return f"{server['peak_rss_mib']:.0f} MiB{detail}"
 
 
 def plot(results: dict, path: Path) -> None:

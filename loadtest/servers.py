@@ -1,7 +1,13 @@
 """Starting, probing and stopping the servers a sweep measures, one at a time so they never share cores.
 
 Each peer is a `ServerSpec`: how to start it for a given concurrency (llama-server's slot count must
-equal it, so it restarts per level), and which processes hold its model (their peak RSS is reported).
+equal it, so it restarts per level), and which processes it runs as (each one's peak RSS is reported).
+
+Equal context: given `kv_tokens`, MILI's paged KV cache holds exactly that many tokens (`--num-kv-blocks`
+kv_tokens / 16, one pool every sequence draws from, a sequence up to the whole pool or the model's context
+length, whichever is less) and llama-server gets `-c kv_tokens` (its total context; with `-np N` slots and
+no unified cache, each slot may hold kv_tokens / N). Both keep K and V in 16-bit floats, so the same token
+count is the same number of bytes.
 """
 
 from __future__ import annotations
@@ -26,36 +32,56 @@ class ServerSpec:
     command: Callable[[int, int], list[str]]  # (port, concurrency) -> argv
     restart_per_level: bool  # the server's own parallelism must be set to the concurrency
     max_concurrency: int | None = None  # levels above this are not run (a one-request server only queues)
-    model_processes: str = "self"  # "self": the started process holds the model; "children": its children do
+    model_processes: str = "self"  # "self": one process; "children": a gateway whose children (workers) hold the model
     fallback: "ServerSpec | None" = None  # started instead if this one exits before it is ready
     config: str = ""  # how it runs, for the results
+    context: str = ""  # its KV capacity and per-sequence limit, for the results
+
+
+MILI_BLOCK_SIZE = 16  # `mili serve`'s default --block-size
 
 
 def mili_spec(threads: int, model: str = "default", served_name: str | None = None,
-              quantization: str = "auto", name: str = "mili") -> ServerSpec:
+              quantization: str = "auto", name: str = "mili", kv_tokens: int | None = None) -> ServerSpec:
     """MILI serving `model` (a .gguf, an HF directory or "default"); quantization "auto" serves a GGUF's
-    quantized blocks as they are, "none" the model dtype (bfloat16 here)."""
+    quantized blocks as they are, "none" the model dtype (bfloat16 here). kv_tokens: the KV cache's size in
+    tokens (None: its default, --kv-cache-memory 1GiB)."""
     extra = ["--served-model-name", served_name] if served_name else []
+    if kv_tokens is not None:
+        if kv_tokens <= 0 or kv_tokens % MILI_BLOCK_SIZE:
+            raise ValueError(f"KV tokens must be a positive multiple of {MILI_BLOCK_SIZE}, got {kv_tokens}")
+        extra += ["--num-kv-blocks", str(kv_tokens // MILI_BLOCK_SIZE)]
+    context = "KV cache 1GiB (its default)" if kv_tokens is None else (
+        f"KV cache {kv_tokens} tokens ({kv_tokens // MILI_BLOCK_SIZE} blocks of {MILI_BLOCK_SIZE}), one pool for all "
+        f"sequences; a sequence up to min({kv_tokens}, the model's context length)")
     return ServerSpec(name, lambda port, _: [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port),
                                              "--worker-threads", str(threads), "--model", model,
                                              "--quantization", quantization, *extra],
-                      restart_per_level=False, model_processes="children")
+                      restart_per_level=False, model_processes="children", context=context)
 
 
-def llama_server_spec(binary: Path, gguf: Path, served_name: str, threads: int, repack: str = "auto") -> ServerSpec:
+def llama_server_spec(binary: Path, gguf: Path, served_name: str, threads: int, repack: str = "auto",
+                      kv_tokens: int | None = None) -> ServerSpec:
     """repack "auto": llama-server's default (its repacked and AMX weight buffers, its fastest kernels), and
     --no-repack only if that exits before it is ready. On this machine's AMX CPU it does, for every type
     tried (Q4_1, Q4_0, Q4_K): ggml's AMX matmul segfaults in the warm-up; without the extra buffers
     llama-server runs its AVX-512 kernels. "on" / "off" force one or the other."""
+    # -c is the total context its -np slots split (each kv_tokens / c); without kv_tokens each slot gets 1024
+    # tokens, as the longest benchmark request is 512 + 64.
+    def context(c: int) -> int:
+        return kv_tokens if kv_tokens is not None else 1024 * c
+
     def spec(with_repack: bool, fallback: ServerSpec | None = None) -> ServerSpec:
-        # Each slot gets 1024 tokens of context: the longest benchmark request is 512 + 64 tokens.
         return ServerSpec("llama-server", lambda port, c: [
             str(binary), "-m", str(gguf), "--alias", served_name, "--host", "127.0.0.1", "--port", str(port),
-            "-np", str(c), "-c", str(1024 * c), "-t", str(threads), "-tb", str(threads), "--no-webui",
+            "-np", str(c), "-c", str(context(c)), "-t", str(threads), "-tb", str(threads), "--no-webui",
             *([] if with_repack else ["--no-repack"])],
             restart_per_level=True, fallback=fallback,
             config="default weight buffers (repack)" if with_repack else
-            "--no-repack" + (" (the default exited before it was ready)" if repack == "auto" else ""))
+            "--no-repack" + (" (the default exited before it was ready)" if repack == "auto" else ""),
+            context="-c 1024 x concurrency (its KV grows with the level)" if kv_tokens is None else
+            f"-c {kv_tokens}: KV cache {kv_tokens} tokens, split evenly between the -np slots (a sequence up to "
+            f"{kv_tokens} / concurrency)")
 
     if repack == "auto":
         return spec(True, fallback=spec(False))
@@ -91,10 +117,13 @@ class RunningServer:
             time.sleep(0.5)
         raise TimeoutError(f"{self.spec.name} not ready after {timeout:.0f} s; see {self.log.name}")
 
-    def model_pids(self) -> list[int]:
+    def processes(self) -> dict[str, int]:
+        """Role -> pid of every process the server runs: itself, or a gateway and its workers."""
         if self.spec.model_processes == "self":
-            return [self.proc.pid]
-        return [pid for pid in _all_pids() if _parent_pid(pid) == self.proc.pid]
+            return {self.spec.name: self.proc.pid}
+        workers = sorted(pid for pid in _all_pids() if _parent_pid(pid) == self.proc.pid)
+        names = ["worker"] if len(workers) == 1 else [f"worker-{i}" for i in range(len(workers))]
+        return {"gateway": self.proc.pid, **dict(zip(names, workers))}
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -11,7 +11,15 @@ one comes from `python -m loadtest.make_gguf` (`make bench-compare-0.6b` writes 
 Servers run one after another, never together, so each has the machine to itself. At every
 concurrency level each server gets the same seeded prompts (128 words, about 128 tokens), 64 output
 tokens, temperature 0 and ignore_eos; then one more run at concurrency 1 measures time to first token
-for 512-token prompts. The worker's peak RSS (VmHWM) is read after the sweep. Results go to
+for 512-token prompts.
+
+Equal context: MILI and llama-server get the same KV capacity, `--context-tokens` (16384 by default: the
+workload's 64 x (128 + 64) tokens at concurrency 64 fit, with each of llama-server's 64 slots holding 256).
+MILI's cache is one paged pool all sequences share; llama-server splits its `-c` evenly between its `-np`
+slots (see loadtest/servers.py). The transformers server has no cache bound (its KV lives per request).
+
+Memory: every process's peak RSS (VmHWM) is read after each level, and the largest kept: MILI's gateway
+and worker separately and their sum (llama-server is one process). Results go to
 loadtest/results/<name>.json, a markdown table beside it, and a PNG plot.
 """
 
@@ -72,7 +80,7 @@ def sweep_server(spec: ServerSpec, args, log_dir: Path) -> dict:
     runs = [(str(c), c, args.input_len) for c in levels] + [("ttft_long_prompt", 1, args.ttft_input_len)]
     out: dict = {"levels": {}}
     server = None
-    peak = 0.0
+    peaks: dict[str, float] = {}  # role -> the largest VmHWM seen (llama-server restarts per level)
     for key, c, input_len in runs:
         if server is None or spec.restart_per_level:
             if server is not None:
@@ -96,24 +104,30 @@ def sweep_server(spec: ServerSpec, args, log_dir: Path) -> dict:
             if spec.max_concurrency is not None:  # a one-request server: enough to see it queue
                 num_prompts = min(num_prompts, 2 * spec.max_concurrency)
             out["levels"][key] = measure(server, c, num_prompts, input_len, args.output_len, args.seed)
-        peak = max([peak] + [rss or 0.0 for rss in map(peak_rss_mib, server.model_pids())])
+        for role, pid in server.processes().items():
+            peaks[role] = max(peaks.get(role, 0.0), peak_rss_mib(pid) or 0.0)
     server.stop()
-    out["peak_rss_mib"] = peak
+    out["peak_rss_by_process_mib"] = peaks
+    out["peak_rss_mib"] = sum(peaks.values())  # each process's peak, summed
     out["config"] = spec.config
+    out["context"] = spec.context
     return out
 
 
-def build_specs(names: list[str], threads: int, gguf: Path, served_name: str, llama_repack: str) -> list[ServerSpec]:
+def build_specs(names: list[str], threads: int, gguf: Path, served_name: str, llama_repack: str,
+                kv_tokens: int) -> list[ServerSpec]:
     specs = []
     for name in names:
         if name == "mili":
-            specs.append(mili_spec(threads, str(gguf), served_name))
+            specs.append(mili_spec(threads, str(gguf), served_name, kv_tokens=kv_tokens))
         elif name == "mili-bf16":
-            specs.append(mili_spec(threads, str(gguf), served_name, quantization="none", name=name))
+            specs.append(mili_spec(threads, str(gguf), served_name, quantization="none", name=name,
+                                   kv_tokens=kv_tokens))
         elif name == "llama-server":
             from loadtest.llama_server import ensure_llama_server
 
-            specs.append(llama_server_spec(ensure_llama_server(), gguf, served_name, threads, llama_repack))
+            specs.append(llama_server_spec(ensure_llama_server(), gguf, served_name, threads, llama_repack,
+                                           kv_tokens=kv_tokens))
         elif name == "transformers":
             specs.append(transformers_spec(converted_gguf(gguf, served_name), served_name, threads, max_concurrency=8))
         else:
@@ -131,6 +145,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="llama-server's repacked (and AMX) weight buffers; auto: its default, and --no-repack "
                         "only if that exits before it is ready (see loadtest/servers.py)")
     p.add_argument("--concurrency", default="1,8,32,64", type=lambda s: [int(c) for c in s.split(",")])
+    p.add_argument("--context-tokens", type=int, default=16384,
+                   help="KV capacity in tokens, the same for MILI (--num-kv-blocks) and llama-server (-c, split "
+                        "between its slots); a multiple of 256, enough for every level's requests")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--ttft-input-len", type=int, default=512)
@@ -142,7 +159,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--name", help="result file name (default: serve or compare)")
     p.add_argument("--out-dir", type=Path, default=RESULTS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    check_context(p, args)
+    return args
+
+
+# llama-server rounds each slot's share of its context up to a multiple of 256 tokens, and its total to that
+# times the slots (llama-context.cpp): the shares must come out whole for its total to stay the one asked for.
+LLAMA_CONTEXT_ALIGN = 256
+
+
+def check_context(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The context must be the same for every server and hold every level's requests, or the sweep measures
+    something else: at concurrency c each llama-server slot holds context / c tokens, which must be a
+    multiple of 256 when llama-server runs, and a request needs its prompt (about one token per word) and
+    its output."""
+    ctx = args.context_tokens
+    if ctx <= 0 or ctx % LLAMA_CONTEXT_ALIGN:
+        p.error(f"--context-tokens must be a positive multiple of {LLAMA_CONTEXT_ALIGN}, got {ctx}")
+    for c in args.concurrency:
+        if c < 1:
+            p.error(f"--concurrency levels must be at least 1, got {c}")
+        if "llama-server" in args.servers.split(",") and ctx % (c * LLAMA_CONTEXT_ALIGN):
+            p.error(f"--context-tokens {ctx} does not split into {c} slots of a multiple of {LLAMA_CONTEXT_ALIGN} "
+                    f"tokens (llama-server would round its context up to {-(-ctx // (c * 256)) * c * 256})")
+        if ctx // c < args.input_len + args.output_len:
+            p.error(f"--context-tokens {ctx} gives each of {c} slots {ctx // c} tokens, less than a request's "
+                    f"{args.input_len} + {args.output_len}")
+    if ctx < args.ttft_input_len + args.output_len:
+        p.error(f"--context-tokens {ctx} is less than a long-prompt request's {args.ttft_input_len} + {args.output_len}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         args.gguf = default_gguf_path()
         args.served_name = args.served_name or DEFAULT_SERVED_NAME
     args.served_name = args.served_name or args.gguf.stem
-    specs = build_specs(names, args.threads, args.gguf, args.served_name, args.llama_repack)
+    specs = build_specs(names, args.threads, args.gguf, args.served_name, args.llama_repack, args.context_tokens)
     results = {"machine": machine(), "settings": {k: v for k, v in vars(args).items() if k not in ("out_dir",)},
                "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "servers": {}}
     if "llama-server" in names:

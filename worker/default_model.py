@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from worker.gguf.convert import CONVERTER_VERSION, convert_gguf
+from worker.gguf.records import CONVERTER_VERSION
 
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -72,6 +72,14 @@ def converted_gguf(source: Path, name: str) -> Path:
         _remove_leftovers(target)
         convert_gguf(source, target)
     return target
+
+
+def convert_gguf(source: Path, target: Path) -> Path:
+    """worker.gguf.convert's, imported here on first use: it imports torch, which the gateway resolving a
+    cached conversion must not load."""
+    from worker.gguf.convert import convert_gguf as convert
+
+    return convert(source, target)
 
 
 def _source_key(source: Path) -> str:

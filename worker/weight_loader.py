@@ -54,7 +54,9 @@ def load_model(model_dir: str | Path, cfg: ModelConfig, backend: AttentionBacken
     model_dir = Path(model_dir)
     model = DecoderForCausalLM(cfg, backend, max_positions, dtype, device="meta", rotary_device=device, ops=ops)
     skipped = set() if quant is None else model.use_quantized(quant)
-    model.to_empty(device=device)
+    # to_empty's empty_like on meta tensors runs through torch._refs, which imports torch._dynamo and sympy
+    # (about 50 MiB resident in the worker for nothing); plain empty() allocates the same storage.
+    model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
     params = dict(model.named_parameters())
     shard_sizes = _shard_sizes(cfg)
     filled: dict[str, set[int]] = {}
@@ -77,6 +79,7 @@ def load_model(model_dir: str | Path, cfg: ModelConfig, backend: AttentionBacken
     _check_complete(params, filled, shard_sizes)
     if quant is not None:
         model.load_quantized(quant)
+        quant.drop_source_pages()
     model.eval()
     return model
 

@@ -25,6 +25,11 @@ def test_sweep_writes_results_table_and_plot(tmp_path):
             assert run["mean_prompt_tokens"] > 0
         assert data["ttft_long_prompt"]["mean_prompt_tokens"] > data["levels"]["1"]["mean_prompt_tokens"]
         assert 100 < data["peak_rss_mib"] < 20_000  # the process holds at least the 135M-parameter model
+        assert data["peak_rss_mib"] == sum(data["peak_rss_by_process_mib"].values())
+    # MILI's two processes apart: the worker holds the model and the 16384-token KV cache (360 MiB).
+    assert set(results["servers"]["mili"]["peak_rss_by_process_mib"]) == {"gateway", "worker"}
+    assert results["servers"]["mili"]["peak_rss_by_process_mib"]["worker"] > 360
+    assert "16384 tokens" in results["servers"]["mili"]["context"]
     # Both tokenize the same prompts with the same tokenizer.
     assert (results["servers"]["mili"]["levels"]["3"]["mean_prompt_tokens"]
             == results["servers"]["transformers"]["levels"]["3"]["mean_prompt_tokens"])

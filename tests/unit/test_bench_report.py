@@ -29,3 +29,22 @@ def test_markdown_ratios_and_skipped_levels():
     assert "| 32 | 900.0 | 300.0 | — | 3.00x | — |" in table
     assert "mili 100.0 ms, llama-server 1600.0 ms, transformers 200.0 ms; mili / llama-server 0.06x" in table
     assert "mili 700 MiB, llama-server 1300 MiB, transformers 1100 MiB" in table
+
+
+def test_markdown_memory_by_process_and_context():
+    results = {
+        "machine": {"cpu": "test cpu", "cores": 2, "memory_gib": 1.0, "isa": ["avx512f"], "python": "3", "torch": "2"},
+        "settings": {"input_len": 128, "output_len": 64, "prompts_per_level": 4, "min_prompts": 8,
+                     "context_tokens": 16384},
+        "started": "now",
+        "servers": {
+            "mili": {"levels": {"1": _run(40, 50)}, "ttft_long_prompt": _run(30, 100), "peak_rss_mib": 900,
+                     "peak_rss_by_process_mib": {"gateway": 100, "worker": 800}, "context": "KV cache 16384 tokens"},
+            "llama-server": {"levels": {"1": _run(50, 400)}, "ttft_long_prompt": _run(20, 1600), "peak_rss_mib": 1200,
+                             "peak_rss_by_process_mib": {"llama-server": 1200}, "context": "-c 16384"},
+        },
+    }
+    table = markdown(results)
+    assert "Equal context: 16384 tokens of KV capacity" in table
+    assert "mili 900 MiB (gateway 100 + worker 800), llama-server 1200 MiB; mili / llama-server 0.75x" in table
+    assert "Context: mili: KV cache 16384 tokens; llama-server: -c 16384." in table

@@ -17,11 +17,11 @@ import llguidance
 import pytest
 import torch
 
+from shared.grammar_limits import build_tokenizer
 from shared.sampling_params import SamplingParams
 from tests.helpers.engine_probe import make_engine
 from tests.helpers.server import build_served_tiny_model
 from worker.sampler import Sampler, SamplingRow, make_generator
-from worker.structured_output import build_tokenizer
 
 SEED = int(os.environ.get("MILI_TEST_SEED", secrets.randbits(32)))
 

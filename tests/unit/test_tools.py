@@ -13,8 +13,8 @@ import pytest
 from gateway.structured_output import ResponseFormat, build_grammar, response_format_rules
 from gateway.tool_calls import ToolCallParser, assemble
 from gateway.tools import ToolSpec, Tool, generic_messages, parse_tools, tool_grammar_rules
+from shared.grammar_limits import build_tokenizer
 from worker.default_model import default_model_path
-from worker.structured_output import build_tokenizer
 
 SEED = int(os.environ.get("MILI_TEST_SEED", secrets.randbits(32)))
 WEATHER = Tool("get_weather", "Weather", {"type": "object", "properties": {"city": {"type": "string"}},

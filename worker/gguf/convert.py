@@ -28,14 +28,9 @@ from gguf.quants import dequantize
 from safetensors.torch import save_file
 
 from worker.gguf.reader import GGUFFile, TensorInfo
+from worker.gguf.records import SOURCE_RECORD
 from worker.gguf.rope import RopeScalingError, llama3_scaling_from_factors
 from worker.gguf.tokenizer import GGUFTokenizerError, build_tokenizer
-
-# Bump whenever the output for the same GGUF changes, so caches keyed on it are rebuilt.
-CONVERTER_VERSION = 2
-# Written beside the converted files: which GGUF they came from, so the engine can serve that file's
-# quantized tensors as they are (worker/quant/sources.py).
-SOURCE_RECORD = "gguf_source.json"
 
 # general.architecture -> (HF architecture class, HF model_type)
 ARCHITECTURES = {

@@ -71,6 +71,20 @@ class GGUFFile:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def drop_pages(self, info: TensorInfo | None = None) -> None:
+        """Takes the file pages of one tensor (None: of the whole file) out of this process's resident set.
+        The data stays valid: the map is read-only, so a later read faults the pages back in from the page
+        cache or the file. Used once a tensor's blocks have been copied into the kernel's tiles, so the
+        file's pages and their repacked copy are not resident together."""
+        start, end = (0, len(self._map)) if info is None else (info.offset, info.offset + self._nbytes(info))
+        start -= start % mmap.PAGESIZE  # madvise takes page-aligned ranges; a shared edge page just faults back in
+        if end > start:
+            self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+    def _nbytes(self, info: TensorInfo) -> int:
+        block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(info.ggml_type)]
+        return info.dims[0] // block_size * type_size * int(np.prod(info.dims[1:], dtype=np.int64))
+
     def raw(self, info: TensorInfo) -> np.ndarray:
         """The tensor's bytes as stored, shaped (rows..., bytes per row) as `gguf.quants` expects."""
         if info.ggml_type not in GGML_QUANT_SIZES:

@@ -116,7 +116,10 @@ class DecoderForCausalLM(nn.Module):
         # Not a submodule: its tables are computed, not loaded, and must survive to_empty().
         self.rotary = RotaryEmbedding(cfg.head_dim, max_positions, cfg.rope_theta, cfg.rope_scaling,
                                       device=rotary_device)
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, **factory)
+        # Given its (empty) weight, nn.Embedding skips its random init, which on the meta device goes
+        # through torch._refs and imports torch._dynamo and sympy: tens of MiB resident, for nothing.
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                         _weight=torch.empty(cfg.vocab_size, cfg.hidden_size, **factory))
         self.layers = nn.ModuleList(DecoderLayer(cfg, backend, ops, **factory) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
         if not cfg.tie_word_embeddings:

@@ -23,8 +23,9 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from safetensors import safe_open
 
-from worker.gguf.convert import SOURCE_RECORD, unpermute_qk
+from worker.gguf.convert import unpermute_qk
 from worker.gguf.reader import GGUFFile
+from worker.gguf.records import SOURCE_RECORD
 from worker.model_config import ModelConfig
 from worker.quant.blocks import quantize_rows
 from worker.quant.linear import served_types, type_name
@@ -51,6 +52,13 @@ class QuantPlan:
     extra: dict[str, str] = field(default_factory=dict)
     # Fused module path -> its parts' runs of one type, in row order, where the types differ.
     mixed: dict[str, list[tuple[QT, RawLoader]]] = field(default_factory=dict)
+    source_file: GGUFFile | None = None  # the mapped GGUF the blocks come from
+
+    def drop_source_pages(self) -> None:
+        """Once loaded, only the embedding reads the file (the rows each step needs): its other pages (the
+        repacked tensors, the metadata) need not stay resident."""
+        if self.source_file is not None:
+            self.source_file.drop_pages()
 
     def summary(self) -> str:
         """The types of the layers' projections, most common first (e.g. "q4_1"), as /health reports them."""
@@ -109,7 +117,12 @@ def _gguf_plan(path: Path, cfg: ModelConfig) -> QuantPlan | None:
         return raw
 
     def fused(names: list[str]) -> RawLoader:
-        return lambda: np.ascontiguousarray(np.concatenate([rows(n) for n in names]))
+        def load() -> np.ndarray:
+            out = np.ascontiguousarray(np.concatenate([rows(n) for n in names]))  # a copy: the file's pages can go
+            for n in names:
+                gguf.drop_pages(tensors[n])
+            return out
+        return load
 
     served = served_types()
     matrices: dict[str, tuple[QT, RawLoader]] = {}
@@ -140,7 +153,7 @@ def _gguf_plan(path: Path, cfg: ModelConfig) -> QuantPlan | None:
     if not matrices and not mixed:
         gguf.close()
         return None
-    return QuantPlan(matrices, embedding, source=path.name, mixed=mixed)
+    return QuantPlan(matrices, embedding, source=path.name, mixed=mixed, source_file=gguf)
 
 
 def _checkpoint_plan(model_dir: Path, cfg: ModelConfig, qtype: QT) -> QuantPlan:
