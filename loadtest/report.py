@@ -60,7 +60,7 @@ def markdown(results: dict) -> str:
             lines.append(f"| {server} | {level} | " + " | ".join(cells) + f" | {run['errors']} |")
 
     ttft = {x: results["servers"][x]["ttft_long_prompt"]["ttft"]["median_ms"] for x in servers}
-    lines += ["", f"Time to first token for 512-token prompts at concurrency 1, median: "
+    lines += ["", "Time to first token for 512-token prompts at concurrency 1, median: "
               + ", ".join(f"{x} {ttft[x]:.1f} ms" for x in servers)
               + "".join(f"; {main} / {p} {_ratio(ttft[main], ttft[p])}" for p in peers) + ".",
               "", "Peak resident memory (VmHWM; for servers of several processes, each one's peak, summed): "
