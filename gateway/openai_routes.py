@@ -283,7 +283,9 @@ def _completion_chunks(fmt: CompletionFormat, req, admitted: Admitted, prompts: 
             lp = None
             if req.params.logprobs is not None and e.logprobs:
                 lp = fmt.logprobs(e.logprobs, offsets[e.index])
-            offsets[e.index] += len(e.text)
+                # Offsets advance by the tokens' own texts, as in the non-streamed response: the text a
+                # chunk carries can differ while the detokenizer holds back part of a character.
+                offsets[e.index] = lp["text_offset"][-1] + len(lp["tokens"][-1])
             if e.text or lp or e.finish_reason:
                 yield fmt.body([fmt.choice(e.index, e.text, lp, e.finish_reason)], None, req.include_usage)
         if req.include_usage:
