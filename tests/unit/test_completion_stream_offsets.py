@@ -1,0 +1,56 @@
+"""A streamed completion's logprobs text offsets equal the non-streamed response's, also while the
+detokenizer holds back part of a character (a chunk's text then differs from its tokens' texts)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+
+from gateway.generation import ChoiceEvent, TokenLogprob
+from gateway.openai_routes import _completion_chunks
+from gateway.responses import CompletionFormat
+
+# Display texts of four tokens; 2 and 3 are the two halves of one character (each reads as U+FFFD).
+TEXTS = {1: "a", 2: "\ufffd", 3: "\ufffd", 4: "bc"}
+
+
+class Names:
+    def text(self, token_id: int) -> str:
+        return TEXTS[token_id]
+
+
+def entry(token_id: int) -> TokenLogprob:
+    return TokenLogprob(token_id, -1.0, [])
+
+
+# What the detokenizer emits per token: nothing for the first half of the character, all of it with the second.
+EVENTS = [ChoiceEvent(0, "a", logprobs=[entry(1)]), ChoiceEvent(0, "", logprobs=[entry(2)]),
+          ChoiceEvent(0, "é", logprobs=[entry(3)]), ChoiceEvent(0, "bc", logprobs=[entry(4)], finish_reason="length")]
+
+
+class Admitted:
+    usage = None
+
+    async def events(self):
+        for e in EVENTS:
+            yield e
+
+
+def streamed_offsets(echo: str) -> list[int]:
+    req = SimpleNamespace(params=SimpleNamespace(n=1, logprobs=0), echo=False, include_usage=False)
+
+    async def collect() -> list[str]:
+        return [s async for s in _completion_chunks(CompletionFormat("m", Names()), req, Admitted(), [[]], [echo])]
+
+    offsets = []
+    for line in asyncio.run(collect()):
+        if line != "[DONE]":
+            offsets += json.loads(line)["choices"][0]["logprobs"]["text_offset"]
+    return offsets
+
+
+def test_streamed_offsets_follow_the_tokens_texts():
+    for echo in ("", "prompt "):
+        whole = CompletionFormat("m", Names()).logprobs([e.logprobs[0] for e in EVENTS], len(echo))
+        assert streamed_offsets(echo) == whole["text_offset"] == [len(echo) + i for i in (0, 1, 2, 3)]
