@@ -16,7 +16,8 @@ from types import ModuleType
 import torch
 
 from kernels.mojo_ops import DTYPE_CODES, THREADINGS, kernel_params, load_module, omp_team
-from kernels.quant_operands import QK, TILE, activation_addresses, activation_scratch_bytes, checked_output
+from kernels.quant_operands import (QK, TILE, activation_addresses, activation_scratch_bytes, check_scratch,
+                                     checked_output)
 
 MODULE = "mili_quant"
 # Kernel kind code -> tile record bytes (see quant_matmul.mojo).
@@ -95,9 +96,8 @@ def use_amx(m: int, path: str = "auto") -> bool:
     return path == "amx" or (path == "auto" and m >= AMX_MIN_ROWS and amx_available())
 
 
-def scratch_bytes(m: int, k: int) -> int:
-    """Scratch for m quantized activation rows of length k (kernels/quant_operands.activation_addresses)."""
-    return activation_scratch_bytes(m, k)
+# Both quantized kernels share the activation scratch layout (kernels/quant_operands.py).
+scratch_bytes = activation_scratch_bytes
 
 
 def qmatmul_params(x: torch.Tensor, packed: torch.Tensor, kind: int, n: int, bias: torch.Tensor | None,
@@ -108,8 +108,7 @@ def qmatmul_params(x: torch.Tensor, packed: torch.Tensor, kind: int, n: int, bia
     does not depend on it."""
     _checked(x, packed, kind, n, bias, out.dtype, out, path)
     m, k = x.shape
-    _require(scratch.dtype == torch.uint8 and scratch.is_contiguous() and scratch.numel() >= scratch_bytes(m, k),
-             f"scratch must be contiguous uint8 of at least {scratch_bytes(m, k)} bytes")
+    check_scratch(_require, scratch, m, k)
     return _params(x, packed, kind, n, bias, out, scratch, m, use_amx(m, path))
 
 

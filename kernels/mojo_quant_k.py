@@ -13,7 +13,8 @@ from types import ModuleType
 import torch
 
 from kernels.mojo_ops import DTYPE_CODES, THREADINGS, kernel_params, load_module, omp_team
-from kernels.quant_operands import TILE, activation_addresses, activation_scratch_bytes, checked_output
+from kernels.quant_operands import (TILE, activation_addresses, activation_scratch_bytes, check_scratch,
+                                     checked_output)
 
 MODULE = "mili_quant_k"
 # Kernel kind code (0 Q5_0, 1 Q5_1, 2 Q4_K, 3 Q6_K) -> (weights per K group, tile record bytes per group);
@@ -58,9 +59,8 @@ ENTRIES = ("mili_quantk_rows_range", "mili_quantk_tiles_range")
 ROWS_PARAM = 4
 
 
-def scratch_bytes(m: int, k: int) -> int:
-    """Scratch for m quantized activation rows of length k (kernels/quant_operands.activation_addresses)."""
-    return activation_scratch_bytes(m, k)
+# Both quantized kernels share the activation scratch layout (kernels/quant_operands.py).
+scratch_bytes = activation_scratch_bytes
 
 
 def qmatmul_k_params(x: torch.Tensor, packed: torch.Tensor, kind: int, n: int, bias: torch.Tensor | None,
@@ -69,8 +69,7 @@ def qmatmul_k_params(x: torch.Tensor, packed: torch.Tensor, kind: int, n: int, b
     ENTRIES itself and may lower the row count (ROWS_PARAM) to any m <= x's rows."""
     _checked(x, packed, kind, n, bias, out.dtype, out)
     m, k = x.shape
-    _require(scratch.dtype == torch.uint8 and scratch.is_contiguous() and scratch.numel() >= scratch_bytes(m, k),
-             f"scratch must be contiguous uint8 of at least {scratch_bytes(m, k)} bytes")
+    check_scratch(_require, scratch, m, k)
     return _params(x, packed, kind, n, bias, out, scratch, m)
 
 

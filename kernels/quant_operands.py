@@ -48,6 +48,13 @@ def activation_scratch_bytes(m: int, k: int) -> int:
     return 2 * m * k + 16 * m * (k // QK) + 64
 
 
+def check_scratch(require: Callable[[bool, str], None], scratch: torch.Tensor, m: int, k: int) -> None:
+    """A caller-provided activation scratch must hold m rows of K (activation_scratch_bytes)."""
+    need = activation_scratch_bytes(m, k)
+    require(scratch.dtype == torch.uint8 and scratch.is_contiguous() and scratch.numel() >= need,
+            f"scratch must be contiguous uint8 of at least {need} bytes")
+
+
 def activation_addresses(base: int, m: int, k: int) -> tuple[int, int, int, int, int, int]:
     """The quantized activations' places in scratch at `base` (activation_scratch_bytes(m, k) long):
     int8 q1 and q2 [M, K] each, then [K / 32, M] float32 d, int32 sum q, float32 d * sum q and int32 sum

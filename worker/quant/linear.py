@@ -136,10 +136,9 @@ class QuantLinear(nn.Module):
 
     def scratch_bytes(self, rows: int) -> int:
         """The activation scratch its kernel needs for `rows` rows (one segment)."""
-        from kernels import mojo_quant, mojo_quant_k
+        from kernels.quant_operands import activation_scratch_bytes
 
-        kernel = mojo_quant if self.qtype in KERNEL_KINDS else mojo_quant_k
-        return kernel.scratch_bytes(rows, self.in_features)
+        return activation_scratch_bytes(rows, self.in_features)
 
     def prebuilt(self, x: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> "PrebuiltMatmul":
         """The checked kernel call computing forward(x) into `out` with `scratch` (scratch_bytes(rows)
