@@ -412,10 +412,15 @@ def test_failed_write_leaves_nothing_and_existing_output_is_refused(tmp_path, ti
     src = write_gguf(tmp_path / "m.gguf", "llama", *tiny_llama)
     out_root = tmp_path / "out"
 
-    def boom(*args, **kwargs):
-        raise OSError("disk full")
+    load_tensor, calls = gi._load_tensor, []
 
-    monkeypatch.setattr(gi, "save_file", boom)
+    def boom(*args, **kwargs):  # fails part-way through the weights, with a partial file on disk
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError("disk full")
+        return load_tensor(*args, **kwargs)
+
+    monkeypatch.setattr(gi, "_load_tensor", boom)
     with pytest.raises(OSError, match="disk full"):
         convert_gguf(src, out_root / "hf")
     assert list(out_root.iterdir()) == []  # neither the target nor a temp dir

@@ -4,9 +4,10 @@ The output is what the engine and transformers both load: `config.json`, `model.
 `tokenizer.json`, `tokenizer_config.json` and `generation_config.json`, plus `gguf_source.json`
 naming the GGUF (the engine serves its quantized tensors from there). Quantised weights are
 dequantised to float32 with `gguf.quants`, so nothing is lost beyond the quantisation itself;
-F16/BF16 tensors keep their dtype. Anything the converter cannot reproduce exactly (another
-architecture, an unknown tensor or quant type, unsupported rope scaling, an unknown pre-tokenizer)
-raises `GGUFImportError` naming the offending key or value, before any weight is touched.
+F16/BF16 tensors keep their dtype. Tensors are dequantised and written one at a time
+(worker/gguf/safetensors_stream.py), so converting holds about one float32 tensor, not the model.
+Anything the converter cannot reproduce exactly (another architecture, an unknown tensor or quant
+type, unsupported rope scaling, an unknown pre-tokenizer) raises `GGUFImportError` naming the offending key or value, before any weight is touched.
 
 The directory is written next to its final place and renamed into it, so an interrupted conversion
 never leaves a half-written model behind.
@@ -14,6 +15,7 @@ never leaves a half-written model behind.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -25,11 +27,11 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize
-from safetensors.torch import save_file
 
 from worker.gguf.reader import GGUFFile, TensorInfo
 from worker.gguf.records import SOURCE_RECORD
 from worker.gguf.rope import RopeScalingError, llama3_scaling_from_factors
+from worker.gguf.safetensors_stream import PlannedTensor, write_streamed
 from worker.gguf.tokenizer import GGUFTokenizerError, build_tokenizer
 
 # general.architecture -> (HF architecture class, HF model_type)
@@ -240,15 +242,20 @@ def _generation_config(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def _write(gguf: GGUFFile, plan: dict[str, Any], out: Path) -> None:
-    tensors: dict[str, torch.Tensor] = {}
     config = plan["config"]
-    for name, hf_name in plan["names"].items():
-        tensors[hf_name] = _load_tensor(gguf, gguf.tensors[name], plan["arch"], config)
+
+    def converted(info: TensorInfo) -> torch.Tensor:
+        t = _load_tensor(gguf, info, plan["arch"], config)
+        gguf.drop_pages(info)  # t is a copy: the file's pages need not stay resident beside it
+        return t
+
+    tensors = [PlannedTensor(hf_name, _TORCH_DTYPES[_torch_dtype_name(gguf.tensors[name])],
+                             gguf.tensors[name].torch_shape, functools.partial(converted, gguf.tensors[name]))
+               for name, hf_name in plan["names"].items()]
     if plan["arch"] == "qwen2":
-        _zero_missing_qkv_bias(tensors, config)
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    os.chmod(out / "model.safetensors", 0o644)  # safetensors creates it owner-only
-    del tensors
+        tensors += _zero_missing_qkv_bias(tensors, config)
+    # One tensor at a time: converting holds one dequantised tensor, not the model.
+    write_streamed(out / "model.safetensors", tensors, metadata={"format": "pt"})
     plan["tokenizer"].save(str(out / "tokenizer.json"))
     _write_json(out / "config.json", config)
     _write_json(out / "tokenizer_config.json", plan["tokenizer_config"])
@@ -267,7 +274,7 @@ def _load_tensor(gguf: GGUFFile, info: TensorInfo, arch: str, config: dict[str, 
     elif info.ggml_type == QT.F32:
         t = torch.from_numpy(raw.view(np.float32).copy())  # the raw view points into the read-only mmap
     else:
-        t = torch.from_numpy(dequantize(raw, QT(info.ggml_type)))  # a fresh float32 array
+        t = torch.from_numpy(_dequantize_in_chunks(raw, QT(info.ggml_type)))
     t = t.reshape(info.torch_shape)
     if arch == "llama":
         # llama.cpp's converter interleaves q/k rows for its rope layout; HF uses the rotate-half layout.
@@ -278,6 +285,21 @@ def _load_tensor(gguf: GGUFFile, info: TensorInfo, arch: str, config: dict[str, 
     return t.contiguous()
 
 
+def _dequantize_in_chunks(raw: np.ndarray, qtype: QT) -> np.ndarray:
+    """raw: [rows..., row bytes] -> float32 [rows..., row length], a chunk of rows at a time: `dequantize`
+    makes float32 temporaries several times its output's size (a 0.6B model's embedding: 600 MB each)."""
+    rows = raw.reshape(-1, raw.shape[-1])
+    first = dequantize(rows[:_DEQUANT_ROWS], qtype)
+    out = np.empty((rows.shape[0], first.shape[1]), dtype=np.float32)
+    out[:len(first)] = first
+    for start in range(_DEQUANT_ROWS, rows.shape[0], _DEQUANT_ROWS):
+        out[start:start + _DEQUANT_ROWS] = dequantize(rows[start:start + _DEQUANT_ROWS], qtype)
+    return out.reshape(*raw.shape[:-1], first.shape[1])
+
+
+_DEQUANT_ROWS = 1024
+
+
 def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
     """Inverse of llama.cpp's `LlamaModel.permute`: w.reshape(n_head, 2, rows//n_head//2, ...).swapaxes(1, 2)."""
     rows = w.shape[0]
@@ -286,16 +308,19 @@ def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _zero_missing_qkv_bias(tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+def _zero_missing_qkv_bias(tensors: list[PlannedTensor], config: dict[str, Any]) -> list[PlannedTensor]:
     # HF's Qwen2 always has q/k/v biases; llama.cpp treats absent ones as zero, so write zeros.
     out = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"],
            "v_proj": config["num_key_value_heads"]}
+    planned = {t.name: t for t in tensors}
+    zeros = []
     for i in range(config["num_hidden_layers"]):
         for proj, heads in out.items():
             key = f"model.layers.{i}.self_attn.{proj}.bias"
-            if key not in tensors:
-                dtype = tensors[f"model.layers.{i}.self_attn.{proj}.weight"].dtype
-                tensors[key] = torch.zeros(heads * config["head_dim"], dtype=dtype)
+            if key not in planned:
+                dtype, shape = planned[f"model.layers.{i}.self_attn.{proj}.weight"].dtype, (heads * config["head_dim"],)
+                zeros.append(PlannedTensor(key, dtype, shape, functools.partial(torch.zeros, shape, dtype=dtype)))
+    return zeros
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -305,6 +330,9 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 # -- small helpers ---------------------------------------------------------------------------------
+
+
+_TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def _torch_dtype_name(info: TensorInfo) -> str:
