@@ -35,7 +35,7 @@
 from std.python import PythonObject
 from std.python.bindings import PythonModuleBuilder
 from std.os import abort
-from std.memory import bitcast, stack_allocation
+from std.memory import alloc, bitcast, stack_allocation
 from std.sys import llvm_intrinsic
 from numerics import narrow
 from params import Params, param_int, param_ptr
@@ -310,19 +310,16 @@ def _sums_bytes[kind: Int]() -> Int:
 
 
 @always_inline
-def _amx_sums[kind: Int, second: Bool](blk: Bytes, wbuf: Bytes, a1: Int, a2: Int, k: Int, sums: Bytes):
-    """The exact int32 dot products of one block's 16 weight columns with 16 rows' q1 and q2 (at addresses
-    a1 and a2, row stride k), stored to sums as [part, 16 rows, 16 columns] int32, parts C1, C2 (whole
-    block) or, for Q6_K, C1 and C2 of K-steps 0-15 then of 16-31. `second` picks the other tile set
-    (amx_configure's *_NEXT), so that a block's products can run while the previous block's epilogue does;
-    Q6_K's configuration has one set (its sums may still be issued before the previous epilogue: each
-    tilezero waits for the last tilestore of its tile)."""
-    var w = _unpack[kind](blk)  # the VNNI layout B tiles take: row g = K-steps 4g..4g+3 of 16 columns
-    comptime for g in range(8):
-        wbuf.unsafe_offset(g * 64).unsafe_store(w[g])
+def _amx_sums[kind: Int, second: Bool](wb: Bytes, a1: Int, a2: Int, k: Int, sums: Bytes):
+    """The exact int32 dot products of one block's 16 weight columns (wb: unpacked by _unpack_tile) with
+    16 rows' q1 and q2 (at addresses a1 and a2, row stride k), stored to sums as [part, 16 rows, 16
+    columns] int32, parts C1, C2 (whole block) or, for Q6_K, C1 and C2 of K-steps 0-15 then of 16-31.
+    `second` picks the other tile set (amx_configure's *_NEXT), so that a block's products can run while
+    the previous block's epilogue does; Q6_K's configuration has one set (its sums may still be issued
+    before the previous epilogue: each tilezero waits for the last tilestore of its tile)."""
     comptime if kind == KIND_Q6_K:
-        tile_load[TILE_B_LO](wbuf, 64)
-        tile_load[TILE_B_HI](wbuf.unsafe_offset(256), 64)
+        tile_load[TILE_B_LO](wb, 64)
+        tile_load[TILE_B_HI](wb.unsafe_offset(256), 64)
         tile_zero[TILE_C1_LO]()
         tile_zero[TILE_C2_LO]()
         tile_zero[TILE_C1_HI]()
@@ -342,7 +339,7 @@ def _amx_sums[kind: Int, second: Bool](blk: Bytes, wbuf: Bytes, a1: Int, a2: Int
     else:
         comptime c1 = TILE_C1_NEXT if second else TILE_C1
         comptime c2 = TILE_C2_NEXT if second else TILE_C2
-        tile_load[TILE_B](wbuf, 64)
+        tile_load[TILE_B](wb, 64)
         tile_load[TILE_A1](Bytes(unsafe_from_address=a1), k)
         tile_load[TILE_A2](Bytes(unsafe_from_address=a2), k)
         tile_zero[c1]()
@@ -351,6 +348,17 @@ def _amx_sums[kind: Int, second: Bool](blk: Bytes, wbuf: Bytes, a1: Int, a2: Int
         tile_dot_su[c2, TILE_A2, TILE_B]()
         tile_store[c1](sums, 64)
         tile_store[c2](sums.unsafe_offset(1024), 64)
+
+
+@always_inline
+def _unpack_tile[kind: Int](tile_rec: Bytes, nb: Int, wtile: Bytes):
+    """Every block of one tile's weights in the layout B tiles take (block b's 8 x 64 bytes at b * 512,
+    row g = K-steps 4g..4g+3 of the 16 columns): once per tile for all its row groups, and far enough
+    ahead of the tile loads that they need not wait for these stores."""
+    for b in range(nb):
+        var w = _unpack[kind](_block_at[kind](tile_rec, b))
+        comptime for g in range(8):
+            wtile.unsafe_offset(b * 512 + g * 64).unsafe_store(w[g])
 
 
 @always_inline
@@ -411,7 +419,8 @@ def _tiles_amx[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
     var nb = k // QK
     var tile_bytes = (nb // blocks_per_group[kind]()) * _group_bytes[kind]()
     comptime sums_bytes = _sums_bytes[kind]()
-    var wbuf = Bytes(unsafe_from_address=Int(stack_allocation[512, UInt8, alignment=64]()))  # B: 8 x 64
+    var wtile_mem = alloc[UInt8](nb * 512, alignment=64)  # one tile's unpacked weights: [nb, 8, 64]
+    var wtile = Bytes(unsafe_from_address=Int(wtile_mem))
     var bufs = Int(stack_allocation[2 * sums_bytes, UInt8, alignment=64]())  # two blocks' sums
     comptime if kind == KIND_Q6_K:
         amx_configure_halves()
@@ -420,23 +429,24 @@ def _tiles_amx[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
     var full = m - m % TN
     for t in range(begin, end):
         var tile_rec = wp.unsafe_offset(t * tile_bytes)
+        if full > 0:
+            _unpack_tile[kind](tile_rec, nb, wtile)
         var g0 = 0
         while g0 < full:
             var y = Array[F32x16, TN](fill=F32x16(0))
             var a0 = g0 * k
-            _amx_sums[kind, False](_block_at[kind](tile_rec, 0), wbuf, qa + a0, qa2 + a0, k,
-                                   Bytes(unsafe_from_address=bufs))
+            _amx_sums[kind, False](wtile, qa + a0, qa2 + a0, k, Bytes(unsafe_from_address=bufs))
             var b = 0
             while b < nb:  # two blocks a turn: even ones into buffer 0 (tiles C1/C2), odd ones the others
                 if b + 1 < nb:
                     var a1 = a0 + (b + 1) * QK
-                    _amx_sums[kind, True](_block_at[kind](tile_rec, b + 1), wbuf, qa + a1, qa2 + a1, k,
+                    _amx_sums[kind, True](wtile.unsafe_offset((b + 1) * 512), qa + a1, qa2 + a1, k,
                                           Bytes(unsafe_from_address=bufs + sums_bytes))
                 _amx_epilogue[kind](y, tile_rec, b, bufs, da, s, s_lo, s_f, b * m + g0)
                 if b + 1 < nb:
                     if b + 2 < nb:
                         var a2 = a0 + (b + 2) * QK
-                        _amx_sums[kind, False](_block_at[kind](tile_rec, b + 2), wbuf, qa + a2, qa2 + a2, k,
+                        _amx_sums[kind, False](wtile.unsafe_offset((b + 2) * 512), qa + a2, qa2 + a2, k,
                                                Bytes(unsafe_from_address=bufs))
                     _amx_epilogue[kind](y, tile_rec, b + 1, bufs + sums_bytes, da, s, s_lo, s_f, (b + 1) * m + g0)
                 b += 2
@@ -451,6 +461,7 @@ def _tiles_amx[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
             _tile_rows[kind, out_dt, 1](p, t, r)
             r += 1
     amx_release()
+    wtile_mem.unsafe_free()
 
 
 def _tiles_out[kind: Int](p: Params, begin: Int, end: Int):
