@@ -20,6 +20,13 @@
 #      128 * 16 * 32 * 32258 < 2^31) but their sum may not be, so they meet in float32. Blocks are added
 #      in order; every output element is computed by the same instructions whatever the batch, the row's
 #      place in it or the thread, as in quant_matmul.mojo.
+#      From 16 rows (parameter 15, kernels/mojo_quant.use_amx), AMX int8 tiles compute the same integers
+#      for whole groups of 16 rows (tdpbsud sums exactly; kernels/quant_amx.mojo): per block, C1 and C2 =
+#      the 16 rows' dots with q1 and q2 over all 32 K-steps (Q5_0, Q5_1, Q4_K need only lo + hi), or for
+#      Q6_K over each half apart, on tiles 16 K-steps wide, so that lo and hi are the same two int32s. The
+#      sums then go through the vpdpbusd path's own epilogue function: the same bits at every row count.
+#      A tile's weights are unpacked once into the B-tile layout (the records' vectors g, as vpdpbusd
+#      reads them) for all its row groups.
 #
 # Tile records (per 16-column tile, K in order; weights unsigned, nibble byte (g*16 + c)*4 + j holds
 # q[c, 4g+j] in its low half and q[c, 4(g+4)+j] in its high half, g < 4, c the column, j < 4):
