@@ -426,6 +426,7 @@ def _tiles_amx[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
     var nb = k // QK
     var tile_bytes = (nb // blocks_per_group[kind]()) * _group_bytes[kind]()
     comptime sums_bytes = _sums_bytes[kind]()
+    comptime ACT_CACHE_BYTES = 512 * 1024
     var wtile_mem = alloc[UInt8](nb * 512, alignment=64)  # one tile's unpacked weights: [nb, 8, 64]
     var wtile = Bytes(unsafe_from_address=Int(wtile_mem))
     var bufs = Int(stack_allocation[2 * sums_bytes, UInt8, alignment=64]())  # two blocks' sums
@@ -434,39 +435,50 @@ def _tiles_amx[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
     else:
         amx_configure()
     var full = m - m % TN
-    for t in range(begin, end):
-        var tile_rec = wp.unsafe_offset(t * tile_bytes)
-        if full > 0:
-            _unpack_tile[kind](tile_rec, nb, wtile)
-        var g0 = 0
-        while g0 < full:
-            var y = Array[F32x16, TN](fill=F32x16(0))
-            var a0 = g0 * k
-            _amx_sums[kind, False](wtile, qa + a0, qa2 + a0, k, Bytes(unsafe_from_address=bufs))
-            var b = 0
-            while b < nb:  # two blocks a turn: even ones into buffer 0 (tiles C1/C2), odd ones the others
-                if b + 1 < nb:
-                    var a1 = a0 + (b + 1) * QK
-                    _amx_sums[kind, True](wtile.unsafe_offset((b + 1) * 512), qa + a1, qa2 + a1, k,
-                                          Bytes(unsafe_from_address=bufs + sums_bytes))
-                _amx_epilogue[kind](y, tile_rec, b, bufs, da, s, s_lo, s_f, b * m + g0)
-                if b + 1 < nb:
-                    if b + 2 < nb:
-                        var a2 = a0 + (b + 2) * QK
-                        _amx_sums[kind, False](wtile.unsafe_offset((b + 2) * 512), qa + a2, qa2 + a2, k,
-                                               Bytes(unsafe_from_address=bufs))
-                    _amx_epilogue[kind](y, tile_rec, b + 1, bufs + sums_bytes, da, s, s_lo, s_f, (b + 1) * m + g0)
-                b += 2
-            comptime for r in range(TN):
-                _finish_row[out_dt](p, y[r], g0 + r, t)
-            g0 += TN
-        var r = full
-        while r + ROWS <= m:
-            _tile_rows[kind, out_dt, ROWS](p, t, r)
-            r += ROWS
-        while r < m:
-            _tile_rows[kind, out_dt, 1](p, t, r)
-            r += 1
+    # Rows in chunks whose int8 activations (q1 and q2) stay in cache while the thread's tiles pass over
+    # them; each tile's weights are unpacked once per chunk. The last chunk also runs the M % 16 rows.
+    var chunk = max(TN, (ACT_CACHE_BYTES // (2 * k)) // TN * TN)
+    var r0 = 0
+    while True:
+        var r1 = min(r0 + chunk, full)
+        for t in range(begin, end):
+            var tile_rec = wp.unsafe_offset(t * tile_bytes)
+            if r1 > r0:
+                _unpack_tile[kind](tile_rec, nb, wtile)
+            var g0 = r0
+            while g0 < r1:
+                var y = Array[F32x16, TN](fill=F32x16(0))
+                var a0 = g0 * k
+                _amx_sums[kind, False](wtile, qa + a0, qa2 + a0, k, Bytes(unsafe_from_address=bufs))
+                var b = 0
+                while b < nb:  # two blocks a turn: even ones into buffer 0 (tiles C1/C2), odd ones the others
+                    if b + 1 < nb:
+                        var a1 = a0 + (b + 1) * QK
+                        _amx_sums[kind, True](wtile.unsafe_offset((b + 1) * 512), qa + a1, qa2 + a1, k,
+                                              Bytes(unsafe_from_address=bufs + sums_bytes))
+                    _amx_epilogue[kind](y, tile_rec, b, bufs, da, s, s_lo, s_f, b * m + g0)
+                    if b + 1 < nb:
+                        if b + 2 < nb:
+                            var a2 = a0 + (b + 2) * QK
+                            _amx_sums[kind, False](wtile.unsafe_offset((b + 2) * 512), qa + a2, qa2 + a2, k,
+                                                   Bytes(unsafe_from_address=bufs))
+                        _amx_epilogue[kind](y, tile_rec, b + 1, bufs + sums_bytes, da, s, s_lo, s_f,
+                                            (b + 1) * m + g0)
+                    b += 2
+                comptime for r in range(TN):
+                    _finish_row[out_dt](p, y[r], g0 + r, t)
+                g0 += TN
+            if r1 == full:
+                var r = full
+                while r + ROWS <= m:
+                    _tile_rows[kind, out_dt, ROWS](p, t, r)
+                    r += ROWS
+                while r < m:
+                    _tile_rows[kind, out_dt, 1](p, t, r)
+                    r += 1
+        if r1 == full:
+            break
+        r0 = r1
     amx_release()
     wtile_mem.unsafe_free()
 

@@ -30,6 +30,8 @@ ROW_COUNTS = [1, 15, 16, 17, 33, 64, 100]
 # loop takes two blocks a turn) and of several super-blocks.
 SIZES = {"k": [(40, 256), (33, 512), (77, 768), (16, 256), (200, 512), (1, 256), (50, 1024)],
          "q5": [(40, 96), (33, 32), (77, 576), (16, 64), (200, 160), (1, 32), (50, 1536)]}
+# (activations, output) dtypes
+DTYPES = [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32)]
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +55,12 @@ def _case(seed: int, m: int, n: int, k: int, qtype: QT):
     return x, raw, rng.standard_normal(n).astype(np.float32)
 
 
-def _run(module, x: np.ndarray, packed, qtype: QT, n: int, bias, dtype, path: str) -> torch.Tensor:
-    out = torch.full((x.shape[0], n), float("nan"), dtype=dtype)
+def _run(module, x: np.ndarray, packed, qtype: QT, n: int, bias, dtype, path: str,
+         out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    out = torch.full((x.shape[0], n), float("nan"), dtype=out_dtype or dtype)
     mojo_quant_k.qmatmul_k(module, torch.from_numpy(x).to(dtype), packed, KQUANT_KINDS[qtype], n,
-                           bias=None if bias is None else torch.from_numpy(bias), out=out, path=path)
+                           bias=None if bias is None else torch.from_numpy(bias), out_dtype=out.dtype, out=out,
+                           path=path)
     return out
 
 
@@ -66,11 +70,11 @@ def test_amx_tiles_give_the_vnni_bits_at_every_row_count(module, qtype, test_see
         x, raw, bias = _case(test_seed + i, m, n, k, qtype)
         packed = repack_k(raw, qtype)
         for b in (None, bias):
-            for dtype in (torch.float32, torch.bfloat16):
-                amx = _run(module, x, packed, qtype, n, b, dtype, "amx")
+            for dtype, out_dtype in DTYPES:
+                amx = _run(module, x, packed, qtype, n, b, dtype, "amx", out_dtype)
                 assert torch.isfinite(amx).all()
-                vnni = _run(module, x, packed, qtype, n, b, dtype, "vnni")
-                assert torch.equal(amx, vnni), (qtype.name, m, n, k, b is not None, dtype)
+                vnni = _run(module, x, packed, qtype, n, b, dtype, "vnni", out_dtype)
+                assert torch.equal(amx, vnni), (qtype.name, m, n, k, b is not None, dtype, out_dtype)
         exact = qkmatmul_blocks(x, raw, qtype, bias)
         ours = _run(module, x, packed, qtype, n, bias, torch.float32, "amx").numpy()
         scale = np.abs(x).max() * np.abs(exact).max() + 1.0
@@ -92,6 +96,20 @@ def test_a_row_alone_equals_the_row_inside_a_64_row_amx_call(module, qtype, test
         for r in (0, 1, 15, 16, 40, 63, 64, 69):
             alone = _run(module, x[r:r + 1], packed, qtype, n, bias, dtype, "auto")
             assert torch.equal(alone[0], tail[r]), (r, dtype)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
+def test_row_chunks_give_the_vnni_bits(module, qtype, test_seed):
+    """A wide K makes the AMX path run its rows in several chunks (as many rows as keep 512 KiB of
+    activations in cache: 32 rows at K = 8192), each tile unpacked per chunk, the M % 16 rows last."""
+    m, n, k = 100, 40, 8192
+    x, raw, bias = _case(test_seed, m, n, k, qtype)
+    packed = repack_k(raw, qtype)
+    amx = _run(module, x, packed, qtype, n, bias, torch.bfloat16, "amx", torch.float32)
+    assert torch.equal(amx, _run(module, x, packed, qtype, n, bias, torch.bfloat16, "vnni", torch.float32))
+    for r in (0, 31, 32, 70, 95, 96, 99):
+        alone = _run(module, x[r:r + 1], packed, qtype, n, bias, torch.bfloat16, "vnni", torch.float32)
+        assert torch.equal(alone[0], amx[r]), r
 
 
 def _extreme_blocks(rng: np.random.Generator, n: int, k: int, qtype: QT) -> np.ndarray:
