@@ -25,8 +25,8 @@
 #      the 16 rows' dots with q1 and q2 over all 32 K-steps (Q5_0, Q5_1, Q4_K need only lo + hi), or for
 #      Q6_K over each half apart, on tiles 16 K-steps wide, so that lo and hi are the same two int32s. The
 #      sums then go through the vpdpbusd path's own epilogue function: the same bits at every row count.
-#      A tile's weights are unpacked once into the B-tile layout (the records' vectors g, as vpdpbusd
-#      reads them) for all its row groups.
+#      A tile's weights are unpacked into the B-tile layout (the records' vectors g, as vpdpbusd reads
+#      them) once per chunk of rows, for all the chunk's 16-row groups.
 #
 # Tile records (per 16-column tile, K in order; weights unsigned, nibble byte (g*16 + c)*4 + j holds
 # q[c, 4g+j] in its low half and q[c, 4(g+4)+j] in its high half, g < 4, c the column, j < 4):
@@ -360,8 +360,8 @@ def _amx_sums[kind: Int, second: Bool](wb: Bytes, a1: Int, a2: Int, k: Int, sums
 @always_inline
 def _unpack_tile[kind: Int](tile_rec: Bytes, nb: Int, wtile: Bytes):
     """Every block of one tile's weights in the layout B tiles take (block b's 8 x 64 bytes at b * 512,
-    row g = K-steps 4g..4g+3 of the 16 columns): once per tile for all its row groups, and far enough
-    ahead of the tile loads that they need not wait for these stores."""
+    row g = K-steps 4g..4g+3 of the 16 columns): once per tile and row chunk for all the chunk's row
+    groups, and far enough ahead of the tile loads that they need not wait for these stores."""
     for b in range(nb):
         var w = _unpack[kind](_block_at[kind](tile_rec, b))
         comptime for g in range(8):
@@ -413,7 +413,7 @@ def _tiles_amx[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
     of q1 and q2 (the same integers vpdpbusd sums), stored to a buffer and passed row by row through the
     same epilogue. Block b + 1's products are issued before block b's epilogue, into the other buffer, so
     the two overlap. Whole groups of 16 rows only; the last M % 16 rows take the vpdpbusd path: the same
-    bits."""
+    bits. Each thread unpacks its current tile's weights into a heap buffer (K / 32 x 512 bytes)."""
     var wp = param_ptr[DType.uint8](p, 2)
     var m = param_int(p, P_M)
     var k = param_int(p, P_K)
