@@ -23,9 +23,10 @@ MODULES = {"mili_attention": "attention.mojo", "mili_layers": "layers.mojo",
            "mili_quant": "quant_matmul.mojo", "mili_quant_k": "quant_kmatmul.mojo",
            "mili_omp": "omp_bridge.c"}
 SHARED_SOURCES = ("numerics.mojo", "params.mojo", "quant_activations.mojo", "quant_amx.mojo")
-# Extra compiler flags per module. The quantized matmul's AMX tile path needs the AMX features at compile
-# time (added to the host's); it runs only where the CPU has them (kernels/mojo_quant.py checks).
-EXTRA_FLAGS = {"mili_quant": ("--target-features", "+amx-tile,+amx-int8")}
+# Extra compiler flags per module. The quantized matmuls' AMX tile paths need the AMX features at compile
+# time (added to the host's); they run only where the CPU has them (kernels/mojo_quant.py checks).
+AMX_FLAGS = ("--target-features", "+amx-tile,+amx-int8")
+EXTRA_FLAGS = {"mili_quant": AMX_FLAGS, "mili_quant_k": AMX_FLAGS}
 OPTIONAL = "mili_omp"  # imported by the modules above
 BUILD_ROOT = Path(os.environ.get("MILI_KERNEL_BUILD_DIR", KERNELS_DIR.parent / "build" / "kernels"))
 

@@ -20,6 +20,13 @@
 #      128 * 16 * 32 * 32258 < 2^31) but their sum may not be, so they meet in float32. Blocks are added
 #      in order; every output element is computed by the same instructions whatever the batch, the row's
 #      place in it or the thread, as in quant_matmul.mojo.
+#      From 16 rows (parameter 15, kernels/mojo_quant.use_amx), AMX int8 tiles compute the same integers
+#      for whole groups of 16 rows (tdpbsud sums exactly; kernels/quant_amx.mojo): per block, C1 and C2 =
+#      the 16 rows' dots with q1 and q2 over all 32 K-steps (Q5_0, Q5_1, Q4_K need only lo + hi), or for
+#      Q6_K over each half apart, on tiles 16 K-steps wide, so that lo and hi are the same two int32s. The
+#      sums then go through the vpdpbusd path's own epilogue function: the same bits at every row count.
+#      A tile's weights are unpacked into the B-tile layout (the records' vectors g, as vpdpbusd reads
+#      them) once per chunk of rows, for all the chunk's 16-row groups.
 #
 # Tile records (per 16-column tile, K in order; weights unsigned, nibble byte (g*16 + c)*4 + j holds
 # q[c, 4g+j] in its low half and q[c, 4(g+4)+j] in its high half, g < 4, c the column, j < 4):
@@ -35,11 +42,14 @@
 from std.python import PythonObject
 from std.python.bindings import PythonModuleBuilder
 from std.os import abort
-from std.memory import bitcast
+from std.memory import alloc, bitcast, stack_allocation
 from std.sys import llvm_intrinsic
 from numerics import narrow
 from params import Params, param_int, param_ptr
 from quant_activations import P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, P_SUM_LO, quantize_rows
+from quant_amx import TILE_A1, TILE_A1_HALF, TILE_A2, TILE_A2_HALF, TILE_B, TILE_B_HI, TILE_B_LO, TILE_C1, \
+    TILE_C1_HI, TILE_C1_LO, TILE_C1_NEXT, TILE_C2, TILE_C2_HI, TILE_C2_LO, TILE_C2_NEXT, amx_configure, \
+    amx_configure_halves, amx_release, tile_dot_su, tile_load, tile_store, tile_zero
 
 comptime F32 = DType.float32
 comptime BF16 = DType.bfloat16
@@ -136,6 +146,26 @@ def _unpack[kind: Int](blk: Bytes) -> Array[U8x64, 8]:
 
 
 @always_inline
+def _block_scales[kind: Int](d_sb: F32x16, dmin_sb: F32x16, blk: Bytes, mut dw: F32x16, mut mw: F32x16,
+                             mut sc_lo: I32x16, mut sc_hi: I32x16):
+    """One block's per-column scales for the epilogue, from the block record and (K-quants) the super-block's
+    d and dmin: both paths get them here, so the same float32 values."""
+    comptime if kind == KIND_Q5_0:
+        dw = _f16x16(blk, 320)
+    elif kind == KIND_Q5_1:
+        dw = _f16x16(blk, 320)
+        mw = _f16x16(blk, 352)
+    elif kind == KIND_Q4_K:
+        # Both products exact in float32; the min enters negated (w = d*sc*q - dmin*mn).
+        dw = d_sb * blk.unsafe_offset(256).unsafe_load[width=TN]().cast[F32]()
+        mw = -(dmin_sb * blk.unsafe_offset(256 + TN).unsafe_load[width=TN]().cast[F32]())
+    else:
+        dw = d_sb
+        sc_lo = bitcast[DType.int8, TN](blk.unsafe_offset(384).unsafe_load[width=TN]()).cast[DType.int32]()
+        sc_hi = bitcast[DType.int8, TN](blk.unsafe_offset(400).unsafe_load[width=TN]()).cast[DType.int32]()
+
+
+@always_inline
 def _block_row[kind: Int](y: F32x16, w: Array[U8x64, 8], dw: F32x16, mw: F32x16, sc_lo: I32x16,
                           sc_hi: I32x16, a: SIMD[DType.int8, QK], a2: SIMD[DType.int8, QK], da: Float32,
                           sum: Int32, lo_sum: Int32, s_f: Float32) -> F32x16:
@@ -152,8 +182,16 @@ def _block_row[kind: Int](y: F32x16, w: Array[U8x64, 8], dw: F32x16, mw: F32x16,
         lo2 = _dpbusd(lo2, w[g], b32[g])
         hi1 = _dpbusd(hi1, w[g + 4], a32[g + 4])
         hi2 = _dpbusd(hi2, w[g + 4], b32[g + 4])
-    var lo = lo1 * 254 + lo2
-    var hi = hi1 * 254 + hi2
+    return _block_epilogue[kind](y, lo1 * 254 + lo2, hi1 * 254 + hi2, dw, mw, sc_lo, sc_hi, da, sum, lo_sum, s_f)
+
+
+@always_inline
+def _block_epilogue[kind: Int](y: F32x16, lo: I32x16, hi: I32x16, dw: F32x16, mw: F32x16, sc_lo: I32x16,
+                               sc_hi: I32x16, da: Float32, sum: Int32, lo_sum: Int32, s_f: Float32) -> F32x16:
+    """y plus one block's contribution given its exact integer dot products 254 * dot(w, q1) + dot(w, q2)
+    over K-steps 0-15 (lo) and 16-31 (hi). Both paths (vpdpbusd and AMX tiles) end here, so a row's float
+    steps are the same whichever computed its sums; only Q6_K needs the halves apart (the AMX path passes
+    the whole block's sum as lo and 0 as hi for the others: the same integer lo + hi)."""
     var acc: F32x16
     comptime if kind == KIND_Q6_K:
         var hi_sum = sum - lo_sum
@@ -177,12 +215,28 @@ def _store_tile[out_dt: DType](dst: Pointer[Scalar[out_dt], MutAnyOrigin], y: F3
             dst[unsafe_offset=c] = narrowed[c]
 
 
-def _tile_rows[kind: Int, out_dt: DType, R: Int](p: Params, t: Int, row0: Int):
-    """Rows row0 .. row0+R-1 of tile t, every K block; each weight block is unpacked once for the R rows."""
+def _finish_row[out_dt: DType](p: Params, y: F32x16, row: Int, t: Int):
+    """Adds the bias to one row's 16 columns of tile t and stores them."""
     var dst = param_ptr[out_dt](p, 0)  # [M, N]
-    var wp = param_ptr[DType.uint8](p, 2)
     var bias = param_ptr[F32](p, 3)  # [N] or address 0
     var n = param_int(p, 5)
+    var col0 = t * TN
+    var count = min(TN, n - col0)
+    var v = y
+    if param_int(p, 3) != 0:
+        var b_vec = F32x16(0)
+        if count == TN:
+            b_vec = bias.unsafe_offset(col0).unsafe_load[width=TN]()
+        else:
+            for c in range(count):
+                b_vec[c] = bias[unsafe_offset=col0 + c]
+        v = y + b_vec
+    _store_tile[out_dt](dst.unsafe_offset(row * n + col0), v, count)
+
+
+def _tile_rows[kind: Int, out_dt: DType, R: Int](p: Params, t: Int, row0: Int):
+    """Rows row0 .. row0+R-1 of tile t, every K block; each weight block is unpacked once for the R rows."""
+    var wp = param_ptr[DType.uint8](p, 2)
     var m = param_int(p, P_M)
     var k = param_int(p, P_K)
     var qa = param_ptr[DType.int8](p, P_Q1)
@@ -213,19 +267,7 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int](p: Params, t: Int, row0: Int):
             var mw = F32x16(0)
             var sc_lo = I32x16(0)
             var sc_hi = I32x16(0)
-            comptime if kind == KIND_Q5_0:
-                dw = _f16x16(blk, 320)
-            elif kind == KIND_Q5_1:
-                dw = _f16x16(blk, 320)
-                mw = _f16x16(blk, 352)
-            elif kind == KIND_Q4_K:
-                # Both products exact in float32; the min enters negated (w = d*sc*q - dmin*mn).
-                dw = d_sb * blk.unsafe_offset(256).unsafe_load[width=TN]().cast[F32]()
-                mw = -(dmin_sb * blk.unsafe_offset(256 + TN).unsafe_load[width=TN]().cast[F32]())
-            else:
-                dw = d_sb
-                sc_lo = bitcast[DType.int8, TN](blk.unsafe_offset(384).unsafe_load[width=TN]()).cast[DType.int32]()
-                sc_hi = bitcast[DType.int8, TN](blk.unsafe_offset(400).unsafe_load[width=TN]()).cast[DType.int32]()
+            _block_scales[kind](d_sb, dmin_sb, blk, dw, mw, sc_lo, sc_hi)
             comptime for r in range(R):
                 var row = row0 + r
                 var a = qa.unsafe_offset(row * k + b * QK).unsafe_load[width=QK]()
@@ -235,19 +277,8 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int](p: Params, t: Int, row0: Int):
                                         s[unsafe_offset=j], s_lo[unsafe_offset=j], s_f[unsafe_offset=j])
             blk = blk.unsafe_offset(blk_bytes)
         rec = rec.unsafe_offset(group_bytes)
-    var col0 = t * TN
-    var count = min(TN, n - col0)
-    var b_vec = F32x16(0)
-    var has_bias = param_int(p, 3) != 0
-    if has_bias:
-        if count == TN:
-            b_vec = bias.unsafe_offset(col0).unsafe_load[width=TN]()
-        else:
-            for c in range(count):
-                b_vec[c] = bias[unsafe_offset=col0 + c]
     comptime for r in range(R):
-        var v = y[r] + b_vec if has_bias else y[r]
-        _store_tile[out_dt](dst.unsafe_offset((row0 + r) * n + col0), v, count)
+        _finish_row[out_dt](p, y[r], row0 + r, t)
 
 
 def _tiles[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
@@ -268,11 +299,202 @@ def _tiles[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
         r0 = r1
 
 
-def _tiles_out[kind: Int](p: Params, begin: Int, end: Int):
-    if param_int(p, 13) == DTYPE_BF16:
-        _tiles[kind, BF16](p, begin, end)
+# ----- phase 2 on AMX tiles ----------------------------------------------------------------------------
+
+
+@always_inline
+def _group_bytes[kind: Int]() -> Int:
+    return header_bytes[kind]() + blocks_per_group[kind]() * block_bytes[kind]()
+
+
+@always_inline
+def _sums_bytes[kind: Int]() -> Int:
+    """Bytes of one block's int32 sums for 16 rows x 16 columns: C1 and C2, per half for Q6_K."""
+    comptime if kind == KIND_Q6_K:
+        return 4096
     else:
-        _tiles[kind, F32](p, begin, end)
+        return 2048
+
+
+@always_inline
+def _amx_sums[kind: Int, second: Bool](wb: Bytes, a1: Int, a2: Int, k: Int, sums: Bytes):
+    """The exact int32 dot products of one block's 16 weight columns (wb: unpacked by _unpack_tile) with
+    16 rows' q1 and q2 (at addresses a1 and a2, row stride k), stored to sums as [part, 16 rows, 16
+    columns] int32, parts C1, C2 (whole block) or, for Q6_K, C1 and C2 of K-steps 0-15 then of 16-31.
+    `second` picks the other tile set (amx_configure's *_NEXT), so that a block's products can run while
+    the previous block's epilogue does; Q6_K's configuration has one set (its sums may still be issued
+    before the previous epilogue: each tilezero waits for the last tilestore of its tile)."""
+    comptime if kind == KIND_Q6_K:
+        tile_load[TILE_B_LO](wb, 64)
+        tile_load[TILE_B_HI](wb.unsafe_offset(256), 64)
+        tile_zero[TILE_C1_LO]()
+        tile_zero[TILE_C2_LO]()
+        tile_zero[TILE_C1_HI]()
+        tile_zero[TILE_C2_HI]()
+        tile_load[TILE_A1_HALF](Bytes(unsafe_from_address=a1), k)
+        tile_load[TILE_A2_HALF](Bytes(unsafe_from_address=a2), k)
+        tile_dot_su[TILE_C1_LO, TILE_A1_HALF, TILE_B_LO]()
+        tile_dot_su[TILE_C2_LO, TILE_A2_HALF, TILE_B_LO]()
+        tile_load[TILE_A1_HALF](Bytes(unsafe_from_address=a1 + 16), k)
+        tile_load[TILE_A2_HALF](Bytes(unsafe_from_address=a2 + 16), k)
+        tile_dot_su[TILE_C1_HI, TILE_A1_HALF, TILE_B_HI]()
+        tile_dot_su[TILE_C2_HI, TILE_A2_HALF, TILE_B_HI]()
+        tile_store[TILE_C1_LO](sums, 64)
+        tile_store[TILE_C2_LO](sums.unsafe_offset(1024), 64)
+        tile_store[TILE_C1_HI](sums.unsafe_offset(2048), 64)
+        tile_store[TILE_C2_HI](sums.unsafe_offset(3072), 64)
+    else:
+        comptime c1 = TILE_C1_NEXT if second else TILE_C1
+        comptime c2 = TILE_C2_NEXT if second else TILE_C2
+        tile_load[TILE_B](wb, 64)
+        tile_load[TILE_A1](Bytes(unsafe_from_address=a1), k)
+        tile_load[TILE_A2](Bytes(unsafe_from_address=a2), k)
+        tile_zero[c1]()
+        tile_zero[c2]()
+        tile_dot_su[c1, TILE_A1, TILE_B]()
+        tile_dot_su[c2, TILE_A2, TILE_B]()
+        tile_store[c1](sums, 64)
+        tile_store[c2](sums.unsafe_offset(1024), 64)
+
+
+@always_inline
+def _unpack_tile[kind: Int](tile_rec: Bytes, nb: Int, wtile: Bytes):
+    """Every block of one tile's weights in the layout B tiles take (block b's 8 x 64 bytes at b * 512,
+    row g = K-steps 4g..4g+3 of the 16 columns): once per tile and row chunk for all the chunk's row
+    groups, and far enough ahead of the tile loads that they need not wait for these stores."""
+    for b in range(nb):
+        var w = _unpack[kind](_block_at[kind](tile_rec, b))
+        comptime for g in range(8):
+            wtile.unsafe_offset(b * 512 + g * 64).unsafe_store(w[g])
+
+
+@always_inline
+def _amx_epilogue[kind: Int](mut y: Array[F32x16, TN], tile_rec: Bytes, b: Int, buf: Int,
+                             da: Pointer[Scalar[F32], MutAnyOrigin], s: Pointer[Scalar[DType.int32], MutAnyOrigin],
+                             s_lo: Pointer[Scalar[DType.int32], MutAnyOrigin], s_f: Pointer[Scalar[F32], MutAnyOrigin],
+                             j0: Int):
+    """Block b's epilogue for the 16 rows of y, from the sums in buf (as _amx_sums left them); j0 indexes
+    row 0's per-block activation values."""
+    var grp = tile_rec.unsafe_offset((b // blocks_per_group[kind]()) * _group_bytes[kind]())
+    var blk = _block_at[kind](tile_rec, b)
+    var d_sb = F32x16(0)
+    var dmin_sb = F32x16(0)
+    comptime if header_bytes[kind]() > 0:
+        d_sb = _f16x16(grp, 0)
+        dmin_sb = _f16x16(grp, 2 * TN)
+    var dw = F32x16(0)
+    var mw = F32x16(0)
+    var sc_lo = I32x16(0)
+    var sc_hi = I32x16(0)
+    _block_scales[kind](d_sb, dmin_sb, blk, dw, mw, sc_lo, sc_hi)
+    var sums = Pointer[Scalar[DType.int32], MutAnyOrigin](unsafe_from_address=buf)
+    comptime for r in range(TN):
+        var lo = sums.unsafe_offset(r * TN).unsafe_load[width=TN]() * 254 \
+            + sums.unsafe_offset(256 + r * TN).unsafe_load[width=TN]()
+        var hi = I32x16(0)
+        comptime if kind == KIND_Q6_K:
+            hi = sums.unsafe_offset(512 + r * TN).unsafe_load[width=TN]() * 254 \
+                + sums.unsafe_offset(768 + r * TN).unsafe_load[width=TN]()
+        var j = j0 + r
+        y[r] = _block_epilogue[kind](y[r], lo, hi, dw, mw, sc_lo, sc_hi, da[unsafe_offset=j], s[unsafe_offset=j],
+                                     s_lo[unsafe_offset=j], s_f[unsafe_offset=j])
+
+
+@always_inline
+def _block_at[kind: Int](tile_rec: Bytes, b: Int) -> Bytes:
+    """Block b's record in a tile's records."""
+    comptime bpg = blocks_per_group[kind]()
+    return tile_rec.unsafe_offset((b // bpg) * _group_bytes[kind]() + header_bytes[kind]()
+                                  + (b % bpg) * block_bytes[kind]())
+
+
+def _tiles_amx[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
+    """Phase 2 on AMX tiles: per 16 columns x 16 rows x block, tdpbsud gives the exact int32 dot products
+    of q1 and q2 (the same integers vpdpbusd sums), stored to a buffer and passed row by row through the
+    same epilogue. Block b + 1's products are issued before block b's epilogue, into the other buffer, so
+    the two overlap. Whole groups of 16 rows only; the last M % 16 rows take the vpdpbusd path: the same
+    bits. Each thread unpacks its current tile's weights into a heap buffer (K / 32 x 512 bytes)."""
+    var wp = param_ptr[DType.uint8](p, 2)
+    var m = param_int(p, P_M)
+    var k = param_int(p, P_K)
+    var qa = param_int(p, P_Q1)  # addresses of q1 / q2 [M, K] int8
+    var qa2 = param_int(p, P_Q2)
+    var da = param_ptr[F32](p, P_D)
+    var s = param_ptr[DType.int32](p, P_SUM)
+    var s_lo = param_ptr[DType.int32](p, P_SUM_LO)
+    var s_f = param_ptr[F32](p, P_SUM_F)
+    var nb = k // QK
+    var tile_bytes = (nb // blocks_per_group[kind]()) * _group_bytes[kind]()
+    comptime sums_bytes = _sums_bytes[kind]()
+    comptime ACT_CACHE_BYTES = 512 * 1024
+    var wtile_mem = alloc[UInt8](nb * 512, alignment=64)  # one tile's unpacked weights: [nb, 8, 64]
+    var wtile = Bytes(unsafe_from_address=Int(wtile_mem))
+    var bufs = Int(stack_allocation[2 * sums_bytes, UInt8, alignment=64]())  # two blocks' sums
+    comptime if kind == KIND_Q6_K:
+        amx_configure_halves()
+    else:
+        amx_configure()
+    var full = m - m % TN
+    # Rows in chunks whose int8 activations (q1 and q2) stay in cache while the thread's tiles pass over
+    # them; each tile's weights are unpacked once per chunk. The last chunk also runs the M % 16 rows.
+    var chunk = max(TN, (ACT_CACHE_BYTES // (2 * k)) // TN * TN)
+    var r0 = 0
+    while True:
+        var r1 = min(r0 + chunk, full)
+        for t in range(begin, end):
+            var tile_rec = wp.unsafe_offset(t * tile_bytes)
+            if r1 > r0:
+                _unpack_tile[kind](tile_rec, nb, wtile)
+            var g0 = r0
+            while g0 < r1:
+                var y = Array[F32x16, TN](fill=F32x16(0))
+                var a0 = g0 * k
+                _amx_sums[kind, False](wtile, qa + a0, qa2 + a0, k, Bytes(unsafe_from_address=bufs))
+                var b = 0
+                while b < nb:  # two blocks a turn: even ones into buffer 0 (tiles C1/C2), odd ones the others
+                    if b + 1 < nb:
+                        var a1 = a0 + (b + 1) * QK
+                        _amx_sums[kind, True](wtile.unsafe_offset((b + 1) * 512), qa + a1, qa2 + a1, k,
+                                              Bytes(unsafe_from_address=bufs + sums_bytes))
+                    _amx_epilogue[kind](y, tile_rec, b, bufs, da, s, s_lo, s_f, b * m + g0)
+                    if b + 1 < nb:
+                        if b + 2 < nb:
+                            var a2 = a0 + (b + 2) * QK
+                            _amx_sums[kind, False](wtile.unsafe_offset((b + 2) * 512), qa + a2, qa2 + a2, k,
+                                                   Bytes(unsafe_from_address=bufs))
+                        _amx_epilogue[kind](y, tile_rec, b + 1, bufs + sums_bytes, da, s, s_lo, s_f,
+                                            (b + 1) * m + g0)
+                    b += 2
+                comptime for r in range(TN):
+                    _finish_row[out_dt](p, y[r], g0 + r, t)
+                g0 += TN
+            if r1 == full:
+                var r = full
+                while r + ROWS <= m:
+                    _tile_rows[kind, out_dt, ROWS](p, t, r)
+                    r += ROWS
+                while r < m:
+                    _tile_rows[kind, out_dt, 1](p, t, r)
+                    r += 1
+        if r1 == full:
+            break
+        r0 = r1
+    amx_release()
+    wtile_mem.unsafe_free()
+
+
+def _tiles_out[kind: Int](p: Params, begin: Int, end: Int):
+    var amx = param_int(p, 15) != 0
+    if param_int(p, 13) == DTYPE_BF16:
+        if amx:
+            _tiles_amx[kind, BF16](p, begin, end)
+        else:
+            _tiles[kind, BF16](p, begin, end)
+    else:
+        if amx:
+            _tiles_amx[kind, F32](p, begin, end)
+        else:
+            _tiles[kind, F32](p, begin, end)
 
 
 def _tiles_any(p: Params, begin: Int, end: Int):

@@ -1,13 +1,16 @@
 """The K-quant-file types' matmul (kernels/quant_kmatmul.mojo: Q4_K, Q6_K, Q5_0, Q5_1, each in its own
 scale structure) beside the Q4_0 / Q4_1 / Q8_0 kernel and the bfloat16 linear, on Qwen3-0.6B's shapes:
 
-    python -m loadtest.bench_kquant [--rows 1 8 32] [--shapes qkv o gate_up down]
+    python -m loadtest.bench_kquant [--rows 1 8 32] [--shapes qkv o gate_up down] [--types Q4_K Q6_K]
 
 What it answers: whether reading the K-quants' own layout costs speed against re-expressing them at load
 in the older kernel's formats. Those re-expressions are exact only with more bytes per weight: Q5_0 as
 Q8_0 records (8.5 bits instead of 5.5; the Q8_0 column is that path's speed), Q4_K as Q4_1-like records
 with float32 scales and mins (6.0 bits instead of 4.625; at best the speed of the Q4_1 column, which reads
-5.0). Each figure is the 10th percentile of single-call times, one call of each column in turn (a shared
+5.0). And, per type, what each path of a kernel costs: `vnni` (vpdpbusd) and, where the CPU has AMX int8
+tiles, `amx` (whole groups of 16 rows on tiles, what `auto` runs from kernels.mojo_quant.AMX_MIN_ROWS
+rows; the same bits), beside bfloat16 (MILI's oneDNN-packed linear, AMX bfloat16 where present).
+Each figure is the 10th percentile of single-call times, one call of each column in turn (a shared
 machine's bursts hit them alike), torch's OpenMP threads; with it the bits per weight each streams.
 Printed, never asserted; compare ratios within one run.
 """
@@ -42,32 +45,42 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--types", nargs="+", default=[t.name for t in TYPES], choices=[t.name for t in TYPES])
     args = ap.parse_args()
+    types = [QT[name] for name in args.types]
     base, kmod = mojo_quant.load(), mojo_quant_k.load()
+    paths = ["vnni", "amx"] if mojo_quant.amx_available() else ["vnni"]
     print(f"torch threads {torch.get_num_threads()}; microseconds per call (10th percentile of single calls, "
-          f"all columns interleaved for {0.2 * args.rounds:.1f} s)")
-    print("| shape | rows | bf16 | " + " | ".join(t.name for t in TYPES) + " |")
-    print("|---|---|---|" + "---|" * len(TYPES))
+          f"all columns interleaved for {0.2 * args.rounds:.1f} s); "
+          + (f"amx from {mojo_quant.AMX_MIN_ROWS} rows" if "amx" in paths else "no AMX int8 tiles on this CPU"))
+    columns = [(t, path) for t in types for path in paths]
+    print("| shape | rows | bf16 | " + " | ".join(f"{t.name} {path} | vs bf16" for t, path in columns) + " |")
+    print("|---|---|---|" + "---|---|" * len(columns))
     bits: dict[str, float] = {}
     for name in args.shapes:
         n, k = SHAPES[name]
         w = np.random.default_rng(0).standard_normal((n, k)).astype(np.float32) * 0.05
         dense = PackedLinear(torch.from_numpy(w).bfloat16(), None, 128)
         packed = {t: repack(quantize(w, t), t) if t in KERNEL_KINDS else repack_k(quantize_k(w, t), t)
-                  for t in TYPES}
+                  for t in types}
         bits.update({t.name: bits_per_weight(p, n, k) for t, p in packed.items()})
         for m in args.rows:
             x = torch.randn(m, k).bfloat16()
             calls = {"bf16": lambda: dense(x)}
-            for t in TYPES:
+            for t, path in columns:
+                if path == "amx" and m < mojo_quant.AMX_MIN_ROWS:
+                    continue  # no whole group of rows: the amx path would be the vnni one
                 if t in KERNEL_KINDS:
-                    calls[t.name] = lambda t=t: mojo_quant.qmatmul(base, x, packed[t], KERNEL_KINDS[t], n)
+                    calls[f"{t.name} {path}"] = lambda t=t, path=path: mojo_quant.qmatmul(
+                        base, x, packed[t], KERNEL_KINDS[t], n, path=path)
                 else:
-                    calls[t.name] = lambda t=t: mojo_quant_k.qmatmul_k(kmod, x, packed[t], KQUANT_KINDS[t], n)
+                    calls[f"{t.name} {path}"] = lambda t=t, path=path: mojo_quant_k.qmatmul_k(
+                        kmod, x, packed[t], KQUANT_KINDS[t], n, path=path)
             samples = interleaved_times(calls, seconds=0.2 * args.rounds)
             best = {key: float(np.percentile(t, 10)) * 1e6 for key, t in samples.items()}
-            print(f"| {name} {n}x{k} | {m} | {best['bf16']:.0f} | "
-                  + " | ".join(f"{best[t.name]:.0f}" for t in TYPES) + " |", flush=True)
+            cells = [f"{best[key]:.0f} | {best['bf16'] / best[key]:.2f}x" if key in best else "- | -"
+                     for key in (f"{t.name} {path}" for t, path in columns)]
+            print(f"| {name} {n}x{k} | {m} | {best['bf16']:.0f} | " + " | ".join(cells) + " |", flush=True)
     print("bits per weight streamed: bf16 16, " + ", ".join(f"{t} {b:.3f}" for t, b in bits.items()))
 
 

@@ -256,9 +256,11 @@ def test_bad_arguments_raise_before_the_kernel(module):
         (dict(out=torch.empty(3, 21)), "bad output"),
         (dict(out_dtype=torch.int32), "unsupported output dtype"),
         (dict(threading="pool"), "threading"),
+        (dict(path="gpu"), "path"),
     ]
     for overrides, message in cases:
-        args = dict(x=x, packed=packed, kind=kind, n=20, bias=None, out_dtype=None, out=None, threading="omp")
+        args = dict(x=x, packed=packed, kind=kind, n=20, bias=None, out_dtype=None, out=None, threading="omp",
+                    path="auto")
         args.update(overrides)
         with pytest.raises(ValueError, match=message):
             mojo_quant_k.qmatmul_k(module, **args)

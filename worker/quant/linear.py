@@ -157,7 +157,8 @@ class QuantLinear(nn.Module):
                                   mojo_quant.AMX_PARAM)
         params = mojo_quant_k.qmatmul_k_params(x, self.packed, KQUANT_KINDS[self.qtype], self.out_features,
                                                self._bias_f32, out, scratch)
-        return PrebuiltMatmul(self._module, mojo_quant_k.ENTRIES, params, tiles, mojo_quant_k.ROWS_PARAM, None)
+        return PrebuiltMatmul(self._module, mojo_quant_k.ENTRIES, params, tiles, mojo_quant_k.ROWS_PARAM,
+                              mojo_quant_k.AMX_PARAM)
 
 
 @dataclass(frozen=True)
