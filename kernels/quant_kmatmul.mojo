@@ -47,6 +47,9 @@ comptime TN = 16  # output columns per tile
 comptime QK = 32  # activation block
 comptime ROWS = 4  # activation rows sharing one unpacked weight block
 
+# The output's row stride in elements (kernels/quant_operands.py: >= N, for a column slice of a wider output).
+comptime P_LDC = 17
+
 comptime DTYPE_F32 = 0
 comptime DTYPE_BF16 = 1
 
@@ -179,10 +182,11 @@ def _store_tile[out_dt: DType](dst: Pointer[Scalar[out_dt], MutAnyOrigin], y: F3
 
 def _tile_rows[kind: Int, out_dt: DType, R: Int](p: Params, t: Int, row0: Int):
     """Rows row0 .. row0+R-1 of tile t, every K block; each weight block is unpacked once for the R rows."""
-    var dst = param_ptr[out_dt](p, 0)  # [M, N]
+    var dst = param_ptr[out_dt](p, 0)  # [M, N] with row stride ldc (>= N: a column slice of a wider output)
     var wp = param_ptr[DType.uint8](p, 2)
     var bias = param_ptr[F32](p, 3)  # [N] or address 0
     var n = param_int(p, 5)
+    var ldc = param_int(p, P_LDC)
     var m = param_int(p, P_M)
     var k = param_int(p, P_K)
     var qa = param_ptr[DType.int8](p, P_Q1)
@@ -247,7 +251,7 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int](p: Params, t: Int, row0: Int):
                 b_vec[c] = bias[unsafe_offset=col0 + c]
     comptime for r in range(R):
         var v = y[r] + b_vec if has_bias else y[r]
-        _store_tile[out_dt](dst.unsafe_offset((row0 + r) * n + col0), v, count)
+        _store_tile[out_dt](dst.unsafe_offset((row0 + r) * ldc + col0), v, count)
 
 
 def _tiles[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
