@@ -20,7 +20,7 @@ from kernels.omp_program import Program, ProgramBuilder
 from worker.attention import AttentionMetadata, MojoAttentionBackend
 from worker.layer_ops import MojoLayerOps
 from worker.models.decoder import DecoderForCausalLM
-from worker.quant.linear import PrebuiltMatmul, QuantLinear
+from worker.quant.linear import QuantLinear
 
 # Per-step values patched into the program: rows (decode rows), items (rows x KV heads: attention's work
 # items), amx (whether the matmuls compute on AMX tiles at this row count; the same bits either way).
@@ -141,18 +141,14 @@ class DecodeProgram:
 
         def matmul(proj: QuantLinear, x: torch.Tensor, out: torch.Tensor, after_row_phase: bool = True) -> None:
             calls = proj.prebuilt(x, out, self._mm_scratch)  # one per block type, each on its own columns
-
-            def patches(call: PrebuiltMatmul) -> dict[int, str]:
-                return {call.rows_param: "rows"} | ({call.amx_param: "amx"} if call.amx_param is not None else {})
-
             # Quantizing row r reads only row r of x: after a norm or silu (one item per row), the same thread
             # wrote it, so no barrier is needed. The first call's quantized rows serve every call's tiles
             # (prebuilt checks they share them); each tile phase waits for the whole quantize phase.
             first = calls[0]
-            builder.add(first.module, first.entries[0], first.params, "rows", patches(first),
+            builder.add(first.module, first.entries[0], first.params, "rows", first.patches(),
                         same_split=after_row_phase)
             for call in calls:
-                builder.add(call.module, call.entries[1], call.params, call.tiles, patches(call))
+                builder.add(call.module, call.entries[1], call.params, call.tiles, call.patches())
 
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(model.layers, kv_caches)):
             attn, mlp = layer.self_attn, layer.mlp

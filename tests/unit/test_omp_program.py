@@ -103,13 +103,9 @@ def test_a_projection_of_several_block_types_runs_as_one_quantize_and_a_tile_pha
         calls = proj.prebuilt(x, y, scratch)
         assert [c.tiles for c in calls] == [-(-rows // 16) for _, rows in SEGMENTS]
         builder = ProgramBuilder(team, ("rows", "amx"))
-
-        def patches(call):
-            return {call.rows_param: "rows"} | ({call.amx_param: "amx"} if call.amx_param is not None else {})
-
-        builder.add(calls[0].module, calls[0].entries[0], calls[0].params, "rows", patches(calls[0]))
+        builder.add(calls[0].module, calls[0].entries[0], calls[0].params, "rows", calls[0].patches())
         for call in calls:
-            builder.add(call.module, call.entries[1], call.params, call.tiles, patches(call))
+            builder.add(call.module, call.entries[1], call.params, call.tiles, call.patches())
         program = builder.build()
         for rows in (1, 5, 17, CAPACITY, 3):
             y.fill_(float("nan"))

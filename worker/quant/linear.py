@@ -173,6 +173,10 @@ class PrebuiltMatmul:
     rows_param: int
     amx_param: int | None
 
+    def patches(self, rows: str = "rows", amx: str = "amx") -> dict[int, str]:
+        """Its per-step parameters, for kernels.omp_program.ProgramBuilder.add: index -> the named value."""
+        return {self.rows_param: rows} | ({self.amx_param: amx} if self.amx_param is not None else {})
+
 
 def _prebuilt_call(module: ModuleType, x: torch.Tensor, qtype: QT, packed: torch.Tensor, n: int,
                    bias: torch.Tensor | None, out: torch.Tensor, scratch: torch.Tensor) -> PrebuiltMatmul:
