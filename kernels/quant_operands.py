@@ -46,7 +46,6 @@ def checked_output(require: Callable[[bool, str], None], x: torch.Tensor, packed
     return out
 
 
-
 def activation_scratch_bytes(m: int, k: int) -> int:
     """Bytes of scratch for m rows of K activations quantized by kernels/quant_activations.mojo (the layout
     is in activation_addresses)."""

@@ -15,6 +15,7 @@ from gguf.quants import quantize
 
 from kernels import mojo_layers, mojo_ops, mojo_quant
 from kernels.omp_program import ProgramBuilder
+from kernels.quant_operands import OUTPUT_STRIDE_PARAM
 from worker.quant.blocks import KERNEL_KINDS, repack
 from worker.quant.linear import QuantLinear, module_for
 
@@ -102,6 +103,9 @@ def test_a_projection_of_several_block_types_runs_as_one_quantize_and_a_tile_pha
         scratch = torch.empty(proj.scratch_bytes(CAPACITY), dtype=torch.uint8)
         calls = proj.prebuilt(x, y, scratch)
         assert [c.tiles for c in calls] == [-(-rows // 16) for _, rows in SEGMENTS]
+        col0s = [sum(rows for _, rows in SEGMENTS[:i]) for i in range(len(SEGMENTS))]
+        assert [c.params[0] for c in calls] == [y[:, col0].data_ptr() for col0 in col0s]  # each its own columns
+        assert all(c.params[OUTPUT_STRIDE_PARAM] == proj.out_features for c in calls)  # rows of the whole output
         builder = ProgramBuilder(team, ("rows", "amx"))
         builder.add(calls[0].module, calls[0].entries[0], calls[0].params, "rows", calls[0].patches())
         for call in calls:
