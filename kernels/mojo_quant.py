@@ -65,8 +65,9 @@ def qmatmul(module: ModuleType, x: torch.Tensor, packed: torch.Tensor, kind: int
             out: torch.Tensor | None = None, threading: str = "omp", path: str = "auto") -> torch.Tensor:
     """x: [M, K] float32 or bfloat16 -> x @ W.T (+ bias): [M, n] in out_dtype (x's dtype by default).
     packed: [ceil(n / 16), K / 32, record bytes] uint8 tiles of W (worker/quant/blocks.repack), kind its
-    code (0 Q4_0, 1 Q4_1, 2 Q8_0). bias: [n] float32. `out`, when given, must be a contiguous [M, n]
-    tensor of out_dtype (tests pass one poisoned with NaN). threading: "omp" quantizes the rows and then
+    code (0 Q4_0, 1 Q4_1, 2 Q8_0). bias: [n] float32. `out`, when given, must be an [M, n] tensor of
+    out_dtype with contiguous rows: a contiguous one, or a column slice of a wider row-major output
+    (tests pass ones poisoned with NaN). threading: "omp" quantizes the rows and then
     splits the column tiles over torch's OpenMP team (one thread when the bridge is unavailable).
     path: "vnni" (vpdpbusd), "amx" (AMX int8 tiles; ValueError where unavailable) or "auto" (AMX from
     AMX_MIN_ROWS rows where available): every path gives the same bits for a row."""
@@ -125,4 +126,4 @@ def _params(x: torch.Tensor, packed: torch.Tensor, kind: int, n: int, bias: torc
     q1, q2, d, s, s_f, s_lo = activation_addresses(scratch.data_ptr(), m, x.shape[1])
     return kernel_params(out.data_ptr(), x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(),
                          m, n, x.shape[1], kind, DTYPE_CODES[x.dtype], q1, d, s, s_f, DTYPE_CODES[out.dtype], q2,
-                         int(amx), s_lo)
+                         int(amx), s_lo, out.stride(0))

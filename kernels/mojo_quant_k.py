@@ -37,7 +37,8 @@ def qmatmul_k(module: ModuleType, x: torch.Tensor, packed: torch.Tensor, kind: i
               out: torch.Tensor | None = None, threading: str = "omp", path: str = "auto") -> torch.Tensor:
     """x: [M, K] float32 or bfloat16 -> x @ W.T (+ bias): [M, n] in out_dtype (x's dtype by default).
     packed: [ceil(n / 16), K / group, group bytes] uint8 tiles of W (worker/quant/kblocks.repack_k), kind
-    its code. bias: [n] float32. `out`, when given, must be a contiguous [M, n] tensor of out_dtype.
+    its code. bias: [n] float32. `out`, when given, must be an [M, n] tensor of out_dtype with contiguous
+    rows (a column slice of a wider row-major output is one).
     threading: "omp" quantizes the rows and then splits the column tiles over torch's OpenMP team.
     path: "vnni" (vpdpbusd), "amx" (AMX int8 tiles; ValueError where unavailable) or "auto" (AMX from
     kernels.mojo_quant.AMX_MIN_ROWS rows where available), as the main kernel's: the same bits for a row."""
@@ -91,4 +92,4 @@ def _params(x: torch.Tensor, packed: torch.Tensor, kind: int, n: int, bias: torc
     q1, q2, d, s, s_f, s_lo = activation_addresses(scratch.data_ptr(), m, x.shape[1])
     return kernel_params(out.data_ptr(), x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(),
                          m, n, x.shape[1], kind, DTYPE_CODES[x.dtype], q1, d, s, s_f, DTYPE_CODES[out.dtype], q2,
-                         int(amx), s_lo)
+                         int(amx), s_lo, out.stride(0))

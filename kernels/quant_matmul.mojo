@@ -39,6 +39,9 @@ comptime TN = 16  # output columns per tile: one zmm of int32 / float32 lanes
 comptime QK = 32  # weights per block
 comptime ROWS = 4  # activation rows sharing one unpacked weight block
 
+# The output's row stride in elements (kernels/quant_operands.py: >= N, for a column slice of a wider output).
+comptime P_LDC = 17
+
 comptime DTYPE_F32 = 0
 comptime DTYPE_BF16 = 1
 
@@ -191,9 +194,10 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int](p: Params, t: Int, row0: Int):
 
 def _finish_row[out_dt: DType](p: Params, y: F32x16, row: Int, t: Int):
     """Adds the bias to one row's 16 columns of tile t and stores them."""
-    var dst = param_ptr[out_dt](p, 0)  # [M, N]
+    var dst = param_ptr[out_dt](p, 0)  # [M, N] with row stride ldc (>= N: a column slice of a wider output)
     var bias = param_ptr[F32](p, 3)  # [N] or address 0
     var n = param_int(p, 5)
+    var ldc = param_int(p, P_LDC)
     var col0 = t * TN
     var count = min(TN, n - col0)
     var v = y
@@ -205,7 +209,7 @@ def _finish_row[out_dt: DType](p: Params, y: F32x16, row: Int, t: Int):
             for c in range(count):
                 b_vec[c] = bias[unsafe_offset=col0 + c]
         v = y + b_vec
-    _store_tile[out_dt](dst.unsafe_offset(row * n + col0), v, count)
+    _store_tile[out_dt](dst.unsafe_offset(row * ldc + col0), v, count)
 
 
 def _tiles[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):

@@ -4,7 +4,7 @@ and the scratch their shared activation quantizer (kernels/quant_activations.moj
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -38,7 +38,11 @@ def checked_output(require: Callable[[bool, str], None], x: torch.Tensor, packed
     require(out_dtype in DTYPE_CODES, f"unsupported output dtype {out_dtype}")
     if out is None:
         out = torch.empty(m, n, dtype=out_dtype)
-    require(out.dtype == out_dtype and tuple(out.shape) == (m, n) and out.is_contiguous(), "bad output tensor")
+    require(out.dtype == out_dtype and tuple(out.shape) == (m, n), "bad output tensor")
+    # Rows of n elements ldc apart: a contiguous output, or a column slice of a wider row-major one
+    # (a fused projection's segments each write their own columns of one output).
+    require(out.stride(1) == 1 and out.stride(0) >= n,
+            f"bad output tensor: rows of {n} contiguous elements expected, got strides {list(out.stride())}")
     return out
 
 
@@ -65,3 +69,15 @@ def activation_addresses(base: int, m: int, k: int) -> tuple[int, int, int, int,
     q1, q2, d = base, base + m * k, base + 2 * m * k
     d += -d % 4
     return q1, q2, d, d + 4 * m * nb, d + 8 * m * nb, d + 12 * m * nb
+
+
+# The parameter slots phase 1 (kernels/quant_activations.mojo) reads or writes, the same in both kernels'
+# arrays: x, rows, K, x's dtype, then q1, d, sum, d * sum, q2, sum lo in the scratch.
+ACTIVATION_PARAMS = (1, 4, 6, 8, 9, 10, 11, 12, 14, 16)
+OUTPUT_STRIDE_PARAM = 17  # the output's row stride in elements (P_LDC in both kernels)
+
+
+def same_activations(params: Sequence[int], other: Sequence[int]) -> bool:
+    """Whether two calls' parameters (of either kernel) quantize the same x into the same scratch places,
+    so one call's phase 1 serves the other's phase 2."""
+    return all(params[i] == other[i] for i in ACTIVATION_PARAMS)

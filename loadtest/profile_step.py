@@ -1,7 +1,9 @@
-"""Where a decode step's time goes: torch's profiler over steady decode steps of the default model.
+"""Where a decode step's time goes: torch's profiler over steady decode steps of the default model (or
+--model: a .gguf file or an HF-format directory, as `mili serve --model` takes).
 
     python -m loadtest.profile_step [--batch 1] [--context 128] [--steps 20] [--trace step.json]
     python -m loadtest.profile_step --batch 8 --compare-program   # decode program on vs off, one run
+    python -m loadtest.profile_step --model build/models/qwen3-0.6b-q4_k_m.gguf --compare-program
 
 Prints the operators by self CPU time and the step's wall time, so the largest measured cost is the
 one attacked first, and whether the decode steps ran as one kernel program (worker/decode_program.py).
@@ -22,13 +24,13 @@ from torch.profiler import ProfilerActivity, profile
 from loadtest.bench_engine import make_prompts
 from shared.config import QUANTIZATIONS, EngineConfig
 from shared.sampling_params import SamplingParams
-from worker.default_model import default_model_path
+from gateway.serve import resolve_model
 from worker.engine import LLMEngine
 
 
 def make_engine(args: argparse.Namespace, decode_program: bool) -> LLMEngine:
     """An engine decoding args.batch sequences of args.context prompt tokens, prefilled and warmed up."""
-    engine = LLMEngine(EngineConfig(model=str(default_model_path()), dtype=args.dtype,
+    engine = LLMEngine(EngineConfig(model=str(resolve_model(args.model)[0]), dtype=args.dtype,
                                     attention_backend=args.attention_backend, max_model_len=2048,
                                     quantization=args.quantization, decode_program=decode_program,
                                     kv_cache_memory=256 << 20))
@@ -61,7 +63,8 @@ def program_runs(engine: LLMEngine) -> int:
 
 
 def describe(engine: LLMEngine, args: argparse.Namespace, step_ms: float, runs: int, steps: int) -> str:
-    return (f"batch {args.batch}, context {args.context}, dtype {engine.dtype}, attention "
+    return (f"{args.model}, quantization {engine.quantization}, batch {args.batch}, context {args.context}, "
+            f"dtype {engine.dtype}, attention "
             f"{engine.attention_backend.name}, threads {torch.get_num_threads()}, decode program "
             f"{engine.runner.decode_program_status} (ran {runs} of {steps} steps): {step_ms:.2f} ms per decode step "
             f"({1e3 * args.batch / step_ms:.1f} tok/s)")
@@ -85,6 +88,7 @@ def compare(args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="default", help="default, a .gguf file or an HF-format directory")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--steps", type=int, default=20)

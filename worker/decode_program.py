@@ -37,8 +37,6 @@ def unsupported_reason(model: DecoderForCausalLM) -> str | None:
         for proj in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
             if not isinstance(proj, QuantLinear):
                 return "the projections are not quantized"
-            if len(proj.segments) != 1:
-                return f"a projection mixes block types ({proj.type_name})"
     return None
 
 
@@ -142,12 +140,15 @@ class DecodeProgram:
             builder.add(layers_module, "mili_rms_norm_range", params, "rows", {mojo_layers.RMS_NORM_ROWS_PARAM: "rows"})
 
         def matmul(proj: QuantLinear, x: torch.Tensor, out: torch.Tensor, after_row_phase: bool = True) -> None:
-            call = proj.prebuilt(x, out, self._mm_scratch)
-            patches = {call.rows_param: "rows"} | ({call.amx_param: "amx"} if call.amx_param is not None else {})
+            calls = proj.prebuilt(x, out, self._mm_scratch)  # one per block type, each on its own columns
             # Quantizing row r reads only row r of x: after a norm or silu (one item per row), the same thread
-            # wrote it, so no barrier is needed.
-            builder.add(call.module, call.entries[0], call.params, "rows", patches, same_split=after_row_phase)
-            builder.add(call.module, call.entries[1], call.params, call.tiles)
+            # wrote it, so no barrier is needed. The first call's quantized rows serve every call's tiles
+            # (prebuilt checks they share them); each tile phase waits for the whole quantize phase.
+            first = calls[0]
+            builder.add(first.module, first.entries[0], first.params, "rows", first.patches(),
+                        same_split=after_row_phase)
+            for call in calls:
+                builder.add(call.module, call.entries[1], call.params, call.tiles, call.patches())
 
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(model.layers, kv_caches)):
             attn, mlp = layer.self_attn, layer.mlp

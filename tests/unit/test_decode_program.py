@@ -3,8 +3,10 @@
 The program runs the same kernels with the same parameters, so everything must be the same bits: a
 decode step's final hidden states and logits (torch.equal), the K/V it writes into the cache, and the
 engine's greedy tokens with the program on and off. Random tiny quantized models: Qwen3 (q/k norms),
-Qwen2 (qkv bias), Llama, in float32 and bfloat16; decode batches of 1, 3, 17 (AMX tiles from 16 rows
-where the CPU has them) and 40 (the program's full capacity), contexts on both sides of page boundaries.
+Qwen2 (qkv bias), Llama, and a Q4_K_M-like Qwen3 GGUF (Q4_K, Q6_K, Q5_0, Q5_1 tensors, and a fused
+q|k|v of Q4_K q, k and a Q6_K v: one projection, two kernels, each writing its columns), in float32 and
+bfloat16; decode batches of 1, 3, 17 (AMX tiles from 16 rows where the CPU has them) and 40 (the
+program's full capacity), contexts on both sides of page boundaries.
 """
 
 from __future__ import annotations
@@ -26,15 +28,33 @@ MAX_SEQS = 40
 # Prompt lengths whose first decode step has a context of 16, 17, 32, 33 tokens: the last slot of a
 # 16-token page and the first of the next.
 PAGE_EDGES = [15, 16, 31, 32]
-# name -> (config overrides, quantization): Qwen2's heads widened to 16 dims, the least the layer kernels take.
-MODELS = {"qwen3": ({}, "q4_0"), "qwen2": ({"num_attention_heads": 4}, "q8_0"), "llama": ({}, "q4_0")}
+# name -> (config overrides, quantization): Qwen2's heads widened to 16 dims, the least the layer kernels take;
+# "qwen3-q4_k_m" is a GGUF served in its own types (test_quant_kquant_model.write_kquant_model).
+MODELS = {"qwen3": ({}, "q4_0"), "qwen2": ({"num_attention_heads": 4}, "q8_0"), "llama": ({}, "q4_0"),
+          "qwen3-q4_k_m": ({}, "auto")}
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiny:
+    path: object
+    quantization: str
+    vocab: int
+
+    def engine(self, **overrides):
+        """An engine on this model (contexts up to 256 tokens: the GGUF models' position limit)."""
+        return make_engine(self.path, **(dict(quantization=self.quantization, max_model_len=256) | overrides))
 
 
 @pytest.fixture(params=sorted(MODELS))
 def tiny(request, tmp_path, test_seed):
     overrides, quantization = MODELS[request.param]
+    if request.param == "qwen3-q4_k_m":
+        from tests.unit.test_gguf_convert import VOCAB_SIZE
+        from tests.unit.test_quant_kquant_model import write_kquant_model
+
+        return Tiny(write_kquant_model(tmp_path, test_seed), quantization, VOCAB_SIZE)
     build_tiny_model(request.param, test_seed, tmp_path / request.param, vocab_size=VOCAB, **overrides)
-    return tmp_path / request.param, quantization
+    return Tiny(tmp_path / request.param, quantization, VOCAB)
 
 
 def prompt_lengths(rng: random.Random, batch: int) -> list[int]:
@@ -85,36 +105,54 @@ def assert_step_identical(engine, batch: int) -> None:
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_decode_steps_are_bit_identical_to_the_modules(tiny, dtype, test_seed):
-    model_dir, quantization = tiny
-    engine = make_engine(model_dir, attention_backend="mojo", quantization=quantization, dtype=dtype,
-                         max_num_seqs=MAX_SEQS)
+    engine = tiny.engine(attention_backend="mojo", dtype=dtype, max_num_seqs=MAX_SEQS)
     assert engine.runner.decode_program_status == "on"
     rng = random.Random(test_seed)
     for batch in (1, 3, 17, MAX_SEQS):
-        ids = prefill(engine, rng, batch)
+        ids = prefill(engine, rng, batch, tiny.vocab)
         assert_step_identical(engine, batch)
         for rid in ids:
             engine.abort_request(rid)
-    assert engine.runner.decode_program.max_rows == MAX_SEQS
+    program, layers = engine.runner.decode_program, engine.runner.model.layers
+    assert program.max_rows == MAX_SEQS
+    # Per layer two norms, rope + KV write, attention, silu; per matmul a quantize phase and a tile phase per
+    # block type (layer 0's q|k|v has two in the Q4_K_M-like model); then the final norm.
+    projections = [p for layer in layers for p in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                                   layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+    assert program.n_phases == 5 * len(layers) + sum(1 + len(p.segments) for p in projections) + 1
 
 
-def test_greedy_tokens_are_the_same_with_the_program_on_and_off(tmp_path, test_seed):
-    """A Q4_1 GGUF (the default model's type) in bfloat16, requests arriving one every two steps: decode-only
-    steps run as the program, steps with a prefill in them through the modules, and every token and
-    every sampled row's logits equal those of the modules alone."""
-    from tests.unit.test_gguf_convert import VOCAB_SIZE, tiny_model, write_gguf
-    from tests.unit.test_quant_model import random_prompts
+def gguf_model(kind: str, tmp_path, seed: int):
+    """kind "q4_1": a tiny Llama GGUF in Q4_1 (the default model's type); "q4_k_m": the Q4_K_M-like Qwen3,
+    whose layer-0 q|k|v runs as two segments (Q4_K, Q6_K). Returns the model folder."""
+    from tests.unit.test_gguf_convert import tiny_model, write_gguf
+    from tests.unit.test_quant_kquant_model import write_kquant_model
     from worker.gguf.convert import convert_gguf
 
-    model, cfg = tiny_model("llama", test_seed % 10_000)
-    model_dir = convert_gguf(write_gguf(tmp_path / "m.gguf", "llama", model, cfg, QT.Q4_1), tmp_path / "hf")
+    if kind == "q4_k_m":
+        return write_kquant_model(tmp_path, seed)
+    model, cfg = tiny_model("llama", seed % 10_000)
+    return convert_gguf(write_gguf(tmp_path / "m.gguf", "llama", model, cfg, QT.Q4_1), tmp_path / "hf")
+
+
+@pytest.mark.parametrize(("kind", "types"), [("q4_1", {"q4_1"}), ("q4_k_m", {"q4_k", "q6_k", "q5_0", "q5_1"})])
+def test_greedy_tokens_are_the_same_with_the_program_on_and_off(kind, types, tmp_path, test_seed):
+    """A GGUF served in its own types, in bfloat16, requests arriving one every two steps: decode-only
+    steps run as the program, steps with a prefill in them through the modules, and every token and
+    every sampled row's logits equal those of the modules alone."""
+    from tests.unit.test_gguf_convert import VOCAB_SIZE
+    from tests.unit.test_quant_model import random_prompts
+
+    model_dir = gguf_model(kind, tmp_path, test_seed)
     prompts = random_prompts(test_seed, [1 + (13 * i) % 47 for i in range(20)], VOCAB_SIZE)
     runs = {}
     for on in (True, False):
         engine = make_engine(model_dir, attention_backend="mojo", dtype="bfloat16", max_model_len=256,
                              decode_program=on)
-        assert engine.quantization == "q4_1"
+        assert set(engine.quantization.split("+")) == types
         runs[on] = run_greedy(engine, prompts, 16, stagger=2)
+    if kind == "q4_k_m":
+        assert runs[True].engine.runner.model.layers[0].self_attn.qkv_proj.type_name == "q4_k+q6_k"
     program = runs[True].engine.runner.decode_program
     print(f"decode program ran {program.steps_run} steps")
     assert program.steps_run > 10
@@ -125,66 +163,19 @@ def test_greedy_tokens_are_the_same_with_the_program_on_and_off(tmp_path, test_s
         assert all(torch.equal(a, b) for (_, a), (_, b) in zip(runs[True].logits[rid], rows)), rid
 
 
-def kquant_model(tmp_path, seed: int, mixed: bool):
-    """A tiny Qwen3 GGUF in the K-quant files' types (test_quant_kquant_model's); mixed: layer 0's q|k|v
-    stored as Q4_K q, k and a Q6_K v, one fused projection of two block types."""
-    from tests.unit.test_gguf_convert import tiny_model, write_gguf
-    from tests.unit.test_quant_kquant_model import SHAPE, TYPES
-    from worker.gguf.convert import convert_gguf
-
-    types = dict(TYPES)
-    if not mixed:
-        del types["blk.0.attn_v.weight"]
-    model, cfg = tiny_model("qwen3", seed % 10_000, **SHAPE)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if not name.endswith("norm.weight"):
-                p.mul_(0.5)
-    src = write_gguf(tmp_path / f"m{int(mixed)}.gguf", "qwen3", model, cfg, QT.Q4_K, override_types=types)
-    return convert_gguf(src, tmp_path / f"hf{int(mixed)}")
-
-
-def test_kquant_types_run_in_the_program_and_mixed_projections_fall_back(tmp_path, test_seed):
-    from tests.unit.test_gguf_convert import VOCAB_SIZE
-    from tests.unit.test_quant_model import random_prompts
-
-    engine = make_engine(kquant_model(tmp_path, test_seed, mixed=False), attention_backend="mojo", dtype="bfloat16",
-                         max_model_len=256, max_num_seqs=MAX_SEQS)
-    assert set(engine.quantization.split("+")) == {"q4_k", "q6_k", "q5_0", "q5_1"}
-    assert engine.runner.decode_program_status == "on"
-    rng = random.Random(test_seed)
-    for batch in (3, 17):
-        ids = prefill(engine, rng, batch, VOCAB_SIZE)
-        assert_step_identical(engine, batch)
-        for rid in ids:
-            engine.abort_request(rid)
-
-    mixed = make_engine(kquant_model(tmp_path, test_seed, mixed=True), attention_backend="mojo", max_model_len=256)
-    assert mixed.runner.decode_program_status == "off (a projection mixes block types (q4_k+q6_k))"
-    prompts = random_prompts(test_seed, [5, 23, 40], VOCAB_SIZE)
-    run = run_greedy(mixed, prompts, 8)
-    assert mixed.runner.decode_program is None  # every step went through the modules
-    assert run.tokens == run_greedy(make_engine(mixed.config.model, attention_backend="mojo", max_model_len=256,
-                                                decode_program=False), prompts, 8).tokens
-
-
 def test_the_program_is_off_where_its_kernels_are_not_in_use(tiny):
-    model_dir, quantization = tiny
-    for overrides, reason in ((dict(attention_backend="torch", quantization=quantization),
-                               "the Mojo attention and layer kernels are not in use"),
+    for overrides, reason in ((dict(attention_backend="torch"), "the Mojo attention and layer kernels are not in use"),
                               (dict(attention_backend="mojo", quantization="none"), "the projections are not quantized"),
-                              (dict(attention_backend="mojo", quantization=quantization, decode_program=False),
-                               "turned off")):
-        engine = make_engine(model_dir, **overrides)
+                              (dict(attention_backend="mojo", decode_program=False), "turned off")):
+        engine = tiny.engine(**overrides)
         assert engine.runner.decode_program_status == f"off ({reason})"
         run_greedy(engine, [[5, 6, 7]], 3)
         assert engine.runner.decode_program is None
 
 
 def test_out_of_range_step_inputs_are_refused_before_any_kernel_runs(tiny, test_seed):
-    model_dir, quantization = tiny
-    engine = make_engine(model_dir, attention_backend="mojo", quantization=quantization, max_num_seqs=8)
-    prefill(engine, random.Random(test_seed), 3)
+    engine = tiny.engine(attention_backend="mojo", max_num_seqs=8)
+    prefill(engine, random.Random(test_seed), 3, tiny.vocab)
     runner = engine.runner
     inputs = runner.prepare(engine.scheduler.schedule())
     runner.execute(inputs)  # builds the program

@@ -15,7 +15,9 @@ from gguf.quants import quantize
 
 from kernels import mojo_layers, mojo_ops, mojo_quant
 from kernels.omp_program import ProgramBuilder
+from kernels.quant_operands import OUTPUT_STRIDE_PARAM
 from worker.quant.blocks import KERNEL_KINDS, repack
+from worker.quant.linear import QuantLinear, module_for
 
 CAPACITY, HIDDEN, INTER = 20, 64, 96
 
@@ -59,6 +61,78 @@ def test_a_program_gives_the_bits_of_its_calls_one_by_one(modules, qtype, test_s
         y_ref = mojo_quant.qmatmul(quant, h_ref, packed, KERNEL_KINDS[qtype], 2 * INTER, bias=bias)
         assert torch.equal(h[:rows], h_ref) and torch.equal(y[:rows], y_ref), rows
         assert torch.equal(act[:rows], mojo_layers.silu_mul(layers, y_ref)), rows
+
+
+# A fused projection stored in three block types, each served by its own kernel (Q4_0 and Q8_0 by
+# kernels/quant_matmul.mojo, Q6_K by kernels/quant_kmatmul.mojo), rows not multiples of the 16-column tile.
+SEGMENTS = [(QT.Q6_K, 72), (QT.Q4_0, 40), (QT.Q8_0, 29)]
+WIDE_K = 256  # Q6_K's super-blocks
+
+
+def mixed_projection(g: torch.Generator, bias: bool) -> QuantLinear:
+    from worker.quant.kblocks import repack_k
+    from worker.quant.kencode import quantize_k
+
+    n = sum(rows for _, rows in SEGMENTS)
+    proj = QuantLinear(WIDE_K, n, bias, torch.float32, device="cpu")
+    segments = []
+    for qtype, rows in SEGMENTS:
+        w = torch.randn(rows, WIDE_K, generator=g).numpy()
+        packed = repack(quantize(w, qtype), qtype) if qtype in KERNEL_KINDS else repack_k(quantize_k(w, qtype), qtype)
+        segments.append((qtype, packed, rows, module_for(qtype)))
+    proj.set_segments(segments)
+    if bias:
+        proj.bias.copy_(torch.randn(n, generator=g))
+    proj.finish_loading()
+    return proj
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_a_projection_of_several_block_types_runs_as_one_quantize_and_a_tile_phase_per_type(modules, bias,
+                                                                                           test_seed):
+    """QuantLinear.prebuilt of a mixed projection: the first segment's quantize phase serves every segment's
+    tile phase (the kernels share the activation quantizer and scratch), each writing its columns of one
+    output. At every row count the program gives the bits of the module path (one call per segment, then
+    torch.cat), in float32 and bfloat16."""
+    team = modules[0]
+    g = torch.Generator().manual_seed(test_seed)
+    proj = mixed_projection(g, bias)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.full((CAPACITY, WIDE_K), float("nan"), dtype=dtype)
+        y = torch.full((CAPACITY, proj.out_features), float("nan"), dtype=dtype)
+        scratch = torch.empty(proj.scratch_bytes(CAPACITY), dtype=torch.uint8)
+        calls = proj.prebuilt(x, y, scratch)
+        assert [c.tiles for c in calls] == [-(-rows // 16) for _, rows in SEGMENTS]
+        col0s = [sum(rows for _, rows in SEGMENTS[:i]) for i in range(len(SEGMENTS))]
+        assert [c.params[0] for c in calls] == [y[:, col0].data_ptr() for col0 in col0s]  # each its own columns
+        assert all(c.params[OUTPUT_STRIDE_PARAM] == proj.out_features for c in calls)  # rows of the whole output
+        builder = ProgramBuilder(team, ("rows", "amx"))
+        builder.add(calls[0].module, calls[0].entries[0], calls[0].params, "rows", calls[0].patches())
+        for call in calls:
+            builder.add(call.module, call.entries[1], call.params, call.tiles, call.patches())
+        program = builder.build()
+        for rows in (1, 5, 17, CAPACITY, 3):
+            y.fill_(float("nan"))
+            x[:rows] = (torch.randn(rows, WIDE_K, generator=g) * 3).to(dtype)
+            program.run(rows, int(mojo_quant.use_amx(rows)))
+            assert torch.equal(y[:rows], proj(x[:rows])), (dtype, rows)
+            assert y[rows:].isnan().all(), (dtype, rows)
+
+
+def test_a_mixed_projection_refuses_a_bad_output_and_its_calls_share_their_activations(modules, test_seed):
+    from kernels.quant_operands import ACTIVATION_PARAMS, same_activations
+
+    proj = mixed_projection(torch.Generator().manual_seed(test_seed), bias=True)
+    x = torch.zeros(4, WIDE_K)
+    scratch = torch.empty(proj.scratch_bytes(4), dtype=torch.uint8)
+    with pytest.raises(ValueError, match="output must be"):
+        proj.prebuilt(x, torch.zeros(4, proj.out_features + 1), scratch)
+    calls = proj.prebuilt(x, torch.zeros(4, proj.out_features), scratch)
+    assert all(same_activations(calls[0].params, c.params) for c in calls)
+    for i in ACTIVATION_PARAMS:  # any one activation slot differing: not shareable
+        other = calls[1].params[:]
+        other[i] += 64
+        assert not same_activations(calls[0].params, other), i
 
 
 def test_a_builder_refuses_what_it_cannot_run(modules):

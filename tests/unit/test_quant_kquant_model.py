@@ -48,18 +48,23 @@ def assert_same_tokens_up_to_near_ties(run, baseline, label: str) -> None:
         assert gap < NEAR_TIE, (label, rid, i, gap)
 
 
-@pytest.fixture
-def kquant_gguf(tmp_path, test_seed):
+def write_kquant_model(tmp_path, seed: int):
+    """The Q4_K_M-like tiny Qwen3 GGUF (TYPES, SHAPE), converted for the engine; returns the model folder."""
     from tests.unit.test_gguf_convert import tiny_model, write_gguf
     from worker.gguf.convert import convert_gguf
 
-    model, cfg = tiny_model("qwen3", test_seed % 10_000, **SHAPE)
+    model, cfg = tiny_model("qwen3", seed % 10_000, **SHAPE)
     with torch.no_grad():  # weights of the scale a trained model has, so the 6-bit scales are used
         for name, p in model.named_parameters():
             if not name.endswith("norm.weight"):
                 p.mul_(0.5)
     src = write_gguf(tmp_path / "m.gguf", "qwen3", model, cfg, QT.Q4_K, override_types=TYPES)
     return convert_gguf(src, tmp_path / "hf")
+
+
+@pytest.fixture
+def kquant_gguf(tmp_path, test_seed):
+    return write_kquant_model(tmp_path, test_seed)
 
 
 def test_kquant_gguf_served_as_it_is(kquant_gguf, test_seed):

@@ -135,30 +135,29 @@ class QuantLinear(nn.Module):
         return f"in={self.in_features}, out={self.out_features}, type={self.qtype and self.type_name}"
 
     def scratch_bytes(self, rows: int) -> int:
-        """The activation scratch its kernel needs for `rows` rows (one segment)."""
+        """The activation scratch its kernels need for `rows` rows (one, whatever the segments: they share it)."""
         from kernels.quant_operands import activation_scratch_bytes
 
         return activation_scratch_bytes(rows, self.in_features)
 
-    def prebuilt(self, x: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> "PrebuiltMatmul":
-        """The checked kernel call computing forward(x) into `out` with `scratch` (scratch_bytes(rows)
-        bytes), for a caller that runs it itself and may lower its row count (worker/decode_program.py).
-        One segment only: the kernels write whole rows of one output."""
-        from kernels import mojo_quant, mojo_quant_k
-        from kernels.quant_operands import TILE
+    def prebuilt(self, x: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> list["PrebuiltMatmul"]:
+        """The checked kernel calls computing forward(x) into `out` [rows, out_features] with `scratch`
+        (scratch_bytes(rows) bytes), for a caller that runs them itself and may lower their row count
+        (worker/decode_program.py): one per segment, each writing its column slice of `out` with its own
+        slice of the bias. They share the quantized activations: the first call's phase 1 serves every
+        call's phase 2 (checked here: every call reads the same x into the same scratch places)."""
+        from kernels.quant_operands import same_activations
 
-        if len(self.segments) != 1:
-            raise ValueError(f"a prebuilt call needs one block type, this projection has {self.type_name}")
-        tiles = -(-self.out_features // TILE)
-        if self.qtype in KERNEL_KINDS:
-            params = mojo_quant.qmatmul_params(x, self.packed, KERNEL_KINDS[self.qtype], self.out_features,
-                                               self._bias_f32, out, scratch)
-            return PrebuiltMatmul(self._module, mojo_quant.ENTRIES, params, tiles, mojo_quant.ROWS_PARAM,
-                                  mojo_quant.AMX_PARAM)
-        params = mojo_quant_k.qmatmul_k_params(x, self.packed, KQUANT_KINDS[self.qtype], self.out_features,
-                                               self._bias_f32, out, scratch)
-        return PrebuiltMatmul(self._module, mojo_quant_k.ENTRIES, params, tiles, mojo_quant_k.ROWS_PARAM,
-                              mojo_quant_k.AMX_PARAM)
+        if tuple(out.shape) != (x.shape[0], self.out_features):
+            raise ValueError(f"output must be [{x.shape[0]}, {self.out_features}], got {list(out.shape)}")
+        calls, col0 = [], 0
+        for qtype, packed, n, module in self.segments:
+            bias = None if self._bias_f32 is None else self._bias_f32[col0:col0 + n]
+            calls.append(_prebuilt_call(module, x, qtype, packed, n, bias, out[:, col0:col0 + n], scratch))
+            col0 += n
+        if not all(same_activations(calls[0].params, call.params) for call in calls[1:]):
+            raise ValueError(f"the segments of {self.type_name} do not share one activation quantization")
+        return calls
 
 
 @dataclass(frozen=True)
@@ -173,6 +172,24 @@ class PrebuiltMatmul:
     tiles: int
     rows_param: int
     amx_param: int | None
+
+    def patches(self, rows: str = "rows", amx: str = "amx") -> dict[int, str]:
+        """Its per-step parameters, for kernels.omp_program.ProgramBuilder.add: index -> the named value."""
+        return {self.rows_param: rows} | ({self.amx_param: amx} if self.amx_param is not None else {})
+
+
+def _prebuilt_call(module: ModuleType, x: torch.Tensor, qtype: QT, packed: torch.Tensor, n: int,
+                   bias: torch.Tensor | None, out: torch.Tensor, scratch: torch.Tensor) -> PrebuiltMatmul:
+    """One segment's checked call: x [rows, K] -> out [rows, n] (possibly a column slice of a wider output)."""
+    from kernels import mojo_quant, mojo_quant_k
+    from kernels.quant_operands import TILE
+
+    tiles = -(-n // TILE)
+    if qtype in KERNEL_KINDS:
+        params = mojo_quant.qmatmul_params(x, packed, KERNEL_KINDS[qtype], n, bias, out, scratch)
+        return PrebuiltMatmul(module, mojo_quant.ENTRIES, params, tiles, mojo_quant.ROWS_PARAM, mojo_quant.AMX_PARAM)
+    params = mojo_quant_k.qmatmul_k_params(x, packed, KQUANT_KINDS[qtype], n, bias, out, scratch)
+    return PrebuiltMatmul(module, mojo_quant_k.ENTRIES, params, tiles, mojo_quant_k.ROWS_PARAM, mojo_quant_k.AMX_PARAM)
 
 
 def module_for(qtype: QT) -> ModuleType | None:
