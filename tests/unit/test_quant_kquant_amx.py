@@ -154,6 +154,6 @@ def test_the_prebuilt_call_carries_the_amx_switch(test_seed):
     proj.finish_loading()
     for rows in (1, 40):
         x, out = torch.zeros(rows, k), torch.empty(rows, n)
-        call = proj.prebuilt(x, out, torch.empty(proj.scratch_bytes(rows), dtype=torch.uint8))
+        (call,) = proj.prebuilt(x, out, torch.empty(proj.scratch_bytes(rows), dtype=torch.uint8))
         assert call.amx_param == mojo_quant_k.AMX_PARAM and call.rows_param == mojo_quant_k.ROWS_PARAM
         assert call.params[call.amx_param] == int(mojo_quant.use_amx(rows))
