@@ -84,7 +84,10 @@ def test_bfloat16_follows_the_reference(tiny, backend, test_seed):
     """bfloat16 (the default dtype on CPUs with native bf16): every greedy token is transformers' bf16
     argmax, except where its top two logits are a near-tie that rounding may break either way. Exactness
     is the float32 tests' job; this one catches a bf16 path that is broken (bad casts, wrong accumulation):
-    in repeated runs the largest logit difference seen was 12% of the largest logit, the bound is 25%."""
+    in repeated runs the largest logit difference seen was 12% of the largest logit, the bound is 25%.
+    Tokens: where ours is not the reference's argmax, the two were a near-tie, within 10% of the largest
+    logit (random tiny models have many: bf16 logits often tie exactly). 5% was too tight: a flip with a
+    5.2% gap was seen (MILI_TEST_SEED=1567917652), within what two bf16 summation orders may differ by."""
     import torch
 
     model_dir, hf_model = tiny
@@ -100,5 +103,5 @@ def test_bfloat16_follows_the_reference(tiny, backend, test_seed):
             assert (ours - expected).abs().max() < 0.25 * expected.abs().max(), f"{rid} position {pos}"
             best = int(expected.argmax())
             gap = float(expected[best] - expected[tokens[pos]])
-            assert tokens[pos] == best or gap < 0.05 * float(expected.abs().max()), (
+            assert tokens[pos] == best or gap < 0.10 * float(expected.abs().max()), (
                 f"{rid}: token {tokens[pos]} at position {pos}, reference {best}, gap {gap}")
