@@ -96,7 +96,9 @@ class Sampler:
             _mask_row(processed, raw, i, rows[i])
         tokens = _sample(processed, rows, list(range(len(rows))), set(masked))
         # Rows that sampled before checking: those whose token the grammar refuses are masked and drawn again.
-        retry = [i for i in constrained if i not in masked and not rows[i].grammar.allows(int(tokens[i]))]
+        # One host copy of the drawn tokens for every check (a per-row read would sync an accelerator per row).
+        drawn = tokens.tolist() if constrained else []
+        retry = [i for i in constrained if i not in masked and not rows[i].grammar.allows(drawn[i])]
         for i in retry:
             _mask_row(processed, raw, i, rows[i])
         if retry:
