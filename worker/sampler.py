@@ -137,8 +137,10 @@ def _sample(processed: torch.Tensor, rows: list[SamplingRow], which: list[int], 
     """Tokens [len(which)] for the rows `which` of processed. Masked rows draw apart from the others so
     they alone pay for exact zeros (their -inf logits must weigh exactly 0)."""
     dev = processed.device
-    tokens = torch.empty(len(which), dtype=torch.long, device=dev)
     greedy = [j for j, i in enumerate(which) if rows[i].params.greedy]
+    if len(greedy) == len(which):  # the common all-greedy step: no index tensors to build and send
+        return _take_rows(processed, which).max(dim=-1).indices
+    tokens = torch.empty(len(which), dtype=torch.long, device=dev)
     if greedy:
         # max(dim).indices: same first-maximum tie rule as argmax, and faster on CPU.
         tokens[_index(greedy, dev)] = _take_rows(processed, [which[j] for j in greedy]).max(dim=-1).indices

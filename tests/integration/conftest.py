@@ -25,7 +25,9 @@ def tiny_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def server(tiny_model_dir, tmp_path_factory):
-    srv = Server(tiny_model_dir, *SHARED_FLAGS, log_path=tmp_path_factory.mktemp("logs") / "server.log").start()
+def server(tiny_model_dir, tmp_path_factory, pytestconfig):
+    device = pytestconfig.getoption("--server-device")
+    flags = SHARED_FLAGS + (("--device", device) if device else ())
+    srv = Server(tiny_model_dir, *flags, log_path=tmp_path_factory.mktemp("logs") / "server.log").start()
     yield srv
     srv.stop()
