@@ -75,7 +75,9 @@ class Server:
         self.cmd = [sys.executable, "-m", "gateway.cli", "serve", "--model", str(model), "--port", str(self.port),
                     "--dtype", "float32", *flags]
         self.log_path = log_path
-        self.env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+        # The repository first; an existing path stays after it (the GPU check installs packages into one).
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        self.env = dict(os.environ, PYTHONPATH=path, **(env or {}))
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 180.0) -> "Server":

@@ -131,3 +131,30 @@ def test_step_inputs_reach_a_device_in_one_copy(scheduled):
     buffer, fields = pack(tensors)
     assert all(torch.equal(f.view(buffer), t) for f, t in zip(fields, tensors))
 
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen2", "llama"])
+def test_the_forward_keeps_to_the_model_device(tmp_path, arch, test_seed):
+    """The weights, KV cache and step inputs on "meta" (a device that is not the CPU): the forward pass and the
+    sampling rows' logits run there, so no tensor the engine makes per step (attention plan, masks, rotary
+    tables, indices) is left on the CPU; torch refuses to mix the two devices. Values are not computed."""
+    from worker.attention import TorchAttentionBackend
+    from worker.kv_cache import allocate_kv_caches
+    from worker.weight_loader import load_model
+
+    build_tiny_model(arch, test_seed, tmp_path / arch, vocab_size=320)
+    engine = make_engine(tmp_path / arch, block_size=8, max_num_batched_tokens=40)
+    greedy = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    for rid, prompt in (("a", range(3, 20)), ("b", range(5, 9)), ("c", range(4, 40)), ("d", range(9, 60))):
+        engine.add_request(rid, list(prompt), greedy)
+        engine.step()  # staggered: decodes, prefill chunks of ragged lengths (decode groups and prefill rows)
+    batch = engine.scheduler.schedule()
+    assert 1 in batch.num_new_tokens and any(n > 1 for n in batch.num_new_tokens)
+    mc = engine.model_config
+    model = load_model(tmp_path / arch, mc, TorchAttentionBackend(), torch.float32, 512, device="meta")
+    kv_caches = allocate_kv_caches(mc, 64, 8, torch.float32, "meta")
+    runner = ModelRunner(model, kv_caches, 8, device="meta")
+    inputs = runner.prepare(batch)
+    out = runner.execute(inputs)
+    assert inputs.sampling_rows and out.logits.device.type == "meta"
+    assert tuple(out.logits.shape) == (len(inputs.sampling_rows), 320)
