@@ -128,8 +128,8 @@ def run(args: argparse.Namespace) -> int:
         check_device(args.device)
     model_dir, default_name = resolve_model(args.model)
     engine_config = EngineConfig(
-        model=str(model_dir), device=args.device, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
+        model=str(model_dir), device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
         attention_backend=args.attention_backend, quantization=args.quantization, enable_prefix_caching=not args.no_prefix_caching)
     tcp_host, tcp_port = None, 0

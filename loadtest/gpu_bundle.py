@@ -55,15 +55,14 @@ def normalize(name: str) -> str:
 def pinned_roots() -> dict[str, str]:
     """pyproject's runtime dependencies and the check's test dependencies -> their pinned versions."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    pins = {}
-    for spec in project["dependencies"] + project["optional-dependencies"]["test"]:
-        req = Requirement(spec)
-        version = next(iter(req.specifier)).version
-        pins[normalize(req.name)] = version
-    wanted = [n for n in pins if n not in NOT_CARRIED]
-    wanted = [n for n in wanted if n in {normalize(t) for t in TEST_PACKAGES}
-              or any(normalize(Requirement(s).name) == n for s in project["dependencies"])]
-    return {n: pins[n] for n in wanted}
+
+    def pins(specs: list[str]) -> dict[str, str]:
+        return {normalize(r.name): next(iter(r.specifier)).version for r in map(Requirement, specs)}
+
+    runtime, test = pins(project["dependencies"]), pins(project["optional-dependencies"]["test"])
+    roots = {name: version for name, version in runtime.items() if name not in NOT_CARRIED}
+    roots.update({name: test[name] for name in map(normalize, TEST_PACKAGES)})
+    return roots
 
 
 def closure(roots: dict[str, str]) -> dict[str, str]:

@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "build" / "gpu-check"))
     parser.add_argument("--dry-run", action="store_true",
                         help="install nothing; use this interpreter's packages (without CUDA: everything skips)")
-    parser.add_argument("--suite-timeout", type=float, default=240.0, help="seconds per suite before it is stopped")
+    parser.add_argument("--suite-timeout", type=float, default=270.0,
+                        help="seconds per suite before it is stopped (two suites fit one 10-minute device call)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.dry_run:

@@ -62,3 +62,11 @@ def to_device(tensors: list[torch.Tensor], device: torch.device) -> list[torch.T
     buffer, fields = pack(tensors, pin=device.type == "cuda")
     on_device = buffer.to(device, non_blocking=True)  # [units] int64: the step's only host-to-device copy
     return [field.view(on_device) for field in fields]
+
+
+def host_values_to(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small tensor of Python values on `device`. On CUDA it goes through pinned memory without blocking: a
+    copy from ordinary (pageable) memory first waits for all the work queued before it, a sync per tensor."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=dtype, device=device)
+    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)

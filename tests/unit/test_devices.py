@@ -66,7 +66,8 @@ def test_serve_with_cuda_exits_2_before_anything_starts(tmp_path):
 
 
 def test_packed_fields_round_trip():
-    tensors = [torch.arange(5, dtype=torch.int64) * 1_000_000_007, torch.tensor([[3, -4, 5], [6, 7, -8]], dtype=torch.int32),
+    tensors = [torch.arange(5, dtype=torch.int64) * 1_000_000_007,
+               torch.tensor([[3, -4, 5], [6, 7, -8]], dtype=torch.int32),
                torch.tensor([], dtype=torch.int64), torch.tensor([1], dtype=torch.int32),
                torch.tensor([2**40 + 3], dtype=torch.int64), torch.tensor([True, False, True])]
     buffer, fields = pack(tensors)
