@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: setup kernels serve test deploy-tools bench-engine bench-kernels bench-quant bench-serve bench-compare \
-	bench-compare-0.6b bench-structured clean
+	bench-compare-0.6b bench-structured gpu-bundle gpu-check clean
 
 setup: $(STAMP)
 
@@ -72,5 +72,17 @@ bench-compare-0.6b: kernels build/models/qwen3-0.6b-$(GGUF_TYPE).gguf
 bench-structured: kernels
 	$(PY) -m loadtest.bench_structured $(ARGS)
 
+# What a GPU machine lacks (cp312 wheels, the default model's tokenizer) into .gpu-bundle/ (ignored), for a GPU
+# session to carry (loadtest/gpu_bundle.py); prints the bundle's size and what travels in all (limit 64 MiB).
+gpu-bundle: $(STAMP)
+	$(PY) -m loadtest.gpu_bundle
+
+# Runs ON the GPU machine, with its own python3 (no .venv there): installs .gpu-bundle/ into /tmp/site, runs
+# tests/gpu and the integration API tests with --server-device cuda, writes JSON under $$OUT, prints a table.
+# Here, `make gpu-check GPU_PYTHON=.venv/bin/python ARGS=--dry-run` shows every test skip with its reason.
+GPU_PYTHON ?= python3
+gpu-check:
+	$(GPU_PYTHON) -m loadtest.gpu_check $(ARGS)
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info .gpu-bundle

@@ -113,7 +113,8 @@ async def health(request: Request) -> Response:
         reason = "; ".join(pool.down_reasons()) or "starting"
         return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503)
     return JSONResponse({
-        "status": "ok", "model": state.settings.served_model_name, "attention_backend": info.attention_backend,
+        "status": "ok", "model": state.settings.served_model_name, "device": info.device,
+        "attention_backend": info.attention_backend,
         "quantization": info.quantization,
         "dtype": info.dtype, "architecture": info.architecture, "max_model_len": info.max_model_len,
         "workers": len(pool.slots), "workers_ready": len(pool.ready_slots), "workers_down": pool.down_reasons()})

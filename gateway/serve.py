@@ -17,6 +17,7 @@ from sse_starlette.sse import AppStatus
 
 from gateway.app import ServerSettings, build_app
 from gateway.auth import load_keys
+from gateway.device_check import check_device
 from gateway.protocol import Limits
 from shared.config import ATTENTION_BACKENDS, DTYPES, QUANTIZATIONS, EngineConfig, parse_size
 
@@ -41,6 +42,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="accept the keys listed in PATH, one per line as 'KEY [name=NAME] [weight=W] "
                         "[max_concurrent=N]' ('#' comments); requests are admitted weighted-fair between "
                         "keys, and a key over its max_concurrent gets 429 (with --api-key: one more key)")
+    p.add_argument("--device", default=os.environ.get("MILI_DEVICE", "auto"), metavar="{auto,cpu,cuda}",
+                   help="where the model runs (or set MILI_DEVICE): auto = cuda where torch sees a CUDA device, "
+                        "else cpu; cuda[:N] fails at once where CUDA is unavailable. On cuda: bfloat16 weights and "
+                        "KV cache on the GPU, attention through the torch reference")
     p.add_argument("--dtype", choices=DTYPES, default="auto")
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--max-num-seqs", type=int, default=128)
@@ -117,10 +122,14 @@ def run(args: argparse.Namespace) -> int:
     if args.stream_resume_buffer <= 0:
         raise ValueError(f"--stream-resume-buffer must be above 0, got {args.stream_resume_buffer}")
     api_keys = load_keys(args.api_key, args.api_keys_file)  # a bad keys file fails before the model loads
+    EngineConfig(model="", device=args.device, attention_backend=args.attention_backend,
+                 quantization=args.quantization)  # the device flags' combinations, before anything slow
+    if args.device.startswith("cuda"):
+        check_device(args.device)
     model_dir, default_name = resolve_model(args.model)
     engine_config = EngineConfig(
-        model=str(model_dir), dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
+        model=str(model_dir), device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
         attention_backend=args.attention_backend, quantization=args.quantization, enable_prefix_caching=not args.no_prefix_caching)
     tcp_host, tcp_port = None, 0

@@ -220,8 +220,9 @@ class WorkerSlot:
             self.ready = message
             self.down_reason = ""
             self._set_stats(message.stats)
-            log.info("worker %d ready: %s, %s, attention %s, quantization %s, max_model_len %d", self.index,
-                     message.architecture, message.dtype, message.attention_backend, message.quantization,
+            log.info("worker %d ready: %s on %s, %s, attention %s, quantization %s, max_model_len %d", self.index,
+                     message.architecture, message.device, message.dtype, message.attention_backend,
+                     message.quantization,
                      message.max_model_len)
 
     def _delta_fits(self, delta: wire.TokenDelta, handle: RequestHandle) -> bool:

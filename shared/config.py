@@ -9,6 +9,10 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "mojo", "torch")
 # auto: a GGUF's own quantized types for a model converted from a GGUF, none for safetensors checkpoints.
 QUANTIZATIONS = ("auto", "none", "q8_0", "q4_0")
+# auto: cuda where torch sees a CUDA device, else cpu (resolved by the worker, which imports torch).
+# "cuda:N" names one GPU of several.
+DEVICES = ("auto", "cpu", "cuda")
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
 @dataclass(frozen=True)
@@ -24,7 +28,7 @@ class EngineConfig:
     attention_backend: str = "auto"
     quantization: str = "auto"
     enable_prefix_caching: bool = True
-    device: str = "cpu"
+    device: str = "cpu"  # one of DEVICES, or "cuda:N"
     # Decode-only steps of a quantized model run their layers as one kernel program where eligible
     # (worker/decode_program.py); False keeps every step on the module path (tests compare the two).
     decode_program: bool = True
@@ -37,6 +41,15 @@ class EngineConfig:
                              f"got {self.attention_backend!r}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
+        if not _DEVICE.match(self.device):
+            raise ValueError(f"device must be one of {', '.join(DEVICES)} (or cuda:N), got {self.device!r}")
+        if self.device.startswith("cuda"):
+            # The Mojo kernels are CPU kernels (GPU kernels are their own work); say so rather than fail later.
+            if self.attention_backend == "mojo":
+                raise ValueError("the mojo attention backend runs on the CPU only; on cuda use auto or torch")
+            if self.quantization in ("q8_0", "q4_0"):
+                raise ValueError(f"quantization {self.quantization} needs the CPU kernels; on cuda a checkpoint "
+                                 "serves in its dtype (auto or none)")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block size must be a power of two, got {self.block_size}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "kv_cache_memory"):

@@ -85,6 +85,7 @@ class WorkerReady:
     model: str
     architecture: str
     dtype: str
+    device: str  # the torch device the engine runs on, e.g. "cpu", "cuda:0"
     attention_backend: str
     quantization: str
     max_model_len: int

@@ -11,6 +11,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def pytest_addoption(parser):
+    parser.addoption("--server-device", default=None, metavar="DEVICE",
+                     help="start the shared integration server with --device DEVICE (e.g. cuda; the GPU check "
+                          "runs tests/integration/test_api.py so); default: mili serve's own, auto")
+
+
 @pytest.fixture
 def test_seed(request) -> int:
     """A fresh seed per test run; MILI_TEST_SEED=<n> replays a failure."""

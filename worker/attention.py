@@ -9,7 +9,7 @@ same three methods (plan, write_kv, attend).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any, Protocol
 
 import torch
@@ -56,14 +56,27 @@ class TorchAttentionBackend:
     name = "torch"
 
     def plan(self, meta: AttentionMetadata) -> reference.AttentionPlan:
-        return reference.plan_attention(meta.block_tables, list(meta.context_lens_host),
+        plan = reference.plan_attention(meta.block_tables, list(meta.context_lens_host),
                                         list(meta.query_lens_host), meta.block_size)
+        device = meta.block_tables.device
+        return plan if device.type == "cpu" else _plan_on(plan, device)
 
     def write_kv(self, k_cache, v_cache, key, value, meta: AttentionMetadata, plan) -> None:
         reference.write_kv(k_cache, v_cache, key, value, meta.slot_mapping)
 
     def attend(self, query, k_cache, v_cache, meta: AttentionMetadata, plan, scale: float) -> torch.Tensor:
         return reference.paged_attention(query, k_cache, v_cache, plan, scale)
+
+
+def _plan_on(plan: reference.AttentionPlan, device: torch.device) -> reference.AttentionPlan:
+    """The reference plan with every tensor on `device`. Its block ids are already views of the step's block
+    tables there; the masks and row indices it builds on the host move here, once per step (not per layer).
+    A stopgap while the reference serves on accelerators: a device attention kernel plans on the device."""
+    def moved(row):
+        return replace(row, **{f.name: getattr(row, f.name).to(device, non_blocking=True) for f in fields(row)
+                               if isinstance(getattr(row, f.name), torch.Tensor)})
+
+    return reference.AttentionPlan(tuple(map(moved, plan.decode)), tuple(map(moved, plan.prefills)))
 
 
 @dataclass(frozen=True)
@@ -131,6 +144,8 @@ def get_attention_backend(name: str, device: str = "cpu") -> AttentionBackend:
     """`auto` takes the Mojo kernels where they build and load, and says loudly when it falls back."""
     if name not in ("auto", "mojo", "torch"):
         raise ValueError(f"unknown attention backend {name!r} (choose auto, mojo or torch)")
+    if name == "mojo" and device != "cpu":
+        raise ValueError(f"the mojo attention backend runs on the CPU only, not on {device}; use auto or torch")
     if name == "torch" or (name == "auto" and device != "cpu"):
         return TorchAttentionBackend()
     try:

@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Iterable
 from itertools import chain
+from pathlib import Path
 
 import torch
 
@@ -21,6 +22,8 @@ from shared.sampling_params import SamplingParams, SamplingParamsError
 from worker.attention import get_attention_backend
 from worker.block_manager import BlockManager
 from worker.deadlines import DeadlineQueue
+from worker.devices import resolve_device
+from worker.gguf.records import SOURCE_RECORD
 from worker.dtype import resolve_dtype
 from worker.layer_ops import get_layer_ops
 from worker.kv_audit import KV_AUDIT_EVERY_STEPS, KvAuditor, inject_fault
@@ -44,26 +47,28 @@ class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
         self.model_config = mc = ModelConfig.from_dir(config.model)
-        self.dtype = resolve_dtype(config.dtype, config.device)
+        # Everything the engine allocates goes to this device; config.device may say "auto".
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device.type)
         self.max_model_len = config.max_model_len or mc.max_position_embeddings
         if self.max_model_len > mc.max_position_embeddings:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's "
                              f"max_position_embeddings {mc.max_position_embeddings}")
-        self.attention_backend = get_attention_backend(config.attention_backend, config.device)
-        self.layer_ops = get_layer_ops(self.attention_backend, mc, config.device)
+        self.attention_backend = get_attention_backend(config.attention_backend, self.device.type)
+        self.layer_ops = get_layer_ops(self.attention_backend, mc, self.device)
         quant = self._quant_plan()
         self.quantization = "none" if quant is None else quant.summary()
         model = load_model(config.model, mc, self.attention_backend, self.dtype, self.max_model_len,
-                           device=config.device, ops=self.layer_ops, quant=quant)
-        if packing_supported(self.dtype, config.device):
+                           device=self.device, ops=self.layer_ops, quant=quant)
+        if packing_supported(self.dtype, self.device):
             model.pack_linear_weights(batch_hint=config.max_num_seqs)
         num_blocks = config.num_kv_blocks or num_blocks_for_memory(mc, config.block_size, self.dtype,
                                                                     config.kv_cache_memory)
         self.max_model_len = self._fit_context_to_cache(num_blocks * config.block_size)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
-        kv_caches = allocate_kv_caches(mc, num_blocks, config.block_size, self.dtype, config.device)
-        self.runner = ModelRunner(model, kv_caches, config.block_size, config.device,
+        kv_caches = allocate_kv_caches(mc, num_blocks, config.block_size, self.dtype, self.device)
+        self.runner = ModelRunner(model, kv_caches, config.block_size, self.device,
                                   decode_program=config.decode_program, max_num_seqs=config.max_num_seqs,
                                   max_model_len=self.max_model_len)
         self.eos_token_ids = frozenset(mc.eos_token_ids)
@@ -76,8 +81,8 @@ class LLMEngine:
         self._pending: list[SequenceOutput] = []  # aborts to report on the next step
         self.kv_audit = KvAuditor(self.block_manager, KV_AUDIT_EVERY_STEPS)
         self._deadlines = DeadlineQueue()
-        log.info("engine ready: %s, dtype %s, attention %s, quantization %s, %d KV blocks of %d tokens, "
-                 "max_model_len %d, decode steps as one kernel program: %s", mc.architecture, self.dtype,
+        log.info("engine ready: %s on %s, dtype %s, attention %s, quantization %s, %d KV blocks of %d tokens, "
+                 "max_model_len %d, decode steps as one kernel program: %s", mc.architecture, self.device, self.dtype,
                  self.attention_backend.name, "none" if quant is None else quant.describe(), num_blocks,
                  config.block_size, self.max_model_len, self.runner.decode_program_status)
 
@@ -87,7 +92,14 @@ class LLMEngine:
         mode = self.config.quantization
         if mode == "none":
             return None
-        usable = self.config.device == "cpu" and self.dtype in (torch.float32, torch.bfloat16) \
+        if self.device.type != "cpu":
+            if mode != "auto":  # EngineConfig refuses this for "cuda"; "auto" may have resolved to it
+                raise ValueError(f"quantization {mode} needs the CPU kernels; on {self.device} use auto or none")
+            if (Path(self.config.model) / SOURCE_RECORD).is_file():
+                log.warning("the quantized-weight kernels are CPU kernels: on %s the GGUF's weights serve "
+                            "dequantized to %s (as --quantization none)", self.device, self.dtype)
+            return None
+        usable = self.dtype in (torch.float32, torch.bfloat16) \
             and kernel_module() is not None
         if not usable:
             if mode != "auto":
@@ -119,7 +131,8 @@ class LLMEngine:
         if not tenant_weight > 0 or tenant_weight == float("inf"):
             raise RequestRejected(f"tenant weight must be a positive number, got {tenant_weight}")
         seqs = [Sequence(request_id, i, prompt, params, max_tokens,
-                         make_generator(None if params.seed is None else params.seed + i), tenant, tenant_weight)
+                         make_generator(None if params.seed is None else params.seed + i, self.device), tenant,
+                         tenant_weight)
                 for i in range(params.n)]
         if params.grammar is not None:
             try:

@@ -17,6 +17,7 @@ from worker.decode_program import DecodeProgram, unsupported_reason
 from worker.models.decoder import DecoderForCausalLM
 from worker.prompt_logprobs import PromptSpan, PromptTokenLogprob, prompt_rows_to_score, score_prompt_rows
 from worker.scheduler import ScheduledBatch
+from worker.step_transfer import to_device
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class ModelRunner:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
-        self.device = device
+        self.device = torch.device(device)
         self._program_reason = unsupported_reason(model) if decode_program else "turned off"
         self._program_size = (max_num_seqs, -(-max_model_len // block_size))
         self.decode_program: DecodeProgram | None = None  # built at the first decode-only step
@@ -88,24 +89,36 @@ class ModelRunner:
         query_start = [0]
         for n in query_lens:
             query_start.append(query_start[-1] + n)
-        dev = self.device
+        # Built on the host (from Python lists), then moved together: one copy on an accelerator, none on the CPU.
+        (slot_mapping, block_tables, context_lens_t, query_start_loc, input_ids_t, positions_t, logits_indices_t,
+         prompt_rows_t, prompt_targets_t) = to_device([
+            torch.tensor(slots, dtype=torch.int64),
+            torch.tensor(tables, dtype=torch.int32),
+            torch.tensor(context_lens, dtype=torch.int32),
+            torch.tensor(query_start, dtype=torch.int32),
+            torch.tensor(input_ids, dtype=torch.int64),
+            torch.tensor(positions, dtype=torch.int64),
+            torch.tensor(logits_indices, dtype=torch.int64),
+            torch.tensor(prompt_rows, dtype=torch.int64),
+            torch.tensor(prompt_targets, dtype=torch.int64),
+        ], self.device)
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
-            context_lens=torch.tensor(context_lens, dtype=torch.int32, device=dev),
-            query_start_loc=torch.tensor(query_start, dtype=torch.int32, device=dev),
+            slot_mapping=slot_mapping,  # [num_tokens] int64
+            block_tables=block_tables,  # [batch, max_blocks] int32
+            context_lens=context_lens_t,  # [batch] int32
+            query_start_loc=query_start_loc,  # [batch + 1] int32
             context_lens_host=tuple(context_lens),
             query_lens_host=query_lens,
             block_size=bs,
         )
         return StepInputs(
-            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=dev),
-            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+            input_ids=input_ids_t,
+            positions=positions_t,
             meta=meta,
-            logits_indices=torch.tensor(logits_indices, dtype=torch.int64, device=dev),
+            logits_indices=logits_indices_t,
             sampling_rows=sampling_rows,
-            prompt_rows=torch.tensor(prompt_rows, dtype=torch.int64, device=dev),
-            prompt_targets=torch.tensor(prompt_targets, dtype=torch.int64, device=dev),
+            prompt_rows=prompt_rows_t,
+            prompt_targets=prompt_targets_t,
             prompt_spans=prompt_spans,
         )
 

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from shared.sampling_params import SamplingParams
+from worker.step_transfer import host_values_to
 
 if TYPE_CHECKING:
     from worker.structured_output import SequenceGrammar
@@ -96,7 +97,9 @@ class Sampler:
             _mask_row(processed, raw, i, rows[i])
         tokens = _sample(processed, rows, list(range(len(rows))), set(masked))
         # Rows that sampled before checking: those whose token the grammar refuses are masked and drawn again.
-        retry = [i for i in constrained if i not in masked and not rows[i].grammar.allows(int(tokens[i]))]
+        # One host copy of the drawn tokens for every check (a per-row read would sync an accelerator per row).
+        drawn = tokens.tolist() if constrained else []
+        retry = [i for i in constrained if i not in masked and not rows[i].grammar.allows(drawn[i])]
         for i in retry:
             _mask_row(processed, raw, i, rows[i])
         if retry:
@@ -135,8 +138,10 @@ def _sample(processed: torch.Tensor, rows: list[SamplingRow], which: list[int], 
     """Tokens [len(which)] for the rows `which` of processed. Masked rows draw apart from the others so
     they alone pay for exact zeros (their -inf logits must weigh exactly 0)."""
     dev = processed.device
-    tokens = torch.empty(len(which), dtype=torch.long, device=dev)
     greedy = [j for j, i in enumerate(which) if rows[i].params.greedy]
+    if len(greedy) == len(which):  # the common all-greedy step: no index tensors to build and send
+        return _take_rows(processed, which).max(dim=-1).indices
+    tokens = torch.empty(len(which), dtype=torch.long, device=dev)
     if greedy:
         # max(dim).indices: same first-maximum tie rule as argmax, and faster on CPU.
         tokens[_index(greedy, dev)] = _take_rows(processed, [which[j] for j in greedy]).max(dim=-1).indices
@@ -172,8 +177,8 @@ def _process(logits: torch.Tensor, rows: list[SamplingRow], eos_ids: tuple[int, 
         dev = out.device
         row_ids, token_ids, values = zip(*edits)
         # accumulate: a bias added to a min_tokens -inf stays -inf, whichever order the entries come in.
-        out.index_put_((torch.tensor(row_ids, device=dev), torch.tensor(token_ids, device=dev)),
-                       torch.tensor(values, dtype=torch.float32, device=dev), accumulate=True)
+        out.index_put_((_index(row_ids, dev), _index(token_ids, dev)),
+                       host_values_to(values, torch.float32, dev), accumulate=True)
     if penalized:
         _apply_penalties(out, rows, penalized)
     return out
@@ -228,7 +233,7 @@ def _cells(seqs: list[Sequence[int]], row_ids: list[int], vocab: int, device: to
         return torch.empty(0, dtype=torch.long, device=device)
     # as_tensor is zero-copy for arrays/tensors the engine may hand us; lists are converted.
     tokens = torch.cat([torch.as_tensor(s, dtype=torch.long).reshape(-1) for s in seqs]).to(device)
-    owner = torch.repeat_interleave(_index(row_ids, device), torch.tensor(lengths, device=device))
+    owner = torch.repeat_interleave(_index(row_ids, device), _index(lengths, device))
     valid = (tokens >= 0) & (tokens < vocab)  # an id outside the vocab would index another row
     return (owner * vocab + tokens)[valid]
 
@@ -287,7 +292,7 @@ def _top_p_(weights: torch.Tensor, ps: list[float]) -> None:
     probabilities being renormalized over what min_p / top_k left."""
     # The nucleus must hold this much unnormalized weight. (sum(dtype=float64) would copy the whole
     # tensor to double first; the float32 sum is already exact enough at 1e-7.)
-    mass = torch.tensor(ps, dtype=torch.float64, device=weights.device) * weights.sum(dim=-1).double()
+    mass = host_values_to(ps, torch.float64, weights.device) * weights.sum(dim=-1).double()
     k = min(weights.shape[1], TOP_P_CANDIDATES)
     cutoff, n_keep = _nucleus_cutoff(weights.topk(k, dim=-1).values, mass)
     if k < weights.shape[1]:
@@ -314,7 +319,7 @@ def _logprobs(raw: torch.Tensor, rows: list[SamplingRow], token_ids: list[int]) 
         return result
     dev = raw.device
     lp = _take_rows(raw, wanted).float().log_softmax(dim=-1)  # [wanted, vocab]
-    chosen = lp.gather(1, torch.tensor([token_ids[i] for i in wanted], device=dev)[:, None]).squeeze(1).tolist()
+    chosen = lp.gather(1, _index([token_ids[i] for i in wanted], dev)[:, None]).squeeze(1).tolist()
     ks = [rows[i].params.logprobs or 0 for i in wanted]
     top_vals: list[list[float]] = [[] for _ in wanted]
     top_ids: list[list[int]] = [[] for _ in wanted]
@@ -342,11 +347,11 @@ def _unnormalized_probs(x: torch.Tensor, inplace: bool, exact_zeros: bool) -> to
 
 
 def _index(rows: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(rows, dtype=torch.long, device=device)
+    return host_values_to(rows, torch.long, device)
 
 
 def _per_row(values: list[float], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.float32, device=device)  # [rows]
+    return host_values_to(values, torch.float32, device)  # [rows]
 
 
 def _column(values: list[float], device: torch.device) -> torch.Tensor:

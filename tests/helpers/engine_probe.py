@@ -88,14 +88,15 @@ def run_greedy(engine: LLMEngine, prompts: list[list[int]], max_tokens: int, che
 def assert_matches_reference(run: ProbedRun, hf_model, rtol: float = 1e-4, atol: float = 1e-4) -> None:
     """Every recorded logits row equals transformers' at the same position, and every greedy token is the
     reference argmax there (so the whole continuation equals transformers' greedy decoding)."""
+    device = next(hf_model.parameters()).device  # the reference runs where the caller put it
     for rid, tokens in run.tokens.items():
         with torch.no_grad():
-            ref = hf_model(torch.tensor([tokens])).logits[0].float()  # [len, vocab]
+            ref = hf_model(torch.tensor([tokens], device=device)).logits[0].float()  # [len, vocab]
         rows = run.logits[rid]
         num_prompt = len(tokens) - len(rows)
         assert [pos for pos, _ in rows] == list(range(num_prompt, len(tokens))), rid
         for pos, ours in rows:
             expected = ref[pos - 1]
-            torch.testing.assert_close(ours, expected, rtol=rtol, atol=atol,
+            torch.testing.assert_close(ours.to(device), expected, rtol=rtol, atol=atol,
                                        msg=lambda m: f"{rid} position {pos}: {m}")
             assert tokens[pos] == int(expected.argmax()), f"{rid}: greedy token differs at position {pos}"

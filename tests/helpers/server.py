@@ -20,15 +20,24 @@ from tests.helpers.tiny_models import build_tiny_model
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def tokenizer_source_dir() -> Path:
+    """Where the served tiny models' tokenizer.json and tokenizer_config.json come from: the default model's
+    (converted once), or MILI_TEST_TOKENIZER_DIR holding copies of them, where the default model's package is
+    not installed (the GPU check carries them: `make gpu-bundle`)."""
+    if os.environ.get("MILI_TEST_TOKENIZER_DIR"):
+        return Path(os.environ["MILI_TEST_TOKENIZER_DIR"])
+    from worker.default_model import default_model_path
+
+    return default_model_path()
+
+
 def build_served_tiny_model(arch: str, seed: int, out_dir: Path, max_positions: int = 512,
                             vocab_size: int | None = None) -> Path:
     """A random tiny model with the default model's tokenizer and chat template (SmolLM2's ChatML, whose
     <|im_end|> is id 2, the tiny models' EOS)."""
     from tokenizers import Tokenizer
 
-    from worker.default_model import default_model_path
-
-    source = default_model_path()
+    source = tokenizer_source_dir()
     vocab = vocab_size or Tokenizer.from_file(str(source / "tokenizer.json")).get_vocab_size()
     build_tiny_model(arch, seed, out_dir, vocab_size=vocab, max_positions=max_positions)
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -41,9 +50,7 @@ def build_tagged_qwen3(seed: int, out_dir: Path, tags: list[str], chat_template:
     has <think> and <tool_call>, served with `chat_template`; the tags' ids."""
     from tokenizers import AddedToken, Tokenizer
 
-    from worker.default_model import default_model_path
-
-    tok = Tokenizer.from_file(str(default_model_path() / "tokenizer.json"))
+    tok = Tokenizer.from_file(str(tokenizer_source_dir() / "tokenizer.json"))
     tok.add_tokens([AddedToken(t, special=False) for t in tags])  # first, so the model's vocabulary covers them
     build_served_tiny_model("qwen3", seed, out_dir, vocab_size=tok.get_vocab_size())
     tok.save(str(out_dir / "tokenizer.json"))
@@ -68,7 +75,9 @@ class Server:
         self.cmd = [sys.executable, "-m", "gateway.cli", "serve", "--model", str(model), "--port", str(self.port),
                     "--dtype", "float32", *flags]
         self.log_path = log_path
-        self.env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+        # The repository first; an existing path stays after it (the GPU check installs packages into one).
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+        self.env = dict(os.environ, PYTHONPATH=path, **(env or {}))
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 180.0) -> "Server":

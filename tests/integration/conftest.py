@@ -24,8 +24,28 @@ def tiny_model_dir(tmp_path_factory):
     return build_served_tiny_model("qwen3", seed, tmp_path_factory.mktemp("served") / "tiny-qwen3")
 
 
+def device_flags(device: str | None) -> tuple[str, ...]:
+    return ("--device", device) if device else ()
+
+
 @pytest.fixture(scope="session")
-def server(tiny_model_dir, tmp_path_factory):
-    srv = Server(tiny_model_dir, *SHARED_FLAGS, log_path=tmp_path_factory.mktemp("logs") / "server.log").start()
+def server_device(pytestconfig) -> str | None:
+    """--server-device (the GPU check passes cuda); those tests skip where that device cannot be had."""
+    device = pytestconfig.getoption("--server-device")
+    if device and device.startswith("cuda"):
+        import torch
+
+        from worker.devices import cuda_unavailable_reason
+
+        reason = cuda_unavailable_reason(torch.device(device))
+        if reason is not None:
+            pytest.skip(f"--server-device {device}: {reason}")
+    return device
+
+
+@pytest.fixture(scope="session")
+def server(server_device, tiny_model_dir, tmp_path_factory):
+    flags = SHARED_FLAGS + device_flags(server_device)
+    srv = Server(tiny_model_dir, *flags, log_path=tmp_path_factory.mktemp("logs") / "server.log").start()
     yield srv
     srv.stop()

@@ -7,6 +7,7 @@ import random
 import httpx2
 import openai
 import pytest
+import torch
 
 from tests.helpers.sse import chunks, stream_lines
 from tests.integration.conftest import SERVED_NAME
@@ -23,6 +24,8 @@ def test_health_models_openapi(server):
     health = httpx2.get(f"{server.url}/health").json()
     assert health["status"] == "ok" and health["model"] == SERVED_NAME
     assert health["attention_backend"] in ("mojo", "torch")
+    # --device auto (the default): the GPU where torch sees one (tests/gpu covers that), else the CPU.
+    assert health["device"] == ("cuda:0" if torch.cuda.is_available() else "cpu")
     assert health["quantization"] == "none"  # a safetensors checkpoint under --quantization auto
     assert health["workers_ready"] == 1
     models = httpx2.get(f"{server.url}/v1/models").json()

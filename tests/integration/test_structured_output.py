@@ -20,6 +20,7 @@ import pytest
 
 from tests.helpers.server import Server, build_served_tiny_model
 from tests.helpers.sse import chunks, stream_lines
+from tests.integration.conftest import device_flags
 
 MODEL = "tiny"
 
@@ -41,13 +42,13 @@ ASK = [{"role": "system", "content": "Answer in JSON."}, {"role": "user", "conte
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(server_device, tmp_path_factory):
     out = tmp_path_factory.mktemp("structured") / "tiny"
     out.mkdir()
     seed = random.randrange(2**31)
     print(f"\n[structured model] seed={seed}")
     build_served_tiny_model("qwen3", seed, out)
-    srv = Server(out, "--served-model-name", MODEL, "--num-kv-blocks", "128",
+    srv = Server(out, "--served-model-name", MODEL, "--num-kv-blocks", "128", *device_flags(server_device),
                  log_path=tmp_path_factory.mktemp("logs") / "server.log").start()
     yield srv
     srv.stop()

@@ -42,16 +42,18 @@ def seed() -> int:
 
 
 def make_row(params: SamplingParams | None = None, *, prompt: tuple[int, ...] = (), output: tuple[int, ...] = (),
-             seed: int | None = None, **kwargs) -> SamplingRow:
-    return SamplingRow(params or SamplingParams(**kwargs), list(prompt), list(output), make_generator(seed))
+             seed: int | None = None, device: str = "cpu", **kwargs) -> SamplingRow:
+    return SamplingRow(params or SamplingParams(**kwargs), list(prompt), list(output), make_generator(seed, device))
 
 
 def draw_counts(logits: torch.Tensor, params: SamplingParams, seed: int, rows: int = 250,
-                steps: int = 40) -> torch.Tensor:
-    """Token counts [vocab] over rows * steps draws from one logits row, each row with its own stream."""
+                steps: int = 40, device: str = "cpu") -> torch.Tensor:
+    """Token counts [vocab] over rows * steps draws from one logits row, each row with its own stream (the
+    logits and the generators on `device`)."""
     vocab = logits.shape[-1]
     sampler = Sampler(vocab, [])
-    batch = [SamplingRow(params, [], [], make_generator(seed * 1000 + i)) for i in range(rows)]
+    logits = logits.to(device)
+    batch = [SamplingRow(params, [], [], make_generator(seed * 1000 + i, device)) for i in range(rows)]
     counts = torch.zeros(vocab, dtype=torch.float64)
     for _ in range(steps):
         tokens = sampler(logits.expand(rows, vocab), batch).token_ids
@@ -220,20 +222,20 @@ def test_wide_top_p_nucleus(seed: int) -> None:
 # ----- seeds -----
 
 def seeded_sequence(params: SamplingParams, row_seed: int, test_seed: int, position: int = 0,
-                    others: list[SamplingParams] = ()) -> list[int]:
-    """20 tokens of one seeded row, placed at `position` among unseeded `others`."""
+                    others: list[SamplingParams] = (), device: str = "cpu") -> list[int]:
+    """20 tokens of one seeded row, placed at `position` among unseeded `others` (sampled on `device`)."""
     vocab = 64
     sampler = Sampler(vocab, [])
     own_logits = torch.Generator().manual_seed(test_seed)  # the same for every placement
     noise = torch.Generator().manual_seed(test_seed + 1)
-    target = SamplingRow(params, [], [], make_generator(row_seed))
-    neighbours = [SamplingRow(p, [], [], make_generator(None)) for p in others]
+    target = SamplingRow(params, [], [], make_generator(row_seed, device))
+    neighbours = [SamplingRow(p, [], [], make_generator(None, device)) for p in others]
     tokens: list[int] = []
     for _ in range(20):
         rows = neighbours[:position] + [target] + neighbours[position:]
         logits = torch.randn(len(rows), vocab, generator=noise)
         logits[position] = torch.randn(vocab, generator=own_logits)
-        token = sampler(logits, rows).token_ids[position]
+        token = sampler(logits.to(device), rows).token_ids[position]
         tokens.append(token)
         target.output_token_ids.append(token)
     return tokens

@@ -72,8 +72,10 @@ def test_frames_to_the_gateway(test_seed):
     pool = WorkerPool(EngineConfig(model="unused"), "m", tcp_host="127.0.0.1")
     try:
         slot = pool.slots[0]
-        slot._dispatch(wire.WorkerReady(model="m", architecture="a", dtype="float32", attention_backend="torch",
-                                        quantization="none", max_model_len=512, vocab_size=320, stats=wire.WorkerStats(0, 0, 1, 0, 0, 0, 0)))
+        slot._dispatch(wire.WorkerReady(model="m", architecture="a", dtype="float32",
+                                        device="cpu", attention_backend="torch", quantization="none",
+                                        max_model_len=512, vocab_size=320,
+                                        stats=wire.WorkerStats(0, 0, 1, 0, 0, 0, 0)))
         tokenizer = default_tokenizer()
         add = wire.AddRequest(request_id="fuzz-1", prompt_token_ids=[1], params={})
         reached = 0

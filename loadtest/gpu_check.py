@@ -1,0 +1,132 @@
+"""`make gpu-check`: the one command a GPU session runs on the GPU machine.
+
+It installs the wheels `make gpu-bundle` put into .gpu-bundle/ into /tmp/site (the machine has no network),
+runs tests/gpu and the integration suite's API tests against `mili serve --device cuda`, writes the results as
+JSON (and the suites' JUnit XML) under $OUT (or build/gpu-check/), and prints a short table last.
+
+`--dry-run` uses this interpreter's packages and installs nothing: on a machine without CUDA every test skips,
+with its reason, which is what CI can check of this script (tests/unit/test_gpu_check.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SITE = Path("/tmp/site")
+# The integration files whose tests all use the one shared server (tests/integration/conftest.py), which
+# --server-device starts on the GPU: the OpenAI API through the SDK, structured output, prompt scoring.
+INTEGRATION = ("tests/integration/test_api.py", "tests/integration/test_structured_output.py",
+               "tests/integration/test_prompt_scoring.py")
+SUITES = {
+    "tests/gpu": ["tests/gpu"],
+    "integration --server-device cuda": ["--server-device", "cuda", *INTEGRATION],
+}
+
+ENVIRONMENT = """
+import json, platform, torch
+info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available()}
+if torch.cuda.is_available():
+    props = torch.cuda.get_device_properties(0)
+    info.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1),
+                multiprocessors=props.multi_processor_count)
+print(json.dumps(info))
+"""
+
+
+def install(bundle: Path) -> None:
+    wheels = sorted(str(p) for p in (bundle / "wheels").glob("*.whl"))
+    if not wheels:
+        raise SystemExit(f"no wheels in {bundle / 'wheels'}: run `make gpu-bundle` first and carry {bundle.name}")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                    "--no-cache-dir", "--upgrade", "--target", str(SITE), *wheels], check=True)
+
+
+def suite_env(bundle: Path, dry_run: bool) -> dict[str, str]:
+    paths = [str(ROOT)] if dry_run else [str(SITE), str(ROOT)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths + [os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+               PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    if (bundle / "tokenizer").is_dir():  # no default model on the GPU machine: its tokenizer travels alone
+        env["MILI_TEST_TOKENIZER_DIR"] = str(bundle / "tokenizer")
+    return env
+
+
+def run_suite(name: str, args: list[str], env: dict[str, str], out: Path, timeout: float) -> dict:
+    xml = out / f"junit-{len(list(out.glob('junit-*.xml')))}.xml"
+    start = time.monotonic()
+    try:
+        rc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                             f"--junitxml={xml}", *args], cwd=ROOT, env=env, timeout=timeout).returncode
+    except subprocess.TimeoutExpired:
+        rc = "timeout"
+    result = {"suite": name, "returncode": rc, "seconds": round(time.monotonic() - start, 1),
+              "tests": 0, "passed": 0, "failed": 0, "errors": 0, "skipped": 0, "skip_reasons": [], "failures": []}
+    if xml.is_file():
+        for case in ET.parse(xml).getroot().iter("testcase"):
+            result["tests"] += 1
+            test_id = f"{case.get('classname')}::{case.get('name')}"
+            if case.find("failure") is not None:
+                result["failed"] += 1
+                result["failures"].append(test_id)
+            elif case.find("error") is not None:
+                result["errors"] += 1
+                result["failures"].append(test_id)
+            elif (skipped := case.find("skipped")) is not None:
+                result["skipped"] += 1
+                reason = skipped.get("message", "")
+                if reason not in result["skip_reasons"]:
+                    result["skip_reasons"].append(reason)
+            else:
+                result["passed"] += 1
+    return result
+
+
+def table(environment: dict, results: list[dict]) -> str:
+    device = environment.get("gpu") or ("no CUDA device" if not environment.get("cuda_available") else "?")
+    lines = [f"GPU check: {device}; python {environment.get('python')}, torch {environment.get('torch')} "
+             f"(CUDA {environment.get('cuda')})",
+             f"{'suite':<34} {'passed':>6} {'failed':>6} {'errors':>6} {'skipped':>7} {'seconds':>8}"]
+    for r in results:
+        lines.append(f"{r['suite']:<34} {r['passed']:>6} {r['failed']:>6} {r['errors']:>6} {r['skipped']:>7} "
+                     f"{r['seconds']:>8}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.gpu_check", description=__doc__.splitlines()[0])
+    parser.add_argument("--bundle", type=Path, default=ROOT / ".gpu-bundle")
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "build" / "gpu-check"))
+    parser.add_argument("--dry-run", action="store_true",
+                        help="install nothing; use this interpreter's packages (without CUDA: everything skips)")
+    parser.add_argument("--suite-timeout", type=float, default=270.0,
+                        help="seconds per suite before it is stopped (two suites fit one 10-minute device call)")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not args.dry_run:
+        install(args.bundle)
+    env = suite_env(args.bundle, args.dry_run)
+    probe = subprocess.run([sys.executable, "-c", ENVIRONMENT], env=env, capture_output=True, text=True)
+    environment = json.loads(probe.stdout) if probe.returncode == 0 else {"error": probe.stderr[-2000:]}
+    results = [run_suite(name, suite, env, args.out, args.suite_timeout) for name, suite in SUITES.items()]
+    ok = all(r["returncode"] in (0, 5) and not r["failed"] and not r["errors"] for r in results)  # 5: none collected
+    report = {"dry_run": args.dry_run, "ok": ok, "environment": environment, "suites": results}
+    (args.out / "gpu-check.json").write_text(json.dumps(report, indent=2) + "\n")
+    for r in results:
+        for reason in r["skip_reasons"]:
+            print(f"skipped in {r['suite']}: {reason}")
+        for test_id in r["failures"]:
+            print(f"FAILED in {r['suite']}: {test_id}")
+    print(table(environment, results))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
