@@ -247,16 +247,12 @@ def _amx_block_sums[c1: Int, c2: Int](wb: U8Ptr, a1: Int, a2: Int, k: Int, sums:
 
 
 @always_inline
-def _unpack_tile[kind: Int](tile_rec: U8Ptr, nb: Int, wtile: U8Ptr):
-    """Every block of one tile's Q4_0 / Q4_1 weights as u8 in the layout B tiles take (block b's 8 x 64
-    bytes at b * 512, row g = K-steps 4g..4g+3 of the 16 columns: low nibbles are K-groups 0-3, high
-    4-7). Once per tile and row chunk for all the chunk's row groups, and far enough ahead of the tile
-    loads that they need not wait for these stores."""
-    comptime rec_bytes = record_bytes[kind]()
-    for b in range(nb):
-        var w = _unpack[kind](tile_rec.unsafe_offset(b * rec_bytes))
-        comptime for g in range(8):
-            wtile.unsafe_offset(b * 512 + g * 64).unsafe_store(w[g])
+def _unpack_block[kind: Int](tile_rec: U8Ptr, wtile: U8Ptr, b: Int):
+    """Block b of one tile's Q4_0 / Q4_1 weights as u8 in the layout B tiles take, at wtile + b * 512:
+    row g = K-steps 4g..4g+3 of the 16 columns (low nibbles are K-groups 0-3, high 4-7)."""
+    var w = _unpack[kind](tile_rec.unsafe_offset(b * record_bytes[kind]()))
+    comptime for g in range(8):
+        wtile.unsafe_offset(b * 512 + g * 64).unsafe_store(w[g])
 
 
 @always_inline
@@ -288,9 +284,17 @@ def _amx_epilogue[kind: Int](mut y: Array[F32x16, TN], rec: U8Ptr, buf: Int, da:
             da[unsafe_offset=j0 + r], sa_i[unsafe_offset=j0 + r], sa_f[unsafe_offset=j0 + r])
 
 
-def _group_amx[kind: Int, out_dt: DType](p: Params, t: Int, g0: Int, tile_rec: U8Ptr, wtile: U8Ptr, bufs: Int):
+# Blocks the first row group of a chunk unpacks ahead of its tile loads (at least 3: a turn issues the
+# products of blocks b + 1 and b + 2), so that a tile load never waits for the stores just before it.
+comptime UNPACK_LEAD = 4
+
+
+def _group_amx[kind: Int, out_dt: DType, unpack: Bool](p: Params, t: Int, g0: Int, tile_rec: U8Ptr, wtile: U8Ptr,
+                                                       bufs: Int):
     """Rows g0 .. g0+15 of tile t on AMX tiles, every K block. Block b + 1's tiles are issued before
-    block b's epilogue, on the other tile set and buffer, so the two overlap."""
+    block b's epilogue, on the other tile set and buffer, so the two overlap. With `unpack` (the chunk's
+    first group, Q4_0 / Q4_1), the tile's weights are unpacked into wtile on the way, UNPACK_LEAD blocks
+    ahead, for this group and the chunk's later ones."""
     var m = param_int(p, P_M)
     var k = param_int(p, P_K)
     var qa = param_int(p, P_Q1)  # addresses of q1 / q2 [M, K] int8
@@ -300,12 +304,20 @@ def _group_amx[kind: Int, out_dt: DType](p: Params, t: Int, g0: Int, tile_rec: U
     var sa_f = param_ptr[F32](p, P_SUM_F)
     var nb = k // QK
     comptime rec_bytes = record_bytes[kind]()
+    comptime if unpack:
+        for b in range(min(UNPACK_LEAD, nb)):
+            _unpack_block[kind](tile_rec, wtile, b)
     var y = Array[F32x16, TN](fill=F32x16(0))
     var a0 = g0 * k
     _amx_block_sums[TILE_C1, TILE_C2](_block_weights[kind](tile_rec, wtile, 0), qa + a0, qa2 + a0, k,
                                       U8Ptr(unsafe_from_address=bufs))
     var b = 0
     while b < nb:  # two blocks a turn: even ones on tiles C1/C2 and buffer 0, odd ones on the others
+        comptime if unpack:
+            if b + UNPACK_LEAD < nb:
+                _unpack_block[kind](tile_rec, wtile, b + UNPACK_LEAD)
+            if b + 1 + UNPACK_LEAD < nb:
+                _unpack_block[kind](tile_rec, wtile, b + 1 + UNPACK_LEAD)
         if b + 1 < nb:
             var a1 = a0 + (b + 1) * QK
             _amx_block_sums[TILE_C1_NEXT, TILE_C2_NEXT](_block_weights[kind](tile_rec, wtile, b + 1), qa + a1,
@@ -329,7 +341,8 @@ def _tiles_amx[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
     through the same epilogue. Whole groups of 16 rows only (no per-row conditions in the epilogue);
     the last M % 16 rows take the vpdpbusd path: the same bits. Rows run in chunks whose int8
     activations stay in cache while the thread's tiles pass over them (amx_row_chunk); for Q4_0 / Q4_1
-    each tile's weights are unpacked once per chunk into a heap buffer (K / 32 x 512 bytes per thread)."""
+    each tile's weights are unpacked once per chunk, by its first row group, into a heap buffer (K / 32
+    x 512 bytes per thread) that the chunk's other groups read."""
     var wp = param_ptr[DType.uint8](p, 2)
     var m = param_int(p, P_M)
     var k = param_int(p, P_K)
@@ -347,12 +360,12 @@ def _tiles_amx[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
         var r1 = min(r0 + chunk, full)
         for t in range(begin, end):
             var tile_rec = wp.unsafe_offset(t * nb * rec_bytes)
-            comptime if unpacked:
-                if r1 > r0:
-                    _unpack_tile[kind](tile_rec, nb, wtile)
             var g0 = r0
+            if g0 < r1:  # the chunk's first group unpacks the tile's weights (Q4_0 / Q4_1) for all of them
+                _group_amx[kind, out_dt, unpacked](p, t, g0, tile_rec, wtile, bufs)
+                g0 += TN
             while g0 < r1:
-                _group_amx[kind, out_dt](p, t, g0, tile_rec, wtile, bufs)
+                _group_amx[kind, out_dt, False](p, t, g0, tile_rec, wtile, bufs)
                 g0 += TN
             if r1 == full:
                 var r = full
