@@ -19,6 +19,10 @@
 #   tile 4, 5: A1, A2 = int8 [16 rows, 16 K], one half's q1 / q2 (loaded once per half)
 #   tile 6, 7: B of the first and of the second half, uint8 [4 K-groups, 16 columns x 4 K]
 # tdpbsud (signed A x unsigned B) sums exactly in int32, so C holds the same integers as the vpdpbusd path.
+#
+# Both kernels run their rows in chunks whose int8 activations stay in the core's L2 while a thread's tiles
+# pass over them (amx_row_chunk; quant_kmatmul.mojo keeps its own copy of the same 512 KiB figure), and
+# unpack each tile's weights into the B-tile layout once per chunk.
 
 from std.sys import llvm_intrinsic
 from std.memory import stack_allocation
@@ -43,6 +47,17 @@ comptime TILE_A1_HALF = 4
 comptime TILE_A2_HALF = 5
 comptime TILE_B_LO = 6
 comptime TILE_B_HI = 7
+
+
+# The activation bytes (q1 and q2) one row chunk may hold: a quarter of a 2 MiB L2, leaving the rest for
+# the tile's weights and the output rows.
+comptime AMX_ACT_CACHE_BYTES = 512 * 1024
+
+
+@always_inline
+def amx_row_chunk(k: Int) -> Int:
+    """Rows per chunk for activations of K int8 in two parts: whole groups of 16 rows, at least one."""
+    return max(16, (AMX_ACT_CACHE_BYTES // (2 * k)) // 16 * 16)
 
 
 @always_inline

@@ -11,6 +11,10 @@
 #      columns, combined exactly as 254 * dot1 + dot2 in int32; the float epilogue then adds
 #      d_w * d_a * (dot - offset * sum) (+ m_w * d_a * sum for Q4_1), blocks in order. Decode reads each
 #      weight byte once for both parts, so the second vpdpbusd costs little where weight bytes bound the time.
+#      From 16 rows (parameter 15, kernels/mojo_quant.use_amx), AMX int8 tiles compute the same integers
+#      for whole groups of 16 rows (kernels/quant_amx.mojo), which then go through the same epilogue.
+#      Rows run in chunks whose q1 and q2 stay in cache; Q4_0 / Q4_1 tiles are unpacked into the B-tile
+#      layout once per chunk (Q8_0's records are that layout already).
 #
 # Every output element is computed by the same instruction sequence whatever the batch size, the row's
 # place in it or the thread that runs it: a request's result does not depend on what else is batched.
@@ -25,13 +29,13 @@
 from std.python import PythonObject
 from std.python.bindings import PythonModuleBuilder
 from std.os import abort
-from std.memory import bitcast, stack_allocation
+from std.memory import alloc, bitcast, stack_allocation
 from std.sys import llvm_intrinsic
 from numerics import narrow
 from params import Params, param_int, param_ptr
 from quant_activations import P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, quantize_rows
 from quant_amx import TILE_A1, TILE_A2, TILE_B, TILE_C1, TILE_C1_NEXT, TILE_C2, TILE_C2_NEXT, U8Ptr, amx_configure, \
-    amx_release, tile_dot_su, tile_load, tile_store, tile_zero
+    amx_release, amx_row_chunk, tile_dot_su, tile_load, tile_store, tile_zero
 
 comptime F32 = DType.float32
 comptime BF16 = DType.bfloat16
@@ -231,17 +235,11 @@ def _tiles[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
 
 
 @always_inline
-def _amx_block_sums[kind: Int, c1: Int, c2: Int](rec: U8Ptr, wbuf: U8Ptr, a1: Int, a2: Int, k: Int, sums: U8Ptr):
-    """The exact int32 dot products of one block's 16 weight columns with 16 rows' q1 and q2 (at addresses
-    a1 and a2, row stride k), on tiles c1 and c2, stored to sums: [2, 16 rows, 16 columns] int32."""
-    comptime if kind == KIND_Q8_0:
-        tile_load[TILE_B](rec, 64)  # the record's quants are the VNNI layout already
-    else:
-        comptime for g in range(4):  # low nibbles are K-groups 0-3, high nibbles 4-7
-            var v = rec.unsafe_offset(g * 64).unsafe_load[width=64]()
-            wbuf.unsafe_offset(g * 64).unsafe_store(v & 0x0F)
-            wbuf.unsafe_offset((g + 4) * 64).unsafe_store(v >> 4)
-        tile_load[TILE_B](wbuf, 64)
+def _amx_block_sums[c1: Int, c2: Int](wb: U8Ptr, a1: Int, a2: Int, k: Int, sums: U8Ptr):
+    """The exact int32 dot products of one block's 16 weight columns (wb: 8 x 64 bytes in the B-tile
+    layout) with 16 rows' q1 and q2 (at addresses a1 and a2, row stride k), on tiles c1 and c2, stored
+    to sums: [2, 16 rows, 16 columns] int32."""
+    tile_load[TILE_B](wb, 64)
     tile_load[TILE_A1](U8Ptr(unsafe_from_address=a1), k)
     tile_load[TILE_A2](U8Ptr(unsafe_from_address=a2), k)
     tile_zero[c1]()
@@ -250,6 +248,25 @@ def _amx_block_sums[kind: Int, c1: Int, c2: Int](rec: U8Ptr, wbuf: U8Ptr, a1: In
     tile_dot_su[c2, TILE_A2, TILE_B]()
     tile_store[c1](sums, 64)
     tile_store[c2](sums.unsafe_offset(1024), 64)
+
+
+@always_inline
+def _unpack_block[kind: Int](tile_rec: U8Ptr, wtile: U8Ptr, b: Int):
+    """Block b of one tile's Q4_0 / Q4_1 weights as u8 in the layout B tiles take, at wtile + b * 512:
+    row g = K-steps 4g..4g+3 of the 16 columns (low nibbles are K-groups 0-3, high 4-7)."""
+    var w = _unpack[kind](tile_rec.unsafe_offset(b * record_bytes[kind]()))
+    comptime for g in range(8):
+        wtile.unsafe_offset(b * 512 + g * 64).unsafe_store(w[g])
+
+
+@always_inline
+def _block_weights[kind: Int](tile_rec: U8Ptr, wtile: U8Ptr, b: Int) -> U8Ptr:
+    """Block b's weights in the B-tile layout: Q8_0's records hold them so already (u8, row stride 64);
+    the 4-bit types' come from the tile's unpacked copy."""
+    comptime if kind == KIND_Q8_0:
+        return tile_rec.unsafe_offset(b * record_bytes[kind]())
+    else:
+        return wtile.unsafe_offset(b * 512)
 
 
 @always_inline
@@ -271,13 +288,17 @@ def _amx_epilogue[kind: Int](mut y: Array[F32x16, TN], rec: U8Ptr, buf: Int, da:
             da[unsafe_offset=j0 + r], sa_i[unsafe_offset=j0 + r], sa_f[unsafe_offset=j0 + r])
 
 
-def _tiles_amx[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
-    """Phase 2 on AMX tiles: per 16 columns x 16 rows x block, two tdpbsud give the exact int32 dot
-    products of q1 and q2 (the same integers vpdpbusd sums), stored to a buffer and passed row by row
-    through the same epilogue. Block b + 1's tiles are issued before block b's epilogue, on the other
-    tile set and buffer, so the two overlap. Whole groups of 16 rows only (no per-row conditions in the
-    epilogue); the last M % 16 rows take the vpdpbusd path: the same bits."""
-    var wp = param_ptr[DType.uint8](p, 2)
+# Blocks the first row group of a chunk unpacks ahead of its tile loads (at least 3: a turn issues the
+# products of blocks b + 1 and b + 2), so that a tile load never waits for the stores just before it.
+comptime UNPACK_LEAD = 4
+
+
+def _group_amx[kind: Int, out_dt: DType, unpack: Bool](p: Params, t: Int, g0: Int, tile_rec: U8Ptr, wtile: U8Ptr,
+                                                       bufs: Int):
+    """Rows g0 .. g0+15 of tile t on AMX tiles, every K block. Block b + 1's tiles are issued before
+    block b's epilogue, on the other tile set and buffer, so the two overlap. With `unpack` (the chunk's
+    first group, Q4_0 / Q4_1), the tile's weights are unpacked into wtile on the way, UNPACK_LEAD blocks
+    ahead, for this group and the chunk's later ones."""
     var m = param_int(p, P_M)
     var k = param_int(p, P_K)
     var qa = param_int(p, P_Q1)  # addresses of q1 / q2 [M, K] int8
@@ -287,44 +308,82 @@ def _tiles_amx[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
     var sa_f = param_ptr[F32](p, P_SUM_F)
     var nb = k // QK
     comptime rec_bytes = record_bytes[kind]()
-    var wbuf = U8Ptr(unsafe_from_address=Int(stack_allocation[512, UInt8, alignment=64]()))  # B: 8 x 64
+    comptime if unpack:
+        for b in range(min(UNPACK_LEAD, nb)):
+            _unpack_block[kind](tile_rec, wtile, b)
+    var y = Array[F32x16, TN](fill=F32x16(0))
+    var a0 = g0 * k
+    _amx_block_sums[TILE_C1, TILE_C2](_block_weights[kind](tile_rec, wtile, 0), qa + a0, qa2 + a0, k,
+                                      U8Ptr(unsafe_from_address=bufs))
+    var b = 0
+    while b < nb:  # two blocks a turn: even ones on tiles C1/C2 and buffer 0, odd ones on the others
+        comptime if unpack:
+            if b + UNPACK_LEAD < nb:
+                _unpack_block[kind](tile_rec, wtile, b + UNPACK_LEAD)
+            if b + 1 + UNPACK_LEAD < nb:
+                _unpack_block[kind](tile_rec, wtile, b + 1 + UNPACK_LEAD)
+        if b + 1 < nb:
+            var a1 = a0 + (b + 1) * QK
+            _amx_block_sums[TILE_C1_NEXT, TILE_C2_NEXT](_block_weights[kind](tile_rec, wtile, b + 1), qa + a1,
+                                                        qa2 + a1, k, U8Ptr(unsafe_from_address=bufs + 2048))
+        _amx_epilogue[kind](y, tile_rec.unsafe_offset(b * rec_bytes), bufs, da, sa_i, sa_f, b * m + g0)
+        if b + 1 < nb:
+            if b + 2 < nb:
+                var a2 = a0 + (b + 2) * QK
+                _amx_block_sums[TILE_C1, TILE_C2](_block_weights[kind](tile_rec, wtile, b + 2), qa + a2, qa2 + a2,
+                                                  k, U8Ptr(unsafe_from_address=bufs))
+            _amx_epilogue[kind](y, tile_rec.unsafe_offset((b + 1) * rec_bytes), bufs + 2048, da, sa_i, sa_f,
+                                (b + 1) * m + g0)
+        b += 2
+    comptime for r in range(TN):
+        _finish_row[out_dt](p, y[r], g0 + r, t)
+
+
+def _tiles_amx[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
+    """Phase 2 on AMX tiles: per 16 columns x 16 rows x block, two tdpbsud give the exact int32 dot
+    products of q1 and q2 (the same integers vpdpbusd sums), stored to a buffer and passed row by row
+    through the same epilogue. Whole groups of 16 rows only (no per-row conditions in the epilogue);
+    the last M % 16 rows take the vpdpbusd path: the same bits. Rows run in chunks whose int8
+    activations stay in cache while the thread's tiles pass over them (amx_row_chunk); for Q4_0 / Q4_1
+    each tile's weights are unpacked once per chunk, by its first row group, into a heap buffer (K / 32
+    x 512 bytes per thread) that the chunk's other groups read."""
+    var wp = param_ptr[DType.uint8](p, 2)
+    var m = param_int(p, P_M)
+    var k = param_int(p, P_K)
+    var nb = k // QK
+    comptime rec_bytes = record_bytes[kind]()
+    comptime unpacked = kind != KIND_Q8_0
+    var wtile_mem = alloc[UInt8](nb * 512 if unpacked else 64, alignment=64)  # [nb, 8, 64] u8
+    var wtile = U8Ptr(unsafe_from_address=Int(wtile_mem))
     var bufs = Int(stack_allocation[4096, UInt8, alignment=64]())  # two sets of [C1 | C2] sums
     amx_configure()
     var full = m - m % TN
-    for t in range(begin, end):
-        var g0 = 0
-        while g0 < full:
-            var y = Array[F32x16, TN](fill=F32x16(0))
+    var chunk = amx_row_chunk(k)
+    var r0 = 0
+    while True:  # row chunks; the last one also runs the M % 16 rows
+        var r1 = min(r0 + chunk, full)
+        for t in range(begin, end):
             var tile_rec = wp.unsafe_offset(t * nb * rec_bytes)
-            var a0 = g0 * k
-            _amx_block_sums[kind, TILE_C1, TILE_C2](tile_rec, wbuf, qa + a0, qa2 + a0, k,
-                                                    U8Ptr(unsafe_from_address=bufs))
-            var b = 0
-            while b < nb:  # two blocks a turn: even ones on tiles C1/C2 and buffer 0, odd ones on the others
-                if b + 1 < nb:
-                    _amx_block_sums[kind, TILE_C1_NEXT, TILE_C2_NEXT](
-                        tile_rec.unsafe_offset((b + 1) * rec_bytes), wbuf, qa + a0 + (b + 1) * QK,
-                        qa2 + a0 + (b + 1) * QK, k, U8Ptr(unsafe_from_address=bufs + 2048))
-                _amx_epilogue[kind](y, tile_rec.unsafe_offset(b * rec_bytes), bufs, da, sa_i, sa_f, b * m + g0)
-                if b + 1 < nb:
-                    if b + 2 < nb:
-                        _amx_block_sums[kind, TILE_C1, TILE_C2](
-                            tile_rec.unsafe_offset((b + 2) * rec_bytes), wbuf, qa + a0 + (b + 2) * QK,
-                            qa2 + a0 + (b + 2) * QK, k, U8Ptr(unsafe_from_address=bufs))
-                    _amx_epilogue[kind](y, tile_rec.unsafe_offset((b + 1) * rec_bytes), bufs + 2048, da, sa_i, sa_f,
-                                        (b + 1) * m + g0)
-                b += 2
-            comptime for r in range(TN):
-                _finish_row[out_dt](p, y[r], g0 + r, t)
-            g0 += TN
-        var r = full
-        while r + ROWS <= m:
-            _tile_rows[kind, out_dt, ROWS](p, t, r)
-            r += ROWS
-        while r < m:
-            _tile_rows[kind, out_dt, 1](p, t, r)
-            r += 1
+            var g0 = r0
+            if g0 < r1:  # the chunk's first group unpacks the tile's weights (Q4_0 / Q4_1) for all of them
+                _group_amx[kind, out_dt, unpacked](p, t, g0, tile_rec, wtile, bufs)
+                g0 += TN
+            while g0 < r1:
+                _group_amx[kind, out_dt, False](p, t, g0, tile_rec, wtile, bufs)
+                g0 += TN
+            if r1 == full:
+                var r = full
+                while r + ROWS <= m:
+                    _tile_rows[kind, out_dt, ROWS](p, t, r)
+                    r += ROWS
+                while r < m:
+                    _tile_rows[kind, out_dt, 1](p, t, r)
+                    r += 1
+        if r1 == full:
+            break
+        r0 = r1
     amx_release()
+    wtile_mem.unsafe_free()
 
 
 def _tiles_out[kind: Int](p: Params, begin: Int, end: Int):

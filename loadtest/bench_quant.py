@@ -1,10 +1,13 @@
 """`make bench-quant`: the quantized-weight matmul beside the bfloat16 linear it replaces, in one run.
 
 Shapes are the default model's (fused q|k|v 960x576, o 576x576, fused gate|up 3072x576, down 576x1536,
-the head 49152x576) at 1, 8, 32 and 128 rows; the bfloat16 side is MILI's oneDNN-packed linear
-(worker/models/packed_linear.py), the Q4_1 / Q8_0 side kernels/quant_matmul.mojo on torch's OpenMP team,
-by each of its paths (vpdpbusd; AMX int8 tiles where the CPU has them, from 16 rows, which is what
-`auto` picks there: the same bits, different speed).
+the head 49152x576) at 1, 8, 32 and 128 rows, and on request Qwen3-0.6B's (`--shapes q3_qkv q3_gate_up
+q3_down`: 4096x1024, 6144x1024, 1024x3072); the bfloat16 side is MILI's oneDNN-packed linear
+(worker/models/packed_linear.py), the Q4_1 / Q8_0 side (`--types`, Q4_0 too) kernels/quant_matmul.mojo
+on torch's OpenMP team, by each of its paths (vpdpbusd; AMX int8 tiles where the CPU has them, from
+16 rows, which is what `auto` picks there: the same bits, different speed), with the AMX / vpdpbusd time
+ratio per type. `--before FILE` times the AMX path of an earlier build of the same kernel beside it
+(e.g. build/kernels/<hash>/mili_quant.so, left by running an earlier commit) and prints after / before.
 Each figure is the 10th percentile of single-call times, one call of each column in turn, so a
 neighbour's burst of load (which stalls a call for milliseconds on a shared 2-core machine) hits
 every column alike and drops out. Also prints the weight bytes each reads per call.
@@ -18,6 +21,8 @@ Numbers are printed, never asserted; compare ratios within one run.
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
+import importlib.util
 import statistics
 import time
 
@@ -30,8 +35,11 @@ from kernels import mojo_quant
 from worker.models.packed_linear import PackedLinear
 from worker.quant.blocks import KERNEL_KINDS, RECORD_BYTES, repack
 
-SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "head": (49152, 576)}
-TYPES = (QT.Q4_1, QT.Q8_0)
+SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "head": (49152, 576),
+          # Qwen3-0.6B: hidden 1024, fused q|k|v of 16 + 2 x 8 heads of 128, FFN 3072
+          "q3_qkv": (4096, 1024), "q3_gate_up": (6144, 1024), "q3_down": (1024, 3072)}
+DEFAULT_SHAPES = ("qkv", "o", "gate_up", "down", "head")
+TYPES = (QT.Q4_0, QT.Q4_1, QT.Q8_0)
 
 
 def interleaved_times(calls: dict, seconds: float = 0.5, min_samples: int = 40) -> dict[str, list[float]]:
@@ -47,6 +55,16 @@ def interleaved_times(calls: dict, seconds: float = 0.5, min_samples: int = 40) 
             fn()
             times[key].append(time.perf_counter() - t0)
     return times
+
+
+def load_build(path: str):
+    """The kernel's extension module from an earlier build's file, beside the current one (its own copy of
+    the code and of the C entries the OpenMP team calls)."""
+    loader = importlib.machinery.ExtensionFileLoader(mojo_quant.MODULE, path)
+    spec = importlib.util.spec_from_file_location(mojo_quant.MODULE, path, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
 
 
 def engine_steps(batches: list[int], context: int, steps: int, rounds: int) -> None:
@@ -88,7 +106,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 128])
     ap.add_argument("--rounds", type=int, default=3, help="engine rounds; kernel calls are timed for 0.2 s each")
-    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES), choices=list(SHAPES))
+    ap.add_argument("--types", nargs="+", default=["Q4_1", "Q8_0"], choices=[t.name for t in TYPES])
+    ap.add_argument("--before", metavar="FILE", help="an earlier build's mili_quant.so, its AMX path timed beside")
     ap.add_argument("--engine", action="store_true", help="time engine decode steps instead (see above)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     ap.add_argument("--context", type=int, default=128)
@@ -97,36 +117,50 @@ def main() -> None:
     if args.engine:
         engine_steps(args.batches, args.context, args.steps, args.rounds)
         return
-    module = mojo_quant.load()
+    modules = {"": mojo_quant.load()}
+    types = [QT[name] for name in args.types]
     paths = ["vnni", "amx"] if mojo_quant.amx_available() else ["vnni"]
+    if args.before and "amx" in paths:
+        modules[" before"] = load_build(args.before)
     print(f"torch threads {torch.get_num_threads()}; microseconds per call (10th percentile of single calls, "
           f"all columns interleaved); " + (f"amx: AMX tiles for whole groups of {mojo_quant.AMX_MIN_ROWS} rows, "
                                            f"what auto picks from {mojo_quant.AMX_MIN_ROWS} rows"
                                            if "amx" in paths else "no AMX on this CPU"))
-    columns = [(t, path) for t in TYPES for path in paths]
-    print("| shape | rows | bf16 | " + " | ".join(f"{t.name} {path} | vs bf16" for t, path in columns) + " |")
-    print("|---|---|---|" + "---|---|" * len(columns))
+    columns = [f"{t.name} {path}" for t in types for path in paths] + [f"{t.name} amx before" for t in types
+                                                                         if " before" in modules]
+    ratios = [(f"{t.name} amx", f"{t.name} vnni") for t in types if "amx" in paths] \
+        + [(f"{t.name} amx", f"{t.name} amx before") for t in types if " before" in modules]
+    ratio_heads = [f"amx / vnni ({', '.join(t.name for t in types)})"] if "amx" in paths else []
+    ratio_heads += [f"after / before ({', '.join(t.name for t in types)})"] if " before" in modules else []
+    print("| shape | rows | bf16 | " + " | ".join(f"{c} | vs bf16" for c in columns)
+          + "".join(f" | {h}" for h in ratio_heads) + " |")
+    print("|---|---|---|" + "---|---|" * len(columns) + "---|" * len(ratio_heads))
     for name in args.shapes:
         n, k = SHAPES[name]
         w = np.random.default_rng(0).standard_normal((n, k)).astype(np.float32) * 0.05
         dense = PackedLinear(torch.from_numpy(w).bfloat16(), None, 128)
-        packed = {t: repack(quantize(w, t), t) for t in TYPES}
+        packed = {t: repack(quantize(w, t), t) for t in types}
         for m in args.rows:
             x = torch.randn(m, k).bfloat16()
             calls = {"bf16": lambda: dense(x)}
-            for t, path in columns:
-                if path == "amx" and m < mojo_quant.AMX_MIN_ROWS:
-                    continue  # no whole group of rows: the amx path would be the vnni one
-                calls[f"{t.name} {path}"] = lambda t=t, path=path: mojo_quant.qmatmul(
-                    module, x, packed[t], KERNEL_KINDS[t], n, path=path)
+            for t in types:
+                for path in paths:
+                    for label, module in modules.items():
+                        if path == "amx" and m < mojo_quant.AMX_MIN_ROWS:
+                            continue  # no whole group of rows: the amx path would be the vnni one
+                        if label and path != "amx":
+                            continue
+                        calls[f"{t.name} {path}{label}"] = lambda t=t, path=path, module=module: mojo_quant.qmatmul(
+                            module, x, packed[t], KERNEL_KINDS[t], n, path=path)
             samples = interleaved_times(calls, seconds=0.2 * args.rounds)
             best = {key: float(np.percentile(t, 10)) * 1e6 for key, t in samples.items()}
-            cells = [f"{best[key]:.0f} | {best['bf16'] / best[key]:.2f}x" if key in best else "- | -"
-                     for key in (f"{t.name} {path}" for t, path in columns)]
+            cells = [f"{best[key]:.0f} | {best['bf16'] / best[key]:.2f}x" if key in best else "- | -" for key in columns]
+            groups = [ratios[i:i + len(types)] for i in range(0, len(ratios), len(types))]
+            cells += [", ".join(f"{best[a] / best[b]:.2f}" if a in best else "-" for a, b in group) for group in groups]
             print(f"| {name} {n}x{k} | {m} | {best['bf16']:.0f} | " + " | ".join(cells) + " |", flush=True)
     print("weight bytes per call: " + ", ".join(
         f"{name}: bf16 {2 * n * k / 1e6:.2f} MB, " + ", ".join(
-            f"{t.name} {-(-n // 16) * 16 * k // 32 * RECORD_BYTES[t] / 16 / 1e6:.2f} MB" for t in TYPES)
+            f"{t.name} {-(-n // 16) * 16 * k // 32 * RECORD_BYTES[t] / 16 / 1e6:.2f} MB" for t in types)
         for name, (n, k) in SHAPES.items() if name in args.shapes))
 
 

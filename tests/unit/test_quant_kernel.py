@@ -130,6 +130,28 @@ def test_amx_tiles_give_the_vnni_bits(module, qtype, test_seed):
         np.testing.assert_allclose(ours, exact, rtol=1e-5, atol=1e-6 * scale)
 
 
+@pytest.mark.skipif(not mojo_quant.amx_available(), reason="the CPU has no AMX int8 tiles (or Linux refused them)")
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
+def test_amx_row_chunks_give_the_vnni_bits(module, qtype, test_seed):
+    """A wide K makes the AMX path run its rows in several chunks (as many whole 16-row groups as keep
+    512 KiB of q1 and q2 in cache: 32 rows at K = 8192, 80 at K = 3072), each tile's weights unpacked
+    once per chunk, the M % 16 rows last by vpdpbusd. Several column tiles per thread, so a chunk that
+    reused the previous chunk's unpacked weights would compute with another tile's."""
+    # (M, N, K): three whole chunks and a 4-row tail; two whole chunks, a partial one and an 8-row tail.
+    for i, (m, n, k) in enumerate([(100, 72, 8192), (200, 49, 3072)]):
+        x, raw, bias = _case(test_seed + i, m, n, k, qtype)
+        packed = repack(raw, qtype)
+        for b, dtype in ((bias, torch.bfloat16), (None, torch.float32)):
+            amx = _run(module, x, packed, qtype, n, b, dtype=dtype, path="amx")  # float32 out
+            assert np.isfinite(amx).all()
+            vnni = _run(module, x, packed, qtype, n, b, dtype=dtype, path="vnni")
+            assert np.array_equal(amx, vnni), (m, n, k, dtype)
+            for r in (0, 31, 32, 79, 80, 95, 96, 160, 191, m - 1):
+                if r < m:
+                    alone = _run(module, x[r:r + 1], packed, qtype, n, b, dtype=dtype, path="vnni")
+                    assert np.array_equal(alone[0], amx[r]), (m, k, r, dtype)
+
+
 def test_repack_keeps_every_weight(test_seed):
     """Unpacking the tiles by the kernel's documented layout gives back gguf.quants' dequantized weights."""
     rng = np.random.default_rng(test_seed)
