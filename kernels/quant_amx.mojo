@@ -21,8 +21,7 @@
 # tdpbsud (signed A x unsigned B) sums exactly in int32, so C holds the same integers as the vpdpbusd path.
 #
 # Both kernels run their rows in chunks whose int8 activations stay in the core's L2 while a thread's tiles
-# pass over them (amx_row_chunk; quant_kmatmul.mojo keeps its own copy of the same 512 KiB figure), and
-# unpack each tile's weights into the B-tile layout once per chunk.
+# pass over them (amx_row_chunk), and unpack each tile's weights into the B-tile layout once per chunk.
 
 from std.sys import llvm_intrinsic
 from std.memory import stack_allocation

@@ -49,7 +49,7 @@ from params import Params, param_int, param_ptr
 from quant_activations import P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, P_SUM_LO, quantize_rows
 from quant_amx import TILE_A1, TILE_A1_HALF, TILE_A2, TILE_A2_HALF, TILE_B, TILE_B_HI, TILE_B_LO, TILE_C1, \
     TILE_C1_HI, TILE_C1_LO, TILE_C1_NEXT, TILE_C2, TILE_C2_HI, TILE_C2_LO, TILE_C2_NEXT, amx_configure, \
-    amx_configure_halves, amx_release, tile_dot_su, tile_load, tile_store, tile_zero
+    amx_configure_halves, amx_release, amx_row_chunk, tile_dot_su, tile_load, tile_store, tile_zero
 
 comptime F32 = DType.float32
 comptime BF16 = DType.bfloat16
@@ -429,7 +429,6 @@ def _tiles_amx[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
     var nb = k // QK
     var tile_bytes = (nb // blocks_per_group[kind]()) * _group_bytes[kind]()
     comptime sums_bytes = _sums_bytes[kind]()
-    comptime ACT_CACHE_BYTES = 512 * 1024
     var wtile_mem = alloc[UInt8](nb * 512, alignment=64)  # one tile's unpacked weights: [nb, 8, 64]
     var wtile = Bytes(unsafe_from_address=Int(wtile_mem))
     var bufs = Int(stack_allocation[2 * sums_bytes, UInt8, alignment=64]())  # two blocks' sums
@@ -440,7 +439,7 @@ def _tiles_amx[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
     var full = m - m % TN
     # Rows in chunks whose int8 activations (q1 and q2) stay in cache while the thread's tiles pass over
     # them; each tile's weights are unpacked once per chunk. The last chunk also runs the M % 16 rows.
-    var chunk = max(TN, (ACT_CACHE_BYTES // (2 * k)) // TN * TN)
+    var chunk = amx_row_chunk(k)
     var r0 = 0
     while True:
         var r1 = min(r0 + chunk, full)
