@@ -18,7 +18,8 @@ from gguf import GGMLQuantizationType as QT
 
 from kernels import mojo_quant, mojo_quant_k
 from kernels.quant_k_reference import qkmatmul_blocks
-from worker.quant.kblocks import KQUANT_KINDS, pack_kblocks, repack_k, split_kblocks
+from tests.unit.test_quant_kquant_kernel import extreme_blocks
+from worker.quant.kblocks import KQUANT_KINDS, repack_k
 from worker.quant.kencode import quantize_k, random_kblocks
 
 pytestmark = pytest.mark.skipif(not mojo_quant.amx_available(),
@@ -112,26 +113,13 @@ def test_row_chunks_give_the_vnni_bits(module, qtype, test_seed):
         assert torch.equal(alone[0], amx[r]), r
 
 
-def _extreme_blocks(rng: np.random.Generator, n: int, k: int, qtype: QT) -> np.ndarray:
-    """Quants and scales at the ends of their ranges (as test_quant_kquant_kernel's): every quant 0 or
-    at its maximum per row; Q6_K's scales -128 or 127, Q4_K's at 63."""
-    kb = split_kblocks(random_kblocks(rng, n, k, qtype), qtype)
-    top = {QT.Q5_0: 31, QT.Q5_1: 31, QT.Q4_K: 15, QT.Q6_K: 63}[qtype]
-    kb.q[:] = np.where(np.arange(n) % 2 == 0, 0, top).astype(np.uint8)[:, None, None]
-    if qtype == QT.Q6_K:
-        kb.sc[:] = np.where(np.arange(n) % 4 < 2, -128, 127).astype(np.int8)[:, None]
-    if qtype == QT.Q4_K:
-        kb.sc[:], kb.mn[:] = 63, 63
-    return pack_kblocks(kb, qtype)
-
-
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
 def test_amx_tiles_keep_the_largest_integer_sums_exact(module, qtype, test_seed):
     """16 rows of full-scale activations (|q| = 32258 everywhere) against weights at the ends of their
     ranges: tdpbsud's sums equal vpdpbusd's and the reference's (Q6_K's halves are 2^31 - 2^25)."""
     rng = np.random.default_rng(test_seed)
     n, k = 24, 512
-    raw = _extreme_blocks(rng, n, k, qtype)
+    raw = extreme_blocks(rng, n, k, qtype)
     signs = np.where(rng.integers(0, 2, (16, k // 32)) == 0, -1.0, 1.0)
     x = (np.repeat(signs, 32, axis=1) * rng.uniform(0.5, 3.0, (16, 1))).astype(np.float32)
     x[1] = np.abs(x[1])

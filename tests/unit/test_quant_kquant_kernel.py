@@ -195,7 +195,7 @@ def test_rows_are_batch_and_thread_invariant(module, qtype, test_seed):
         assert np.array_equal(_run(module, x[start:start + size], packed, qtype, 200, bias), full[start:start + size])
 
 
-def _extreme_blocks(rng: np.random.Generator, n: int, k: int, qtype: QT) -> np.ndarray:
+def extreme_blocks(rng: np.random.Generator, n: int, k: int, qtype: QT) -> np.ndarray:
     """Rows whose quants and scales sit at the ends of their ranges, where the kernel's int32 sums are
     largest: every quant 0 or every quant at its maximum, per row; Q6_K's scales -128 or 127."""
     kb = split_kblocks(random_kblocks(rng, n, k, qtype), qtype)
@@ -215,7 +215,7 @@ def test_extreme_blocks_keep_exact_integer_sums(module, qtype, test_seed):
     halves are 2^31 - 2^25 each) stay exact, so the kernel still matches both references."""
     rng = np.random.default_rng(test_seed)
     n, k = 24, 512
-    raw = _extreme_blocks(rng, n, k, qtype)
+    raw = extreme_blocks(rng, n, k, qtype)
     signs = np.where(rng.integers(0, 2, (4, k // 32)) == 0, -1.0, 1.0)
     x = (np.repeat(signs, 32, axis=1) * rng.uniform(0.5, 3.0, (4, 1))).astype(np.float32)
     x[1] = np.abs(x[1])  # one row of a single sign throughout
