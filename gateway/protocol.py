@@ -144,18 +144,18 @@ def _prompts(prompt: str | list) -> tuple[str | tuple[int, ...], ...]:
 
 
 def _message(message: request_models.Message) -> dict[str, Any]:
-    """A message as chat templates read it: role (developer as system), content (text parts joined), and name
-    when given; tool_calls (arguments parsed into values, transformers' convention) on assistant turns,
-    tool_call_id on tool results."""
+    """A message as chat templates read it: role (developer as system), content (text parts joined; a missing
+    content is "", as vLLM renders it), and name when given; tool_calls (arguments parsed into values,
+    transformers' convention) on assistant turns, tool_call_id on tool results. An SDK hands a tool-call turn
+    back with `content: null`, and templates read content as a string (Qwen3's does `'</think>' in
+    message.content`), so null never reaches a template."""
     entry: dict[str, Any] = {"role": "system" if message.role == "developer" else message.role}
     calls = getattr(message, "tool_calls", None)
     if calls:
         entry["tool_calls"] = [{"id": c.id or "", "type": "function",
                                 "function": {"name": c.function.name, "arguments": json.loads(c.function.arguments)}}
                                for c in calls]
-        entry["content"] = None if message.content is None else _content(message.content)
-    else:
-        entry["content"] = _content(message.content)
+    entry["content"] = _content(message.content)
     if message.role == "tool":
         entry["tool_call_id"] = message.tool_call_id
     if message.name is not None:
@@ -164,7 +164,7 @@ def _message(message: request_models.Message) -> dict[str, Any]:
 
 
 def _content(content: str | list | None) -> str:
-    if content is None:  # an assistant turn with neither text nor calls
+    if content is None:  # an assistant turn with calls only, or with neither text nor calls
         return ""
     if isinstance(content, str):
         return content

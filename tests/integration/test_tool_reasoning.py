@@ -1,5 +1,7 @@
 """Tools and JSON on a Qwen3-style model: <think>, </think>, <tool_call> and </tool_call> are tokens, and
-the template renders tools, assistant calls and tool results itself (as Qwen3's does).
+the template renders tools, assistant calls and tool results itself (as Qwen3's does), and reads an
+assistant turn's content as a string (as Qwen3's does), so a tool-call turn sent back with `content: null`
+must reach it as text.
 
 The random model is steered with logit_bias onto </think> and <tool_call>, so the path is known: it
 closes its (empty) reasoning at once, and in auto mode opens a call, which the grammar then makes
@@ -39,7 +41,7 @@ Calls go in <tool_call></tool_call> tags.<|im_end|>
 {{ m.content }}<|im_end|>
 {% elif m.role == 'assistant' %}
 <|im_start|>assistant
-{{ m.content or '' }}{% for tc in m.tool_calls or [] %}
+{{ m.content.split('</think>')[-1] }}{% for tc in m.tool_calls or [] %}
 <tool_call>
 {{ {"name": tc.function.name, "arguments": tc.function.arguments} | tojson }}
 </tool_call>{% endfor %}<|im_end|>
