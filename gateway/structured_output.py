@@ -169,4 +169,14 @@ class GrammarChecker:
     def _validate(self, grammar: str) -> str:
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
             grammar, self._tokenizer, limits=parser_limits())
-        return messages[0] if is_error else ""
+        return _first_line(messages[0]) if is_error else ""
+
+
+MAX_ERROR_CHARS = 500
+
+
+def _first_line(message: str) -> str:
+    """llguidance's error, less the grammar listing it may append (the whole schema again, which a client
+    sent and does not need back), and bounded."""
+    line = message.strip().split("\n", 1)[0]
+    return line if len(line) <= MAX_ERROR_CHARS else line[:MAX_ERROR_CHARS] + "..."
