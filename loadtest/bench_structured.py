@@ -9,7 +9,7 @@ Then, in this process, the grammar's own per-token costs on the served model's t
 sampled token (what most steps pay), a full mask applied to a row of logits (what a refused token pays),
 and advancing the matcher.
 
-    python -m loadtest.bench_structured [--base-url URL] [--concurrency 1 8] [--rounds 2]
+    python -m loadtest.bench_structured [--base-url URL] [--concurrency 1 8] [--rounds 2] [--json PATH]
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ async def level(url: str, concurrency: int, constrained: bool, requests: int, ma
         return tokens / (time.perf_counter() - start)
 
 
-def serving(url: str, concurrencies: list[int], rounds: int, max_tokens: int) -> None:
+def serving(url: str, concurrencies: list[int], rounds: int, max_tokens: int) -> list[dict]:
+    rows = []
     print(f"{'concurrency':>11} {'plain tok/s':>12} {'JSON tok/s':>11} {'ratio':>6}   (rounds: ratio each)")
     for c in concurrencies:
         requests = max(4, 2 * c)
@@ -81,9 +82,11 @@ def serving(url: str, concurrencies: list[int], rounds: int, max_tokens: int) ->
         each = " ".join(f"{b / a:.2f}" for a, b in zip(plain, constrained))
         p, q = statistics.mean(plain), statistics.mean(constrained)
         print(f"{c:>11} {p:>12.1f} {q:>11.1f} {q / p:>5.2f}x   ({each})", flush=True)
+        rows.append({"concurrency": c, "plain_tok_s": plain, "json_tok_s": constrained, "ratio": q / p})
+    return rows
 
 
-def mask_costs(model_dir: Path) -> None:
+def mask_costs(model_dir: Path) -> dict:
     import llguidance
     import torch
 
@@ -119,6 +122,10 @@ def mask_costs(model_dir: Path) -> None:
     print(f"  check a sampled token:      {us(check)}")
     print(f"  full mask + apply to logits: {us(mask)}")
     print(f"  advance the matcher:         {us(advance)}")
+    median_us = lambda xs: round(statistics.median(xs) * 1e6, 1)
+    return {"tokens": len(tokens), "vocab": config["vocab_size"], "llguidance": llguidance.__version__,
+            "compile_ms": round(compile_ms, 2), "check_us_median": median_us(check),
+            "mask_us_median": median_us(mask), "advance_us_median": median_us(advance)}
 
 
 def start_server(port: int, log: Path) -> subprocess.Popen:
@@ -145,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--json", type=Path, help="also write the figures here (with the CPU named)")
     args = parser.parse_args(argv)
     from worker.default_model import default_model_path
 
@@ -154,13 +162,24 @@ def main(argv: list[str] | None = None) -> int:
         proc = start_server(args.port, ROOT / "build" / "bench_structured_server.log")
         url = f"http://127.0.0.1:{args.port}"
     try:
-        serving(url, args.concurrency, args.rounds, args.max_tokens)
+        rows = serving(url, args.concurrency, args.rounds, args.max_tokens)
     finally:
         if proc is not None:
             proc.terminate()
             proc.wait(30)
-    mask_costs(default_model_path())
+    costs = mask_costs(default_model_path())
+    if args.json is not None:
+        args.json.write_text(json.dumps({"cpu": cpu_name(), "model": MODEL, "max_tokens": args.max_tokens,
+                                         "rounds": args.rounds, "serving": rows, "grammar_costs": costs},
+                                        indent=2) + "\n")
     return 0
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
 
 
 if __name__ == "__main__":

@@ -97,6 +97,17 @@ def test_parse_with_a_pydantic_model(client, temperature):
     assert r.choices[0].finish_reason == "stop"
 
 
+def test_sdk_stream_parses_as_parse_does(client):
+    """The SDK's streaming helper with a pydantic model: its final parsed message equals parse()'s."""
+    kwargs = dict(model=MODEL, messages=ASK, response_format=Weather, max_tokens=60, temperature=0)
+    whole = client.chat.completions.parse(**kwargs).choices[0]
+    with client.chat.completions.stream(**kwargs) as stream:
+        deltas = [event.delta for event in stream if event.type == "content.delta"]
+        final = stream.get_final_completion().choices[0]
+    assert isinstance(final.message.parsed, Weather) and final.finish_reason == "stop"
+    assert final.message.parsed == whole.message.parsed and "".join(deltas) == whole.message.content
+
+
 def test_json_schema_streamed_equals_non_streamed(server):
     schema = WEATHER_SCHEMA
     fmt = {"type": "json_schema", "json_schema": {"name": "weather", "schema": schema, "strict": True}}
