@@ -12,6 +12,7 @@ into -inf logits). Rows without a grammar never reach this module.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -28,13 +29,22 @@ class GrammarError(ValueError):
 
 class GrammarCompiler:
     """Builds per-sequence matchers; the tokenizer is built on first use, so engines that never see a
-    grammar never pay for it."""
+    grammar never pay for it.
+
+    Compiling runs on the engine's thread, between steps: a few milliseconds for a usual schema, up to the
+    gateway's compile-time limit for a large one, which every running stream would wait for. Clients
+    usually send the same few schemas again and again, so the last `CACHED` grammars are kept compiled
+    and each new sequence starts from a copy of the fresh matcher."""
+
+    CACHED = 64
 
     def __init__(self, model_dir: str | Path, vocab_size: int, eos_token_ids: Iterable[int]):
         self.tokenizer_path = Path(model_dir) / "tokenizer.json"
         self.vocab_size = vocab_size
         self.eos_token_ids = frozenset(eos_token_ids)
         self._tokenizer: llguidance.LLTokenizer | None = None
+        self._fresh: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()  # grammar -> matcher at its start
+        self.num_compiles = 0
 
     @property
     def tokenizer(self) -> llguidance.LLTokenizer:
@@ -44,10 +54,18 @@ class GrammarCompiler:
         return self._tokenizer
 
     def sequence_grammar(self, grammar: str) -> SequenceGrammar:
-        matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=parser_limits())
-        if matcher.is_error():
-            raise GrammarError(matcher.get_error())
-        return SequenceGrammar(matcher, self.eos_token_ids)
+        fresh = self._fresh.get(grammar)
+        if fresh is None:
+            self.num_compiles += 1
+            fresh = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=parser_limits())
+            if fresh.is_error():
+                raise GrammarError(fresh.get_error())
+            self._fresh[grammar] = fresh
+            if len(self._fresh) > self.CACHED:
+                self._fresh.popitem(last=False)
+        else:
+            self._fresh.move_to_end(grammar)
+        return SequenceGrammar(fresh.deep_copy(), self.eos_token_ids)
 
 
 class SequenceGrammar:

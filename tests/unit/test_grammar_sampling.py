@@ -197,3 +197,25 @@ def test_grammar_survives_preemption(tiny):
     for result in results:
         jsonschema.validate(json.loads(tok.decode_str(result.token_ids[0])), SCHEMA)
         assert result.finish_reasons == ["stop"]
+
+
+def test_a_grammar_compiles_once_and_every_sequence_starts_fresh(tiny, monkeypatch):
+    compiler = make_engine(tiny).grammars
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(SCHEMA, overrides=OPTIONS)
+    start = compiler.sequence_grammar(grammar).matcher.compute_logit_bias()
+    first = compiler.sequence_grammar(grammar)
+    for _ in range(4):  # the first allowed token, four times: `first` moves on
+        allowed = [i for i, b in enumerate(first.matcher.compute_logit_bias()) if b]
+        assert not first.advance(allowed[0])
+    second = compiler.sequence_grammar(grammar)
+    assert compiler.num_compiles == 1
+    assert second.matcher.compute_logit_bias() == start != first.matcher.compute_logit_bias()
+    # The cache keeps the last CACHED grammars.
+    monkeypatch.setattr(compiler, "CACHED", 2)
+    others = [llguidance.LLMatcher.grammar_from_lark(f'start: "{word}"') for word in ("a", "b")]
+    for g in others:
+        compiler.sequence_grammar(g)
+    compiler.sequence_grammar(others[0])
+    assert compiler.num_compiles == 3
+    compiler.sequence_grammar(grammar)  # pushed out by the two others
+    assert compiler.num_compiles == 4
