@@ -172,3 +172,11 @@ def test_cuda_backend_choice_and_its_fallbacks(no_builds, caplog):
     assert get_attention_backend("torch", cuda, QWEN3_06B, torch.bfloat16, 16).name == "torch"
     with pytest.raises(ValueError, match="CPU and CUDA only"):
         get_attention_backend("mojo", "mps")
+
+
+def test_the_gpu_tests_tiny_models_have_carried_shapes():
+    """tests/gpu/test_mojo_attention_cuda.py's engine tests need a built module for each model's shape."""
+    from tests.gpu.test_mojo_attention_cuda import MOJO_TINY, tiny_shape
+
+    assert {tiny_shape(name) for name in MOJO_TINY} <= set(CARRIED_SHAPES)
+    assert {s.num_heads // s.num_kv_heads for s in map(tiny_shape, MOJO_TINY)} == {1, 2, 4}
