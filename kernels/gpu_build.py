@@ -30,8 +30,9 @@ Running on torch's CUDA stream (max-core 26.7.0, mojo 1.2.0), what was found:
   process. This is the fork/join pattern CUDA stream capture accepts (the context's stream joins the capture
   through the event), so decode steps stay capturable in principle.
 To verify on the device (none of this has run on a GPU yet): that torch's pointers are valid in Modular's context
-(same device, primary context or unified addressing); that `create_external_stream` accepts the legacy default
-stream (handle 0) as well as a side stream; that the event fork/join orders correctly (the kernel tests use fresh
+(same device, primary context or unified addressing); that `create_external_stream` takes torch's streams (the
+legacy default stream, handle 0, is never passed: kernels/gpu_mojo_ops.py moves that case to a side stream joined
+by torch's events); that the event fork/join orders correctly (the kernel tests use fresh
 outputs poisoned with NaN and no synchronisation between the calls); whether the attention allocates scratch
 (split-K decode) in a way that breaks CUDA graph capture; the per-call host overhead.
 """

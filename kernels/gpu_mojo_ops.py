@@ -9,14 +9,16 @@ here: dtypes, shapes, strides, devices, and the step's lengths (from AttentionMe
 only on the device (slots, block ids) comes from the engine's block manager; the KV write skips a slot outside
 the cache rather than write elsewhere.
 
-Every call enqueues on torch's current CUDA stream of the tensors' device (see kernels/gpu_build.py for how) and
-returns without waiting; nothing here synchronises.
+Every call enqueues on torch's current CUDA stream of the tensors' device (see kernels/gpu_build.py for how; on
+torch's legacy default stream, through a side stream joined by events: GpuAttention._stream) and returns without
+waiting; nothing here synchronises.
 """
 
 from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -141,14 +143,31 @@ class GpuAttention:
         self.device = torch.device(device)
         _require(self.device.type == "cuda", f"the GPU attention module runs on CUDA devices, not {self.device}")
         self.module = load_module(shape)
+        self._side: torch.cuda.Stream | None = None
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         try:
             self._context = self.module.create_context(index)
         except Exception as e:  # no driver, no device, the runtime's health check
             raise GpuModuleUnavailable(f"the GPU attention module cannot open {self.device}: {e}") from e
 
-    def _stream(self) -> int:
-        return torch.cuda.current_stream(self.device).cuda_stream
+    @contextmanager
+    def _stream(self):
+        """The CUDA stream handle the module enqueues on: torch's current stream, except torch's legacy default
+        stream (handle 0, what a process uses unless it picks another), which is not a stream object that an
+        external-stream wrapper can be trusted to take. For that one the work goes to a side stream of this
+        object's, joined both ways by torch's own event waits (no host sync; capture never uses the default
+        stream)."""
+        current = torch.cuda.current_stream(self.device)
+        if current.cuda_stream != 0:
+            yield current.cuda_stream
+            return
+        if self._side is None:
+            self._side = torch.cuda.Stream(self.device)
+        self._side.wait_stream(current)
+        try:
+            yield self._side.cuda_stream
+        finally:
+            current.wait_stream(self._side)
 
     def write_kv(self, k_cache: torch.Tensor, v_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  plan: GpuStepPlan) -> None:
@@ -159,9 +178,10 @@ class GpuAttention:
             _check_rows(x, name, plan.num_tokens, s.num_kv_heads, s.head_dim, k_cache.device)
         _check_plan_on(plan, k_cache.device)
         num_slots = k_cache.shape[0] * PAGE_SIZE
-        self.module.write_kv((self._context, self._stream(), k_cache.data_ptr(), v_cache.data_ptr(), key.data_ptr(),
-                              value.data_ptr(), plan.slot_mapping.data_ptr(), plan.num_tokens, num_slots,
-                              key.stride(0), value.stride(0)))
+        with self._stream() as stream:
+            self.module.write_kv((self._context, stream, k_cache.data_ptr(), v_cache.data_ptr(), key.data_ptr(),
+                                  value.data_ptr(), plan.slot_mapping.data_ptr(), plan.num_tokens, num_slots,
+                                  key.stride(0), value.stride(0)))
 
     def paged_attention(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: GpuStepPlan,
                         scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -176,9 +196,10 @@ class GpuAttention:
             out = torch.empty_like(query)
         _require(out.shape == query.shape and out.dtype == query.dtype and out.is_contiguous()
                  and out.device == query.device, "out must be a contiguous tensor like query")
-        self.module.paged_attention((self._context, self._stream(), query.data_ptr(), out.data_ptr(),
-                                     k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[0],
-                                     plan.block_tables.data_ptr(), plan.block_tables.shape[1],
-                                     plan.cache_lengths.data_ptr(), plan.row_offsets.data_ptr(), plan.batch,
-                                     plan.num_tokens, plan.max_query_len, plan.max_context_len, float(scale)))
+        with self._stream() as stream:
+            self.module.paged_attention((self._context, stream, query.data_ptr(), out.data_ptr(),
+                                         k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[0],
+                                         plan.block_tables.data_ptr(), plan.block_tables.shape[1],
+                                         plan.cache_lengths.data_ptr(), plan.row_offsets.data_ptr(), plan.batch,
+                                         plan.num_tokens, plan.max_query_len, plan.max_context_len, float(scale)))
         return out
