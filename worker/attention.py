@@ -2,8 +2,8 @@
 
 The model runner builds one `AttentionMetadata` per step and passes it down through the model as a
 value; backends never keep per-step state. The torch backend calls the reference kernels in
-`kernels.reference`, the mojo backend the Mojo kernels through `kernels.mojo_ops`; both implement the
-same three methods (plan, write_kv, attend).
+`kernels.reference`, the mojo backend the Mojo kernels through `kernels.mojo_ops` (on CUDA, MILI's GPU
+attention module: worker/attention_cuda.py); all implement the same three methods (plan, write_kv, attend).
 """
 
 from __future__ import annotations
