@@ -203,3 +203,18 @@ class GpuAttention:
                                          plan.cache_lengths.data_ptr(), plan.row_offsets.data_ptr(), plan.batch,
                                          plan.num_tokens, plan.max_query_len, plan.max_context_len, float(scale)))
         return out
+
+
+_opened: dict[tuple[GpuShape, torch.device], GpuAttention] = {}
+
+
+def open_attention(shape: GpuShape, device: torch.device) -> GpuAttention:
+    """The process's one GpuAttention for (shape, device): a device context, and the kernels it has loaded
+    (Modular's runtime compiles the module's PTX when a kernel is first used), are made once, not per engine."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    key = (shape, device)
+    if key not in _opened:
+        _opened[key] = GpuAttention(shape, device)
+    return _opened[key]

@@ -121,8 +121,6 @@ def run(shape: GpuShape, device: torch.device, seed: int) -> dict:
             except Exception as e:
                 row["mojo_error"] = f"{type(e).__name__}: {e}"
         rows.append(row)
-        del k_cache, v_cache, query
-        torch.cuda.empty_cache()
     return {"device": torch.cuda.get_device_name(device), "shape": str(shape), "dtype": "bfloat16",
             "page_size": PAGE_SIZE, "copy_bandwidth_gbs": copy_gbs, "mojo_error": mojo_error, "rows": rows}
 

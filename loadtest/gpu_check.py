@@ -53,7 +53,8 @@ for shape in gpu_build.CARRIED_SHAPES:
         entry["module"] = str(gpu_mojo_ops.load_module(shape).__file__)
         if torch.cuda.is_available():
             from worker.attention_cuda import check_against_reference
-            entry["self_check"] = check_against_reference(gpu_mojo_ops.GpuAttention(shape, torch.device("cuda"))) or "ok"
+            ops = gpu_mojo_ops.open_attention(shape, torch.device("cuda"))
+            entry["self_check"] = check_against_reference(ops) or "ok"
     except Exception as e:
         entry["error"] = f"{type(e).__name__}: {e}"
     report.append(entry)

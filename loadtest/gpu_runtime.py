@@ -70,7 +70,8 @@ def bundle_gpu_modules(bundle: Path) -> list[str]:
         carried = module_path(shape, bundle / MODULES_DIR)
         carried.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(built, carried)
-        lines.append(f"GPU attention module {shape}: {carried.relative_to(bundle)} ({carried.stat().st_size / 2**20:.1f} MiB)")
+        size = carried.stat().st_size / 2**20
+        lines.append(f"GPU attention module {shape}: {carried.relative_to(bundle)} ({size:.1f} MiB)")
     lib_dir, runtime = modular_lib_dir(), bundle / RUNTIME_DIR
     runtime.mkdir(exist_ok=True)
     for name in RUNTIME_LIBS:

@@ -20,7 +20,7 @@ import torch
 
 from kernels import reference
 from kernels.gpu_build import CARRIED_SHAPES, PAGE_SIZE, GpuShape
-from kernels.gpu_mojo_ops import GpuAttention, GpuStepPlan
+from kernels.gpu_mojo_ops import GpuStepPlan, open_attention
 from tests.gpu import DEVICE
 from tests.helpers import parity_cases as cases
 from tests.helpers.engine_probe import make_engine
@@ -60,7 +60,7 @@ class ReferenceStandIn:
 
 
 def open_ops(shape: GpuShape):
-    return GpuAttention(shape, torch.device(DEVICE)) if DEVICE != "cpu" else ReferenceStandIn(shape, DEVICE)
+    return open_attention(shape, torch.device(DEVICE)) if DEVICE != "cpu" else ReferenceStandIn(shape, DEVICE)
 
 
 @pytest.fixture(scope="module", params=CARRIED_SHAPES, ids=str)
