@@ -29,6 +29,15 @@ Running on torch's CUDA stream (max-core 26.7.0, mojo 1.2.0), what was found:
   stream wait for that (`DeviceStream.record_event` / `enqueue_wait_for`). The context is created once per
   process. This is the fork/join pattern CUDA stream capture accepts (the context's stream joins the capture
   through the event), so decode steps stay capturable in principle.
+Other ways looked at: MAX's own Python/torch integration is not in max-core as installed (only its libraries), and
+the `DeviceContext` constructor from a type-erased native pointer takes an existing MAX context (for MAX's
+interpreter), not a CUDA stream.
+Per call, nothing waits for the device. What is still made per call: the external-stream wrapper and two CUDA
+events (host objects), a look-up of the compiled KV-write kernel in the context's cache, the decode dispatch
+metadata (host scalars; the SM count comes from the context's device info); inside Modular's attention, possibly
+split-K scratch (a `mha_splitk_reduce` kernel is in the module), which Modular allocates stream-ordered on its
+context. On the Python side (kernels/gpu_mojo_ops.py): the step plan's cache lengths (one small device tensor per
+step) and each layer's output tensor, both from torch's caching allocator.
 To verify on the device (none of this has run on a GPU yet): that torch's pointers are valid in Modular's context
 (same device, primary context or unified addressing); that `create_external_stream` takes torch's streams (the
 legacy default stream, handle 0, is never passed: kernels/gpu_mojo_ops.py moves that case to a side stream joined
