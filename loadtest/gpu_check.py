@@ -90,9 +90,13 @@ def suite_env(bundle: Path, dry_run: bool) -> dict[str, str]:
     return env
 
 
-def check_modules(env: dict[str, str]) -> list[dict]:
-    run = subprocess.run([sys.executable, "-c", MODULE_CHECK], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=300)
+def check_modules(env: dict[str, str], timeout: float = 300.0) -> list[dict]:
+    """In its own process: a module that faults the device there cannot take the suites down with it."""
+    try:
+        run = subprocess.run([sys.executable, "-c", MODULE_CHECK], cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return [{"error": f"the module check took over {timeout:.0f} s (compiling the modules' PTX?)"}]
     if run.returncode != 0:
         return [{"error": run.stderr[-3000:]}]
     return json.loads(run.stdout.strip().splitlines()[-1])
