@@ -13,7 +13,10 @@ compiler as a library, 40 MB: carried xz-compressed, about 10 MB, and unpacked o
 
 On the device (`make gpu-check`): `device_env` unpacks the libraries into /tmp/mili-mojo-runtime and returns the
 environment for the processes that load the modules (library path, where libNVPTX is, where the modules are).
-The modules' RUNPATH is this machine's venv, which does not exist there, hence LD_LIBRARY_PATH.
+The modules' RUNPATH is this machine's venv, which does not exist there, hence LD_LIBRARY_PATH. Checked on a CPU
+machine: a carried module imports under a plain Python 3.12 with LD_LIBRARY_PATH set to the carried folder, loads
+the four carried libraries (not the venv's; LD_DEBUG=libs), reports its shape, and without a GPU its
+`create_context` raises a Python exception (no NVML) rather than aborting, which is what lets `auto` fall back.
 """
 
 from __future__ import annotations
