@@ -72,13 +72,15 @@ bench-compare-0.6b: kernels build/models/qwen3-0.6b-$(GGUF_TYPE).gguf
 bench-structured: kernels
 	$(PY) -m loadtest.bench_structured $(ARGS)
 
-# What a GPU machine lacks (cp312 wheels, the default model's tokenizer) into .gpu-bundle/ (ignored), for a GPU
-# session to carry (loadtest/gpu_bundle.py); prints the bundle's size and what travels in all (limit 64 MiB).
+# What a GPU machine lacks (cp312 wheels, the default model's tokenizer, the GPU attention modules built for the
+# carried shapes with the Mojo runtime they load) into .gpu-bundle/ (ignored), for a GPU session to carry
+# (loadtest/gpu_bundle.py); prints the bundle's size and what travels in all (limit 64 MiB).
 gpu-bundle: $(STAMP)
 	$(PY) -m loadtest.gpu_bundle
 
-# Runs ON the GPU machine, with its own python3 (no .venv there): installs .gpu-bundle/ into /tmp/site, runs
-# tests/gpu and the integration API tests with --server-device cuda, writes JSON under $$OUT, prints a table.
+# Runs ON the GPU machine, with its own python3 (no .venv there): installs .gpu-bundle/ into /tmp/site, checks the
+# carried GPU modules, runs tests/gpu, the integration API tests with --server-device cuda and the attention
+# benchmark, writes JSON under $$OUT, prints a table (ARGS="--only ..." picks parts).
 # Here, `make gpu-check GPU_PYTHON=.venv/bin/python ARGS=--dry-run` shows every test skip with its reason.
 GPU_PYTHON ?= python3
 gpu-check:

@@ -5,7 +5,9 @@ safetensors, tokenizers, jinja2, msgpack, prometheus-client and pytest, and no n
 CPython 3.12 on manylinux x86-64, one wheel per package it lacks: the runtime and test dependencies the check
 imports (pyproject's pins) and their own dependencies (at the versions installed here), and copies the default
 model's tokenizer files, which the served tiny test models use (the default model itself, 93 MB, cannot travel).
-torch, the Mojo compiler and runtime, and the Mojo kernels stay behind: on a GPU the engine runs torch only.
+It also builds MILI's GPU attention module (kernels/gpu_attention.mojo) for the shapes the GPU tests and benchmarks
+use (kernels.gpu_build.CARRIED_SHAPES) and carries the modules with the Mojo runtime libraries they load
+(loadtest/gpu_runtime.py). torch, the Mojo compiler and the CPU kernels stay behind.
 
 Everything that travels (the repository's files and this folder) must stay under 64 MiB; the total is printed.
 """
@@ -24,6 +26,8 @@ from pathlib import Path
 from packaging.markers import Marker
 from packaging.requirements import Requirement
 
+from loadtest import gpu_runtime
+
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLE = ROOT / ".gpu-bundle"
 LIMIT_BYTES = 64 << 20
@@ -35,7 +39,8 @@ anyio attrs certifi charset-normalizer click filelock fsspec h11 httpcore httpx 
 jinja2 markupsafe msgpack numpy packaging pluggy prometheus-client pygments pytest pyyaml regex requests
 safetensors tokenizers torch tqdm transformers triton typing-extensions urllib3 uvloop
 """.split())
-# Not needed on a GPU: the Mojo compiler and runtime build and serve the CPU kernels only.
+# Not carried as wheels: the Mojo compiler builds here, and the few runtime libraries the GPU modules load travel
+# on their own (loadtest/gpu_runtime.py).
 NOT_CARRIED = frozenset({"mojo", "max-core"})
 # The test extras the GPU check's tests import (tests/gpu and the integration files it runs).
 TEST_PACKAGES = ("pytest-asyncio", "openai", "jsonschema", "httpx2")
@@ -114,11 +119,14 @@ def main(argv: list[str] | None = None) -> int:
     (BUNDLE / "tokenizer").mkdir()
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(default_model_path() / name, BUNDLE / "tokenizer" / name)
+    for line in gpu_runtime.bundle_gpu_modules(BUNDLE):
+        print(line)
     wheels = sorted((BUNDLE / "wheels").glob("*.whl"))
     size = sum(p.stat().st_size for p in BUNDLE.rglob("*") if p.is_file())
     total = travelling_bytes()
-    print(f"{len(wheels)} wheels for {len(packages)} packages and the tokenizer in {BUNDLE.relative_to(ROOT)}: "
-          f"{size / 2**20:.1f} MiB; with the repository {total / 2**20:.1f} MiB travel (limit 64 MiB)")
+    print(f"{len(wheels)} wheels for {len(packages)} packages, the tokenizer and the GPU attention modules in "
+          f"{BUNDLE.relative_to(ROOT)}: {size / 2**20:.1f} MiB; with the repository {total / 2**20:.1f} MiB travel "
+          f"(limit 64 MiB)")
     if len(wheels) != len(packages):
         print(f"expected one wheel per package, got {len(wheels)}", file=sys.stderr)
         return 1

@@ -1,8 +1,12 @@
 """`make gpu-check`: the one command a GPU session runs on the GPU machine.
 
 It installs the wheels `make gpu-bundle` put into .gpu-bundle/ into /tmp/site (the machine has no network),
-runs tests/gpu and the integration suite's API tests against `mili serve --device cuda`, writes the results as
-JSON (and the suites' JUnit XML) under $OUT (or build/gpu-check/), and prints a short table last.
+unpacks the carried Mojo runtime (loadtest/gpu_runtime.py), first checks that every carried GPU attention module
+imports under this Python and, with CUDA, agrees with the torch reference on a small ragged step; then runs
+tests/gpu, the integration suite's API tests against `mili serve --device cuda`, and the attention
+micro-benchmark (loadtest/bench_gpu_attention.py), writes the results as JSON (and the suites' JUnit XML) under
+$OUT (or build/gpu-check/), and prints a short table last. `--only` picks some of these (one 10-minute device
+call may not hold them all).
 
 `--dry-run` uses this interpreter's packages and installs nothing: on a machine without CUDA every test skips,
 with its reason, which is what CI can check of this script (tests/unit/test_gpu_check.py).
@@ -19,6 +23,8 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from loadtest import gpu_runtime
+
 ROOT = Path(__file__).resolve().parents[1]
 SITE = Path("/tmp/site")
 # The integration files whose tests all use the one shared server (tests/integration/conftest.py), which
@@ -29,6 +35,31 @@ SUITES = {
     "tests/gpu": ["tests/gpu"],
     "integration --server-device cuda": ["--server-device", "cuda", *INTEGRATION],
 }
+# What --only can pick: the carried modules' import check, the two suites (by their first word), the benchmark.
+PARTS = ("modules", "tests/gpu", "integration", "bench")
+
+# Each carried module: does it import here, and (with CUDA) does it open the device and agree with the reference?
+MODULE_CHECK = """
+import json, torch
+from kernels import gpu_build, gpu_mojo_ops
+report = []
+for shape in gpu_build.CARRIED_SHAPES:
+    entry = {"shape": str(shape)}
+    if gpu_build.find_module(shape) is None:
+        entry["skipped"] = "not built here (make gpu-bundle builds and carries it)"
+        report.append(entry)
+        continue
+    try:
+        entry["module"] = str(gpu_mojo_ops.load_module(shape).__file__)
+        if torch.cuda.is_available():
+            from worker.attention_cuda import check_against_reference
+            ops = gpu_mojo_ops.open_attention(shape, torch.device("cuda"))
+            entry["self_check"] = check_against_reference(ops) or "ok"
+    except Exception as e:
+        entry["error"] = f"{type(e).__name__}: {e}"
+    report.append(entry)
+print(json.dumps(report))
+"""
 
 ENVIRONMENT = """
 import json, platform, torch
@@ -57,6 +88,28 @@ def suite_env(bundle: Path, dry_run: bool) -> dict[str, str]:
     if (bundle / "tokenizer").is_dir():  # no default model on the GPU machine: its tokenizer travels alone
         env["MILI_TEST_TOKENIZER_DIR"] = str(bundle / "tokenizer")
     return env
+
+
+def check_modules(env: dict[str, str], timeout: float = 300.0) -> list[dict]:
+    """In its own process: a module that faults the device there cannot take the suites down with it."""
+    try:
+        run = subprocess.run([sys.executable, "-c", MODULE_CHECK], cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return [{"error": f"the module check took over {timeout:.0f} s (compiling the modules' PTX?)"}]
+    if run.returncode != 0:
+        return [{"error": run.stderr[-3000:]}]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def run_benchmark(env: dict[str, str], out: Path, timeout: float, dry_run: bool) -> dict:
+    cmd = [sys.executable, "-m", "loadtest.bench_gpu_attention", "--out", str(out / "gpu_attention.json")]
+    start = time.monotonic()
+    try:
+        rc = subprocess.run(cmd + (["--dry-run"] if dry_run else []), cwd=ROOT, env=env, timeout=timeout).returncode
+    except subprocess.TimeoutExpired:
+        rc = "timeout"
+    return {"benchmark": "bench_gpu_attention", "returncode": rc, "seconds": round(time.monotonic() - start, 1)}
 
 
 def run_suite(name: str, args: list[str], env: dict[str, str], out: Path, timeout: float) -> dict:
@@ -108,17 +161,46 @@ def main(argv: list[str] | None = None) -> int:
                         help="install nothing; use this interpreter's packages (without CUDA: everything skips)")
     parser.add_argument("--suite-timeout", type=float, default=270.0,
                         help="seconds per suite before it is stopped (two suites fit one 10-minute device call)")
+    parser.add_argument("--bench-timeout", type=float, default=150.0, help="seconds for the attention benchmark")
+    parser.add_argument("--only", default=",".join(PARTS),
+                        help=f"comma-separated parts to run, of {', '.join(PARTS)} (default: all)")
+    parser.add_argument("--ptxas", default=None, metavar="PATH|triton",
+                        help="compile the GPU modules' PTX with this ptxas (triton: the one triton ships) instead "
+                             "of the carried libNVPTX")
     args = parser.parse_args(argv)
+    parts = args.only.split(",")
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        parser.error(f"unknown parts {sorted(unknown)}; choose from {', '.join(PARTS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.dry_run:
         install(args.bundle)
     env = suite_env(args.bundle, args.dry_run)
+    if not args.dry_run:  # a dry run loads the modules from this machine's build folder, as built
+        ptxas = gpu_runtime.triton_ptxas() if args.ptxas == "triton" else args.ptxas
+        env.update(gpu_runtime.device_env(args.bundle, external_ptxas=ptxas))
     probe = subprocess.run([sys.executable, "-c", ENVIRONMENT], env=env, capture_output=True, text=True)
     environment = json.loads(probe.stdout) if probe.returncode == 0 else {"error": probe.stderr[-2000:]}
-    results = [run_suite(name, suite, env, args.out, args.suite_timeout) for name, suite in SUITES.items()]
-    ok = all(r["returncode"] in (0, 5) and not r["failed"] and not r["errors"] for r in results)  # 5: none collected
-    report = {"dry_run": args.dry_run, "ok": ok, "environment": environment, "suites": results}
+    environment["triton_ptxas"] = gpu_runtime.triton_ptxas()
+    modules = check_modules(env) if "modules" in parts else []
+    results = [run_suite(name, suite, env, args.out, args.suite_timeout) for name, suite in SUITES.items()
+               if name.split()[0] in parts]
+    bench = run_benchmark(env, args.out, args.bench_timeout, args.dry_run) if "bench" in parts else None
+    cuda = bool(environment.get("cuda_available"))
+    ok = (all(r["returncode"] in (0, 5) and not r["failed"] and not r["errors"] for r in results)  # 5: none collected
+          and all("error" not in m and m.get("self_check", "ok") == "ok" and ("skipped" not in m or args.dry_run)
+                  for m in modules)
+          and (bench is None or bench["returncode"] == 0))
+    report = {"dry_run": args.dry_run, "ok": ok, "environment": environment, "gpu_modules": modules,
+              "suites": results, "benchmark": bench}
     (args.out / "gpu-check.json").write_text(json.dumps(report, indent=2) + "\n")
+    for m in modules:
+        status = m.get("error") or m.get("skipped") or (f"self-check {m['self_check']}" if "self_check" in m else
+                                                        "imports" + ("" if cuda else " (no CUDA: not run)"))
+        print(f"GPU attention module {m.get('shape', '?')}: {status}")
+    if bench is not None:
+        print(f"attention benchmark: return code {bench['returncode']} in {bench['seconds']} s "
+              f"({args.out / 'gpu_attention.json'})")
     for r in results:
         for reason in r["skip_reasons"]:
             print(f"skipped in {r['suite']}: {reason}")

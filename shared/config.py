@@ -44,9 +44,8 @@ class EngineConfig:
         if not _DEVICE.match(self.device):
             raise ValueError(f"device must be one of {', '.join(DEVICES)} (or cuda:N), got {self.device!r}")
         if self.device.startswith("cuda"):
-            # The Mojo kernels are CPU kernels (GPU kernels are their own work); say so rather than fail later.
-            if self.attention_backend == "mojo":
-                raise ValueError("the mojo attention backend runs on the CPU only; on cuda use auto or torch")
+            # The quantized-weight kernels are CPU kernels; say so rather than fail later. (Attention has a GPU
+            # module: `mojo` on cuda loads it or fails with the reason, worker/attention.py.)
             if self.quantization in ("q8_0", "q4_0"):
                 raise ValueError(f"quantization {self.quantization} needs the CPU kernels; on cuda a checkpoint "
                                  "serves in its dtype (auto or none)")

@@ -2,8 +2,8 @@
 
 The model runner builds one `AttentionMetadata` per step and passes it down through the model as a
 value; backends never keep per-step state. The torch backend calls the reference kernels in
-`kernels.reference`, the mojo backend the Mojo kernels through `kernels.mojo_ops`; both implement the
-same three methods (plan, write_kv, attend).
+`kernels.reference`, the mojo backend the Mojo kernels through `kernels.mojo_ops` (on CUDA, MILI's GPU
+attention module: worker/attention_cuda.py); all implement the same three methods (plan, write_kv, attend).
 """
 
 from __future__ import annotations
@@ -140,13 +140,23 @@ class MojoAttentionBackend:
         return out
 
 
-def get_attention_backend(name: str, device: str = "cpu") -> AttentionBackend:
-    """`auto` takes the Mojo kernels where they build and load, and says loudly when it falls back."""
+def get_attention_backend(name: str, device: str | torch.device = "cpu", shape: Any = None,
+                          dtype: torch.dtype | None = None, block_size: int = 16) -> AttentionBackend:
+    """`auto` takes the Mojo kernels where they build and load, and says loudly when it falls back.
+
+    On CUDA the Mojo backend is MILI's GPU module (worker/attention_cuda.py) for the model's attention shape
+    (a kernels.gpu_build.GpuShape), bfloat16 and 16-token blocks; `mojo` there fails with the reason when it
+    cannot serve."""
     if name not in ("auto", "mojo", "torch"):
         raise ValueError(f"unknown attention backend {name!r} (choose auto, mojo or torch)")
-    if name == "mojo" and device != "cpu":
-        raise ValueError(f"the mojo attention backend runs on the CPU only, not on {device}; use auto or torch")
-    if name == "torch" or (name == "auto" and device != "cpu"):
+    device = torch.device(device)
+    if name == "torch":
+        return TorchAttentionBackend()
+    if device.type == "cuda":
+        return _cuda_backend(name, device, shape, dtype, block_size)
+    if device.type != "cpu":
+        if name == "mojo":
+            raise ValueError(f"the mojo attention backend runs on the CPU and CUDA only, not on {device}")
         return TorchAttentionBackend()
     try:
         return MojoAttentionBackend()
@@ -154,4 +164,19 @@ def get_attention_backend(name: str, device: str = "cpu") -> AttentionBackend:
         if name == "mojo":
             raise RuntimeError(f"the mojo attention backend is unavailable: {e}") from e
         log.warning("MOJO ATTENTION KERNELS UNAVAILABLE, falling back to the torch reference: %s", e)
+        return TorchAttentionBackend()
+
+
+def _cuda_backend(name: str, device: torch.device, shape: Any, dtype: torch.dtype | None,
+                  block_size: int) -> AttentionBackend:
+    try:
+        if shape is None or dtype is None:
+            raise ValueError("the GPU attention module needs the model's attention shape and dtype")
+        from worker.attention_cuda import MojoCudaAttentionBackend
+
+        return MojoCudaAttentionBackend(shape, dtype, block_size, device)
+    except Exception as e:  # not built for this shape, not loadable, no device, a failed self-check, ...
+        if name == "mojo":
+            raise RuntimeError(f"the mojo attention backend is unavailable on {device}: {e}") from e
+        log.warning("MOJO GPU ATTENTION UNAVAILABLE on %s, falling back to the torch reference: %s", device, e)
         return TorchAttentionBackend()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from kernels.gpu_build import GpuShape
 from shared.config import EngineConfig
 from shared.sampling_params import SamplingParams, SamplingParamsError
 from worker.attention import get_attention_backend
@@ -54,7 +55,9 @@ class LLMEngine:
         if self.max_model_len > mc.max_position_embeddings:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's "
                              f"max_position_embeddings {mc.max_position_embeddings}")
-        self.attention_backend = get_attention_backend(config.attention_backend, self.device.type)
+        self.attention_backend = get_attention_backend(
+            config.attention_backend, self.device, GpuShape(mc.num_heads, mc.num_kv_heads, mc.head_dim), self.dtype,
+            config.block_size)
         self.layer_ops = get_layer_ops(self.attention_backend, mc, self.device)
         quant = self._quant_plan()
         self.quantization = "none" if quant is None else quant.summary()

@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 
+from kernels.gpu_build import CARRIED_SHAPES
 from loadtest.gpu_bundle import ON_DEVICE, closure, pinned_roots
 
 
@@ -27,6 +28,24 @@ def test_dry_run_skips_everything_cleanly(tmp_path):
         assert suite["tests"] > 0 and suite["skipped"] == suite["tests"], suite
         assert suite["skip_reasons"] and all("CUDA" in r for r in suite["skip_reasons"]), suite
     assert run.stdout.rstrip().splitlines()[-3].startswith("suite")  # the table comes last
+    # Every carried GPU attention module is looked at first: imported where it is built (not run: no CUDA).
+    assert len(report["gpu_modules"]) == len(CARRIED_SHAPES)
+    for module in report["gpu_modules"]:
+        assert "error" not in module and ("module" in module or "not built here" in module["skipped"]), module
+    assert report["benchmark"]["returncode"] == 0  # --dry-run lists its cases
+    listed = json.loads((tmp_path / "gpu_attention.json").read_text())
+    assert listed["skipped"] == "dry run" and len(listed["cases"]) == 11
+
+
+def test_only_runs_the_parts_asked_for(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "loadtest.gpu_check", "--dry-run", "--out", str(tmp_path),
+                          "--only", "bench"], capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert report["suites"] == [] and report["gpu_modules"] == [] and report["benchmark"]["returncode"] == 0
+    bad = subprocess.run([sys.executable, "-m", "loadtest.gpu_check", "--dry-run", "--out", str(tmp_path),
+                          "--only", "bench,tests"], capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert bad.returncode == 2 and "unknown parts ['tests']" in bad.stderr
 
 
 def test_bundle_carries_what_the_device_lacks_at_the_pinned_versions():
@@ -38,3 +57,27 @@ def test_bundle_carries_what_the_device_lacks_at_the_pinned_versions():
     assert "pydantic-core" in packages  # a dependency's dependency
     # Never what the machine has (two versions break the install), nor torch or the Mojo toolchain.
     assert not set(packages) & (ON_DEVICE | {"torch", "mojo", "max-core"})
+
+
+def test_device_env_unpacks_the_carried_runtime(tmp_path, monkeypatch):
+    import lzma
+
+    from loadtest import gpu_runtime
+
+    bundle = tmp_path / "bundle"
+    runtime = bundle / gpu_runtime.RUNTIME_DIR
+    runtime.mkdir(parents=True)
+    for name in gpu_runtime.RUNTIME_LIBS:
+        (runtime / name).write_bytes(name.encode())
+    (runtime / "libNVPTX.so.xz").write_bytes(lzma.compress(b"ptx compiler"))
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/already/there")
+    unpacked = tmp_path / "unpacked"
+    env = gpu_runtime.device_env(bundle, unpack_to=unpacked)
+    assert env["LD_LIBRARY_PATH"] == f"{unpacked}:/already/there"
+    assert env["MILI_GPU_KERNEL_DIR"] == str(bundle / "kernels" / "gpu")
+    assert (unpacked / "libNVPTX.so").read_bytes() == b"ptx compiler"
+    assert env["MODULAR_NVPTX_LIBRARY_PATH"] == str(unpacked / "libNVPTX.so")
+    assert all((unpacked / n).read_bytes() == n.encode() for n in gpu_runtime.RUNTIME_LIBS)
+    external = gpu_runtime.device_env(bundle, unpack_to=unpacked, external_ptxas="/opt/ptxas")
+    assert external["MODULAR_NVPTX_COMPILER_PATH"] == "/opt/ptxas" and "MODULAR_NVPTX_LIBRARY_PATH" not in external
+    assert gpu_runtime.device_env(tmp_path / "no-bundle") == {}  # nothing carried: nothing to set
