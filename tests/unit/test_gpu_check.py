@@ -18,8 +18,10 @@ from loadtest.gpu_bundle import ON_DEVICE, closure, pinned_roots
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the dry run runs the GPU tests: make gpu-check")
 def test_dry_run_skips_everything_cleanly(tmp_path):
+    env = dict(os.environ)
+    env.pop("MILI_GPU_TESTS_DEVICE", None)  # a rehearsal on the CPU would run the GPU tests, not skip them
     run = subprocess.run([sys.executable, "-m", "loadtest.gpu_check", "--dry-run", "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=300, env=dict(os.environ))
+                         capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     report = json.loads((tmp_path / "gpu-check.json").read_text())
     assert report["ok"] and report["dry_run"] and report["environment"]["cuda_available"] is False
