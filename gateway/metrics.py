@@ -46,6 +46,10 @@ class Metrics:
                                       labels + ["status"], registry=r)
         for status in ("2xx", "4xx", "5xx"):
             self.http_responses.labels(model, status)
+        # 401s on every route, scrapes and probes included: a router or scraper configured without the key
+        # (which would otherwise fail silently: its own polls are not API answers) shows up here.
+        self.http_unauthorized = Counter("mili_http_unauthorized", "Requests refused for a missing or invalid API "
+                                         "key, by route", labels + ["route"], registry=r)
         self.ttft = Histogram("mili_time_to_first_token_seconds", "Time to first token", labels,
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("mili_inter_token_latency_seconds", "Time between streamed tokens", labels,
@@ -108,6 +112,9 @@ class Metrics:
 
     def http_response(self, status: int) -> None:
         self.http_responses.labels(self.model, f"{status // 100}xx").inc()
+
+    def unauthorized(self, route: str) -> None:
+        self.http_unauthorized.labels(self.model, route).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
