@@ -265,6 +265,13 @@ def test_dockerfile_shape():
     assert re.search(r"^USER 10001", text, re.M), "runs as a non-root user"
     assert re.search(r"^HEALTHCHECK .*\n?.*/health", text, re.M)
     assert "python -m kernels.build" in text.replace("/opt/venv/bin/", ""), "kernels built at image build time"
+    # The kernels' target CPU: one build argument, given to the build and kept for the runtime (the build key
+    # includes it, so a runtime without it would look for kernels built for its own CPU instead).
+    assert re.search(r"^ARG KERNEL_TARGET_CPU=$", text, re.M), "KERNEL_TARGET_CPU declared, empty by default"
+    stages = re.split(r"^FROM ", text, flags=re.M)[1:]
+    assert all(re.search(r"^ARG KERNEL_TARGET_CPU$", s, re.M) for s in stages), "each stage takes the argument"
+    assert re.search(r'MILI_KERNEL_TARGET_CPU="\$\{KERNEL_TARGET_CPU\}" \S*python -m kernels\.build', text)
+    assert re.search(r"MILI_KERNEL_TARGET_CPU=\$\{KERNEL_TARGET_CPU\}$", stages[-1], re.M), "runtime keeps it"
     assert "convert-gguf" in text, "default model converted in"
 
 
