@@ -100,12 +100,14 @@ def two_workers(tiny_model_dir, tmp_path_factory):
     srv = Server(tiny_model_dir, "--served-model-name", SERVED_NAME, "--workers", "2", "--num-kv-blocks", "160",
                  "--max-num-seqs", "4", "--max-num-batched-tokens", "256",
                  log_path=tmp_path_factory.mktemp("two-workers") / "server.log").start()
-    deadline = time.monotonic() + 120  # /health is 200 once the first worker is ready
-    while srv.wait_healthy()["workers_ready"] < 2:
-        assert time.monotonic() < deadline, "the second worker never became ready"
-        time.sleep(0.1)
-    yield srv
-    srv.stop()
+    try:
+        deadline = time.monotonic() + 120  # /health is 200 once the first worker is ready
+        while srv.wait_healthy()["workers_ready"] < 2:
+            assert time.monotonic() < deadline, "the second worker never became ready"
+            time.sleep(0.1)
+        yield srv
+    finally:
+        srv.stop()
 
 
 def worker_ledgers(server) -> list[dict]:
