@@ -150,6 +150,7 @@ class KeyRing:
 # path the server does not serve is "other" (the label set stays bounded whatever callers send).
 _ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/streams", "/metrics", "/version",
            "/openapi.json", "/debug")
+ROUTE_LABELS = (*_ROUTES, "other")
 
 
 def route_label(path: str) -> str:
