@@ -189,7 +189,7 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
           if settings.enable_debug_faults else []),
     ], exception_handlers={HTTPException: _http_error}, lifespan=lifespan)
     app.state.mili = state
-    app.add_middleware(ApiKeyMiddleware, keyring=state.keyring)
+    app.add_middleware(ApiKeyMiddleware, keyring=state.keyring, on_refused=state.metrics.unauthorized)
     # Outermost: a refused request gets its id too, and is counted.
     app.add_middleware(RequestIdMiddleware, on_api_response=state.metrics.http_response)
     return app

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,13 +146,26 @@ class KeyRing:
         return self._by_digest.get(hashlib.sha256(secret).digest())
 
 
+# Route labels of refused requests: the server's fixed routes, by prefix where a route has a parameter; a
+# path the server does not serve is "other" (the label set stays bounded whatever callers send).
+_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/streams", "/metrics", "/version",
+           "/openapi.json", "/debug")
+ROUTE_LABELS = (*_ROUTES, "other")
+
+
+def route_label(path: str) -> str:
+    return next((r for r in _ROUTES if path == r or path.startswith(r + "/")), "other")
+
+
 class ApiKeyMiddleware:
     """Every route but /health needs `Authorization: Bearer KEY` with a known key (when any is configured);
-    the caller's ApiKey is left in the scope for the routes (`caller`)."""
+    the caller's ApiKey is left in the scope for the routes (`caller`). Each refusal is reported with its
+    route (`on_refused`)."""
 
-    def __init__(self, app, keyring: KeyRing):
+    def __init__(self, app, keyring: KeyRing, on_refused: Callable[[str], None] | None = None):
         self.app = app
         self.keyring = keyring
+        self.on_refused = on_refused
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -161,6 +175,8 @@ class ApiKeyMiddleware:
         elif scope["path"] != "/health":
             key = self.keyring.lookup(dict(scope["headers"]).get(b"authorization", b""))
             if key is None:
+                if self.on_refused is not None:
+                    self.on_refused(route_label(scope["path"]))
                 response = ApiError(401, "invalid or missing API key (Authorization: Bearer ...)",
                                     code="invalid_api_key").response()
                 return await response(scope, receive, send)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from gateway.auth import ROUTE_LABELS
 from gateway.router_metrics import RouterContract
 from shared import wire
 
@@ -46,6 +47,12 @@ class Metrics:
                                       labels + ["status"], registry=r)
         for status in ("2xx", "4xx", "5xx"):
             self.http_responses.labels(model, status)
+        # 401s on every route, scrapes and router polls included: a router or scraper configured without the key
+        # (which would otherwise fail silently: its own polls are not API answers) shows up here.
+        self.http_unauthorized = Counter("mili_http_unauthorized", "Requests refused for a missing or invalid API "
+                                         "key, by route", labels + ["route"], registry=r)
+        for route in ROUTE_LABELS:
+            self.http_unauthorized.labels(model, route)
         self.ttft = Histogram("mili_time_to_first_token_seconds", "Time to first token", labels,
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("mili_inter_token_latency_seconds", "Time between streamed tokens", labels,
@@ -108,6 +115,9 @@ class Metrics:
 
     def http_response(self, status: int) -> None:
         self.http_responses.labels(self.model, f"{status // 100}xx").inc()
+
+    def unauthorized(self, route: str) -> None:
+        self.http_unauthorized.labels(self.model, route).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

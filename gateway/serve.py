@@ -1,8 +1,9 @@
 """`mili serve`: resolve the model, build the app, run uvicorn, drain on SIGTERM.
 
-Draining: the first SIGTERM (or Ctrl-C) makes /health and new requests answer 503 and stops accepting
-connections, while running requests, streams included, finish; after --drain-timeout seconds the rest
-are cut off and the workers are stopped.
+Draining: the first SIGTERM (or Ctrl-C) closes the listening socket (new connections are refused) and the
+idle keep-alive connections, while running requests, streams included, finish; a request that still reaches
+the app on a connection open during the drain gets 503 (`draining`; /health too). After --drain-timeout
+seconds the rest are cut off and the workers are stopped.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import re
 from pathlib import Path
 
@@ -156,8 +157,9 @@ def test_autoscalers_target_the_deployment_on_waiting_requests():
     assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == rule["name"]["as"]
 
 
-def test_smg_router_discovers_the_pods_with_flags_smg_knows():
-    objects = rendered(K8S / "smg")
+@pytest.mark.parametrize("directory", ["smg", "examples/api-key"])
+def test_smg_router_discovers_the_pods_with_flags_smg_knows(directory):
+    objects = rendered(K8S / directory)
     (container,) = one(objects, "Deployment", "mili-router")["spec"]["template"]["spec"]["containers"]
     args = container["args"]
     assert "--backend=vllm" in args and "--service-discovery" in args
@@ -171,6 +173,70 @@ def test_smg_router_discovers_the_pods_with_flags_smg_knows():
             assert re.search(rf"\s{re.escape(arg.split('=')[0])}[\s,]", help_text), f"smg launch has no {arg}"
     role = one(objects, "Role", "mili-router")
     assert role["rules"][0]["resources"] == ["pods"] and "watch" in role["rules"][0]["verbs"]
+
+
+# ----- the API key component -----
+
+API_KEY_SECRET = {"name": "mili-api-key", "key": "key"}
+
+
+def _env(container: dict, name: str) -> dict | None:
+    found = [e for e in container.get("env", []) if e["name"] == name]
+    assert len(found) <= 1, f"{name} set {len(found)} times"
+    return found[0] if found else None
+
+
+def _with_api_key(tmp_path: Path, *resources: str) -> tuple[dict, ...]:
+    """`resources` (directories under deploy/k8s) rendered together with components/api-key. kustomize takes
+    only relative paths, so the kustomization written here names them relative to itself."""
+    rel = lambda d: os.path.relpath(K8S / d, tmp_path)  # noqa: E731
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(
+        {"resources": [rel(d) for d in resources], "components": [rel("components/api-key")]}))
+    return tuple(kustomize(tmp_path))
+
+
+@pytest.mark.parametrize("overlay", ["overlays/cpu", "overlays/gpu"])
+def test_api_key_component_gives_every_caller_the_key(overlay, tmp_path):
+    """One Secret: the pods require its key (no longer optional), Prometheus scrapes with it, SMG requires it
+    from clients and sends it to the pods; without the component nothing carries a key."""
+    objects = _with_api_key(tmp_path, overlay, "monitoring", "smg")
+    (mili,) = one(objects, "Deployment", "mili")["spec"]["template"]["spec"]["containers"]
+    assert _env(mili, "MILI_API_KEY")["valueFrom"]["secretKeyRef"] == {**API_KEY_SECRET, "optional": False}
+    serve_args(mili["args"])  # the pod's own flags are untouched
+    (endpoint,) = one(objects, "PodMonitor", "mili")["spec"]["podMetricsEndpoints"]
+    assert endpoint["authorization"] == {"type": "Bearer", "credentials": API_KEY_SECRET}
+    (router,) = one(objects, "Deployment", "mili-router")["spec"]["template"]["spec"]["containers"]
+    assert "--api-key=$(MILI_API_KEY)" in router["args"]
+    assert _env(router, "MILI_API_KEY")["valueFrom"]["secretKeyRef"] == {**API_KEY_SECRET, "optional": False}
+    for obj in objects:  # still schema-valid with the patches
+        if obj["kind"] not in CUSTOM_KINDS:
+            kubernetes_validate.validate(obj, K8S_VERSIONS[-1], strict=True)
+    # Without the component: the key stays optional on the pods and nothing else mentions it.
+    plain = (*rendered(K8S / overlay), *rendered(K8S / "monitoring"), *rendered(K8S / "smg"))
+    (mili,) = one(plain, "Deployment", "mili")["spec"]["template"]["spec"]["containers"]
+    assert _env(mili, "MILI_API_KEY")["valueFrom"]["secretKeyRef"]["optional"] is True
+    assert "authorization" not in one(plain, "PodMonitor", "mili")["spec"]["podMetricsEndpoints"][0]
+    (router,) = one(plain, "Deployment", "mili-router")["spec"]["template"]["spec"]["containers"]
+    assert _env(router, "MILI_API_KEY") is None and not any("api-key" in a for a in router["args"])
+
+
+def test_api_key_component_alone_with_a_deployment(tmp_path):
+    """Its patches target by kind and name, so a kustomization without monitoring/ or smg/ still renders."""
+    objects = _with_api_key(tmp_path, "overlays/cpu")
+    assert {o["kind"] for o in objects} == {"Deployment", "Service", "PodDisruptionBudget"}
+
+
+@pytest.mark.parametrize("directory", kustomizations(), ids=lambda p: str(p.relative_to(K8S)))
+def test_container_variable_references_are_defined(directory):
+    """`$(VAR)` in a container's command or args is expanded only from that container's env; an undefined one
+    stays literal (SMG would be given the text `$(MILI_API_KEY)` as its key)."""
+    for obj in rendered(directory):
+        pod = obj.get("spec", {}).get("template", {}).get("spec", {})
+        for container in pod.get("containers", []):
+            defined = {e["name"] for e in container.get("env", [])}
+            for arg in [*container.get("command", []), *container.get("args", [])]:
+                for name in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", arg):
+                    assert name in defined, f"{obj['metadata']['name']}/{container['name']}: $({name}) undefined"
 
 
 # ----- lints -----
@@ -199,6 +265,13 @@ def test_dockerfile_shape():
     assert re.search(r"^USER 10001", text, re.M), "runs as a non-root user"
     assert re.search(r"^HEALTHCHECK .*\n?.*/health", text, re.M)
     assert "python -m kernels.build" in text.replace("/opt/venv/bin/", ""), "kernels built at image build time"
+    # The kernels' target CPU: one build argument, given to the build and kept for the runtime (the build key
+    # includes it, so a runtime without it would look for kernels built for its own CPU instead).
+    assert re.search(r"^ARG KERNEL_TARGET_CPU=$", text, re.M), "KERNEL_TARGET_CPU declared, empty by default"
+    stages = re.split(r"^FROM ", text, flags=re.M)[1:]
+    assert all(re.search(r"^ARG KERNEL_TARGET_CPU$", s, re.M) for s in stages), "each stage takes the argument"
+    assert re.search(r'MILI_KERNEL_TARGET_CPU="\$\{KERNEL_TARGET_CPU\}" \S*python -m kernels\.build', text)
+    assert re.search(r"MILI_KERNEL_TARGET_CPU=\$\{KERNEL_TARGET_CPU\}$", stages[-1], re.M), "runtime keeps it"
     assert "convert-gguf" in text, "default model converted in"
 
 

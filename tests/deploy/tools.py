@@ -48,4 +48,8 @@ def kustomize(directory: Path) -> list[dict]:
 
 
 def kustomizations() -> list[Path]:
-    return sorted(p.parent for p in K8S.rglob("kustomization.yaml"))
+    """Every directory `kubectl kustomize` renders on its own (components render only inside another)."""
+    import yaml
+
+    return sorted(p.parent for p in K8S.rglob("kustomization.yaml")
+                  if yaml.safe_load(p.read_text()).get("kind") != "Component")

@@ -108,9 +108,16 @@ class Server:
         children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
         return [int(p) for p in children]
 
+    def auth_headers(self) -> dict[str, str]:
+        """The Authorization header every route but /health needs when the server has MILI_API_KEY."""
+        key = self.env.get("MILI_API_KEY")
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
     def metric(self, name: str, **labels: str) -> float:
         """The sum of a metric's samples that carry the given labels (0 when it has none yet)."""
-        text = httpx2.get(f"{self.url}/metrics", timeout=5).text
+        r = httpx2.get(f"{self.url}/metrics", headers=self.auth_headers(), timeout=5)
+        r.raise_for_status()
+        text = r.text
         total = 0.0
         wanted = [f'{k}="{v}"' for k, v in labels.items()]
         for line in text.splitlines():

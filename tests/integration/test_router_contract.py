@@ -11,8 +11,10 @@ import asyncio
 import time
 
 import httpx2
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.helpers.server import Server
 from tests.integration.conftest import SERVED_NAME
 from tests.integration.test_disconnect import LONG, OpenStream, wait_idle
 
@@ -36,8 +38,8 @@ def value(families, family: str, sample: str | None = None) -> float:
     return samples[0].value
 
 
-def check_aliases(families) -> None:
-    """One scrape's aliases against MILI's own series in that same scrape."""
+def check_aliases(families, total_blocks: int = 512) -> None:
+    """One scrape's aliases against MILI's own series in that same scrape (which sum over the workers)."""
     for name, kind in ALIASES.items():
         assert name in families, f"{name} missing from /metrics"
         assert families[name][0] == kind, (name, families[name][0])
@@ -46,7 +48,7 @@ def check_aliases(families) -> None:
     assert value(families, "vllm:num_requests_running") == value(families, "mili_requests_running")
     assert value(families, "vllm:num_requests_waiting") == value(families, "mili_requests_waiting")
     used, total = value(families, "mili_kv_blocks_used"), value(families, "mili_kv_blocks_total")
-    assert total == 512  # --num-kv-blocks of the shared server, one worker
+    assert total == total_blocks  # --num-kv-blocks times --workers
     kv = value(families, "vllm:kv_cache_usage_perc")
     assert 0.0 <= kv <= 1.0 and abs(kv - used / total) < 1e-9
     assert value(families, "vllm:gpu_cache_usage_perc") == kv
@@ -57,7 +59,7 @@ def check_aliases(families) -> None:
     rate = value(families, "vllm:gpu_prefix_cache_hit_rate")
     assert abs(rate - (hits / queries if queries else 0.0)) < 1e-9
     (info,) = families["vllm:cache_config_info"][1]
-    assert info.value == 1 and info.labels["block_size"] == "16" and info.labels["num_gpu_blocks"] == "512"
+    assert info.value == 1 and info.labels["block_size"] == "16" and info.labels["num_gpu_blocks"] == str(total_blocks)
 
 
 def test_aliases_follow_mili_series_under_load(server):
@@ -89,6 +91,72 @@ def test_aliases_follow_mili_series_under_load(server):
     wait_idle(server)
     families = scrape(server)
     check_aliases(families)
+    assert value(families, "vllm:kv_cache_usage_perc") == 0
+
+
+@pytest.fixture(scope="module")
+def two_workers(tiny_model_dir, tmp_path_factory):
+    """Two workers of 4 sequence slots and 160 KV blocks each."""
+    srv = Server(tiny_model_dir, "--served-model-name", SERVED_NAME, "--workers", "2", "--num-kv-blocks", "160",
+                 "--max-num-seqs", "4", "--max-num-batched-tokens", "256",
+                 log_path=tmp_path_factory.mktemp("two-workers") / "server.log").start()
+    try:
+        deadline = time.monotonic() + 120  # /health is 200 once the first worker is ready
+        while srv.wait_healthy()["workers_ready"] < 2:
+            assert time.monotonic() < deadline, "the second worker never became ready"
+            time.sleep(0.1)
+        yield srv
+    finally:
+        srv.stop()
+
+
+def worker_ledgers(server) -> list[dict]:
+    """Each worker's own KV ledger (GET /debug/kv), the per-worker view the aliases must add up."""
+    return httpx2.get(f"{server.url}/debug/kv", timeout=10).json()["workers"]
+
+
+def test_aliases_sum_over_two_workers(two_workers):
+    """Idle and with both workers busy, every alias equals MILI's own series, and those are the workers' sums:
+    8 running requests where one worker holds at most 4, the blocks of both workers."""
+    server = two_workers
+    wait_idle(server)
+    ledgers = worker_ledgers(server)
+    assert len(ledgers) == 2 and [w["totals"]["blocks"] for w in ledgers] == [160, 160]
+    families = scrape(server)
+    check_aliases(families, total_blocks=320)
+    assert value(families, "vllm:kv_cache_usage_perc") == 0
+
+    async def run():
+        async with httpx2.AsyncClient(base_url=server.url, timeout=60) as client:
+            # 8 fill both workers' slots; 2 more wait.
+            streams = [await OpenStream(client, LONG).start() for _ in range(8)]
+            queued = [asyncio.create_task(client.post("/v1/completions", json=LONG)) for _ in range(2)]
+            deadline = time.monotonic() + 10
+            while True:
+                families = scrape(server)
+                if value(families, "vllm:num_requests_waiting") == 2:
+                    break
+                assert time.monotonic() < deadline, "the two extra requests never showed as waiting"
+                await asyncio.sleep(0.05)
+            check_aliases(families, total_blocks=320)
+            ledgers = worker_ledgers(server)
+            running = [sum(1 for seqs in w["requests"].values() for s in seqs if s["status"] == "running")
+                       for w in ledgers]
+            assert running == [4, 4], running  # both workers busy, each at its 4 slots
+            assert value(families, "vllm:num_requests_running") == sum(running) == 8
+            # Both workers hold blocks, and the usage alias is over both workers' 320 (check_aliases).
+            assert all(w["totals"]["used"] > 0 for w in ledgers)
+            assert value(families, "vllm:kv_cache_usage_perc") > 0
+            for task in queued:
+                task.cancel()
+            await asyncio.gather(*queued, return_exceptions=True)
+            for stream in streams:
+                await stream.close()
+
+    asyncio.run(run())
+    wait_idle(server)
+    families = scrape(server)
+    check_aliases(families, total_blocks=320)
     assert value(families, "vllm:kv_cache_usage_perc") == 0
 
 

@@ -92,10 +92,15 @@ def test_sigterm_drains_running_streams(tiny_model_dir, tmp_path):
     while "started" not in result:
         assert time.monotonic() < deadline
         time.sleep(0.02)
+    idle = httpx2.Client(base_url=server.url, timeout=2)  # a keep-alive connection, idle at SIGTERM
+    assert idle.get("/health").status_code == 200
     server.proc.send_signal(signal.SIGTERM)
     time.sleep(0.2)
     with pytest.raises(httpx2.HTTPError):  # the listening socket is closed: no new requests
         httpx2.get(f"{server.url}/health", timeout=2)
+    with pytest.raises(httpx2.HTTPError):  # and idle connections are closed: no 503 through them either
+        idle.get("/health")
+    idle.close()
     reader.join(timeout=60)
     got = chunks(["data: {}"] + result["lines"])[1:]
     assert [c["choices"][0]["finish_reason"] for c in got if c["choices"] and c["choices"][0]["finish_reason"]] \
