@@ -60,6 +60,9 @@ from kernels.build import BUILD_ROOT, KERNELS_DIR, KernelBuildError, _compile
 GPU_SOURCE = KERNELS_DIR / "gpu_attention.mojo"
 GPU_MODULE = "mili_gpu_attention"
 GPU_TARGET = "nvidia:sm_90a"
+# The module's host side (argument handling, launches) runs on the GPU machine's CPU, not on this one: built
+# for the x86-64-v3 baseline (AVX2), which every current GPU server's CPU has, rather than for this host.
+HOST_CPU = "x86-64-v3"
 PAGE_SIZE = 16  # tokens per KV block: fixed in the module
 HEAD_DIMS = (64, 128)  # what Modular's sm_90a flash attention kernels serve
 GPU_BUILD_ROOT = BUILD_ROOT / "gpu"
@@ -97,7 +100,8 @@ CARRIED_SHAPES = (GpuShape(4, 2, 64), GpuShape(8, 2, 64), GpuShape(4, 4, 128), G
 def build_key(shape: GpuShape) -> str:
     digest = hashlib.sha256()
     digest.update(GPU_SOURCE.read_bytes())
-    digest.update(repr((shape.num_heads, shape.num_kv_heads, shape.head_dim, PAGE_SIZE, GPU_TARGET)).encode())
+    digest.update(repr((shape.num_heads, shape.num_kv_heads, shape.head_dim, PAGE_SIZE, GPU_TARGET,
+                        HOST_CPU)).encode())
     return digest.hexdigest()[:16]
 
 
@@ -127,7 +131,8 @@ def build_module(shape: GpuShape) -> Path:
     with open(target.parent / ".lock", "a+") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
         if not target.is_file():  # not built by another process while we waited
-            _compile(GPU_SOURCE, target, ("--target-accelerator", GPU_TARGET, *shape.defines()))
+            _compile(GPU_SOURCE, target, ("--target-accelerator", GPU_TARGET, "--target-cpu", HOST_CPU,
+                                          *shape.defines()))
     return target
 
 
