@@ -54,16 +54,9 @@ def copy_bandwidth_gbs(device: torch.device, nbytes: int = 1 << 30) -> float:
 def random_step(shape: GpuShape, seqs, device: torch.device, gen: torch.Generator):
     """Caches with every sequence's pages scattered, the query, and the step's metadata (MILI's form)."""
     from worker.attention import AttentionMetadata
+    from worker.attention_cuda import scattered_pages
 
-    pages = [-(-c // PAGE_SIZE) for c, _ in seqs]
-    num_blocks = sum(pages) + 1
-    order = torch.randperm(num_blocks, generator=gen)
-    tables = torch.zeros(len(seqs), max(pages), dtype=torch.int32)
-    slots, used = [], 0
-    for i, ((ctx, q_len), n) in enumerate(zip(seqs, pages)):
-        tables[i, :n] = order[used:used + n].to(torch.int32)
-        used += n
-        slots += [int(tables[i, p // PAGE_SIZE]) * PAGE_SIZE + p % PAGE_SIZE for p in range(ctx - q_len, ctx)]
+    tables, slots, num_blocks = scattered_pages(seqs, gen, spare_blocks=1)
     cache_shape = (num_blocks, PAGE_SIZE, shape.num_kv_heads, shape.head_dim)
     k_cache = torch.randn(cache_shape, device=device, dtype=torch.bfloat16)
     v_cache = torch.randn(cache_shape, device=device, dtype=torch.bfloat16)

@@ -73,20 +73,28 @@ def check_against_reference(ops: GpuAttention, seqs=SELF_CHECK_BATCH, seed: int 
     return None
 
 
-def run_step_pair(ops: GpuAttention, seqs, seed: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """(module output, reference output, whether the module's KV write equals the reference's) for one random
-    step of `seqs` on ops' device. Outputs start as NaN so that rows a kernel leaves unwritten show."""
-    s, device = ops.shape, ops.device
-    gen = torch.Generator().manual_seed(seed)
+def scattered_pages(seqs, gen: torch.Generator, spare_blocks: int) -> tuple[torch.Tensor, list[int], int]:
+    """Block tables [len(seqs), max pages] int32 with every sequence's pages scattered over a cache of just
+    enough blocks (plus `spare_blocks`), the flat slots of each sequence's last q_len tokens (the step's new
+    ones), and the cache's block count. seqs: (context length, query length) pairs."""
     pages = [-(-c // PAGE_SIZE) for c, _ in seqs]
-    num_blocks = sum(pages) + 2
-    order = torch.randperm(num_blocks, generator=gen)  # pages scattered over the cache
+    num_blocks = sum(pages) + spare_blocks
+    order = torch.randperm(num_blocks, generator=gen)
     tables = torch.zeros(len(seqs), max(pages), dtype=torch.int32)
     slots, used = [], 0
     for i, ((ctx, q_len), n) in enumerate(zip(seqs, pages)):
         tables[i, :n] = order[used:used + n].to(torch.int32)
         used += n
         slots += [int(tables[i, p // PAGE_SIZE]) * PAGE_SIZE + p % PAGE_SIZE for p in range(ctx - q_len, ctx)]
+    return tables, slots, num_blocks
+
+
+def run_step_pair(ops: GpuAttention, seqs, seed: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(module output, reference output, whether the module's KV write equals the reference's) for one random
+    step of `seqs` on ops' device. Outputs start as NaN so that rows a kernel leaves unwritten show."""
+    s, device = ops.shape, ops.device
+    gen = torch.Generator().manual_seed(seed)
+    tables, slots, num_blocks = scattered_pages(seqs, gen, spare_blocks=2)
     num_tokens = sum(q for _, q in seqs)
 
     def rand(*shape):

@@ -62,36 +62,44 @@ def check_aliases(families, total_blocks: int = 512) -> None:
     assert info.value == 1 and info.labels["block_size"] == "16" and info.labels["num_gpu_blocks"] == str(total_blocks)
 
 
-def test_aliases_follow_mili_series_under_load(server):
+def under_load(server, running: int, total_blocks: int, while_loaded) -> None:
+    """The aliases idle; then with `running` long streams filling the sequence slots and 2 more requests
+    queued (while_loaded(families) adds a test's own checks on that scrape); then idle again."""
     wait_idle(server)
-    check_aliases(scrape(server))
+    check_aliases(scrape(server), total_blocks)
 
     async def run():
         async with httpx2.AsyncClient(base_url=server.url, timeout=60) as client:
-            # 16 fill the shared server's sequence slots; 2 more wait in its queue.
-            streams = [await OpenStream(client, LONG).start() for _ in range(16)]
+            streams = [await OpenStream(client, LONG).start() for _ in range(running)]
             queued = [asyncio.create_task(client.post("/v1/completions", json=LONG)) for _ in range(2)]
-            deadline = time.monotonic() + 10
-            while True:
-                families = scrape(server)
-                if value(families, "vllm:num_requests_waiting") == 2:
-                    break
-                assert time.monotonic() < deadline, "the two extra requests never showed as waiting"
-                await asyncio.sleep(0.05)
-            check_aliases(families)
-            assert value(families, "vllm:num_requests_running") == 16
-            assert value(families, "vllm:kv_cache_usage_perc") > 0
-            for task in queued:
-                task.cancel()
-            await asyncio.gather(*queued, return_exceptions=True)
-            for stream in streams:
-                await stream.close()
+            try:
+                deadline = time.monotonic() + 10
+                while True:
+                    families = scrape(server)
+                    if value(families, "vllm:num_requests_waiting") == 2:
+                        break
+                    assert time.monotonic() < deadline, "the two extra requests never showed as waiting"
+                    await asyncio.sleep(0.05)
+                check_aliases(families, total_blocks)
+                assert value(families, "vllm:num_requests_running") == running
+                assert value(families, "vllm:kv_cache_usage_perc") > 0
+                while_loaded(families)
+            finally:
+                for task in queued:
+                    task.cancel()
+                await asyncio.gather(*queued, return_exceptions=True)
+                for stream in streams:
+                    await stream.close()
 
     asyncio.run(run())
     wait_idle(server)
     families = scrape(server)
-    check_aliases(families)
+    check_aliases(families, total_blocks)
     assert value(families, "vllm:kv_cache_usage_perc") == 0
+
+
+def test_aliases_follow_mili_series_under_load(server):
+    under_load(server, running=16, total_blocks=512, while_loaded=lambda families: None)  # 16 slots
 
 
 @pytest.fixture(scope="module")
@@ -122,42 +130,17 @@ def test_aliases_sum_over_two_workers(two_workers):
     wait_idle(server)
     ledgers = worker_ledgers(server)
     assert len(ledgers) == 2 and [w["totals"]["blocks"] for w in ledgers] == [160, 160]
-    families = scrape(server)
-    check_aliases(families, total_blocks=320)
-    assert value(families, "vllm:kv_cache_usage_perc") == 0
 
-    async def run():
-        async with httpx2.AsyncClient(base_url=server.url, timeout=60) as client:
-            # 8 fill both workers' slots; 2 more wait.
-            streams = [await OpenStream(client, LONG).start() for _ in range(8)]
-            queued = [asyncio.create_task(client.post("/v1/completions", json=LONG)) for _ in range(2)]
-            deadline = time.monotonic() + 10
-            while True:
-                families = scrape(server)
-                if value(families, "vllm:num_requests_waiting") == 2:
-                    break
-                assert time.monotonic() < deadline, "the two extra requests never showed as waiting"
-                await asyncio.sleep(0.05)
-            check_aliases(families, total_blocks=320)
-            ledgers = worker_ledgers(server)
-            running = [sum(1 for seqs in w["requests"].values() for s in seqs if s["status"] == "running")
-                       for w in ledgers]
-            assert running == [4, 4], running  # both workers busy, each at its 4 slots
-            assert value(families, "vllm:num_requests_running") == sum(running) == 8
-            # Both workers hold blocks, and the usage alias is over both workers' 320 (check_aliases).
-            assert all(w["totals"]["used"] > 0 for w in ledgers)
-            assert value(families, "vllm:kv_cache_usage_perc") > 0
-            for task in queued:
-                task.cancel()
-            await asyncio.gather(*queued, return_exceptions=True)
-            for stream in streams:
-                await stream.close()
+    def both_workers_busy(families):
+        ledgers = worker_ledgers(server)
+        running = [sum(1 for seqs in w["requests"].values() for s in seqs if s["status"] == "running")
+                   for w in ledgers]
+        assert running == [4, 4], running  # both workers busy, each at its 4 slots
+        assert value(families, "vllm:num_requests_running") == sum(running)
+        # Both workers hold blocks, and the usage alias is over both workers' 320 (check_aliases).
+        assert all(w["totals"]["used"] > 0 for w in ledgers)
 
-    asyncio.run(run())
-    wait_idle(server)
-    families = scrape(server)
-    check_aliases(families, total_blocks=320)
-    assert value(families, "vllm:kv_cache_usage_perc") == 0
+    under_load(server, running=8, total_blocks=320, while_loaded=both_workers_busy)
 
 
 def test_prefix_hit_rate_alias_counts_a_repeated_prompt(server):
