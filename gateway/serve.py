@@ -25,6 +25,12 @@ from shared.config import ATTENTION_BACKENDS, DTYPES, QUANTIZATIONS, EngineConfi
 log = logging.getLogger("mili.gateway")
 
 
+def _attention_backend(value: str) -> str:
+    if value not in ATTENTION_BACKENDS:
+        raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {', '.join(ATTENTION_BACKENDS)})")
+    return value
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     # Each flag below that names an environment variable takes its default from it (the container image sets
     # MILI_HOST=0.0.0.0); a flag given on the command line wins.
@@ -54,7 +60,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--num-kv-blocks", type=int)
     p.add_argument("--kv-cache-memory", type=parse_size, default="1GiB", help="KV cache size per worker (e.g. 4GiB)")
-    p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto")
+    # type= checks the environment's value too (argparse checks choices only on the command line).
+    p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, type=_attention_backend,
+                   default=os.environ.get("MILI_ATTENTION_BACKEND", "auto"),
+                   help="auto = the Mojo kernels where they load, else the torch reference (or set "
+                        "MILI_ATTENTION_BACKEND)")
     p.add_argument("--quantization", choices=QUANTIZATIONS, default="auto",
                    help="linear weights: auto = a GGUF's own Q4_0/Q4_1/Q8_0 and Q4_K/Q6_K/Q5_0/Q5_1 blocks "
                         "(none for safetensors); "

@@ -90,6 +90,13 @@ def suite_env(bundle: Path, dry_run: bool) -> dict[str, str]:
     return env
 
 
+def suites_need_the_reference(modules: list[dict], cuda: bool) -> bool:
+    """Whether a module failed its check on the device: the suites' servers then serve on the torch reference,
+    so that the engine's own checks are not lost to a module fault (the module's own tests in tests/gpu still
+    run, and fail)."""
+    return cuda and any("error" in m or m.get("self_check", "ok") != "ok" for m in modules)
+
+
 def check_modules(env: dict[str, str], timeout: float = 300.0) -> list[dict]:
     """In its own process: a module that faults the device there cannot take the suites down with it."""
     try:
@@ -183,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     environment = json.loads(probe.stdout) if probe.returncode == 0 else {"error": probe.stderr[-2000:]}
     environment["triton_ptxas"] = gpu_runtime.triton_ptxas()
     modules = check_modules(env) if "modules" in parts else []
+    if suites_need_the_reference(modules, bool(environment.get("cuda_available"))):
+        env["MILI_ATTENTION_BACKEND"] = "torch"
+        print("a GPU attention module failed its check: the suites' servers use the torch reference "
+              "(MILI_ATTENTION_BACKEND=torch)")
     results = [run_suite(name, suite, env, args.out, args.suite_timeout) for name, suite in SUITES.items()
                if name.split()[0] in parts]
     bench = run_benchmark(env, args.out, args.bench_timeout, args.dry_run) if "bench" in parts else None
@@ -192,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                   for m in modules)
           and (bench is None or bench["returncode"] == 0))
     report = {"dry_run": args.dry_run, "ok": ok, "environment": environment, "gpu_modules": modules,
+              "suites_attention_backend": env.get("MILI_ATTENTION_BACKEND", "auto"),
               "suites": results, "benchmark": bench}
     (args.out / "gpu-check.json").write_text(json.dumps(report, indent=2) + "\n")
     for m in modules:

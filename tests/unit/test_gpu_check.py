@@ -83,3 +83,13 @@ def test_device_env_unpacks_the_carried_runtime(tmp_path, monkeypatch):
     external = gpu_runtime.device_env(bundle, unpack_to=unpacked, external_ptxas="/opt/ptxas")
     assert external["MODULAR_NVPTX_COMPILER_PATH"] == "/opt/ptxas" and "MODULAR_NVPTX_LIBRARY_PATH" not in external
     assert gpu_runtime.device_env(tmp_path / "no-bundle") == {}  # nothing carried: nothing to set
+
+
+def test_a_failed_module_sends_the_suites_to_the_reference():
+    from loadtest.gpu_check import suites_need_the_reference
+
+    good = {"shape": "4q/2kv/d64", "module": "m.so", "self_check": "ok"}
+    assert not suites_need_the_reference([good, good], cuda=True)
+    assert suites_need_the_reference([good, {"shape": "s", "self_check": "differs by 0.5"}], cuda=True)
+    assert suites_need_the_reference([{"shape": "s", "error": "ImportError: libNVPTX.so"}], cuda=True)
+    assert not suites_need_the_reference([{"shape": "s", "error": "no CUDA"}], cuda=False)  # nothing to protect
