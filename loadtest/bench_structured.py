@@ -62,7 +62,10 @@ async def level(url: str, concurrency: int, constrained: bool, requests: int, ma
         async def worker():
             nonlocal tokens
             while queue:
-                tokens += await one(client, url, queue.pop(), constrained, max_tokens)
+                # Awaited first: `tokens += await ...` would read `tokens` before the await and lose the
+                # other workers' additions made meanwhile.
+                done = await one(client, url, queue.pop(), constrained, max_tokens)
+                tokens += done
 
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
