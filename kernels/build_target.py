@@ -103,7 +103,6 @@ def missing_features(required: list[str], flags: frozenset[str]) -> list[str]:
     missing = []
     for feature in required:
         flag = _LLVM_TO_CPUINFO.get(feature, feature.replace(".", "_").replace("-", "_"))
-        known = flag in flags or feature in _LLVM_TO_CPUINFO or _ISA_FLAG.match(flag)
-        if known and flag not in flags:
+        if flag not in flags and (feature in _LLVM_TO_CPUINFO or _ISA_FLAG.match(flag)):
             missing.append(feature)
     return missing

@@ -16,16 +16,14 @@ waiting; nothing here synchronises.
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 
 import torch
 
 from kernels.gpu_build import CARRIED_DIR_ENV, GPU_MODULE, PAGE_SIZE, GpuShape, find_module
+from kernels.mojo_ops import import_extension
 
 
 class GpuModuleUnavailable(RuntimeError):
@@ -54,20 +52,12 @@ def load_module(shape: GpuShape) -> ModuleType:
                                    f"shapes; `python -m kernels.gpu_build Q KV D` any other; ${CARRIED_DIR_ENV} "
                                    f"names a carried build)")
     try:
-        module = _import(path)
+        module = import_extension(GPU_MODULE, path)
     except (ImportError, OSError) as e:  # a missing runtime library, a Python ABI mismatch
         raise GpuModuleUnavailable(f"the GPU attention module at {path} does not load: {e}") from e
     built = tuple(module.shape())
     if built != (shape.num_heads, shape.num_kv_heads, shape.head_dim, PAGE_SIZE):
         raise GpuModuleUnavailable(f"the module at {path} was built for {built}, not {shape}")
-    return module
-
-
-def _import(path: Path) -> ModuleType:
-    loader = importlib.machinery.ExtensionFileLoader(GPU_MODULE, str(path))
-    spec = importlib.util.spec_from_file_location(GPU_MODULE, path, loader=loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
     return module
 
 

@@ -15,6 +15,7 @@ import importlib.util
 import logging
 import struct
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 
 import numpy as np
@@ -32,7 +33,11 @@ ROWS_PER_ITEM = 16
 
 def load_module(name: str = "mili_attention") -> ModuleType:
     """Build (if needed) and import one of the kernels' extension modules."""
-    path = build(name)
+    return import_extension(name, build(name))
+
+
+def import_extension(name: str, path: Path) -> ModuleType:
+    """Imports the extension module `name` from a file outside sys.path (build folders are keyed by hash)."""
     loader = importlib.machinery.ExtensionFileLoader(name, str(path))
     spec = importlib.util.spec_from_file_location(name, path, loader=loader)
     module = importlib.util.module_from_spec(spec)
