@@ -43,7 +43,7 @@ def test_health_names_the_device(server):
     if DEVICE == "cpu":  # a rehearsal: the CPU serves with its own kernels
         assert health["device"] == "cpu"
         return
-    # The Mojo kernels are CPU kernels: on the GPU, attention runs through the torch reference, labelled so.
+    # float32: the GPU attention module serves bfloat16 only, so the torch reference serves, labelled so.
     assert (health["device"], health["attention_backend"], health["dtype"]) == ("cuda:0", "torch", "float32")
 
 
