@@ -70,6 +70,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(none for safetensors); "
                         "q8_0/q4_0 quantize a checkpoint at load; none = the model dtype")
     p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="on CUDA, run decode steps eagerly instead of replaying CUDA graphs")
     p.add_argument("--workers", type=int, default=1, help="engine processes behind this gateway")
     p.add_argument("--worker-threads", type=int, default=0, help="torch threads per worker (0: cores / workers)")
     p.add_argument("--worker-tcp", metavar="HOST:PORT",
@@ -142,7 +144,8 @@ def run(args: argparse.Namespace) -> int:
         model=str(model_dir), device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
-        attention_backend=args.attention_backend, quantization=args.quantization, enable_prefix_caching=not args.no_prefix_caching)
+        attention_backend=args.attention_backend, quantization=args.quantization,
+        enable_prefix_caching=not args.no_prefix_caching, enforce_eager=args.enforce_eager)
     tcp_host, tcp_port = None, 0
     if args.worker_tcp:
         tcp_host, _, port = args.worker_tcp.rpartition(":")

@@ -122,6 +122,18 @@ def _length_groups(rows: list[int], lengths: list[int]) -> list[list[int]]:
     return groups
 
 
+def plan_decode_on_device(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int) -> AttentionPlan:
+    """A plan for a step where every sequence decodes one token, built from device tensors alone (no host
+    value, so it can be captured in a CUDA graph and replayed with other lengths): every row attends over
+    its block table's whole width, and the mask hides the keys past its own context length.
+
+    block_tables: [batch, width] int32, any valid block ids past a row's context; context_lens: [batch]
+    int32 on the same device, each in 1..width * block_size."""
+    max_len = block_tables.shape[1] * block_size
+    visible = torch.arange(max_len, device=context_lens.device).view(1, 1, 1, -1) < context_lens.view(-1, 1, 1, 1)
+    return AttentionPlan((DecodeRows(None, max_len, block_tables.long(), visible),), ())
+
+
 def _decode_rows(tokens: torch.Tensor | None, rows: list[int], block_tables: torch.Tensor,
                  context_lens: list[int], block_size: int) -> DecodeRows:
     lens = [context_lens[i] for i in rows]

@@ -32,6 +32,9 @@ class EngineConfig:
     # Decode-only steps of a quantized model run their layers as one kernel program where eligible
     # (worker/decode_program.py); False keeps every step on the module path (tests compare the two).
     decode_program: bool = True
+    # On CUDA, decode steps replay CUDA graphs (worker/decode_graphs.py); True runs every step eagerly (vLLM's
+    # name for the same switch).
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

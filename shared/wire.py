@@ -88,6 +88,7 @@ class WorkerReady:
     device: str  # the torch device the engine runs on, e.g. "cpu", "cuda:0"
     attention_backend: str
     quantization: str
+    decode_graphs: str  # "on (...)" or "off (reason)": whether decode steps replay CUDA graphs
     max_model_len: int
     vocab_size: int
     stats: WorkerStats

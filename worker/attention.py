@@ -31,6 +31,10 @@ class AttentionMetadata:
     context_lens_host: tuple[int, ...]
     query_lens_host: tuple[int, ...]
     block_size: int
+    # True for a decode step replayed from a CUDA graph (worker/decode_graphs.py): the host context lengths
+    # are then upper bounds (the block tables' width), the step's own lengths live only on the device, and
+    # the plan must come from the device tensors alone. Backends that can do that say capturable_decode.
+    lengths_are_bounds: bool = False
 
 
 class AttentionBackend(Protocol):
@@ -38,6 +42,7 @@ class AttentionBackend(Protocol):
     depends only on the step's shape (indices, masks, launch grids) is not repeated per layer."""
 
     name: str
+    capturable_decode: bool  # plans decode steps whose lengths are bounds (meta.lengths_are_bounds)
 
     def plan(self, meta: AttentionMetadata) -> Any: ...
 
@@ -54,8 +59,11 @@ class TorchAttentionBackend:
     """The reference backend: exact, portable, and the oracle for every other backend."""
 
     name = "torch"
+    capturable_decode = True
 
     def plan(self, meta: AttentionMetadata) -> reference.AttentionPlan:
+        if meta.lengths_are_bounds:
+            return reference.plan_decode_on_device(meta.block_tables, meta.context_lens, meta.block_size)
         plan = reference.plan_attention(meta.block_tables, list(meta.context_lens_host),
                                         list(meta.query_lens_host), meta.block_size)
         device = meta.block_tables.device
@@ -102,6 +110,7 @@ class MojoAttentionBackend:
     """
 
     name = "mojo"
+    capturable_decode = False  # plans from the host lengths; CUDA graphs are a GPU matter anyway
 
     def __init__(self):
         from kernels import mojo_ops
@@ -110,6 +119,8 @@ class MojoAttentionBackend:
         self._module = mojo_ops.load_module()
 
     def plan(self, meta: AttentionMetadata) -> MojoStepPlan:
+        if meta.lengths_are_bounds:
+            raise ValueError("the CPU Mojo kernels plan from the step's own lengths, not from bounds")
         query_lens = meta.query_lens_host
         kernel = self._ops.StepPlan.build(meta.block_tables, meta.context_lens_host, query_lens, meta.slot_mapping,
                                           meta.block_size, max_query_len=1)

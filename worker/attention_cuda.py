@@ -27,6 +27,9 @@ class MojoCudaAttentionBackend:
     """Same three methods as the CPU backends (worker/attention.py); the plan is GpuStepPlan."""
 
     name = "mojo"
+    # The plan reads every length from the device; the host lengths only bound the launch (the block tables'
+    # width, the kernel's max_cache_len), so a plan built from bounds is valid for any lengths within them.
+    capturable_decode = True
 
     def __init__(self, shape: GpuShape, dtype: torch.dtype, block_size: int, device: torch.device,
                  self_check: bool = True):

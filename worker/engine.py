@@ -70,10 +70,15 @@ class LLMEngine:
         self.max_model_len = self._fit_context_to_cache(num_blocks * config.block_size)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
-        kv_caches = allocate_kv_caches(mc, num_blocks, config.block_size, self.dtype, self.device)
+        # One block more than the block manager hands out: the scratch block, where the padded rows of a
+        # CUDA-graph decode step write (worker/decode_graphs.py).
+        kv_caches = allocate_kv_caches(mc, num_blocks + 1, config.block_size, self.dtype, self.device)
         self.runner = ModelRunner(model, kv_caches, config.block_size, self.device,
                                   decode_program=config.decode_program, max_num_seqs=config.max_num_seqs,
                                   max_model_len=self.max_model_len)
+        self.runner.use_decode_graphs(scratch_block=num_blocks, max_rows=config.max_num_seqs,
+                                      max_model_len=self.max_model_len, capture=self.device.type == "cuda",
+                                      reason_off=self._graphs_off_reason())
         self.eos_token_ids = frozenset(mc.eos_token_ids)
         self.sampler = Sampler(mc.vocab_size, self.eos_token_ids)
         self.grammars = GrammarCompiler(config.model, mc.vocab_size, self.eos_token_ids)
@@ -85,9 +90,16 @@ class LLMEngine:
         self.kv_audit = KvAuditor(self.block_manager, KV_AUDIT_EVERY_STEPS)
         self._deadlines = DeadlineQueue()
         log.info("engine ready: %s on %s, dtype %s, attention %s, quantization %s, %d KV blocks of %d tokens, "
-                 "max_model_len %d, decode steps as one kernel program: %s", mc.architecture, self.device, self.dtype,
-                 self.attention_backend.name, "none" if quant is None else quant.describe(), num_blocks,
-                 config.block_size, self.max_model_len, self.runner.decode_program_status)
+                 "max_model_len %d, decode steps as one kernel program: %s, as CUDA graphs: %s", mc.architecture,
+                 self.device, self.dtype, self.attention_backend.name, "none" if quant is None else quant.describe(),
+                 num_blocks, config.block_size, self.max_model_len, self.runner.decode_program_status,
+                 self.runner.decode_graphs_status)
+
+    def _graphs_off_reason(self) -> str | None:
+        """Why decode steps do not replay CUDA graphs here, or None when they do."""
+        if self.device.type != "cuda":
+            return "not on a CUDA device"
+        return "enforce_eager is set" if self.config.enforce_eager else None
 
     def _quant_plan(self):
         """What `quantization` asks for, where the kernels can serve it: auto falls back to none (with a

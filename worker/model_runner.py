@@ -8,17 +8,20 @@ request asked for prompt logprobs (worker/prompt_logprobs.py).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from worker.attention import AttentionMetadata
+from worker.decode_graphs import CaptureFailed, DecodeGraphs, GraphStep
 from worker.decode_program import DecodeProgram, unsupported_reason
 from worker.models.decoder import DecoderForCausalLM
 from worker.prompt_logprobs import PromptSpan, PromptTokenLogprob, prompt_rows_to_score, score_prompt_rows
 from worker.scheduler import ScheduledBatch
 from worker.step_transfer import to_device
 
+log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class StepInputs:
@@ -51,12 +54,46 @@ class ModelRunner:
         self._program_reason = unsupported_reason(model) if decode_program else "turned off"
         self._program_size = (max_num_seqs, -(-max_model_len // block_size))
         self.decode_program: DecodeProgram | None = None  # built at the first decode-only step
+        self.decode_graphs: DecodeGraphs | None = None  # use_decode_graphs() turns them on
+        self._graphs_reason = "not on a CUDA device"
 
     @property
     def decode_program_status(self) -> str:
         return "on" if self._program_reason is None else f"off ({self._program_reason})"
 
-    def prepare(self, batch: ScheduledBatch) -> StepInputs:
+    @property
+    def decode_graphs_status(self) -> str:
+        return f"on ({self.decode_graphs.describe()})" if self.decode_graphs is not None \
+            else f"off ({self._graphs_reason})"
+
+    def use_decode_graphs(self, scratch_block: int, max_rows: int, max_model_len: int, capture: bool = True,
+                          reason_off: str | None = None) -> None:
+        """Decode steps through worker/decode_graphs.py from now on, or, with reason_off, the reason they
+        are not. scratch_block: a cache block no sequence holds (padded rows write there)."""
+        if reason_off is None and not self.model.backend.capturable_decode:
+            reason_off = f"the {self.model.backend.name} attention backend cannot plan from bounds"
+        if reason_off is not None:
+            self.decode_graphs, self._graphs_reason = None, reason_off
+            return
+        try:
+            self.decode_graphs = DecodeGraphs(self.model, self.kv_caches, self.block_size, scratch_block, max_rows,
+                                              -(-max_model_len // self.block_size), capture=capture)
+        except CaptureFailed as e:
+            self._graphs_failed(e)
+
+    def _graphs_failed(self, error: CaptureFailed) -> None:
+        log.error("DECODE GRAPHS OFF, every step runs eagerly: %s", error)
+        self.decode_graphs, self._graphs_reason = None, str(error)
+
+    def prepare(self, batch: ScheduledBatch) -> StepInputs | GraphStep:
+        if self.decode_graphs is not None:
+            try:
+                step = self.decode_graphs.prepare(batch)
+            except CaptureFailed as e:
+                self._graphs_failed(e)
+                step = None
+            if step is not None:
+                return step
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
@@ -123,8 +160,10 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def execute(self, inputs: StepInputs) -> ModelOutput:
+    def execute(self, inputs: StepInputs | GraphStep) -> ModelOutput:
         """Logits of the sampling rows (empty when no sequence samples) and new prompt logprobs."""
+        if isinstance(inputs, GraphStep):
+            return ModelOutput(self.decode_graphs.run(inputs), {})
         hidden = self._program_hidden(inputs)
         if hidden is None:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)  # [tokens, hidden]

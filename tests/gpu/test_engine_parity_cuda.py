@@ -14,10 +14,10 @@ from tests.helpers import parity_cases as cases
 from tests.helpers.engine_probe import make_engine
 from tests.helpers.tiny_models import TINY_MODELS, build_tiny_model
 
-# The torch reference on the device: this file checks the engine itself (issue 16's ground); the Mojo GPU
-# attention module has its own kernel and engine tests (test_mojo_attention_cuda.py), so a fault there cannot
-# hide whether the engine is right.
-CUDA = dict(device=DEVICE, attention_backend="torch")
+# The torch reference on the device, every step eager: this file checks the engine itself; the Mojo GPU
+# attention module (test_mojo_attention_cuda.py) and the decode graphs (test_decode_graphs_cuda.py) have their own
+# tests, so a fault in either cannot hide whether the engine is right.
+CUDA = dict(device=DEVICE, attention_backend="torch", enforce_eager=True)
 
 
 @pytest.fixture(params=sorted(TINY_MODELS))
@@ -32,6 +32,7 @@ def test_engine_lives_on_the_gpu(tiny):
     on = torch.device(DEVICE).type
     assert engine.device.type == on and engine.attention_backend.name == "torch"
     assert engine.runner.decode_program_status.startswith("off")
+    assert engine.runner.decode_graphs is None
     assert all(p.device.type == on for p in engine.runner.model.parameters())
     assert all(k.device.type == on and v.device.type == on for k, v in engine.runner.kv_caches)
     engine.add_request("r", [5, 6, 7], SamplingParams(max_tokens=2, seed=3))

@@ -21,14 +21,12 @@ import torch
 from kernels import reference
 from kernels.gpu_build import CARRIED_SHAPES, PAGE_SIZE, GpuShape
 from kernels.gpu_mojo_ops import GpuStepPlan, open_attention
-from tests.gpu import DEVICE
+from tests.gpu import DEVICE, MOJO_TINY
 from tests.helpers import parity_cases as cases
 from tests.helpers.engine_probe import make_engine
 from tests.helpers.tiny_models import TINY_MODELS, build_tiny_model
 
 TOLERANCE = 1e-2
-# Tiny models whose attention shapes are carried (GQA 2 at d64, GQA 4 at d64, GQA 1 at d128).
-MOJO_TINY = {"qwen3": dict(head_dim=64), "qwen2": dict(hidden_size=512), "llama": dict(hidden_size=512)}
 
 
 def tiny_shape(name: str) -> GpuShape:
@@ -249,12 +247,13 @@ def test_engine_with_the_mojo_backend_follows_transformers(tiny, test_seed):
     allowance of the CPU's bf16 parity case."""
     if DEVICE == "cpu":
         pytest.skip("the mojo backend on CUDA needs CUDA (the rehearsal has no stand-in engine)")
-    engine = make_engine(tiny[0], device=DEVICE, dtype="bfloat16", attention_backend="mojo", block_size=16)
+    engine = make_engine(tiny[0], device=DEVICE, dtype="bfloat16", attention_backend="mojo", block_size=16,
+                         enforce_eager=True)
     assert engine.attention_backend.name == "mojo" and type(engine.attention_backend).__name__ == \
         "MojoCudaAttentionBackend"
     for lengths in ((3, 20, 47), (1, 15, 16, 17, 33, 130)):
         cases.check_bfloat16_follows_the_reference(*tiny, test_seed, lengths=lengths, device=DEVICE,
-                                                   attention_backend="mojo", block_size=16)
+                                                   attention_backend="mojo", block_size=16, enforce_eager=True)
 
 
 def test_auto_serves_with_the_module_on_cuda_in_bfloat16(tiny):

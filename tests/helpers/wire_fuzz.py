@@ -35,7 +35,7 @@ def gateway_to_worker_templates() -> list[dict]:
 def worker_to_gateway_templates() -> list[dict]:
     messages = [
         wire.WorkerReady(model="m", architecture="Qwen3ForCausalLM", dtype="float32",
-                         device="cpu", attention_backend="torch", quantization="none",
+                         device="cpu", attention_backend="torch", quantization="none", decode_graphs="off",
                          max_model_len=8, vocab_size=3, stats=STATS),
         wire.StepOutputs(deltas=[wire.TokenDelta(request_id="fuzz-1", index=0, token_ids=[7], finish_reason=None,
                                                  num_prompt_tokens=3, num_cached_tokens=0,

@@ -26,6 +26,8 @@ def test_health_models_openapi(server):
     assert health["attention_backend"] in ("mojo", "torch")
     # --device auto (the default): the GPU where torch sees one (tests/gpu covers that), else the CPU.
     assert health["device"] == ("cuda:0" if torch.cuda.is_available() else "cpu")
+    assert health["decode_graphs"].startswith("on (captured") if torch.cuda.is_available() \
+        else health["decode_graphs"] == "off (not on a CUDA device)"
     assert health["quantization"] == "none"  # a safetensors checkpoint under --quantization auto
     assert health["workers_ready"] == 1
     models = httpx2.get(f"{server.url}/v1/models").json()

@@ -15,7 +15,7 @@ MESSAGES = [
                     params=wire.sampling_params_to_wire(SamplingParams(n=2, logit_bias={5: -1.5}, seed=3))),
     wire.AbortRequests(request_ids=["r1", "r2"]),
     wire.WorkerReady(model="m", architecture="Qwen3ForCausalLM", dtype="torch.float32",
-                     device="cpu", attention_backend="torch", quantization="none",
+                     device="cpu", attention_backend="torch", quantization="none", decode_graphs="off",
                      max_model_len=512, vocab_size=320, stats=STATS),
     wire.StepOutputs(deltas=[wire.TokenDelta(request_id="r1", index=0, token_ids=[7], finish_reason=None,
                                              num_prompt_tokens=3, num_cached_tokens=0,

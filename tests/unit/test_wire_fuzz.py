@@ -73,7 +73,7 @@ def test_frames_to_the_gateway(test_seed):
     try:
         slot = pool.slots[0]
         slot._dispatch(wire.WorkerReady(model="m", architecture="a", dtype="float32",
-                                        device="cpu", attention_backend="torch", quantization="none",
+                                        device="cpu", attention_backend="torch", quantization="none", decode_graphs="off",
                                         max_model_len=512, vocab_size=320,
                                         stats=wire.WorkerStats(0, 0, 1, 0, 0, 0, 0)))
         tokenizer = default_tokenizer()
