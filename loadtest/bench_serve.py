@@ -90,12 +90,18 @@ async def one_request(client: httpx2.AsyncClient, args, prompt: str) -> RequestR
     return result
 
 
-async def run(args) -> dict:
+def make_prompts(args) -> tuple[list[str], random.Random]:
+    """The run's prompts (from --seed, --num-prompts, --input-len, --random-range) and the generator that made
+    them, which then times Poisson arrivals."""
     rng = random.Random(args.seed)
     lengths = [args.input_len if not args.random_range else
                rng.randint(int(args.input_len * (1 - args.random_range)), int(args.input_len * (1 + args.random_range)))
                for _ in range(args.num_prompts)]
-    prompts = [random_prompt(rng, n) for n in lengths]
+    return [random_prompt(rng, n) for n in lengths], rng
+
+
+async def run(args) -> dict:
+    prompts, rng = make_prompts(args)
     # A fresh connection per request: a server that closes idle keep-alive connections (llama-server does after a
     # few requests) must not turn a reused, already-closed connection into a failed request.
     limits = httpx2.Limits(max_connections=max(args.concurrency or 0, 256), max_keepalive_connections=0)

@@ -101,8 +101,10 @@ class RunningServer:
         self.served_name = served_name  # the model name requests send
         self.url = f"http://127.0.0.1:{port}"
         self.log = open(log_path, "ab")
+        # env: os.environ as Python knows it. Without it the child inherits the C environment, where a Mojo
+        # module loaded in this process has set PYTHONEXECUTABLE, which points the child outside the venv.
         self.proc = subprocess.Popen(spec.command(port, concurrency), cwd=ROOT, stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                                     stderr=subprocess.STDOUT, start_new_session=True, env=dict(os.environ))
 
     def wait_ready(self, timeout: float = 600.0) -> None:
         deadline = time.monotonic() + timeout
