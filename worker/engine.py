@@ -70,15 +70,17 @@ class LLMEngine:
         self.max_model_len = self._fit_context_to_cache(num_blocks * config.block_size)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
-        # One block more than the block manager hands out: the scratch block, where the padded rows of a
-        # CUDA-graph decode step write (worker/decode_graphs.py).
-        kv_caches = allocate_kv_caches(mc, num_blocks + 1, config.block_size, self.dtype, self.device)
+        graphs_off = self._graphs_off_reason()
+        # With decode graphs, one block more than the block manager hands out: the scratch block, where the
+        # padded rows of a graph step write (worker/decode_graphs.py).
+        spare = 1 if graphs_off is None else 0
+        kv_caches = allocate_kv_caches(mc, num_blocks + spare, config.block_size, self.dtype, self.device)
         self.runner = ModelRunner(model, kv_caches, config.block_size, self.device,
                                   decode_program=config.decode_program, max_num_seqs=config.max_num_seqs,
                                   max_model_len=self.max_model_len)
         self.runner.use_decode_graphs(scratch_block=num_blocks, max_rows=config.max_num_seqs,
                                       max_model_len=self.max_model_len, capture=self.device.type == "cuda",
-                                      reason_off=self._graphs_off_reason())
+                                      reason_off=graphs_off)
         self.eos_token_ids = frozenset(mc.eos_token_ids)
         self.sampler = Sampler(mc.vocab_size, self.eos_token_ids)
         self.grammars = GrammarCompiler(config.model, mc.vocab_size, self.eos_token_ids)

@@ -75,6 +75,8 @@ class ModelRunner:
         if reason_off is not None:
             self.decode_graphs, self._graphs_reason = None, reason_off
             return
+        if scratch_block >= self.kv_caches[0][0].shape[0]:
+            raise ValueError(f"decode graphs need a spare KV block; the cache has no block {scratch_block}")
         try:
             self.decode_graphs = DecodeGraphs(self.model, self.kv_caches, self.block_size, scratch_block, max_rows,
                                               -(-max_model_len // self.block_size), capture=capture)

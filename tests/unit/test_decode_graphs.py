@@ -143,12 +143,20 @@ def test_steps_the_graphs_decline_run_eagerly(tiny, graphs_on_cpu):
     assert graph_rows == [1, 1]
 
 
-def test_status_says_why_graphs_are_off(tiny):
-    engine = make_engine(tiny[0])
+def test_off_the_gpu_there_are_no_graphs_and_no_spare_block(tiny):
+    engine = make_engine(tiny[0], num_kv_blocks=40)
     assert engine.runner.decode_graphs is None
     assert engine.runner.decode_graphs_status == "off (not on a CUDA device)"
-    engine.runner.use_decode_graphs(engine.block_manager.num_blocks, 4, 64, capture=False)
-    assert engine.runner.decode_graphs_status.startswith("on (eager (not captured), rows 1,2,4;")
+    assert engine.runner.kv_caches[0][0].shape[0] == 40
+    with pytest.raises(ValueError, match="need a spare KV block; the cache has no block 40"):
+        engine.runner.use_decode_graphs(engine.block_manager.num_blocks, 4, 64, capture=False)
+
+
+def test_with_graphs_the_cache_has_one_spare_block(tiny, graphs_on_cpu):
+    engine = make_engine(tiny[0], num_kv_blocks=40, max_num_seqs=4, max_model_len=64)
+    assert engine.block_manager.num_blocks == 40 and engine.runner.kv_caches[0][0].shape[0] == 41
+    assert engine.runner.decode_graphs.scratch_block == 40
+    assert engine.runner.decode_graphs_status == "on (eager (not captured), rows 1,2,4; block-table widths 4)"
 
 
 def test_a_backend_that_cannot_plan_from_bounds_is_refused(tiny):
@@ -164,7 +172,7 @@ def test_a_backend_that_cannot_plan_from_bounds_is_refused(tiny):
         DecodeGraphs(engine.runner.model, engine.runner.kv_caches, 16, 0, 4, 4, capture=False)
 
 
-def test_a_failed_capture_leaves_every_step_eager_and_says_why(tiny, test_seed, monkeypatch):
+def test_a_failed_capture_leaves_every_step_eager_and_says_why(tiny, test_seed, monkeypatch, graphs_on_cpu):
     """At startup (the smallest shape) and later (a shape first needed while serving): the runner turns the
     graphs off with the reason, and the step that needed the shape runs eagerly, right."""
     def refuse(graphs, graph):
