@@ -16,8 +16,8 @@ Each graph owns its inputs: one packed int64 device buffer (worker/step_transfer
 its padded values on the host, packs them into pinned memory and sends them with one non-blocking copy into
 that buffer, then replays. The graph ends by copying its logits into one [max rows, vocab] float32 buffer
 shared by every graph (they replay one at a time; the sampler reads a step's logits before the next step
-replays). The smallest shape is captured at startup, every other when a step first needs it; all share one
-memory pool. Prefill and mixed steps, and decode steps that score prompt tokens, run eagerly. A capture that fails
+replays). The smallest shape is captured when the graphs are made, every other when a step first needs it or
+when capture_all() runs (a server's startup); all share one memory pool. Prefill and mixed steps, and decode steps that score prompt tokens, run eagerly. A capture that fails
 raises CaptureFailed; the model runner then runs every step eagerly and says why.
 
 `capture=False` runs the same padded path without capturing: the CPU tests check the padding with it, and on a
@@ -118,6 +118,19 @@ class DecodeGraphs:
             self._logits = torch.empty(max_rows, model.config.vocab_size, dtype=torch.float32, device=self.device)
             if capture:  # the smallest shape at once: a model that cannot be captured is known at startup
                 self._graph(self.sizes[0], self.widths[0])
+
+    def capture_all(self) -> int:
+        """Captures every shape of the ladders not captured yet, largest first (so the shared pool grows once and
+        the smaller graphs reuse its memory); returns how many it captured. A server does this at startup, so
+        that no request waits for a capture; without it each shape is captured when a step first needs it."""
+        if not self.capture:
+            return 0
+        missing = [(rows, width) for rows in reversed(self.sizes) for width in reversed(self.widths)
+                   if (rows, width) not in self._graphs]
+        with torch.inference_mode():
+            for rows, width in missing:
+                self._graph(rows, width)
+        return len(missing)
 
     @property
     def num_captured(self) -> int:

@@ -77,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     sender.start()
 
     engine = LLMEngine(EngineConfig(**json.loads(args.config)))
+    if engine.runner.decode_graphs is not None:  # before the first request, which must not wait for captures
+        start = time.monotonic()
+        captured = engine.runner.decode_graphs.capture_all()
+        log.info("captured %d decode graphs in %.1f s", captured, time.monotonic() - start)
     mc = engine.model_config
     outbox.put(wire.WorkerReady(model=args.served_model_name, architecture=mc.architecture, dtype=str(engine.dtype).removeprefix("torch."),
                                 device=str(engine.device),

@@ -209,11 +209,13 @@ def test_api_key_between_router_and_instances(keyed_instances, smg):
         while True:
             workers = httpx2.get(f"{router.url}/workers", headers=router.headers, timeout=5).json()["workers"]
             loads = {w["url"]: w.get("engine_load", {}).get("loads", [{}])[0] for w in workers}
-            if loads.get(busy.url, {}).get("num_waiting_reqs", 0) > 0:
+            # The choices start once the first has prefilled the prompt (1 running, 15 waiting, for a moment).
+            busy_load = loads.get(busy.url, {})
+            if busy_load.get("num_waiting_reqs", 0) > 0 and busy_load.get("num_running_reqs") == 4:
                 break
             assert time.monotonic() < deadline, f"SMG never read the busy instance's load: {loads}"
             time.sleep(0.5)
-        assert loads[busy.url]["num_running_reqs"] == 4 and loads[idle.url]["num_waiting_reqs"] == 0
+        assert loads[idle.url]["num_waiting_reqs"] == 0
     finally:
         stop.set()
         stream.join(30)

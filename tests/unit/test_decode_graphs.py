@@ -196,3 +196,17 @@ def test_a_failed_capture_leaves_every_step_eager_and_says_why(tiny, test_seed, 
     cases.assert_matches_reference(run, tiny[1])
     assert engine.runner.decode_graphs is None
     assert "the 2-row decode step with 8-block tables: RuntimeError" in engine.runner.decode_graphs_status
+
+
+def test_capture_all_takes_every_missing_shape_largest_first(tiny, monkeypatch, graphs_on_cpu):
+    captured = []
+    monkeypatch.setattr(DecodeGraphs, "_capture", lambda graphs, graph: captured.append((graph.rows, graph.width)))
+    engine = make_engine(tiny[0], max_num_seqs=20, max_model_len=300)
+    engine.runner.use_decode_graphs(engine.block_manager.num_blocks, 20, 300, capture=True)
+    graphs = engine.runner.decode_graphs
+    assert graphs.sizes == (1, 2, 4, 8, 16, 20) and graphs.widths == (8, 16, 19)
+    assert captured == [(1, 8)]  # at once: the smallest
+    assert graphs.capture_all() == 17
+    assert captured[1:4] == [(20, 19), (20, 16), (20, 8)] and captured[-2:] == [(1, 19), (1, 16)]
+    assert sorted(captured) == sorted((r, w) for r in graphs.sizes for w in graphs.widths)
+    assert graphs.capture_all() == 0
