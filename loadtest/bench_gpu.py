@@ -239,8 +239,17 @@ def markdown(report: dict) -> str:
     lines.append(f"| offline total tok/s | {num(report['offline_total_tok_s'])} | "
                  f"{num(hf_offline.get('total_tok_s'))} | |")
     lines.append(f"| TTFT, {s['ttft_prompt']}-token prompt, ms (median) | {num(report['ttft_1k_ms'], '.1f')} | | |")
+    hf = report["parts"].get("transformers") or {}
+    lines += ["", f"MILI: KV cache {s['kv_cache_memory'] / 2**20:,.0f} MiB, max_num_seqs {s['max_num_seqs']}, "
+              f"max_num_batched_tokens {s['max_num_batched_tokens']}, max_model_len {s['max_model_len']}; "
+              f"transformers: {hf.get('attention', '-')} attention, {hf.get('cache', '-')} cache. Greedy, ignore_eos, "
+              f"{s['single_output']} tokens per single stream; warmed up before timing."]
+    if report.get("profile"):
+        lines += ["", "```", decode_profile.table(report["profile"]), "```"]
     notes = [f"{k}: {v['skipped'] if 'skipped' in v else v['error']}" for k, v in report["parts"].items()
              if isinstance(v, dict) and ("skipped" in v or "error" in v)]
+    if report.get("error"):
+        notes.append(f"stopped: {report['error']}")
     return "\n".join(lines + ([""] + notes if notes else []))
 
 
@@ -326,9 +335,6 @@ def run_all(args, s: Settings, budget: Budget, report: dict, write) -> int:
         if "profile" not in skip:
             run.part("profile", lambda: profile_part(engine, s, vocab, args.seed))
     write()
-    rows = report["profile"] or []
-    if rows:
-        print(decode_profile.table(rows))
     print(markdown(report))
     return 1 if run.errors else 0
 

@@ -53,7 +53,7 @@ def test_tiny_run_measures_every_part(tmp_path):
     assert [r["batch"] for r in rows] == report["settings"]["profile_batches"]
     for row in rows:
         assert row["running_during_profile"] == row["batch"]
-        assert _positive(row["step_ms"]) and _positive(row["device_ms"])
+        assert _positive(row["step_ms"]) and _positive(row["wall_ms"]) and _positive(row["device_ms"])
         assert set(row["by_category_ms"]) == set(CATEGORIES)
         assert all(v >= 0 for v in row["by_category_ms"].values())
         assert sum(row["by_category_ms"].values()) == pytest.approx(row["device_ms"], rel=1e-9)
