@@ -129,7 +129,10 @@ def test_cuda_kernels_are_tied_to_their_ranges_or_classified_by_name():
         _gpu("nvjet_tst_64x8", 10.0),
         _gpu("nvjet_tst_64x8", 10.0),  # launched where the profiler links nothing (a graph's replay)
         _gpu("mha_decoding_kernel", 3.0),
-        _gpu(ATTENTION_RANGE, 40.0, annotation=True),  # the range drawn on the GPU's timeline: not work
+        # The ranges the profiler draws on the GPU's timeline are not work: known by their CPU twin's name, or by
+        # their flag where the profiler sets it.
+        _gpu(ATTENTION_RANGE, 40.0),
+        _gpu("## user range ##", 50.0, annotation=True),
     ]
     result = breakdown(activities(events, on_cuda=True), steps=1)
     assert result["by_category_ms"] == pytest.approx({"matmul": 0.020, "attention": 0.008, "sampler": 0.0,
