@@ -178,9 +178,11 @@ def transformers_part(run: Run, model_dir: Path, device: torch.device, vocab: in
         lo, hi = s.offline_lengths
         workload = engine_timing.offline_workload(s.offline_sequences, lo, hi, vocab, seed)
         n = min(s.hf_requests, s.offline_sequences)
+        subset = f"the first {n} of the {s.offline_sequences} offline requests, in order, batches of {s.hf_batch}"
+        print(f"transformers offline: {subset}", flush=True)
         offline = transformers_generate.offline(model, workload.prompts[:n], workload.output_lens[:n], s.hf_batch,
                                                 device, args.hf_cache, budget.deadline(s.needs_s.get("profile", 0)))
-        offline["subset"] = f"the first {n} of the {s.offline_sequences} offline requests, batches of {s.hf_batch}"
+        offline["subset"] = subset
     finally:
         del model
         if device.type == "cuda":
@@ -248,6 +250,9 @@ def markdown(report: dict) -> str:
         lines += ["", "```", decode_profile.table(report["profile"]), "```"]
     notes = [f"{k}: {v['skipped'] if 'skipped' in v else v['error']}" for k, v in report["parts"].items()
              if isinstance(v, dict) and ("skipped" in v or "error" in v)]
+    for name, part in (("MILI offline", report["parts"].get("offline")), ("transformers offline", hf_offline)):
+        if isinstance(part, dict) and part.get("stopped"):
+            notes.append(f"{name} did not finish (its figure is over the part that ran): {part['stopped']}")
     if report.get("error"):
         notes.append(f"stopped: {report['error']}")
     return "\n".join(lines + ([""] + notes if notes else []))
@@ -270,6 +275,9 @@ def parse_args(argv):
     ap.add_argument("--hf-cache", choices=("dynamic", "static"), default="dynamic",
                     help="transformers' KV cache (static also makes generate compile the forward)")
     ap.add_argument("--hf-attention", default="sdpa", help="transformers' attn_implementation")
+    ap.add_argument("--hf-requests", type=int, help="offline requests transformers runs (the first N; default 64, "
+                    "8 with --tiny)")
+    ap.add_argument("--hf-batch", type=int, help="transformers' offline batch size (default 64, 4 with --tiny)")
     ap.add_argument("--skip", default="", help="comma-separated parts to leave out: transformers, profile")
     return ap.parse_args(argv)
 
@@ -277,12 +285,13 @@ def parse_args(argv):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     s = TINY_SETTINGS if args.tiny else GPU_SETTINGS
-    if args.budget_s is not None:
-        s = dataclasses.replace(s, budget_s=args.budget_s)
+    overrides = {"budget_s": args.budget_s, "hf_requests": args.hf_requests, "hf_batch": args.hf_batch}
+    s = dataclasses.replace(s, **{k: v for k, v in overrides.items() if v is not None})
     budget = Budget(s.budget_s)
     settings = {k: v for k, v in dataclasses.asdict(s).items() if k != "model"}
     report = {"device": None, "model": "tiny Qwen3 (2 layers)" if args.tiny else "Qwen3-0.6B-shaped, random weights",
-              "model_config": s.model, "settings": settings, "torch": torch.__version__, "cuda": torch.version.cuda,
+              "model_config": s.model, "settings": settings, "python": platform.python_version(),
+              "torch": torch.__version__, "cuda": torch.version.cuda,
               "transformers": None, "attention_backend": None, "parts": {}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
@@ -324,7 +333,9 @@ def run_all(args, s: Settings, budget: Budget, report: dict, write) -> int:
         report["checkpoint_seconds"] = time.perf_counter() - t0
         config = engine_config(args, s, model_dir, device)
         report["engine_config"] = {k: v for k, v in dataclasses.asdict(config).items() if k != "model"}
+        t0 = time.perf_counter()
         engine = LLMEngine(config)
+        report["engine_start_seconds"] = time.perf_counter() - t0  # loading, the KV cache, any graph capture
         report["attention_backend"] = engine.attention_backend.name
         vocab = engine.model_config.vocab_size
         engine_timing.warm_up(engine, vocab, random.Random(args.seed + 3), batch=8)

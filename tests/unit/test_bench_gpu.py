@@ -151,3 +151,37 @@ def test_engine_bench_line_of_the_check_table():
     assert line == ("engine-bench (mojo attention): offline 15,234 tok/s, 6.04x transformers; single stream by context "
                     "128: 712, 1024: - tok/s; TTFT 1k 21.4 ms; return code 0 in 301.5 s")
     assert "not run (dry run)" in engine_bench_line({"returncode": 0, "seconds": 1.0, "skipped": "dry run"})
+
+
+def test_a_run_past_its_deadline_stops_and_leaves_the_engine_clean(tmp_path):
+    import time
+
+    import torch
+
+    from loadtest import engine_timing
+    from loadtest.random_checkpoint import TINY, build_checkpoint
+    from shared.config import EngineConfig
+    from worker.engine import LLMEngine
+
+    model_dir = build_checkpoint(tmp_path, TINY, torch.float32, torch.device("cpu"), seed=0)
+    engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", attention_backend="torch",
+                                    kv_cache_memory=4 << 20, max_model_len=256))
+    workload = engine_timing.offline_workload(8, 8, 32, TINY["vocab_size"], seed=0)
+    past = time.perf_counter() - 1
+    stopped = engine_timing.offline(engine, workload, deadline=past)
+    assert not stopped["complete"] and stopped["stopped"].startswith("budget: stopped after 0 of")
+    assert stopped["output_tokens"] == 0 and not stopped["every_request_got_its_tokens"]
+    single = engine_timing.single_stream(engine, workload.prompts[0], 8, deadline=past)
+    assert not single["complete"] and single["tok_s"] is None
+    assert not engine.has_unfinished_requests() and engine.block_manager.num_used_blocks == 0
+    # The engine serves on: the same workload, in time, completes with every token.
+    done = engine_timing.offline(engine, workload, deadline=time.perf_counter() + 60)
+    assert done["complete"] and done["output_tokens"] == sum(workload.output_lens)
+    # transformers starts no batch past the deadline.
+    from loadtest import transformers_generate
+
+    model = transformers_generate.load(model_dir, torch.device("cpu"), torch.float32, "sdpa")
+    hf = transformers_generate.offline(model, workload.prompts, workload.output_lens, 4, torch.device("cpu"),
+                                       "dynamic", deadline=past)
+    assert hf["batches"] == 0 and not hf["complete"] and hf["stopped"] == "budget: 8 sequences not run"
+    assert hf["output_tok_s"] is None
