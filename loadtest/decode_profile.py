@@ -29,9 +29,9 @@ CATEGORIES = ("matmul", "attention", "sampler", "other")
 # Lower-case name fragments. Attention first: "fmha_cutlassF..." is attention, not a matmul.
 ATTENTION_NAMES = ("attention", "attn", "flash", "fmha", "mha", "sdpa", "write_kv", "paged")
 # cuBLAS(Lt) kernels are gemm/gemv/nvjet/xmma kernels (splitKreduce finishes a split gemm); CPU operators are
-# aten::mm, addmm, bmm, matmul, linear.
+# aten::mm, addmm, bmm, matmul, linear (mkldnn::_linear_pointwise for packed bf16 weights).
 MATMUL_NAMES = ("gemm", "gemv", "nvjet", "xmma", "cutlass", "cublas", "splitkreduce", "matmul", "aten::mm",
-                "aten::addmm", "bmm", "aten::linear")
+                "aten::addmm", "bmm", "linear")
 
 
 def classify(name: str, ranges: Iterable[str] = ()) -> str:

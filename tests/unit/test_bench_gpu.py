@@ -85,6 +85,7 @@ def test_dry_run_writes_the_plan_and_runs_nothing(tmp_path):
     ("void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16>", (), "matmul"),
     ("aten::mm", (), "matmul"),
     ("aten::addmm", (), "matmul"),
+    ("mkldnn::_linear_pointwise", (), "matmul"),
     # attention kernels by name: torch's SDPA backends, a flash kernel, MILI's GPU module's KV write
     ("fmha_cutlassF_bf16_aligned_64x128_rf_sm80(PyTorchMemEffAttention::AttentionKernel<...>::Params)", (),
      "attention"),
