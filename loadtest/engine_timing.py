@@ -43,6 +43,13 @@ def _abort_all(engine, ids) -> None:
         engine.step()
 
 
+def _abort_on_failure(engine, ids) -> None:
+    """After a failed step: the next part gets the engine without these requests (no step taken here: the
+    aborts are reported by the next part's first step)."""
+    for rid in ids:
+        engine.abort_request(rid)
+
+
 def warm_up(engine, vocab: int, rng: random.Random, batch: int) -> None:
     """One short request, then `batch` at once: the first kernels, allocations and any lazily captured decode
     graphs happen here, not in a timed part."""
@@ -55,15 +62,19 @@ def single_stream(engine, prompt: list[int], output_len: int, deadline: float) -
     rid = f"single-{len(prompt)}"
     engine.add_request(rid, prompt, greedy(output_len))
     tokens, first, last = 0, None, None
-    while engine.has_unfinished_requests():
-        if time.perf_counter() > deadline:
-            _abort_all(engine, [rid])
-            break
-        new = sum(len(o.new_token_ids) for o in engine.step())
-        if new:
-            last = time.perf_counter()
-            first = last if first is None else first
-            tokens += new
+    try:
+        while engine.has_unfinished_requests():
+            if time.perf_counter() > deadline:
+                _abort_all(engine, [rid])
+                break
+            new = sum(len(o.new_token_ids) for o in engine.step())
+            if new:
+                last = time.perf_counter()
+                first = last if first is None else first
+                tokens += new
+    except BaseException:
+        _abort_on_failure(engine, [rid])
+        raise
     decode_s = (last - first) if first is not None else 0.0
     return {"context": len(prompt), "output_tokens": tokens, "decode_s": decode_s, "complete": tokens == output_len,
             "tok_s": (tokens - 1) / decode_s if decode_s > 0 else None}
@@ -77,9 +88,13 @@ def time_to_first_token(engine, prompts: list[list[int]], deadline: float) -> di
             break
         rid = f"ttft-{i}"
         t0 = time.perf_counter()
-        engine.add_request(rid, prompt, greedy(1))
-        while not any(o.new_token_ids for o in engine.step()):
-            pass
+        try:
+            engine.add_request(rid, prompt, greedy(1))
+            while not any(o.new_token_ids for o in engine.step()):
+                pass
+        except BaseException:
+            _abort_on_failure(engine, [rid])
+            raise
         times.append((time.perf_counter() - t0) * 1e3)
         _abort_all(engine, [rid])
     return {"prompt_tokens": len(prompts[0]), "runs": len(times), "ms": times,
@@ -89,22 +104,29 @@ def time_to_first_token(engine, prompts: list[list[int]], deadline: float) -> di
 def offline(engine, workload: Workload, deadline: float) -> dict:
     """All requests added at once, then stepped to the end: output (and total) tokens/s over the whole run."""
     ids = [f"offline-{i}" for i in range(len(workload.prompts))]
+    mine = set(ids)
     produced: Counter[str] = Counter()
     finish: Counter[str] = Counter()
     preemptions = engine.stats().num_preemptions
     stopped = None
     start = time.perf_counter()
-    for rid, prompt, n in zip(ids, workload.prompts, workload.output_lens):
-        engine.add_request(rid, prompt, greedy(n))
-    while engine.has_unfinished_requests():
-        if time.perf_counter() > deadline:
-            stopped = f"budget: stopped after {sum(produced.values())} of {sum(workload.output_lens)} tokens"
-            _abort_all(engine, ids)
-            break
-        for out in engine.step():
-            produced[out.request_id] += len(out.new_token_ids)
-            if out.finish_reason is not None:
-                finish[out.finish_reason] += 1
+    try:
+        for rid, prompt, n in zip(ids, workload.prompts, workload.output_lens):
+            engine.add_request(rid, prompt, greedy(n))
+        while engine.has_unfinished_requests():
+            if time.perf_counter() > deadline:
+                stopped = f"budget: stopped after {sum(produced.values())} of {sum(workload.output_lens)} tokens"
+                _abort_all(engine, ids)
+                break
+            for out in engine.step():
+                if out.request_id not in mine:
+                    continue  # an earlier failed part's aborted request, reported now
+                produced[out.request_id] += len(out.new_token_ids)
+                if out.finish_reason is not None:
+                    finish[out.finish_reason] += 1
+    except BaseException:
+        _abort_on_failure(engine, ids)
+        raise
     elapsed = time.perf_counter() - start
     out_tokens = sum(produced.values())
     prompt_tokens = sum(map(len, workload.prompts))
