@@ -284,6 +284,9 @@ def parse_args(argv):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    unknown = set(filter(None, args.skip.split(","))) - {"transformers", "profile"}
+    if unknown:
+        raise SystemExit(f"--skip: unknown parts {sorted(unknown)}; choose from transformers, profile")
     s = TINY_SETTINGS if args.tiny else GPU_SETTINGS
     overrides = {"budget_s": args.budget_s, "hf_requests": args.hf_requests, "hf_batch": args.hf_batch}
     s = dataclasses.replace(s, **{k: v for k, v in overrides.items() if v is not None})
@@ -319,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         report["error"] = f"{type(e).__name__}: {e}"
         write()
+        print(markdown(report))
         return 1
 
 
