@@ -240,7 +240,9 @@ def markdown(report: dict) -> str:
                  f"{num(report['transformers_offline_tok_s'])} | {num(report['ratio_offline_vs_transformers'], '.2f')} |")
     lines.append(f"| offline total tok/s | {num(report['offline_total_tok_s'])} | "
                  f"{num(hf_offline.get('total_tok_s'))} | |")
-    lines.append(f"| TTFT, {s['ttft_prompt']}-token prompt, ms (median) | {num(report['ttft_1k_ms'], '.1f')} | | |")
+    runs = (report["parts"].get("ttft") or {}).get("runs", "-")
+    lines.append(f"| TTFT, {s['ttft_prompt']}-token prompt, ms (median of {runs}) | {num(report['ttft_1k_ms'], '.1f')} "
+                 "| | |")
     hf = report["parts"].get("transformers") or {}
     lines += ["", f"MILI: KV cache {s['kv_cache_memory'] / 2**20:,.0f} MiB, max_num_seqs {s['max_num_seqs']}, "
               f"max_num_batched_tokens {s['max_num_batched_tokens']}, max_model_len {s['max_model_len']}; "
