@@ -3,10 +3,11 @@
 It installs the wheels `make gpu-bundle` put into .gpu-bundle/ into /tmp/site (the machine has no network),
 unpacks the carried Mojo runtime (loadtest/gpu_runtime.py), first checks that every carried GPU attention module
 imports under this Python and, with CUDA, agrees with the torch reference on a small ragged step; then runs
-tests/gpu, the integration suite's API tests against `mili serve --device cuda`, and the attention
-micro-benchmark (loadtest/bench_gpu_attention.py), writes the results as JSON (and the suites' JUnit XML) under
+tests/gpu, the integration suite's API tests against `mili serve --device cuda`, the attention
+micro-benchmark (loadtest/bench_gpu_attention.py) and the engine benchmark against transformers `generate`
+(loadtest/bench_gpu.py: gpu.json and gpu.md), writes the results as JSON (and the suites' JUnit XML) under
 $OUT (or build/gpu-check/), and prints a short table last. `--only` picks some of these (one 10-minute device
-call may not hold them all).
+call may not hold them all: the engine benchmark alone takes about seven minutes).
 
 `--dry-run` uses this interpreter's packages and installs nothing: on a machine without CUDA every test skips,
 with its reason, which is what CI can check of this script (tests/unit/test_gpu_check.py).
@@ -35,8 +36,9 @@ SUITES = {
     "tests/gpu": ["tests/gpu"],
     "integration --server-device cuda": ["--server-device", "cuda", *INTEGRATION],
 }
-# What --only can pick: the carried modules' import check, the two suites (by their first word), the benchmark.
-PARTS = ("modules", "tests/gpu", "integration", "bench")
+# What --only can pick: the carried modules' import check, the two suites (by their first word), the attention
+# benchmark, the engine benchmark.
+PARTS = ("modules", "tests/gpu", "integration", "bench", "engine-bench")
 
 # Each carried module: does it import here, and (with CUDA) does it open the device and agree with the reference?
 MODULE_CHECK = """
@@ -119,6 +121,45 @@ def run_benchmark(env: dict[str, str], out: Path, timeout: float, dry_run: bool)
     return {"benchmark": "bench_gpu_attention", "returncode": rc, "seconds": round(time.monotonic() - start, 1)}
 
 
+def run_engine_benchmark(env: dict[str, str], out: Path, timeout: float, dry_run: bool) -> dict:
+    """loadtest/bench_gpu.py with a budget a minute short of `timeout` (it stops its own parts at the budget, and
+    writes its JSON after each, so a run stopped by the timeout still leaves what it measured)."""
+    json_path, md_path = out / "gpu.json", out / "gpu.md"
+    cmd = [sys.executable, "-m", "loadtest.bench_gpu", "--out", str(json_path), "--markdown", str(md_path),
+           "--budget-s", str(max(timeout - 60, 30))]
+    start = time.monotonic()
+    try:
+        rc = subprocess.run(cmd + (["--dry-run"] if dry_run else []), cwd=ROOT, env=env, timeout=timeout).returncode
+    except subprocess.TimeoutExpired:
+        rc = "timeout"
+    result = {"benchmark": "bench_gpu", "returncode": rc, "seconds": round(time.monotonic() - start, 1),
+              "json": str(json_path), "markdown": str(md_path)}
+    try:
+        report = json.loads(json_path.read_text())
+    except (OSError, ValueError):
+        return result
+    for key in ("device", "attention_backend", "single_stream_tok_s", "offline_tok_s", "transformers_offline_tok_s",
+                "ratio_offline_vs_transformers", "ttft_1k_ms", "skipped"):
+        if report.get(key) is not None:
+            result[key] = report[key]
+    return result
+
+
+def engine_bench_line(result: dict) -> str:
+    """The engine benchmark's line of the final table."""
+    if "skipped" in result:
+        return f"engine-bench: not run ({result['skipped']}), return code {result['returncode']}"
+
+    def num(v, fmt=",.0f"):
+        return "-" if v is None else format(v, fmt)
+
+    single = ", ".join(f"{c}: {num(v)}" for c, v in (result.get("single_stream_tok_s") or {}).items())
+    return (f"engine-bench ({result.get('attention_backend', '?')} attention): offline {num(result.get('offline_tok_s'))}"
+            f" tok/s, {num(result.get('ratio_offline_vs_transformers'), '.2f')}x transformers; single stream by "
+            f"context {single or '-'} tok/s; TTFT 1k {num(result.get('ttft_1k_ms'), '.1f')} ms; return code "
+            f"{result['returncode']} in {result['seconds']} s")
+
+
 def run_suite(name: str, args: list[str], env: dict[str, str], out: Path, timeout: float) -> dict:
     xml = out / f"junit-{len(list(out.glob('junit-*.xml')))}.xml"
     start = time.monotonic()
@@ -149,7 +190,7 @@ def run_suite(name: str, args: list[str], env: dict[str, str], out: Path, timeou
     return result
 
 
-def table(environment: dict, results: list[dict]) -> str:
+def table(environment: dict, results: list[dict], engine_bench: dict | None = None) -> str:
     device = environment.get("gpu") or ("no CUDA device" if not environment.get("cuda_available") else "?")
     lines = [f"GPU check: {device}; python {environment.get('python')}, torch {environment.get('torch')} "
              f"(CUDA {environment.get('cuda')})",
@@ -157,6 +198,8 @@ def table(environment: dict, results: list[dict]) -> str:
     for r in results:
         lines.append(f"{r['suite']:<34} {r['passed']:>6} {r['failed']:>6} {r['errors']:>6} {r['skipped']:>7} "
                      f"{r['seconds']:>8}")
+    if engine_bench is not None:
+        lines.append(engine_bench_line(engine_bench))
     return "\n".join(lines)
 
 
@@ -169,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suite-timeout", type=float, default=270.0,
                         help="seconds per suite before it is stopped (two suites fit one 10-minute device call)")
     parser.add_argument("--bench-timeout", type=float, default=150.0, help="seconds for the attention benchmark")
+    parser.add_argument("--engine-bench-timeout", type=float, default=480.0,
+                        help="seconds for the engine benchmark (its budget is a minute less)")
     parser.add_argument("--only", default=",".join(PARTS),
                         help=f"comma-separated parts to run, of {', '.join(PARTS)} (default: all)")
     parser.add_argument("--ptxas", default=None, metavar="PATH|triton",
@@ -197,14 +242,17 @@ def main(argv: list[str] | None = None) -> int:
     results = [run_suite(name, suite, env, args.out, args.suite_timeout) for name, suite in SUITES.items()
                if name.split()[0] in parts]
     bench = run_benchmark(env, args.out, args.bench_timeout, args.dry_run) if "bench" in parts else None
+    engine_bench = (run_engine_benchmark(env, args.out, args.engine_bench_timeout, args.dry_run)
+                    if "engine-bench" in parts else None)
     cuda = bool(environment.get("cuda_available"))
     ok = (all(r["returncode"] in (0, 5) and not r["failed"] and not r["errors"] for r in results)  # 5: none collected
           and all("error" not in m and m.get("self_check", "ok") == "ok" and ("skipped" not in m or args.dry_run)
                   for m in modules)
-          and (bench is None or bench["returncode"] == 0))
+          and (bench is None or bench["returncode"] == 0)
+          and (engine_bench is None or engine_bench["returncode"] == 0))
     report = {"dry_run": args.dry_run, "ok": ok, "environment": environment, "gpu_modules": modules,
               "suites_attention_backend": env.get("MILI_ATTENTION_BACKEND", "auto"),
-              "suites": results, "benchmark": bench}
+              "suites": results, "benchmark": bench, "engine_benchmark": engine_bench}
     (args.out / "gpu-check.json").write_text(json.dumps(report, indent=2) + "\n")
     for m in modules:
         status = m.get("error") or m.get("skipped") or (f"self-check {m['self_check']}" if "self_check" in m else
@@ -218,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"skipped in {r['suite']}: {reason}")
         for test_id in r["failures"]:
             print(f"FAILED in {r['suite']}: {test_id}")
-    print(table(environment, results))
+    print(table(environment, results, engine_bench))
     return 0 if ok else 1
 
 

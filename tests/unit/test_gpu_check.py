@@ -29,7 +29,8 @@ def test_dry_run_skips_everything_cleanly(tmp_path):
     for suite in report["suites"]:
         assert suite["tests"] > 0 and suite["skipped"] == suite["tests"], suite
         assert suite["skip_reasons"] and all("CUDA" in r for r in suite["skip_reasons"]), suite
-    assert run.stdout.rstrip().splitlines()[-3].startswith("suite")  # the table comes last
+    table = run.stdout.rstrip().splitlines()
+    assert table[-4].startswith("suite") and table[-1].startswith("engine-bench: not run (dry run)")  # table last
     # Every carried GPU attention module is looked at first: imported where it is built (not run: no CUDA).
     assert len(report["gpu_modules"]) == len(CARRIED_SHAPES)
     for module in report["gpu_modules"]:
@@ -37,6 +38,11 @@ def test_dry_run_skips_everything_cleanly(tmp_path):
     assert report["benchmark"]["returncode"] == 0  # --dry-run lists its cases
     listed = json.loads((tmp_path / "gpu_attention.json").read_text())
     assert listed["skipped"] == "dry run" and len(listed["cases"]) == 11
+    # The engine benchmark writes its plan, with the sizes it would run.
+    assert report["engine_benchmark"]["returncode"] == 0 and report["engine_benchmark"]["skipped"] == "dry run"
+    planned = json.loads((tmp_path / "gpu.json").read_text())
+    assert planned["skipped"] == "dry run" and planned["settings"]["offline_sequences"] == 256
+    assert (tmp_path / "gpu.md").read_text().startswith("GPU benchmark not run (dry run)")
 
 
 def test_only_runs_the_parts_asked_for(tmp_path):
@@ -45,6 +51,7 @@ def test_only_runs_the_parts_asked_for(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads((tmp_path / "gpu-check.json").read_text())
     assert report["suites"] == [] and report["gpu_modules"] == [] and report["benchmark"]["returncode"] == 0
+    assert report["engine_benchmark"] is None
     bad = subprocess.run([sys.executable, "-m", "loadtest.gpu_check", "--dry-run", "--out", str(tmp_path),
                           "--only", "bench,tests"], capture_output=True, text=True, timeout=120, env=dict(os.environ))
     assert bad.returncode == 2 and "unknown parts ['tests']" in bad.stderr
