@@ -107,9 +107,7 @@ def device_name(device: torch.device) -> str:
 def engine_config(args, s: Settings, model_dir: Path, device: torch.device):
     from shared.config import EngineConfig
 
-    extra = {}
-    if args.enforce_eager is not None and "enforce_eager" in {f.name for f in dataclasses.fields(EngineConfig)}:
-        extra["enforce_eager"] = args.enforce_eager
+    extra = {} if args.enforce_eager is None else {"enforce_eager": args.enforce_eager}
     return EngineConfig(model=str(model_dir), device=str(device), dtype=s.dtype, attention_backend=args.attention_backend,
                         kv_cache_memory=s.kv_cache_memory, max_num_seqs=s.max_num_seqs,
                         max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len, **extra)
@@ -228,7 +226,8 @@ def markdown(report: dict) -> str:
 
     hf_offline = (report["parts"].get("transformers") or {}).get("offline") or {}
     lines = [f"MILI engine vs transformers generate on {report['device']} ({report['model']}, {s['dtype']}); "
-             f"attention backend {report['attention_backend']}; torch {report['torch']}, "
+             f"attention backend {report['attention_backend']}; decode graphs {report.get('decode_graphs', '-')}; "
+             f"torch {report['torch']}, "
              f"transformers {report['transformers']}", "",
              "| measure | MILI | transformers | MILI / transformers |", "|---|---:|---:|---:|"]
     for c in map(str, s["contexts"]):
@@ -273,7 +272,7 @@ def parse_args(argv):
                     default=os.environ.get("MILI_ATTENTION_BACKEND", "auto"),
                     help="MILI's attention backend (default $MILI_ATTENTION_BACKEND or auto)")
     ap.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None,
-                    help="passed to EngineConfig.enforce_eager where the engine has it (no CUDA graphs)")
+                    help="EngineConfig.enforce_eager: on CUDA, every step eager (no decode graphs)")
     ap.add_argument("--hf-cache", choices=("dynamic", "static"), default="dynamic",
                     help="transformers' KV cache (static also makes generate compile the forward)")
     ap.add_argument("--hf-attention", default="sdpa", help="transformers' attn_implementation")
@@ -347,6 +346,11 @@ def run_all(args, s: Settings, budget: Budget, report: dict, write) -> int:
         engine = LLMEngine(config)
         report["engine_start_seconds"] = time.perf_counter() - t0  # loading, the KV cache, any graph capture
         report["attention_backend"] = engine.attention_backend.name
+        if engine.runner.decode_graphs is not None:  # as a server does at startup: no timed step waits for a capture
+            t0 = time.perf_counter()
+            report["decode_graphs_captured"] = engine.runner.decode_graphs.capture_all()
+            report["decode_graphs_capture_seconds"] = time.perf_counter() - t0
+        report["decode_graphs"] = engine.runner.decode_graphs_status
         vocab = engine.model_config.vocab_size
         engine_timing.warm_up(engine, vocab, random.Random(args.seed + 3), batch=8)
         report["warm_up"] = "one 16-token request and a batch of 8, 8 tokens each, before anything is timed"

@@ -1,7 +1,7 @@
 """What serving costs beside the engine: the same closed-loop workload through the engine alone and through
 `mili serve`, at several concurrencies.
 
-    python -m loadtest.bench_gpu_serve --model-dir DIR [--device cuda] [--concurrency 1,32,128] [--out FILE]
+    python -m loadtest.bench_gpu_serve [--model-dir DIR] [--device cuda] [--concurrency 1,32,128] [--out FILE]
 
 At each concurrency C, C requests are kept in flight (a new one starts when one ends) until --requests-per-level
 x C have run; each has a prompt of --input-len words and --output-len output tokens (ignore_eos, greedy). First
@@ -11,10 +11,11 @@ the engine alone runs them in this process (LLMEngine.step in a loop: no HTTP, n
 one warm-up request first. The ratio served/engine output tokens/s is what the gateway, the wire and the
 streaming cost at that concurrency; the client's TTFT and TPOT are reported beside the engine's.
 
-The model: an HF-format checkpoint. Random-weight checkpoints have no tokenizer, and their outputs are any id of
+The model: an HF-format checkpoint, by default a random Qwen3-0.6B-shaped one in bf16 (loadtest/random_checkpoint.py,
+as the engine benchmark's). Random-weight checkpoints have no tokenizer, and their outputs are any id of
 the vocabulary, so a checkpoint without tokenizer.json gets a word-level one written beside it: the benchmark
 client's words first (one token per prompt word), then `w<N>` for every other id, so every output decodes.
-`--tiny` makes a small random Qwen3 and runs on the CPU in seconds (what CI checks of this script).
+`--tiny` makes a two-layer random Qwen3 and runs on the CPU in seconds (what CI checks of this script).
 Nothing here asserts speeds.
 """
 
@@ -34,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from loadtest import bench_serve
+from loadtest import bench_serve, random_checkpoint
 from loadtest.servers import RunningServer, ServerSpec
 from shared.config import EngineConfig, parse_size
 from shared.sampling_params import SamplingParams
@@ -193,17 +194,17 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def tiny_model(out_dir: Path) -> Path:
-    from tests.helpers.tiny_models import build_tiny_model
-
-    build_tiny_model("qwen3", 0, out_dir, vocab_size=1024)
-    return out_dir
+def random_model(out_dir: Path, tiny: bool, device: str) -> Path:
+    """A random Qwen3-0.6B-shaped bf16 checkpoint (loadtest/random_checkpoint.py), or its tiny float32 sibling."""
+    spec, dtype = (random_checkpoint.TINY, torch.float32) if tiny else (random_checkpoint.QWEN3_0_6B, torch.bfloat16)
+    return random_checkpoint.build_checkpoint(out_dir, spec, dtype, torch.device(device), seed=0)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m loadtest.bench_gpu_serve", description=__doc__.splitlines()[0])
-    p.add_argument("--model-dir", type=Path, help="an HF-format checkpoint (required without --tiny)")
-    p.add_argument("--tiny", action="store_true", help="a small random Qwen3 on the CPU (seconds)")
+    p.add_argument("--model-dir", type=Path,
+                   help="an HF-format checkpoint (default: a random Qwen3-0.6B-shaped one, made on --device)")
+    p.add_argument("--tiny", action="store_true", help="a two-layer random Qwen3 on the CPU (seconds)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--concurrency", default="1,32,128", help="comma-separated levels")
@@ -217,6 +218,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=0, help="`mili serve`'s port (0: any free one)")
     p.add_argument("--server-timeout", type=float, default=300.0, help="seconds for `mili serve` to be ready")
     p.add_argument("--out", type=Path, help="write the results here as JSON (and a markdown table beside it)")
+    p.add_argument("--dry-run", action="store_true", help="write the plan (settings, levels) and run nothing")
     args = p.parse_args(argv)
     if args.tiny:
         args.device, args.dtype, args.kv_cache_memory, args.max_model_len = "cpu", "float32", "64MiB", 512
@@ -224,17 +226,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if args.concurrency == p.get_default("concurrency"):
             args.concurrency = "1,4"
         args.requests_per_level = min(args.requests_per_level, 2)
-    elif args.model_dir is None:
-        p.error("--model-dir is required (or --tiny)")
     args.levels = [int(c) for c in args.concurrency.split(",")]
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.dry_run:
+        plan = {"skipped": "dry run", "settings": engine_settings(args), "levels": [],
+                "concurrency": args.levels, "input_len": args.input_len, "output_len": args.output_len}
+        if args.out:
+            args.out.write_text(json.dumps(plan, indent=2))
+        print(f"serving benchmark not run (dry run): concurrency {args.concurrency}")
+        return 0
     with tempfile.TemporaryDirectory(prefix="bench-gpu-serve-") as tmp:
-        if args.tiny:
-            args.model_dir = tiny_model(Path(tmp) / "tiny-qwen3")
+        if args.model_dir is None:
+            args.model_dir = random_model(Path(tmp) / "random-qwen3", args.tiny, args.device)
         ensure_tokenizer(args.model_dir)
         from tokenizers import Tokenizer
 

@@ -38,7 +38,7 @@ SUITES = {
 }
 # What --only can pick: the carried modules' import check, the two suites (by their first word), the attention
 # benchmark, the engine benchmark.
-PARTS = ("modules", "tests/gpu", "integration", "bench", "engine-bench")
+PARTS = ("modules", "tests/gpu", "integration", "bench", "engine-bench", "serve-bench")
 
 # Each carried module: does it import here, and (with CUDA) does it open the device and agree with the reference?
 MODULE_CHECK = """
@@ -160,6 +160,36 @@ def engine_bench_line(result: dict) -> str:
             f"{result['returncode']} in {result['seconds']} s")
 
 
+def run_serve_benchmark(env: dict[str, str], out: Path, timeout: float, dry_run: bool) -> dict:
+    """loadtest/bench_gpu_serve.py: the engine alone against `mili serve` at concurrency 1, 32 and 128."""
+    json_path = out / "gpu_serve.json"
+    cmd = [sys.executable, "-m", "loadtest.bench_gpu_serve", "--out", str(json_path)]
+    start = time.monotonic()
+    try:
+        rc = subprocess.run(cmd + (["--dry-run"] if dry_run else []), cwd=ROOT, env=env, timeout=timeout).returncode
+    except subprocess.TimeoutExpired:
+        rc = "timeout"
+    result = {"benchmark": "bench_gpu_serve", "returncode": rc, "seconds": round(time.monotonic() - start, 1),
+              "json": str(json_path)}
+    try:
+        report = json.loads(json_path.read_text())
+    except (OSError, ValueError):
+        return result
+    if "skipped" in report:
+        result["skipped"] = report["skipped"]
+    result["levels"] = {level["concurrency"]: round(level["served_over_engine"], 2) for level in report.get("levels", [])}
+    return result
+
+
+def serve_bench_line(result: dict) -> str:
+    """The serving benchmark's line of the final table: served / engine output tok/s by concurrency."""
+    if "skipped" in result:
+        return f"serve-bench: not run ({result['skipped']}), return code {result['returncode']}"
+    levels = ", ".join(f"{c}: {r}x" for c, r in (result.get("levels") or {}).items())
+    return (f"serve-bench: served / engine output tok/s by concurrency {levels or '-'}; return code "
+            f"{result['returncode']} in {result['seconds']} s")
+
+
 def run_suite(name: str, args: list[str], env: dict[str, str], out: Path, timeout: float) -> dict:
     xml = out / f"junit-{len(list(out.glob('junit-*.xml')))}.xml"
     start = time.monotonic()
@@ -190,7 +220,8 @@ def run_suite(name: str, args: list[str], env: dict[str, str], out: Path, timeou
     return result
 
 
-def table(environment: dict, results: list[dict], engine_bench: dict | None = None) -> str:
+def table(environment: dict, results: list[dict], engine_bench: dict | None = None,
+          serve_bench: dict | None = None) -> str:
     device = environment.get("gpu") or ("no CUDA device" if not environment.get("cuda_available") else "?")
     lines = [f"GPU check: {device}; python {environment.get('python')}, torch {environment.get('torch')} "
              f"(CUDA {environment.get('cuda')})",
@@ -200,6 +231,8 @@ def table(environment: dict, results: list[dict], engine_bench: dict | None = No
                      f"{r['seconds']:>8}")
     if engine_bench is not None:
         lines.append(engine_bench_line(engine_bench))
+    if serve_bench is not None:
+        lines.append(serve_bench_line(serve_bench))
     return "\n".join(lines)
 
 
@@ -214,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bench-timeout", type=float, default=150.0, help="seconds for the attention benchmark")
     parser.add_argument("--engine-bench-timeout", type=float, default=480.0,
                         help="seconds for the engine benchmark (its budget is a minute less)")
+    parser.add_argument("--serve-bench-timeout", type=float, default=300.0,
+                        help="seconds for the serving benchmark (engine alone, then mili serve)")
     parser.add_argument("--only", default=",".join(PARTS),
                         help=f"comma-separated parts to run, of {', '.join(PARTS)} (default: all)")
     parser.add_argument("--ptxas", default=None, metavar="PATH|triton",
@@ -244,15 +279,19 @@ def main(argv: list[str] | None = None) -> int:
     bench = run_benchmark(env, args.out, args.bench_timeout, args.dry_run) if "bench" in parts else None
     engine_bench = (run_engine_benchmark(env, args.out, args.engine_bench_timeout, args.dry_run)
                     if "engine-bench" in parts else None)
+    serve_bench = (run_serve_benchmark(env, args.out, args.serve_bench_timeout, args.dry_run)
+                   if "serve-bench" in parts else None)
     cuda = bool(environment.get("cuda_available"))
     ok = (all(r["returncode"] in (0, 5) and not r["failed"] and not r["errors"] for r in results)  # 5: none collected
           and all("error" not in m and m.get("self_check", "ok") == "ok" and ("skipped" not in m or args.dry_run)
                   for m in modules)
           and (bench is None or bench["returncode"] == 0)
-          and (engine_bench is None or engine_bench["returncode"] == 0))
+          and (engine_bench is None or engine_bench["returncode"] == 0)
+          and (serve_bench is None or serve_bench["returncode"] == 0))
     report = {"dry_run": args.dry_run, "ok": ok, "environment": environment, "gpu_modules": modules,
               "suites_attention_backend": env.get("MILI_ATTENTION_BACKEND", "auto"),
-              "suites": results, "benchmark": bench, "engine_benchmark": engine_bench}
+              "suites": results, "benchmark": bench, "engine_benchmark": engine_bench,
+              "serve_benchmark": serve_bench}
     (args.out / "gpu-check.json").write_text(json.dumps(report, indent=2) + "\n")
     for m in modules:
         status = m.get("error") or m.get("skipped") or (f"self-check {m['self_check']}" if "self_check" in m else
@@ -266,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"skipped in {r['suite']}: {reason}")
         for test_id in r["failures"]:
             print(f"FAILED in {r['suite']}: {test_id}")
-    print(table(environment, results, engine_bench))
+    print(table(environment, results, engine_bench, serve_bench))
     return 0 if ok else 1
 
 

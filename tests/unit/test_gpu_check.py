@@ -30,7 +30,8 @@ def test_dry_run_skips_everything_cleanly(tmp_path):
         assert suite["tests"] > 0 and suite["skipped"] == suite["tests"], suite
         assert suite["skip_reasons"] and all("CUDA" in r for r in suite["skip_reasons"]), suite
     table = run.stdout.rstrip().splitlines()
-    assert table[-4].startswith("suite") and table[-1].startswith("engine-bench: not run (dry run)")  # table last
+    assert table[-5].startswith("suite") and table[-2].startswith("engine-bench: not run (dry run)")  # table last
+    assert table[-1].startswith("serve-bench: not run (dry run)")
     # Every carried GPU attention module is looked at first: imported where it is built (not run: no CUDA).
     assert len(report["gpu_modules"]) == len(CARRIED_SHAPES)
     for module in report["gpu_modules"]:
@@ -43,6 +44,9 @@ def test_dry_run_skips_everything_cleanly(tmp_path):
     planned = json.loads((tmp_path / "gpu.json").read_text())
     assert planned["skipped"] == "dry run" and planned["settings"]["offline_sequences"] == 256
     assert (tmp_path / "gpu.md").read_text().startswith("GPU benchmark not run (dry run)")
+    # The serving benchmark too: its plan, at the three concurrencies.
+    assert report["serve_benchmark"]["returncode"] == 0 and report["serve_benchmark"]["skipped"] == "dry run"
+    assert json.loads((tmp_path / "gpu_serve.json").read_text())["concurrency"] == [1, 32, 128]
 
 
 def test_only_runs_the_parts_asked_for(tmp_path):
@@ -51,7 +55,7 @@ def test_only_runs_the_parts_asked_for(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads((tmp_path / "gpu-check.json").read_text())
     assert report["suites"] == [] and report["gpu_modules"] == [] and report["benchmark"]["returncode"] == 0
-    assert report["engine_benchmark"] is None
+    assert report["engine_benchmark"] is None and report["serve_benchmark"] is None
     bad = subprocess.run([sys.executable, "-m", "loadtest.gpu_check", "--dry-run", "--out", str(tmp_path),
                           "--only", "bench,tests"], capture_output=True, text=True, timeout=120, env=dict(os.environ))
     assert bad.returncode == 2 and "unknown parts ['tests']" in bad.stderr
