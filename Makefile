@@ -81,8 +81,7 @@ gpu-bundle: $(STAMP)
 # Runs ON the GPU machine, with its own python3 (no .venv there): installs .gpu-bundle/ into /tmp/site, checks the
 # carried GPU modules, runs tests/gpu, the integration API tests with --server-device cuda, the attention
 # benchmark, the engine benchmark against transformers (gpu.json, gpu.md) and the serving benchmark (gpu_serve.json),
-# writes JSON under $$OUT, prints a
-# table (ARGS="--only ..." picks parts).
+# writes JSON under $$OUT, prints a table (ARGS="--only ..." picks parts).
 # Here, `make gpu-check GPU_PYTHON=.venv/bin/python ARGS=--dry-run` shows every test skip with its reason.
 GPU_PYTHON ?= python3
 gpu-check:
