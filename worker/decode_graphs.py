@@ -12,9 +12,9 @@ A graph fixes its shapes, so steps are padded to a ladder of captured shapes, ke
   scratch block. The attention kernels read each row's own context length from the device; the width only
   bounds it (AttentionMetadata.lengths_are_bounds), so one graph serves every length up to its width.
 
-Each graph owns its inputs: one packed int64 device buffer (worker/step_transfer.py's layout). A step builds
-its padded values on the host, packs them into pinned memory and sends them with one non-blocking copy into
-that buffer, then replays. The graph ends by copying its logits into one [max rows, vocab] float32 buffer
+Each graph owns its inputs: one packed int64 device buffer (worker/step_transfer.py's layout). A step writes
+its padded values straight into a pinned host buffer of the same layout (numpy views: no per-field tensors) and
+sends it with one non-blocking copy into that buffer, then replays. The graph ends by copying its logits into one [max rows, vocab] float32 buffer
 shared by every graph (they replay one at a time; the sampler reads a step's logits before the next step
 replays). The smallest shape is captured when the graphs are made, every other when a step first needs it or
 when capture_all() runs (a server's startup); all share one memory pool. Prefill and mixed steps, and decode steps that score prompt tokens, run eagerly. A capture that fails
@@ -29,13 +29,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from worker.attention import AttentionMetadata
 from worker.models.decoder import DecoderForCausalLM
 from worker.prompt_logprobs import prompt_rows_to_score
 from worker.scheduler import ScheduledBatch
-from worker.step_transfer import Field, layout, pack
+from worker.step_transfer import Field, layout
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +148,7 @@ class DecodeGraphs:
         seqs = batch.seqs
         if len(seqs) > self.sizes[-1] or any(n != 1 for n in batch.num_new_tokens):
             return None
-        bs, scratch = self.block_size, self.scratch_block
+        bs = self.block_size
         ids, positions, slots, lens = [], [], [], []
         for seq in seqs:
             p = seq.num_computed_tokens  # the new token's position
@@ -159,9 +160,8 @@ class DecodeGraphs:
             slots.append(seq.block_table[p // bs] * bs + p % bs)
             lens.append(p + 1)
         width = _ceil_to(-(-max(lens) // bs), self.widths)
-        tables = [seq.block_table[:width] + [scratch] * (width - len(seq.block_table)) for seq in seqs]
         graph = self._graph(_ceil_to(len(seqs), self.sizes), width)
-        self._send(graph, ids, positions, slots, tables, lens)
+        self._send(graph, ids, positions, slots, [seq.block_table[:width] for seq in seqs], lens)
         return GraphStep(graph, len(seqs))
 
     @torch.inference_mode()
@@ -177,19 +177,21 @@ class DecodeGraphs:
 
     def _send(self, graph: DecodeGraph, ids: list[int], positions: list[int], slots: list[int],
               tables: list[list[int]], lens: list[int]) -> None:
-        """Pads the step's rows to the graph's and copies them into its buffer (one non-blocking copy)."""
-        pad = graph.rows - len(ids)
-        scratch_slot = self.scratch_block * self.block_size
-        host = [
-            torch.tensor(ids + [0] * pad, dtype=torch.int64),
-            torch.tensor(positions + [0] * pad, dtype=torch.int64),
-            torch.tensor(slots + [scratch_slot] * pad, dtype=torch.int64),
-            torch.tensor(tables + [[self.scratch_block] * graph.width] * pad, dtype=torch.int32),
-            torch.tensor(lens + [1] * pad, dtype=torch.int32),
-            torch.arange(graph.rows + 1, dtype=torch.int32),  # one query row per sequence
-        ]
-        packed, _ = pack(host, pin=self.device.type == "cuda")
-        graph.buffer.copy_(packed, non_blocking=True)
+        """Writes the step's rows, padded to the graph's, straight into a host buffer laid out as the graph's
+        (pinned on CUDA), and copies it into the graph's buffer with one non-blocking copy. tables: each row's
+        block ids, at most the graph's width (the rest of a row points at the scratch block)."""
+        host = torch.empty(graph.buffer.shape, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+        ids_h, positions_h, slots_h, tables_h, lens_h, starts_h = (f.view(host).numpy() for f in graph.fields)
+        n = len(ids)
+        ids_h[:n], ids_h[n:] = ids, 0  # padded rows decode token 0 at position 0 ...
+        positions_h[:n], positions_h[n:] = positions, 0
+        slots_h[:n], slots_h[n:] = slots, self.scratch_block * self.block_size  # ... into the scratch block's slot 0
+        tables_h.fill(self.scratch_block)
+        for row, table in zip(tables_h, tables):
+            row[:len(table)] = table
+        lens_h[:n], lens_h[n:] = lens, 1
+        starts_h[:] = np.arange(graph.rows + 1)  # one query row per sequence
+        graph.buffer.copy_(host, non_blocking=True)
 
     def _graph(self, rows: int, width: int) -> DecodeGraph:
         key = (rows, width)
