@@ -96,6 +96,10 @@ class BlockManager:
                 self._by_digest[digest] = block.block_id
 
     # ----- allocation -----
+    def holds(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Whether seq's blocks already have room for num_new_tokens more (allocate would take none)."""
+        return seq.num_computed_tokens + num_new_tokens <= len(seq.block_table) * self.block_size
+
     def can_allocate(self, seq: Sequence, num_new_tokens: int, prefix_hits: list[int] = ()) -> bool:
         """Whether seq can hold num_new_tokens more (after taking prefix_hits, for a sequence without blocks)."""
         have = len(seq.block_table) + len(prefix_hits)

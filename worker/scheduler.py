@@ -64,15 +64,17 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            while not self.block_manager.can_allocate(seq, num_new):
-                victim = self.running[-1]
-                self._preempt(victim)
-                preempted_any = True
-                if victim is seq:
-                    break
-            if seq.status is not SequenceStatus.RUNNING:
-                continue
-            self.block_manager.allocate(seq, num_new)
+            # Most decode steps fit the blocks the sequence holds: nothing to allocate, no one to preempt.
+            if not self.block_manager.holds(seq, num_new):
+                while not self.block_manager.can_allocate(seq, num_new):
+                    victim = self.running[-1]
+                    self._preempt(victim)
+                    preempted_any = True
+                    if victim is seq:
+                        break
+                if seq.status is not SequenceStatus.RUNNING:
+                    continue
+                self.block_manager.allocate(seq, num_new)
             self.waiting.charge(seq, num_new)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(num_new)

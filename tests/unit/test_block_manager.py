@@ -43,6 +43,18 @@ def test_allocation_and_free_counts():
     bm.check_invariants()
 
 
+def test_holds_says_when_allocate_would_take_no_block():
+    bm = BlockManager(8, BS)
+    a = seq(list(range(10)))  # 10 tokens computed in 3 blocks of 4: room for 2 more
+    prefill(bm, a)
+    assert bm.holds(a, 1) and bm.holds(a, 2) and not bm.holds(a, 3)
+    before = list(a.block_table)
+    bm.allocate(a, 2)
+    assert a.block_table == before  # what holds() promised
+    bm.allocate(a, 3)
+    assert len(a.block_table) == 4
+
+
 def test_prefix_sharing_reference_counts():
     bm = BlockManager(16, BS)
     a = seq(list(range(12)) + [100])  # 3 full blocks + 1
