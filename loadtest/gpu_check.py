@@ -111,33 +111,38 @@ def check_modules(env: dict[str, str], timeout: float = 300.0) -> list[dict]:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def run_benchmark(env: dict[str, str], out: Path, timeout: float, dry_run: bool) -> dict:
-    cmd = [sys.executable, "-m", "loadtest.bench_gpu_attention", "--out", str(out / "gpu_attention.json")]
+def run_benchmark_module(name: str, args: list[str], env: dict[str, str], timeout: float, dry_run: bool) -> dict:
+    """`python -m loadtest.NAME ARGS` (with --dry-run on a dry run) under a timeout: its return code and time."""
+    cmd = [sys.executable, "-m", f"loadtest.{name}", *args, *(["--dry-run"] if dry_run else [])]
     start = time.monotonic()
     try:
-        rc = subprocess.run(cmd + (["--dry-run"] if dry_run else []), cwd=ROOT, env=env, timeout=timeout).returncode
+        rc = subprocess.run(cmd, cwd=ROOT, env=env, timeout=timeout).returncode
     except subprocess.TimeoutExpired:
         rc = "timeout"
-    return {"benchmark": "bench_gpu_attention", "returncode": rc, "seconds": round(time.monotonic() - start, 1)}
+    return {"benchmark": name, "returncode": rc, "seconds": round(time.monotonic() - start, 1)}
+
+
+def read_report(path: Path) -> dict | None:
+    """A benchmark's JSON, or None where it wrote none (or half of one: stopped by the timeout)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def run_benchmark(env: dict[str, str], out: Path, timeout: float, dry_run: bool) -> dict:
+    return run_benchmark_module("bench_gpu_attention", ["--out", str(out / "gpu_attention.json")], env, timeout,
+                                dry_run)
 
 
 def run_engine_benchmark(env: dict[str, str], out: Path, timeout: float, dry_run: bool) -> dict:
     """loadtest/bench_gpu.py with a budget a minute short of `timeout` (it stops its own parts at the budget, and
     writes its JSON after each, so a run stopped by the timeout still leaves what it measured)."""
     json_path, md_path = out / "gpu.json", out / "gpu.md"
-    cmd = [sys.executable, "-m", "loadtest.bench_gpu", "--out", str(json_path), "--markdown", str(md_path),
-           "--budget-s", str(max(timeout - 60, 30))]
-    start = time.monotonic()
-    try:
-        rc = subprocess.run(cmd + (["--dry-run"] if dry_run else []), cwd=ROOT, env=env, timeout=timeout).returncode
-    except subprocess.TimeoutExpired:
-        rc = "timeout"
-    result = {"benchmark": "bench_gpu", "returncode": rc, "seconds": round(time.monotonic() - start, 1),
-              "json": str(json_path), "markdown": str(md_path)}
-    try:
-        report = json.loads(json_path.read_text())
-    except (OSError, ValueError):
-        return result
+    result = run_benchmark_module("bench_gpu", ["--out", str(json_path), "--markdown", str(md_path),
+                                                "--budget-s", str(max(timeout - 60, 30))], env, timeout, dry_run)
+    result.update(json=str(json_path), markdown=str(md_path))
+    report = read_report(json_path) or {}
     for key in ("device", "attention_backend", "single_stream_tok_s", "offline_tok_s", "transformers_offline_tok_s",
                 "ratio_offline_vs_transformers", "ttft_1k_ms", "skipped"):
         if report.get(key) is not None:
@@ -163,18 +168,9 @@ def engine_bench_line(result: dict) -> str:
 def run_serve_benchmark(env: dict[str, str], out: Path, timeout: float, dry_run: bool) -> dict:
     """loadtest/bench_gpu_serve.py: the engine alone against `mili serve` at concurrency 1, 32 and 128."""
     json_path = out / "gpu_serve.json"
-    cmd = [sys.executable, "-m", "loadtest.bench_gpu_serve", "--out", str(json_path)]
-    start = time.monotonic()
-    try:
-        rc = subprocess.run(cmd + (["--dry-run"] if dry_run else []), cwd=ROOT, env=env, timeout=timeout).returncode
-    except subprocess.TimeoutExpired:
-        rc = "timeout"
-    result = {"benchmark": "bench_gpu_serve", "returncode": rc, "seconds": round(time.monotonic() - start, 1),
-              "json": str(json_path)}
-    try:
-        report = json.loads(json_path.read_text())
-    except (OSError, ValueError):
-        return result
+    result = run_benchmark_module("bench_gpu_serve", ["--out", str(json_path)], env, timeout, dry_run)
+    result["json"] = str(json_path)
+    report = read_report(json_path) or {}
     if "skipped" in report:
         result["skipped"] = report["skipped"]
     result["levels"] = {level["concurrency"]: round(level["served_over_engine"], 2) for level in report.get("levels", [])}
