@@ -23,6 +23,7 @@ from worker.step_transfer import to_device
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class StepInputs:
     input_ids: torch.Tensor  # [num_tokens] int64
