@@ -7,7 +7,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from gateway.errors import ApiError, invalid
 
@@ -19,17 +19,21 @@ class ClientDisconnected(Exception):
 
 
 async def read_json(request: Request, max_bytes: int) -> Any:
-    """The body as JSON; 413 past max_bytes (checked on the header first, then while reading), 400 if not JSON."""
+    """The body as JSON; 413 past max_bytes (checked on the header first, then while reading), 400 if not JSON,
+    ClientDisconnected if the client leaves before the body is complete."""
     declared = request.headers.get("content-length")
     too_large = ApiError(413, f"the request body exceeds the limit of {max_bytes} bytes")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise too_large
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise too_large
+            chunks.append(chunk)
+    except ClientDisconnect:  # it left before its whole body came: no one to answer
+        raise ClientDisconnected() from None
     try:
         return json.loads(b"".join(chunks))
     except (ValueError, UnicodeDecodeError) as e:
