@@ -135,7 +135,8 @@ class CompletionBody(CommonBody):
     model_config = ConfigDict(json_schema_extra={"allOf": [
         *_COMMON_RULES, _when("max_tokens", {"const": 0}, _needs("echo", {"const": True}))]})
 
-    prompt: Prompt = Field(description="text, texts, token ids, or arrays of token ids (one choice set each)")
+    prompt: Prompt = Field(description="text, texts, token ids, or arrays of token ids (one choice set each); "
+                                       "a text must tokenize to at least one token")
     max_tokens: _int(ge=0, json_schema_extra=_limit("context")) | None = Field(
         None, description="default 16; 0 only with echo, to score the prompt; prompt + max_tokens must fit the "
                           "model's context")

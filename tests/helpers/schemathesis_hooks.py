@@ -1,8 +1,8 @@
 """Schemathesis hooks for the API schema test (loaded through SCHEMATHESIS_HOOKS).
 
-The OpenAPI document states every rule it can; a few rules compare values across fields in ways JSON
-Schema cannot (each is in its field's description, and the server answers it with a 400 naming the
-field). Generated bodies that break one are left out: they are neither valid nor invalid by the schema,
+The OpenAPI document states every rule it can; a few rules compare values across fields, or need the
+served tokenizer, in ways JSON Schema cannot (each is in its field's description, and the server answers it
+with a 400 naming the field). Generated bodies that break one are left out: they are neither valid nor invalid by the schema,
 so no check could judge the answer. Everything else the generator makes is sent as it is, except that generation is capped at 16 tokens
 (map_case; a valid body stays valid) to keep cases fast.
 """
@@ -51,7 +51,7 @@ def filter_case(context, case) -> bool:
     if not isinstance(body, dict):
         return True
     chat = case.operation.path.endswith("/chat/completions")
-    for broken in (_min_tokens_above_max, _prompt_beyond_context, *(
+    for broken in (_min_tokens_above_max, _prompt_beyond_context, _prompt_without_tokens, *(
             (_chat_beyond_context, _unknown_named_tool, _tool_declared_twice, _call_arguments_not_json)
             if chat else ())):
         if broken(body):
@@ -109,6 +109,26 @@ def _prompt_beyond_context(body: dict) -> bool:
     # Token ids count as they are; text at most one token per byte (see _chat_beyond_context).
     lengths = [len(p) if isinstance(p, list) else len(json.dumps(p, ensure_ascii=True)) for p in prompts]
     return any(n + high > CONTEXT or (n == CONTEXT and high != 0) for n in lengths)
+
+
+def _prompt_without_tokens(body: dict) -> bool:
+    """A text prompt the served tokenizer turns into no token at all (control characters it drops, say): there
+    is nothing to continue, and the server says so with a 400 naming `prompt`."""
+    prompt = body.get("prompt")
+    texts = [prompt] if isinstance(prompt, str) else prompt if isinstance(prompt, list) else []
+    return any(isinstance(t, str) and not _tokenizer().encode(t, add_special_tokens=True).ids for t in texts)
+
+
+_TOKENIZER = []
+
+
+def _tokenizer():
+    """The served model's tokenizer (MILI_SCHEMATHESIS_TOKENIZER), loaded once."""
+    if not _TOKENIZER:
+        from tokenizers import Tokenizer
+
+        _TOKENIZER.append(Tokenizer.from_file(os.environ["MILI_SCHEMATHESIS_TOKENIZER"]))
+    return _TOKENIZER[0]
 
 
 def _chat_beyond_context(body: dict) -> bool:

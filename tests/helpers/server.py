@@ -70,6 +70,7 @@ class Server:
     """`mili serve` on a free port; `start()` returns once /health says ready."""
 
     def __init__(self, model: str | Path, *flags: str, log_path: Path, env: dict[str, str] | None = None):
+        self.model = Path(model)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.cmd = [sys.executable, "-m", "gateway.cli", "serve", "--model", str(model), "--port", str(self.port),

@@ -36,11 +36,12 @@ warnings = false
 """
 
 
-def run_schemathesis(url: str, tmp_path: Path, seed: int, context: int) -> subprocess.CompletedProcess:
+def run_schemathesis(url: str, tmp_path: Path, seed: int, context: int, tokenizer: Path) -> subprocess.CompletedProcess:
     config = tmp_path / "schemathesis.toml"
     config.write_text(CONFIG)
     env = dict(os.environ, PYTHONPATH=str(ROOT), SCHEMATHESIS_HOOKS="tests.helpers.schemathesis_hooks",
-               MILI_SCHEMATHESIS_CONTEXT=str(context), MILI_SCHEMATHESIS_DROPPED=str(tmp_path / "dropped.json"))
+               MILI_SCHEMATHESIS_CONTEXT=str(context), MILI_SCHEMATHESIS_DROPPED=str(tmp_path / "dropped.json"),
+               MILI_SCHEMATHESIS_TOKENIZER=str(tokenizer))
     cmd = [*ST, "--no-color", "--config-file", str(config), "run", f"{url}/openapi.json", "--checks", "all",
            "--max-examples", str(MAX_EXAMPLES), "--seed", str(seed), "--workers", "1", "--request-timeout", "60",
            "--no-shrink", "--continue-on-failure", "--output-truncate", "true",
@@ -55,7 +56,7 @@ def run_schemathesis(url: str, tmp_path: Path, seed: int, context: int) -> subpr
 def test_schemathesis_finds_nothing(server, tmp_path):
     seed = int(os.environ.get("MILI_TEST_SEED", random.randrange(2**31)))
     context = httpx2.get(f"{server.url}/health", timeout=10).json()["max_model_len"]
-    result = run_schemathesis(server.url, tmp_path, seed, context)
+    result = run_schemathesis(server.url, tmp_path, seed, context, server.model / "tokenizer.json")
     summary = [line for line in result.stdout.splitlines() if "generated" in line or "passed" in line]
     dropped = json.loads((tmp_path / "dropped.json").read_text()) if (tmp_path / "dropped.json").exists() else {}
     print(f"\nschemathesis seed {seed}: {' | '.join(s.strip() for s in summary)}; left out: {dropped}")
