@@ -106,7 +106,16 @@ class WorkerSlot:
         failures = 0
         while not self.pool.stopping:
             started = time.monotonic()
-            await self._spawn()
+            try:
+                await self._spawn()
+            except (zmq.ZMQError, OSError) as e:  # an address taken (zmq's error names it), no interpreter, ...
+                await self._close_sockets()
+                failures += 1
+                delay = BACKOFF_S[min(failures, len(BACKOFF_S)) - 1]
+                self.down_reason = f"cannot start worker {self.index}: {e}"
+                log.error("%s; retrying in %.0f s", self.down_reason, delay)
+                await asyncio.sleep(delay)
+                continue
             code = await self.process.wait()
             if self.pool.stopping:
                 break

@@ -190,3 +190,44 @@ def test_worker_link_over_tcp_when_asked(tiny_model_dir, tmp_path):
         assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
     finally:
         server.stop()
+
+
+def test_a_taken_worker_address_is_reported_and_retried(tiny_model_dir, tmp_path):
+    """Another process listens on the worker's outputs address: /health says so (503, with the address) and the
+    log says so, and the worker starts once the address is free. Before, the failed bind ended the slot's
+    supervisor silently and the server said "starting" for ever."""
+    import socket
+
+    from tests.helpers.server import free_port
+
+    port = free_port()
+    taken = f"tcp://127.0.0.1:{port + 1}"
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", port + 1))
+    blocker.listen()
+    server = Server(tiny_model_dir, "--served-model-name", NAME, "--worker-tcp", f"127.0.0.1:{port}",
+                    log_path=tmp_path / "server.log")
+    starting = threading.Thread(target=server.start)
+    starting.start()
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                health = httpx2.get(f"{server.url}/health", timeout=2)
+                if taken in health.json().get("reason", ""):
+                    break
+            except httpx2.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "/health never named the taken address"
+            time.sleep(0.2)
+        assert health.status_code == 503 and "Address already in use" in health.json()["reason"]
+        blocker.close()
+        starting.join(120)
+        assert httpx2.get(f"{server.url}/health", timeout=5).status_code == 200
+        assert f"cannot start worker 0: Address already in use (addr='{taken}'); retrying in" in server.log_tail(100_000)
+        ok = httpx2.post(f"{server.url}/v1/completions", json={**LONG, "stream": False, "max_tokens": 3})
+        assert ok.status_code == 200
+    finally:
+        blocker.close()
+        starting.join(120)
+        server.stop()
