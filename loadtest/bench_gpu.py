@@ -25,7 +25,6 @@ import json
 import os
 import platform
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +35,7 @@ from pathlib import Path
 import torch
 
 from loadtest import decode_profile, engine_timing, transformers_generate
+from loadtest.machine import device_name
 from loadtest.random_checkpoint import QWEN3_0_6B, TINY, build_checkpoint
 
 
@@ -90,18 +90,6 @@ class Budget:
     def deadline(self, keep: float = 0.0) -> float:
         """A deadline that keeps `keep` seconds for later parts (never less than a fifth of what is left)."""
         return self.end - min(keep, 0.8 * max(self.left(), 0.0))
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def engine_config(args, s: Settings, model_dir: Path, device: torch.device):

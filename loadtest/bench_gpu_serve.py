@@ -25,8 +25,6 @@ import argparse
 import asyncio
 import gc
 import json
-import platform
-import socket
 import statistics
 import sys
 import tempfile
@@ -36,7 +34,8 @@ from pathlib import Path
 import torch
 
 from loadtest import bench_serve, random_checkpoint
-from loadtest.servers import RunningServer, ServerSpec
+from loadtest.machine import device_name
+from loadtest.servers import RunningServer, ServerSpec, free_port
 from shared.config import EngineConfig, parse_size
 from shared.sampling_params import SamplingParams
 from worker.engine import LLMEngine
@@ -138,7 +137,7 @@ def bench_server(args: argparse.Namespace, settings: dict, log_dir: Path) -> lis
                                                 "--model", str(args.model_dir), "--served-model-name",
                                                 SERVED_NAME, *flags],
                       restart_per_level=False, model_processes="children")
-    server = RunningServer(spec, args.port or unused_port(), max(args.levels), log_dir / "server.log", SERVED_NAME)
+    server = RunningServer(spec, args.port or free_port(), max(args.levels), log_dir / "server.log", SERVED_NAME)
     try:
         server.wait_ready(timeout=args.server_timeout)
         asyncio.run(bench_serve.run(client_args(args, 1, server.url, num_prompts=1)))  # warm-up
@@ -160,25 +159,6 @@ def bench_server(args: argparse.Namespace, settings: dict, log_dir: Path) -> lis
         raise
     finally:
         server.stop()
-
-
-def unused_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def device_name(device: str) -> str:
-    """The GPU's name, or the CPU's model name as lscpu gives it."""
-    if device.startswith("cuda") and torch.cuda.is_available():
-        return torch.cuda.get_device_name(torch.device(device))
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
 
 
 def table(report: dict) -> str:

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import httpx2
 
+from loadtest.machine import cpu_name
+
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "SmolLM2-135M-Instruct"
 # Ten people of four fields each: more JSON than 64 tokens hold, so every constrained request runs to max_tokens.
@@ -176,13 +178,6 @@ def main(argv: list[str] | None = None) -> int:
                                          "rounds": args.rounds, "serving": rows, "grammar_costs": costs},
                                         indent=2) + "\n")
     return 0
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ count is the same number of bytes.
 from __future__ import annotations
 
 import os
+import socket
 import signal
 import subprocess
 import sys
@@ -36,6 +37,13 @@ class ServerSpec:
     fallback: "ServerSpec | None" = None  # started instead if this one exits before it is ready
     config: str = ""  # how it runs, for the results
     context: str = ""  # its KV capacity and per-sequence limit, for the results
+
+
+def free_port() -> int:
+    """A local TCP port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 MILI_BLOCK_SIZE = 16  # `mili serve`'s default --block-size

@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from loadtest import bench_serve, report
+from loadtest.machine import cpu_name
 from loadtest.servers import (RunningServer, ServerSpec, llama_server_spec, mili_spec, peak_rss_mib,
                               transformers_spec)
 from worker.default_model import DEFAULT_SERVED_NAME, converted_gguf, default_gguf_path
@@ -47,8 +48,7 @@ SERVERS = ("mili", "mili-bf16", "llama-server", "transformers")
 
 
 def machine() -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
+    cpu = cpu_name()
     flags = set(next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
                 .split(":", 1)[1].split())
     mem = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import httpx2
 
+from loadtest.servers import free_port
 from tests.helpers.tiny_models import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,12 +58,6 @@ def build_tagged_qwen3(seed: int, out_dir: Path, tags: list[str], chat_template:
     config["chat_template"] = chat_template
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config))
     return {t: tok.token_to_id(t) for t in tags}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
