@@ -78,9 +78,11 @@ class LLMEngine:
         self.runner = ModelRunner(model, kv_caches, config.block_size, self.device,
                                   decode_program=config.decode_program, max_num_seqs=config.max_num_seqs,
                                   max_model_len=self.max_model_len)
-        self.runner.use_decode_graphs(scratch_block=num_blocks, max_rows=config.max_num_seqs,
-                                      max_model_len=self.max_model_len, capture=self.device.type == "cuda",
-                                      reason_off=graphs_off)
+        if graphs_off is None:
+            self.runner.use_decode_graphs(scratch_block=num_blocks, max_rows=config.max_num_seqs,
+                                          max_model_len=self.max_model_len, capture=self.device.type == "cuda")
+        else:
+            self.runner.decode_graphs_off(graphs_off)
         self.eos_token_ids = frozenset(mc.eos_token_ids)
         self.sampler = Sampler(mc.vocab_size, self.eos_token_ids)
         self.grammars = GrammarCompiler(config.model, mc.vocab_size, self.eos_token_ids)

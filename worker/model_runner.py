@@ -56,7 +56,7 @@ class ModelRunner:
         self._program_size = (max_num_seqs, -(-max_model_len // block_size))
         self.decode_program: DecodeProgram | None = None  # built at the first decode-only step
         self.decode_graphs: DecodeGraphs | None = None  # use_decode_graphs() turns them on
-        self._graphs_reason = "not on a CUDA device"
+        self._graphs_reason = "not turned on"
 
     @property
     def decode_program_status(self) -> str:
@@ -67,14 +67,11 @@ class ModelRunner:
         return f"on ({self.decode_graphs.describe()})" if self.decode_graphs is not None \
             else f"off ({self._graphs_reason})"
 
-    def use_decode_graphs(self, scratch_block: int, max_rows: int, max_model_len: int, capture: bool = True,
-                          reason_off: str | None = None) -> None:
-        """Decode steps through worker/decode_graphs.py from now on, or, with reason_off, the reason they
-        are not. scratch_block: a cache block no sequence holds (padded rows write there)."""
-        if reason_off is None and not self.model.backend.capturable_decode:
-            reason_off = f"the {self.model.backend.name} attention backend cannot plan from bounds"
-        if reason_off is not None:
-            self.decode_graphs, self._graphs_reason = None, reason_off
+    def use_decode_graphs(self, scratch_block: int, max_rows: int, max_model_len: int, capture: bool = True) -> None:
+        """Decode steps through worker/decode_graphs.py from now on, where the attention backend allows it (else
+        off, saying why). scratch_block: a cache block no sequence holds (padded rows write there)."""
+        if not self.model.backend.capturable_decode:
+            self.decode_graphs_off(f"the {self.model.backend.name} attention backend cannot plan from bounds")
             return
         if scratch_block >= self.kv_caches[0][0].shape[0]:
             raise ValueError(f"decode graphs need a spare KV block; the cache has no block {scratch_block}")
@@ -84,9 +81,13 @@ class ModelRunner:
         except CaptureFailed as e:
             self._graphs_failed(e)
 
+    def decode_graphs_off(self, reason: str) -> None:
+        """Every step eager from now on; decode_graphs_status says `reason`."""
+        self.decode_graphs, self._graphs_reason = None, reason
+
     def _graphs_failed(self, error: CaptureFailed) -> None:
         log.error("DECODE GRAPHS OFF, every step runs eagerly: %s", error)
-        self.decode_graphs, self._graphs_reason = None, str(error)
+        self.decode_graphs_off(str(error))
 
     def prepare(self, batch: ScheduledBatch) -> StepInputs | GraphStep:
         if self.decode_graphs is not None:

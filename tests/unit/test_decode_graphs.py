@@ -112,7 +112,7 @@ def test_padded_rows_write_only_the_scratch_block(tiny, test_seed, graphs_on_cpu
     with a marker, which real rows (whose tables pad with it) must not see through the mask."""
     prompts = cases.random_prompts(test_seed, [3, 20, 41])
     eager = make_engine(tiny[0], num_kv_blocks=64)
-    eager.runner.use_decode_graphs(0, 1, 1, reason_off="compared against")
+    eager.runner.decode_graphs_off("compared against")
     padded = make_engine(tiny[0], num_kv_blocks=64)
     scratch = padded.runner.decode_graphs.scratch_block
     assert scratch == padded.block_manager.num_blocks == 64
