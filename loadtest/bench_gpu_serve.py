@@ -113,8 +113,11 @@ def run_engine(engine: LLMEngine, prompts: list[list[int]], concurrency: int, ou
             if tpot else 0.0}
 
 
-def bench_engine(args: argparse.Namespace, settings: dict, tokenizer) -> list[dict]:
+def bench_engine(args: argparse.Namespace, settings: dict, tokenizer) -> tuple[list[dict], dict]:
+    """Each level's figures, and what served them (attention backend, decode graphs)."""
     engine = LLMEngine(EngineConfig(model=str(args.model_dir), **settings))
+    if engine.runner.decode_graphs is not None:  # as `mili serve`'s worker does at startup, before any timing
+        engine.runner.decode_graphs.capture_all()
     info = {"attention_backend": engine.attention_backend.name, "decode_graphs": engine.runner.decode_graphs_status}
     warm = [tokenizer.encode(p).ids for p in bench_serve.make_prompts(client_args(args, 1, num_prompts=1))[0]]
     run_engine(engine, warm, 1, 8)
@@ -123,12 +126,11 @@ def bench_engine(args: argparse.Namespace, settings: dict, tokenizer) -> list[di
         prompts = bench_serve.make_prompts(client_args(args, c))[0]
         results.append(run_engine(engine, [tokenizer.encode(p).ids for p in prompts], c, args.output_len))
         print(f"engine      concurrency {c:>4}: {results[-1]['output_tok_s']:9.1f} output tok/s", flush=True)
-    args.engine_info = info
     del engine
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # the server's worker needs the memory next
-    return results
+    return results, info
 
 
 def bench_server(args: argparse.Namespace, settings: dict, log_dir: Path) -> list[dict]:
@@ -227,10 +229,10 @@ def main(argv: list[str] | None = None) -> int:
 
         tokenizer = Tokenizer.from_file(str(args.model_dir / "tokenizer.json"))
         settings = engine_settings(args)
-        engine = bench_engine(args, settings, tokenizer)
+        engine, engine_info = bench_engine(args, settings, tokenizer)
         served = bench_server(args, settings, Path(tmp))
     report = {"device": device_name(args.device), "settings": settings, "input_len": args.input_len,
-              "output_len": args.output_len, "requests_per_level": args.requests_per_level, **args.engine_info,
+              "output_len": args.output_len, "requests_per_level": args.requests_per_level, **engine_info,
               "torch": torch.__version__,
               "levels": [{"concurrency": c, "engine": e, "served": s, "served_over_engine": s["output_tok_s"] /
                           e["output_tok_s"]} for c, e, s in zip(args.levels, engine, served)]}
