@@ -78,19 +78,13 @@ class _Choice:
         self.last_token_time: float | None = None
 
     def advance(self, delta: wire.TokenDelta) -> ChoiceEvent:
-        self.num_tokens += len(delta.token_ids)
-        event = ChoiceEvent(self.index, logprobs=[TokenLogprob(t, lp, [(a, b) for a, b in top])
-                                                  for t, lp, top in delta.logprobs or ()])
-        text = self.detok.push(delta.token_ids)
         finish = delta.finish_reason
-        if finish is not None:
-            text += self.detok.flush()
-        if self.stops is not None:
-            text, hit = self.stops.feed(text)
-            if hit:
-                finish = "stop"
-            elif finish is not None:
-                text += self.stops.flush()
+        text, hit, taken = self._text(delta.token_ids, finish is not None)
+        if hit:
+            finish = "stop"
+        self.num_tokens += taken
+        event = ChoiceEvent(self.index, logprobs=[TokenLogprob(t, lp, [(a, b) for a, b in top])
+                                                  for t, lp, top in (delta.logprobs or ())[:taken]])
         if self.reasoning is not None:
             event.reasoning, text = self.reasoning.feed(text)
             if finish is not None:
@@ -110,6 +104,27 @@ class _Choice:
             self.finished = True
             event.finish_reason = "stop" if finish == "abort" else finish
         return event
+
+
+    def _text(self, token_ids: list[int], final: bool) -> tuple[str, bool, int]:
+        """The text of `token_ids` (a final delta: with what the detokenizer held back), cut where a stop
+        string ends: (text, whether a stop string ended it, tokens taken). A delta may carry several steps'
+        tokens (gateway/output_queue.py); with stop strings they go through one at a time, so the choice
+        counts exactly the tokens up to the one that completed the stop string."""
+        if self.stops is None:
+            text = self.detok.push(token_ids)
+            return (text + self.detok.flush() if final else text), False, len(token_ids)
+        text = ""
+        for taken in range(1, len(token_ids) + 1):
+            kept, hit = self.stops.feed(self.detok.push(token_ids[taken - 1:taken]))
+            text += kept
+            if hit:
+                return text, True, taken
+        if final:
+            kept, hit = self.stops.feed(self.detok.flush())
+            text += kept if hit else kept + self.stops.flush()
+            return text, hit, len(token_ids)
+        return text, False, len(token_ids)
 
 
 class GenerationStream:
@@ -152,10 +167,14 @@ class GenerationStream:
                         first_token_seen = True
                         self.metrics.ttft.labels(self.metrics.model).observe(now - self.arrival)
                     elif choice.last_token_time is not None:
+                        # One observation per delta: a delta that merged steps the stream fell behind on
+                        # reaches the client as one event, and this is the gap the client saw before it.
                         self.metrics.itl.labels(self.metrics.model).observe(now - choice.last_token_time)
                     choice.last_token_time = now
-                    self.metrics.generation_tokens.labels(self.metrics.model).inc(len(item.token_ids))
+                tokens_before = choice.num_tokens
                 event = choice.advance(item)
+                if choice.num_tokens > tokens_before:  # a stop string may leave a merged delta's tail unread
+                    self.metrics.generation_tokens.labels(self.metrics.model).inc(choice.num_tokens - tokens_before)
                 if event.finish_reason is not None:
                     self.finish_reasons[choice.index] = event.finish_reason
                     if item.finish_reason is None and not all(c.finished for c in self.choices):
@@ -165,6 +184,8 @@ class GenerationStream:
             self.metrics.e2e.labels(self.metrics.model).observe(time.monotonic() - self.arrival)
         finally:
             self.usage.completion_tokens = sum(c.num_tokens for c in self.choices)
+            if self.handle.queue.merges:
+                self.metrics.stream_merged_deltas.labels(self.metrics.model).inc(self.handle.queue.merges)
             # One count per request, under its first choice's reason ("abort" when it never finished).
             self.metrics.finished(self.finish_reasons[0] or "abort", self.usage.prompt_tokens)
             # A no-op when the worker already finished every choice; otherwise (disconnect, stop string,

@@ -61,6 +61,11 @@ class Metrics:
                              buckets=_LATENCY_BUCKETS, registry=r)
         self.queue_time = Histogram("mili_request_queue_time_seconds", "Time a request waited in a worker's queue",
                                     labels, buckets=_LATENCY_BUCKETS, registry=r)
+        # A stream that falls behind its worker sends the steps that piled up as one event (gateway/output_queue.py):
+        # a rate above zero says the gateway, not the engine, is the limit.
+        self.stream_merged_deltas = Counter(
+            "mili_stream_merged_deltas", "Engine steps' token deltas merged into the one before them because their "
+            "stream had fallen behind the engine", labels, registry=r)
         # Resumable streams (gateway/stream_resume.py).
         self.stream_resume_buffered_bytes = Gauge(
             "mili_stream_resume_buffered_bytes", "Bytes of stream events kept for resuming", labels, registry=r)
@@ -78,7 +83,7 @@ class Metrics:
         for metric in (self.requests_running, self.requests_waiting, self.kv_blocks_total, self.kv_blocks_used,
                        self.worker_up, self.prompt_tokens, self.generation_tokens, self.prefix_queries,
                        self.prefix_hits, self.preemptions, self.ttft, self.itl, self.e2e, self.queue_time,
-                       self.kv_invariant_violations, self.stream_resume_buffered_bytes, self.stream_resumes,
+                       self.kv_invariant_violations, self.stream_merged_deltas, self.stream_resume_buffered_bytes, self.stream_resumes,
                        self.stream_resume_evicted):
             metric.labels(model)
         # vLLM-named aliases of the series above, for the load-aware routers (gateway/router_metrics.py).

@@ -27,6 +27,7 @@ import zmq
 import zmq.asyncio
 
 from gateway.deadlines import DeadlineExceeded
+from gateway.output_queue import RequestOutputQueue
 from shared import wire
 from shared.config import EngineConfig
 from shared.sampling_params import SamplingParams
@@ -35,6 +36,7 @@ log = logging.getLogger("mili.gateway")
 
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0)
 STABLE_S = 30.0  # a worker up this long resets the backoff
+MAX_FRAMES_PER_READ = 64  # frames one wake-up of a reader takes, so it never holds the event loop for long
 
 
 class NoWorkerAvailable(Exception):
@@ -54,7 +56,8 @@ class RequestHandle:
     n: int
     worker: "WorkerSlot"
     add: wire.AddRequest  # kept to resubmit the request elsewhere while it has no output yet
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)  # TokenDelta | RequestFailed | WorkerLost
+    # TokenDelta | RequestFailed | WorkerLost | DeadlineExceeded; a choice's untaken deltas merge
+    queue: RequestOutputQueue = field(default_factory=RequestOutputQueue)
     finished: set[int] = field(default_factory=set)
     deadline_timer: asyncio.TimerHandle | None = None  # puts DeadlineExceeded into the queue when due
     has_output: bool = False  # a delta reached the queue: from now on it lives and dies with its worker
@@ -184,18 +187,30 @@ class WorkerSlot:
     async def _read_outputs(self, sock: zmq.asyncio.Socket, generation: int) -> None:
         allowed = (wire.WorkerReady, wire.StepOutputs, wire.Heartbeat, wire.RequestFailed, wire.DebugReply)
         while True:
-            frame = await sock.recv(copy=True)
-            try:
-                message = wire.decode(frame, allowed)
-            except wire.WireError as e:
-                log.warning("rejected a frame from worker %d: %s", self.index, e)
-                continue
-            if generation != self.generation:
-                continue
-            try:
-                self._dispatch(message)
-            except Exception:  # a frame that validates but makes no sense must not end this reader
-                log.exception("dropped a frame from worker %d that could not be dispatched", self.index)
+            # Every frame already here, not one per wake-up: when the streams fall behind the engine, their
+            # queues then merge the steps that piled up (gateway/output_queue.py) rather than each stream
+            # taking one step's delta per turn of the event loop while the worker's frames queue in ZeroMQ.
+            frames = [await sock.recv(copy=True)]
+            while len(frames) < MAX_FRAMES_PER_READ:
+                try:
+                    frames.append(await sock.recv(flags=zmq.NOBLOCK, copy=True))
+                except zmq.Again:
+                    break
+            for frame in frames:
+                self._take_frame(frame, allowed, generation)
+
+    def _take_frame(self, frame: bytes, allowed: tuple[type, ...], generation: int) -> None:
+        try:
+            message = wire.decode(frame, allowed)
+        except wire.WireError as e:
+            log.warning("rejected a frame from worker %d: %s", self.index, e)
+            return
+        if generation != self.generation:
+            return
+        try:
+            self._dispatch(message)
+        except Exception:  # a frame that validates but makes no sense must not end this reader
+            log.exception("dropped a frame from worker %d that could not be dispatched", self.index)
 
     def _dispatch(self, message: wire.Message) -> None:
         if isinstance(message, wire.StepOutputs):
