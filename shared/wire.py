@@ -13,6 +13,7 @@ worker -> gateway: WorkerReady, StepOutputs (token deltas and stats after every 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -169,10 +170,23 @@ Message = (AddRequest | AbortRequests | WorkerReady | StepOutputs | Heartbeat | 
            | DebugQuery | DebugReply)
 
 
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def _as_map(obj: Any) -> dict[str, Any]:
+    """A message (or a message inside one) as a map of its fields; msgpack calls this for each nested one,
+    so nothing is deep-copied first as dataclasses.asdict would (a step's deltas are most of the traffic)."""
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+        raise TypeError(f"cannot put a {type(obj).__name__} on the wire")
+    return {name: getattr(obj, name) for name in _field_names(type(obj))}
+
+
 def encode(message: Message) -> bytes:
-    body = dataclasses.asdict(message)
+    body = _as_map(message)
     body["type"] = message.TYPE
-    return msgpack.packb(body, use_bin_type=True)
+    return msgpack.packb(body, use_bin_type=True, default=_as_map)
 
 
 def decode(frame: bytes, allowed: tuple[type, ...]) -> Message:
@@ -203,24 +217,69 @@ _SCALARS = {int: (int,), float: (float, int), str: (str,), bool: (bool,)}
 _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 
 
+def _is_int64(value: Any) -> bool:
+    return type(value) is int and _INT_MIN <= value <= _INT_MAX
+
+
+def _is_finite_float(value: Any) -> bool:
+    return type(value) is float and math.isfinite(value)
+
+
+# Per annotation, a test that a value is valid as it stands (no conversion due), true for the common case
+# only; a value it does not pass goes through `_check`, which converts it or says precisely what is wrong.
+# This keeps the error path's messages out of the path every token delta takes.
+_VALID_AS_IS: dict[str, Any] = {
+    "int": _is_int64,
+    "int | None": lambda v: v is None or _is_int64(v),
+    "float": _is_finite_float,
+    "float | None": lambda v: v is None or _is_finite_float(v),
+    "str": lambda v: type(v) is str,
+    "str | None": lambda v: v is None or type(v) is str,
+    "list[int]": lambda v: type(v) is list and all(type(t) is int and 0 <= t <= _INT_MAX for t in v),
+    "list[LogprobRow] | None": lambda v: v is None,
+    "list[PromptLogprobRow] | None": lambda v: v is None,
+}
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How to check one message class, worked out once: its fields (name, annotation, quick test, required)."""
+
+    names: frozenset[str]
+    fields: tuple[tuple[str, str, Any, bool], ...]
+    non_negative: tuple[str, ...]
+    positive: tuple[str, ...]
+
+
+@functools.cache
+def _plan(cls: type) -> _Plan:
+    fields = tuple((f.name, f.type, _VALID_AS_IS.get(f.type),
+                    f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+                   for f in dataclasses.fields(cls))
+    return _Plan(frozenset(f[0] for f in fields), fields, getattr(cls, "NON_NEGATIVE", ()),
+                 getattr(cls, "POSITIVE", ()))
+
+
 def _build(cls: type, body: Any, where: str) -> Any:
     if not isinstance(body, dict):
         raise WireError(f"{where}: expected a map")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = set(body) - set(fields)
+    plan = _plan(cls)
+    unknown = body.keys() - plan.names
     if unknown:
         raise WireError(f"{where}: unknown fields {sorted(unknown)}")
     values = {}
-    for name, f in fields.items():
+    for name, annotation, valid_as_is, required in plan.fields:
         if name not in body:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            if required:
                 raise WireError(f"{where}: missing field {name!r}")
             continue
-        values[name] = _check(f.type, body[name], f"{where}.{name}")
-    for name in getattr(cls, "NON_NEGATIVE", ()):
+        value = body[name]
+        values[name] = value if valid_as_is is not None and valid_as_is(value) else \
+            _check(annotation, value, f"{where}.{name}")
+    for name in plan.non_negative:
         if values.get(name) is not None and values[name] < 0:
             raise WireError(f"{where}.{name}: must not be negative, got {values[name]}")
-    for name in getattr(cls, "POSITIVE", ()):
+    for name in plan.positive:
         if values.get(name) is not None and not values[name] > 0:
             raise WireError(f"{where}.{name}: must be positive, got {values[name]}")
     return cls(**values)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgpack
 import pytest
 
@@ -101,3 +103,33 @@ def test_bad_sampling_params_are_refused_with_their_name():
     with pytest.raises(SamplingParamsError) as e:
         wire.sampling_params_from_wire({"temperature": 9.0})
     assert e.value.param == "temperature"
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+def test_encoding_is_the_plain_field_map(message):
+    """encode's shallow field maps give the bytes of the plain deep copy (dataclasses.asdict) they replaced."""
+    plain = {**dataclasses.asdict(message), "type": message.TYPE}
+    assert wire.encode(message) == msgpack.packb(plain, use_bin_type=True)
+
+
+SAMPLES = [0, 1, -1, 2**63 - 1, 2**63, -(2**63), -(2**63) - 1, True, False, 0.0, 1.5, -2.0, float("nan"),
+           float("inf"), "", "x", None, [], [0, 5], [-1], [True], [1.0], [2**63], {}, [[1, -0.5, []]], b"x"]
+
+
+@pytest.mark.parametrize("annotation", sorted(wire._VALID_AS_IS))
+def test_the_quick_check_accepts_only_what_the_full_check_keeps_unchanged(annotation):
+    """_build takes a value past `_check` when the annotation's quick test passes: that test must never pass
+    a value `_check` would refuse or convert (an int for a float field goes the full way and becomes a float)."""
+    quick = wire._VALID_AS_IS[annotation]
+    passed = 0
+    for value in SAMPLES:
+        if quick(value):
+            passed += 1
+            assert wire._check(annotation, value, "x") is value, (annotation, value)
+    assert passed  # each quick test takes some common case
+
+
+def test_every_quick_check_names_an_annotation_on_the_wire():
+    used = {f.type for cls in wire.MESSAGE_TYPES.values() for f in dataclasses.fields(cls)}
+    used |= {f.type for cls in (wire.TokenDelta, wire.WorkerStats) for f in dataclasses.fields(cls)}
+    assert set(wire._VALID_AS_IS) <= used
