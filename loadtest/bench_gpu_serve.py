@@ -9,7 +9,10 @@ the engine alone runs them in this process (LLMEngine.step in a loop: no HTTP, n
 `mili serve` (the gateway and its worker process) serves them to the repository's benchmark client
 (loadtest/bench_serve.py, streaming /v1/completions). Both use the same prompts, the same engine settings and
 one warm-up request first. The ratio served/engine output tokens/s is what the gateway, the wire and the
-streaming cost at that concurrency; the client's TTFT and TPOT are reported beside the engine's.
+streaming cost at that concurrency; the client's TTFT and TPOT are reported beside the engine's, and per
+level the CPU time the gateway and the worker processes used per output token (a gateway near one core's
+worth of tokens per second is the limit on one GPU) and the share of steps a stream sent merged with the
+step before because it had fallen behind (mili_stream_merged_deltas_total).
 
 The model: an HF-format checkpoint, by default a random Qwen3-0.6B-shaped one in bf16 (loadtest/random_checkpoint.py,
 as the engine benchmark's). Random-weight checkpoints have no tokenizer, and their outputs are any id of
@@ -31,11 +34,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx2
 import torch
 
 from loadtest import bench_serve, random_checkpoint
 from loadtest.machine import device_name
-from loadtest.servers import RunningServer, ServerSpec, free_port
+from loadtest.servers import RunningServer, ServerSpec, cpu_seconds, free_port
 from shared.config import EngineConfig, parse_size
 from shared.sampling_params import SamplingParams
 from worker.engine import LLMEngine
@@ -144,15 +148,23 @@ def bench_server(args: argparse.Namespace, settings: dict, log_dir: Path) -> lis
         server.wait_ready(timeout=args.server_timeout)
         asyncio.run(bench_serve.run(client_args(args, 1, server.url, num_prompts=1)))  # warm-up
         results = []
+        processes = server.processes()
         for c in args.levels:
+            cpu_before, merged_before = process_cpu(processes), merged_deltas(server.url)
             summary = asyncio.run(bench_serve.run(client_args(args, c, server.url)))
+            cpu_after, merged_after = process_cpu(processes), merged_deltas(server.url)
             if summary["errors"]:
                 raise RuntimeError(f"{summary['errors']} requests failed at concurrency {c}: "
                                    f"{summary['error_samples']}")
-            results.append({"output_tok_s": summary["output_throughput"],
-                            "output_tokens": summary["output_throughput"] * summary["duration_s"],
+            tokens = summary["output_throughput"] * summary["duration_s"]
+            results.append({"output_tok_s": summary["output_throughput"], "output_tokens": tokens,
                             "duration_s": summary["duration_s"], "ttft_median_ms": summary["ttft"]["median_ms"],
-                            "tpot_median_ms": summary["tpot"]["median_ms"]})
+                            "tpot_median_ms": summary["tpot"]["median_ms"],
+                            # The gateway's cost at this speed: its CPU time per token, and how often a
+                            # stream had fallen behind its worker (steps merged into one event).
+                            "cpu_us_per_token": {role: 1e6 * (cpu_after[role] - cpu_before[role]) / tokens
+                                                 for role in processes},
+                            "merged_delta_share": (merged_after - merged_before) / tokens})
             print(f"mili serve  concurrency {c:>4}: {results[-1]['output_tok_s']:9.1f} output tok/s", flush=True)
         return results
     except (RuntimeError, TimeoutError):
@@ -163,16 +175,28 @@ def bench_server(args: argparse.Namespace, settings: dict, log_dir: Path) -> lis
         server.stop()
 
 
+def process_cpu(processes: dict[str, int]) -> dict[str, float]:
+    return {role: cpu_seconds(pid) or 0.0 for role, pid in processes.items()}
+
+
+def merged_deltas(url: str) -> float:
+    """mili_stream_merged_deltas_total from the server's /metrics."""
+    text = httpx2.get(f"{url}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("mili_stream_merged_deltas_total"))
+
+
 def table(report: dict) -> str:
     lines = [f"Serving against the engine alone on {report['device']} ({report['input_len']} prompt words, "
              f"{report['output_len']} output tokens, greedy):",
              "| concurrency | engine tok/s | served tok/s | served / engine | TTFT engine / served (ms) "
-             "| TPOT engine / served (ms) |", "|---|---|---|---|---|---|"]
+             "| TPOT engine / served (ms) | gateway CPU us / token | merged steps |", "|---|---|---|---|---|---|---|---|"]
     for level in report["levels"]:
         e, s = level["engine"], level["served"]
         lines.append(f"| {level['concurrency']} | {e['output_tok_s']:.1f} | {s['output_tok_s']:.1f} | "
                      f"{level['served_over_engine']:.2f}x | {e['ttft_median_ms']:.1f} / {s['ttft_median_ms']:.1f} | "
-                     f"{e['tpot_median_ms']:.2f} / {s['tpot_median_ms']:.2f} |")
+                     f"{e['tpot_median_ms']:.2f} / {s['tpot_median_ms']:.2f} | "
+                     f"{s['cpu_us_per_token']['gateway']:.0f} | {100 * s['merged_delta_share']:.0f}% |")
     return "\n".join(lines)
 
 

@@ -157,6 +157,16 @@ def peak_rss_mib(pid: int) -> float | None:
     return None
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User plus system CPU time the process has used so far; None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # after the command name: state (field 3), ...
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14, 15
+
+
 def _all_pids() -> list[int]:
     return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
 

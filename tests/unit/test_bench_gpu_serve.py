@@ -40,5 +40,9 @@ def test_a_tiny_run_writes_every_figure(tmp_path):
             assert round(figures["output_tokens"]) == report["requests_per_level"] * level["concurrency"] * 16
             assert figures["output_tok_s"] > 0 and figures["ttft_median_ms"] > 0 and figures["tpot_median_ms"] > 0
         assert level["served_over_engine"] > 0
+        served = level["served"]
+        assert set(served["cpu_us_per_token"]) == {"gateway", "worker"}
+        assert all(us > 0 for us in served["cpu_us_per_token"].values())  # both processes did work per token
+        assert 0 <= served["merged_delta_share"] < 1
     assert report["decode_graphs"] == "off (not on a CUDA device)"
     assert "| 4 |" in out.with_suffix(".md").read_text() and "served / engine" in run.stdout
