@@ -105,7 +105,6 @@ class _Choice:
             event.finish_reason = "stop" if finish == "abort" else finish
         return event
 
-
     def _text(self, token_ids: list[int], final: bool) -> tuple[str, bool, int]:
         """The text of `token_ids` (a final delta: with what the detokenizer held back), cut where a stop
         string ends: (text, whether a stop string ended it, tokens taken). A delta may carry several steps'
