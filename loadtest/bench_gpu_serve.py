@@ -39,7 +39,7 @@ import torch
 
 from loadtest import bench_serve, random_checkpoint
 from loadtest.machine import device_name
-from loadtest.servers import RunningServer, ServerSpec, cpu_seconds, free_port
+from loadtest.servers import RunningServer, ServerSpec, cpu_seconds, free_port, metric_total
 from shared.config import EngineConfig, parse_size
 from shared.sampling_params import SamplingParams
 from worker.engine import LLMEngine
@@ -181,9 +181,7 @@ def process_cpu(processes: dict[str, int]) -> dict[str, float]:
 
 def merged_deltas(url: str) -> float:
     """mili_stream_merged_deltas_total from the server's /metrics."""
-    text = httpx2.get(f"{url}/metrics", timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("mili_stream_merged_deltas_total"))
+    return metric_total(httpx2.get(f"{url}/metrics", timeout=10).text, "mili_stream_merged_deltas_total")
 
 
 def table(report: dict) -> str:

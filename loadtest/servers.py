@@ -157,14 +157,26 @@ def peak_rss_mib(pid: int) -> float | None:
     return None
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """User plus system CPU time the process has used so far; None if it is gone."""
+def metric_total(metrics_text: str, name: str, **labels: str) -> float:
+    """The sum of a metric's samples in a Prometheus text page that carry the given labels (0 when none)."""
+    wanted = [f'{k}="{v}"' for k, v in labels.items()]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics_text.splitlines()
+               if line.startswith(name) and line[len(name)] in " {" and all(w in line for w in wanted))
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat from its 3rd field (state) on, after the command name; None if the process is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2:].split()  # after the command name: state (field 3), ...
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14, 15
+    return stat[stat.rindex(")") + 2:].split()
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User plus system CPU time the process has used so far; None if it is gone."""
+    fields = _stat_fields(pid)
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def _all_pids() -> list[int]:
@@ -172,8 +184,5 @@ def _all_pids() -> list[int]:
 
 
 def _parent_pid(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2:].split()[1])  # fields after the command name: state, ppid, ...
+    fields = _stat_fields(pid)
+    return None if fields is None else int(fields[1])

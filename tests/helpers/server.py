@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx2
 
-from loadtest.servers import free_port
+from loadtest.servers import free_port, metric_total
 from tests.helpers.tiny_models import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,13 +112,7 @@ class Server:
         """The sum of a metric's samples that carry the given labels (0 when it has none yet)."""
         r = httpx2.get(f"{self.url}/metrics", headers=self.auth_headers(), timeout=5)
         r.raise_for_status()
-        text = r.text
-        total = 0.0
-        wanted = [f'{k}="{v}"' for k, v in labels.items()]
-        for line in text.splitlines():
-            if line.startswith(name) and line[len(name)] in " {" and all(w in line for w in wanted):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return metric_total(r.text, name, **labels)
 
     def stop(self, timeout: float = 30.0) -> int:
         if self.proc is None or self.proc.poll() is not None:

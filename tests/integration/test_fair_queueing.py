@@ -16,6 +16,7 @@ import httpx2
 import openai
 import pytest
 
+from loadtest.servers import metric_total
 from tests.helpers.server import Server
 from tests.integration.conftest import SERVED_NAME
 
@@ -52,9 +53,7 @@ def metrics_text(server) -> str:
 
 
 def metric(server, name: str, **labels: str) -> float:
-    wanted = [f'{k}="{v}"' for k, v in labels.items()]
-    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics_text(server).splitlines()
-               if line.startswith(name) and line[len(name)] in " {" and all(w in line for w in wanted))
+    return metric_total(metrics_text(server), name, **labels)
 
 
 def wait_idle(server, timeout: float = 20.0) -> None:
