@@ -268,11 +268,15 @@ def test_without_a_ttl_streams_have_no_ids_and_cannot_be_resumed(server):
 
 # ----- the buffer cap -----
 CAP_BYTES = 64 * 1024
+# Logprobs make a token's bytes mostly payload, so a stream's size depends little on how many of its steps the
+# gateway merged into one event, which depends on timing (merged, a plain token costs a twentieth of its event;
+# with logprobs it costs about 185 bytes merged and 430 alone).
+LOGGED = {**COMPLETION, "logprobs": 5}
 
 
 @pytest.fixture(scope="module")
 def capped(tiny_model_dir, tmp_path_factory):
-    """Buffers kept for a minute, all of them together within 64 KiB (a 480-token stream is more than that)."""
+    """Buffers kept for a minute, all of them together within 64 KiB (a 480-token stream with logprobs is more)."""
     srv = Server(tiny_model_dir, "--served-model-name", SERVED_NAME, "--stream-resume-ttl", "60",
                  "--stream-resume-buffer", "64KiB", "--num-kv-blocks", "256", "--max-num-seqs", "4",
                  "--sse-ping-interval", "0.2", log_path=tmp_path_factory.mktemp("capped") / "server.log").start()
@@ -285,18 +289,24 @@ def buffered(server) -> float:
 
 
 def test_cap_drops_the_buffer_idle_longest_first(capped):
-    body = {**COMPLETION, "max_tokens": 150}
     evicted = capped.metric("mili_stream_resume_evicted_total")
     sizes, streams = [], []
-    for prompt in ("first", "second", "third"):
+
+    def stream(prompt: str, max_tokens: int) -> None:
         before = buffered(capped)
-        streams.append(read_all(capped.url, "/v1/completions", {**body, "prompt": prompt}))
+        streams.append(read_all(capped.url, "/v1/completions", {**LOGGED, "prompt": prompt, "max_tokens": max_tokens}))
         sizes.append(buffered(capped) - before)
+
+    # The first stream takes most of the cap (about 0.7 of it at an unmerged 430 bytes a token), the second little.
+    stream("first", 105)
+    stream("second", 8)
+    # The third must push the total past the cap, yet fit beside the second alone: its size is aimed at the middle
+    # (geometric) of that window, at the first stream's bytes per token, which leaves it a factor of two either way.
+    low, high = CAP_BYTES - sizes[0] - sizes[1], CAP_BYTES - sizes[1]
+    stream("third", round((low * high) ** 0.5 / (sizes[0] / 105)))
     first, second, third = streams
-    # What the scenario needs: two of these streams fit under the cap, three do not (the sizes as sent: a stream
-    # that fell behind its worker sends fewer, larger events).
     third_size = sum(len(data.encode()) for _, data in third[1])
-    assert sizes[0] + sizes[1] <= CAP_BYTES < sizes[0] + sizes[1] + third_size, (sizes, third_size)
+    assert low < third_size <= high, (sizes, third_size)
     assert capped.metric("mili_stream_resume_evicted_total") == evicted + 1
     status, error = resume(capped.url, first[0])  # the one idle longest went
     assert status == 404 and NOT_FOUND.items() <= error.items()
@@ -307,7 +317,7 @@ def test_cap_drops_the_buffer_idle_longest_first(capped):
 
 
 def test_a_read_stream_past_the_cap_is_delivered_whole_but_not_kept(capped):
-    body = {**COMPLETION, "max_tokens": 480}
+    body = {**LOGGED, "max_tokens": 480}  # more than the cap however its steps are merged
     plain = httpx2.post(f"{capped.url}/v1/completions", json={**body, "stream": False}, timeout=60).json()
     evicted = capped.metric("mili_stream_resume_evicted_total")
     stream_id, events = read_all(capped.url, "/v1/completions", body)
@@ -323,8 +333,8 @@ def test_a_read_stream_past_the_cap_is_delivered_whole_but_not_kept(capped):
 def test_a_detached_stream_past_the_cap_is_aborted(capped):
     aborts = capped.metric("mili_requests_total", finish_reason="abort")
     dropped = capped.metric("mili_stream_resume_aborted_total", reason="buffer_full")
-    # Four choices of 480 tokens: past the cap a fifth of the way through.
-    stream_id, _ = drop_after(capped.url, "/v1/completions", {**COMPLETION, "max_tokens": 480, "n": 4}, 3)
+    # Four choices of 480 tokens: past the cap a tenth of the way through.
+    stream_id, _ = drop_after(capped.url, "/v1/completions", {**LOGGED, "max_tokens": 480, "n": 4}, 3)
     wait_metric(capped, "mili_stream_resume_aborted_total", dropped + 1, 120, reason="buffer_full")
     wait_idle(capped)  # its KV blocks are back
     assert capped.metric("mili_requests_total", finish_reason="abort") == aborts + 1
