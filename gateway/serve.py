@@ -161,8 +161,10 @@ def run(args: argparse.Namespace) -> int:
     app = build_app(settings, engine_config)
     # Running streams finish during the drain; sse-starlette would otherwise end them at the first SIGTERM.
     AppStatus.disable_automatic_graceful_drain()
+    # Named rather than "auto", so a missing install fails at start instead of silently serving slower.
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=args.drain_timeout, access_log=False)
+                            timeout_graceful_shutdown=args.drain_timeout, access_log=False,
+                            loop="uvloop", http="httptools")
     server = _DrainingServer(config, app.state.mili)
     log.info("serving %s as %r on http://%s:%d", model_dir, settings.served_model_name, args.host, args.port)
     server.run()
