@@ -77,7 +77,7 @@ async def completions(request: Request) -> Response:
     echo = [state.text.decode(p) if req.echo else "" for p in prompts]
     if req.stream:
         return _sse(request, _completion_chunks(fmt, req, admitted, prompts, echo), admitted)
-    events = await _collect(request, admitted)
+    events = await collect(request, admitted)
     n = req.params.n
     texts, logprobs, reasons = _gather(events, len(prompts) * n)
     scores = _prompt_scores(events, n)
@@ -100,17 +100,11 @@ async def chat_completions(request: Request) -> Response:
     state = request.app.state.mili
     deadline = request_deadline(request, state.settings.request_timeout)
     req = parse_chat(await read_json(request, state.settings.max_body_bytes), state.settings.limits)
-    _check_served(state, req)
-    rendered, prompt = state.text.render_chat(list(req.messages), req.template_kwargs, req.tools)
-    params = await _constrained(state, req, rendered)
-    calls = req.tools is not None and req.tools.calls_possible
-    options = TextOptions(stop=req.stop, split_reasoning=state.text.split_reasoning,
-                          starts_in_reasoning=state.text.starts_in_reasoning(rendered), parse_tool_calls=calls)
-    admitted = _admit(state, req, [prompt], options, caller(request), deadline, params)
+    admitted, options = await admit_chat(request, req, deadline)
     fmt = ChatFormat(req.model, state.token_names)
     if req.stream:
         return _sse(request, _chat_chunks(fmt, req, admitted), admitted)
-    events = await _collect(request, admitted)
+    events = await collect(request, admitted)
     texts, logprobs, reasons = _gather(events, req.params.n)
     reasoning = [""] * req.params.n
     call_pieces: list[list] = [[] for _ in range(req.params.n)]
@@ -129,6 +123,18 @@ async def chat_completions(request: Request) -> Response:
         body["prompt_logprobs"] = vllm_prompt_logprobs(fmt.names, _prompt_scores(events, req.params.n)[0],
                                                        req.prompt_logprobs)
     return JSONResponse(body)
+
+
+async def admit_chat(request: Request, req: ChatRequest, deadline: float | None) -> tuple[Admitted, TextOptions]:
+    """A parsed chat request rendered, constrained and submitted (also what /v1/responses runs)."""
+    state = request.app.state.mili
+    _check_served(state, req)
+    rendered, prompt = state.text.render_chat(list(req.messages), req.template_kwargs, req.tools)
+    params = await _constrained(state, req, rendered)
+    calls = req.tools is not None and req.tools.calls_possible
+    options = TextOptions(stop=req.stop, split_reasoning=state.text.split_reasoning,
+                          starts_in_reasoning=state.text.starts_in_reasoning(rendered), parse_tool_calls=calls)
+    return _admit(state, req, [prompt], options, caller(request), deadline, params), options
 
 
 async def _constrained(state, req: ChatRequest, rendered: str) -> SamplingParams:
@@ -205,7 +211,7 @@ def _check_tokens(params: SamplingParams, prompts: list[list[int]], vocab: int, 
 
 
 # ----- non-streaming -----
-async def _collect(request: Request, admitted: Admitted) -> list[ChoiceEvent]:
+async def collect(request: Request, admitted: Admitted) -> list[ChoiceEvent]:
     try:
         return await collect_unless_disconnected(request, admitted.events())
     finally:

@@ -20,6 +20,7 @@ from pydantic.json_schema import models_json_schema
 from gateway.deadlines import HEADER, MAX_TIMEOUT_S
 from gateway.protocol import Limits
 from gateway.request_models import TOKEN_ID_KEY_PATTERN, ChatBody, CompletionBody
+from gateway.responses_body import ResponsesBody
 from gateway.stream_routes import MAX_EVENT_ID_DIGITS
 
 _REF = "#/components/schemas/{model}"
@@ -39,7 +40,8 @@ class ServedBounds:
 @lru_cache(maxsize=1)
 def _request_schemas() -> tuple[dict[str, dict], dict[str, Any]]:
     """(path's model name -> its $ref, every schema definition), as pydantic generates them."""
-    refs, top = models_json_schema([(CompletionBody, "validation"), (ChatBody, "validation")], ref_template=_REF)
+    refs, top = models_json_schema([(CompletionBody, "validation"), (ChatBody, "validation"),
+                                    (ResponsesBody, "validation")], ref_template=_REF)
     return {model.__name__: ref for (model, _), ref in refs.items()}, top["$defs"]
 
 
@@ -101,12 +103,32 @@ _USAGE = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "
     "total_tokens": {"type": "integer"}}}
 
 
+# What the streaming endpoints' events carry.
+_CHUNKS = ("a JSON chunk (an error object as the last one if the stream fails), then [DONE]; with "
+           "--stream-resume-ttl each event has an id and the X-Stream-Id header names the stream to resume")
+_TYPED_EVENTS = ("a typed event (its type also the SSE event name), from response.created to response.completed, "
+                 "response.incomplete, or an error event and response.failed")
+
+
 def _result(object_name: str) -> dict[str, Any]:
     return {"type": "object", "required": ["id", "object", "created", "model", "choices", "usage"], "properties": {
         "id": {"type": "string"}, "object": {"const": object_name}, "created": {"type": "integer"},
         "model": {"type": "string"}, "usage": _USAGE,
         "choices": {"type": "array", "items": {"type": "object", "required": ["index", "finish_reason"],
                                                "properties": {"index": {"type": "integer"}}}}}}
+
+
+def _response_object() -> dict[str, Any]:
+    """POST /v1/responses's result: a Responses API response object."""
+    return {"type": "object", "required": ["id", "object", "created_at", "status", "model", "output", "usage"],
+            "properties": {
+                "id": {"type": "string"}, "object": {"const": "response"}, "created_at": {"type": "integer"},
+                "status": {"enum": ["completed", "incomplete"]}, "model": {"type": "string"},
+                "output": {"type": "array", "items": {"type": "object", "required": ["type", "id"], "properties": {
+                    "type": {"enum": ["message", "reasoning", "function_call"]}}}},
+                "usage": {"type": "object", "required": ["input_tokens", "output_tokens", "total_tokens"],
+                          "properties": {"input_tokens": {"type": "integer"}, "output_tokens": {"type": "integer"},
+                                         "total_tokens": {"type": "integer"}}}}}
 
 
 def _errors(*codes: int) -> dict[str, Any]:
@@ -117,24 +139,21 @@ def _errors(*codes: int) -> dict[str, Any]:
     return {str(c): {"description": text[c], "content": {_JSON: {"schema": _ERROR}}} for c in codes}
 
 
-def _post(summary: str, ref: dict, object_name: str) -> dict[str, Any]:
+def _post(summary: str, ref: dict, result: dict[str, Any], events: str) -> dict[str, Any]:
     timeout = {"name": HEADER, "in": "header", "required": False,
                "description": "seconds the request may take end to end, queue included (overrides the server's "
                               "--request-timeout)",
                "schema": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_TIMEOUT_S}}
-    # Each server-sent event: `data: {chunk}` (an error object as the last chunk if the stream fails), then
-    # `data: [DONE]`; comment lines (`: ping`) keep an idle stream open.
+    # Each server-sent event: `events` says what; comment lines (`: ping`) keep an idle stream open.
     event = {"type": "object", "required": ["data"], "properties": {
-        "data": {"type": "string", "description": "a JSON chunk, or [DONE] last"}, "event": {"type": "string"},
+        "data": {"type": "string", "description": events}, "event": {"type": "string"},
         "id": {"type": "string"}, "retry": {"type": "integer"}}}
     return {"post": {
         "summary": summary, "parameters": [timeout],
         "requestBody": {"required": True, "content": {_JSON: {"schema": ref}}},
         "responses": {
-            "200": {"description": "the result; with stream: true, a text/event-stream of chunks (with "
-                                   "--stream-resume-ttl: each event with an id, and the X-Stream-Id header to "
-                                   "resume it by)",
-                    "content": {_JSON: {"schema": _result(object_name)}, "text/event-stream": {"schema": event}}},
+            "200": {"description": "the result; with stream: true, a text/event-stream",
+                    "content": {_JSON: {"schema": result}, "text/event-stream": {"schema": event}}},
             **_errors(400, 401, 404, 413, 429, 503, 504)}}}
 
 
@@ -177,8 +196,10 @@ def document(bounds: ServedBounds) -> dict[str, Any]:
         "info": {"title": "MILI", "version": "0.1.0",
                  "description": f"OpenAI-compatible API serving {bounds.model}"},
         "paths": {
-            "/v1/completions": _post("Text completion", refs["CompletionBody"], "text_completion"),
-            "/v1/chat/completions": _post("Chat completion", refs["ChatBody"], "chat.completion"),
+            "/v1/completions": _post("Text completion", refs["CompletionBody"], _result("text_completion"), _CHUNKS),
+            "/v1/chat/completions": _post("Chat completion", refs["ChatBody"], _result("chat.completion"), _CHUNKS),
+            "/v1/responses": _post("Response (OpenAI's Responses API, stateless)", refs["ResponsesBody"],
+                                   _response_object(), _TYPED_EVENTS),
             "/v1/models": _get("the served model"),
             "/health": health,
             "/metrics": _get("Prometheus metrics", "text/plain"),

@@ -2,9 +2,10 @@
 
 The OpenAPI document states every rule it can; a few rules compare values across fields, or need the
 served tokenizer, in ways JSON Schema cannot (each is in its field's description, and the server answers it
-with a 400 naming the field). Generated bodies that break one are left out: they are neither valid nor invalid by the schema,
-so no check could judge the answer. Everything else the generator makes is sent as it is, except that generation is capped at 16 tokens
-(map_case; a valid body stays valid) to keep cases fast.
+with a 400 naming the field). Generated bodies that break one are left out: they are neither valid nor invalid
+by the schema, so no check could judge the answer. A /v1/responses body is judged as the chat body it
+translates into. Everything else the generator makes is sent as it is, except that generation is capped at 16
+tokens (map_case; a valid body stays valid) to keep cases fast.
 """
 
 from __future__ import annotations
@@ -50,7 +51,12 @@ def filter_case(context, case) -> bool:
     body = case.body
     if not isinstance(body, dict):
         return True
-    chat = case.operation.path.endswith("/chat/completions")
+    chat = case.operation.path.endswith(("/chat/completions", "/responses"))
+    if case.operation.path.endswith("/responses"):
+        body = _as_chat(body)  # the chat request it stands for: the same rules hold
+        if not body["messages"]:  # only reasoning items: nothing to answer (a 400 naming input)
+            DROPPED["input_without_turns"] += 1
+            return False
     for broken in (_min_tokens_above_max, _prompt_beyond_context, _prompt_without_tokens, *(
             (_chat_beyond_context, _unknown_named_tool, _tool_declared_twice, _call_arguments_not_json)
             if chat else ())):
@@ -72,7 +78,9 @@ def _capped(body: Any) -> Any:
         return body
     if "messages" in body and "max_tokens" not in body and "max_completion_tokens" not in body:
         body["max_completion_tokens"] = FAST_MAX_TOKENS
-    for field in ("max_tokens", "max_completion_tokens"):
+    if "input" in body and body.get("max_output_tokens") is None:
+        body["max_output_tokens"] = FAST_MAX_TOKENS
+    for field in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         value = body.get(field)
         if _integral(value) and FAST_MAX_TOKENS < value < CONTEXT:
             body[field] = FAST_MAX_TOKENS
@@ -178,3 +186,30 @@ def _call_arguments_not_json(body: dict) -> bool:
                 except ValueError:
                     return True
     return False
+
+
+def _as_chat(body: dict) -> dict:
+    """A /v1/responses body as the chat body the server translates it into (gateway/responses_input.py), as far
+    as the filters look: messages with their text, calls and results; tools and a named tool_choice nested as
+    chat nests them; max_output_tokens as max_completion_tokens."""
+    items = body.get("input")
+    items = [{"role": "user", "content": items}] if isinstance(items, str) else items if isinstance(items, list) else []
+    instructions = body.get("instructions")
+    messages = [{"role": "system", "content": instructions}] if isinstance(instructions, str) else []
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        if item.get("type") == "function_call":
+            call = {"id": item.get("call_id"), "function": {"name": item.get("name"),
+                                                            "arguments": item.get("arguments")}}
+            messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif item.get("type") == "function_call_output":
+            messages.append({"role": "tool", "content": item.get("output")})
+        elif item.get("type") in (None, "message"):
+            messages.append({"role": item.get("role"), "content": item.get("content")})
+    chat = {"messages": messages, "max_completion_tokens": body.get("max_output_tokens")}
+    if isinstance(body.get("tools"), list):
+        chat["tools"] = [{"type": "function", "function": t} for t in body["tools"]]
+    choice = body.get("tool_choice")
+    chat["tool_choice"] = {"function": {"name": choice.get("name")}} if isinstance(choice, dict) else choice
+    return chat

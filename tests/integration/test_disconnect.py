@@ -69,6 +69,25 @@ def test_disconnect_while_decoding(server):
     assert server.metric("mili_requests_total", finish_reason="abort") == aborts + 1
 
 
+def test_disconnect_from_a_responses_stream(server):
+    body = {"model": SERVED_NAME, "input": "never ending story", "max_output_tokens": 450, "ignore_eos": True,
+            "temperature": 0, "stream": True}
+
+    async def run():
+        async with httpx2.AsyncClient(base_url=server.url, timeout=60) as client:
+            async with client.stream("POST", "/v1/responses", json=body) as response:
+                async for line in response.aiter_lines():
+                    if line == "event: response.output_text.delta":
+                        break
+                assert server.metric("mili_requests_running") == 1
+            # the connection is closed mid-stream
+
+    aborts = server.metric("mili_requests_total", finish_reason="abort")
+    asyncio.run(run())
+    wait_idle(server)
+    assert server.metric("mili_requests_total", finish_reason="abort") == aborts + 1
+
+
 def test_disconnect_while_queued_and_while_waiting_non_stream(server):
     async def run():
         async with httpx2.AsyncClient(base_url=server.url, timeout=60) as client:

@@ -56,3 +56,25 @@ def test_reasoning_split_and_enable_thinking(thinking_server, stream):
     assert ask(server, close_id, thinking=True, stream=stream) == ("", "</think></think>")
     # Thinking off: the template closed the think block in the prompt; every token is content.
     assert ask(server, close_id, thinking=False, stream=stream) == ("", "</think></think></think>")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_reasoning_item_is_the_chat_reasoning(thinking_server, stream):
+    """Greedy, the same request through /v1/responses and /v1/chat/completions: the reasoning item holds the
+    chat answer's reasoning_content, the message its content (none when the answer is all reasoning)."""
+    server, _ = thinking_server
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+    chat = client.chat.completions.create(model="think", messages=[{"role": "user", "content": "think"}],
+                                          max_tokens=8, temperature=0).choices[0].message
+    kwargs = dict(model="think", input="think", max_output_tokens=8, temperature=0)
+    if stream:
+        with client.responses.stream(**kwargs) as events:
+            response = list(events)[-1].response
+    else:
+        response = client.responses.create(**kwargs)
+    reasoning = [item for item in response.output if item.type == "reasoning"]
+    assert [c.text for item in reasoning for c in item.content] == ([chat.model_extra["reasoning_content"]]
+                                                                    if chat.model_extra["reasoning_content"] else [])
+    assert response.output_text == (chat.content or "")
+    counted = response.usage.output_tokens_details.reasoning_tokens
+    assert (0 < counted <= response.usage.output_tokens) if reasoning else counted == 0

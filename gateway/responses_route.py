@@ -1,0 +1,68 @@
+"""POST /v1/responses: OpenAI's Responses API, streaming and not, served as the chat request it translates into
+(gateway/responses_input.py) and answered with output items (gateway/responses_output.py).
+
+A stream is a sequence of typed events, each sent with its type as the SSE event name and ending with
+response.completed (or .incomplete); a failure once streaming (a deadline, a lost worker) sends an `error`
+event and response.failed. Streams are not resumable (`--stream-resume-ttl` covers the two chat endpoints):
+a client that leaves aborts the request at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gateway.deadlines import request_deadline
+from gateway.errors import ApiError
+from gateway.http_io import read_json
+from gateway.openai_routes import Admitted, admit_chat, collect
+from gateway.responses_input import parse_responses, responses_names
+from gateway.responses_output import ResponseBuilder
+
+log = logging.getLogger("mili.gateway")
+
+
+async def responses(request: Request) -> Response:
+    state = request.app.state.mili
+    deadline = request_deadline(request, state.settings.request_timeout)
+    req = parse_responses(await read_json(request, state.settings.max_body_bytes), state.settings.limits)
+    with responses_names():  # the checks that need the model: context length, the schema's grammar
+        admitted, _ = await admit_chat(request, req.chat, deadline)
+    builder = ResponseBuilder(req, state.text.tokenizer)
+    if req.chat.stream:
+        return EventSourceResponse(_stream(builder, admitted), ping=state.settings.sse_ping_s, sep="\n",
+                                   background=BackgroundTask(admitted.abort))
+    finish_reason = None
+    for e in await collect(request, admitted):
+        builder.feed(e)
+        finish_reason = e.finish_reason or finish_reason
+    return JSONResponse(builder.finish(finish_reason, admitted.usage)[-1]["response"])
+
+
+async def _stream(builder: ResponseBuilder, admitted: Admitted) -> AsyncIterator[ServerSentEvent]:
+    for event in builder.start():
+        yield _sse(event)
+    finish_reason = None
+    try:
+        async for e in admitted.events():
+            finish_reason = e.finish_reason or finish_reason
+            for event in builder.feed(e):
+                yield _sse(event)
+    except ApiError as e:
+        log.warning("stream ended with an error: %s", e.message)
+        for event in builder.fail(e.code, e.message, e.param, admitted.usage):
+            yield _sse(event)
+        return
+    for event in builder.finish(finish_reason, admitted.usage):
+        yield _sse(event)
+
+
+def _sse(event: dict[str, Any]) -> ServerSentEvent:
+    return ServerSentEvent(data=json.dumps(event, ensure_ascii=False), event=event["type"], sep="\n")

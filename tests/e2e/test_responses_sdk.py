@@ -1,0 +1,140 @@
+"""POST /v1/responses on the default model through the openai SDK's Responses client: the same generation as the
+chat request it stands for (greedy, so the chat endpoint is the oracle), the stream helper's strict event
+accumulation, structured output, a tool round trip, and the fields a stateless server refuses."""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+import jsonschema
+import openai
+import pydantic
+import pytest
+
+from tests.e2e.conftest import MODEL
+
+ASK = "Name three colours of the rainbow."
+INSTRUCTIONS = "You answer briefly."
+WEATHER_PARAMETERS = {"type": "object", "additionalProperties": False, "required": ["city"],
+                      "properties": {"city": {"type": "string", "maxLength": 40}}}
+WEATHER = {"type": "function", "name": "get_weather", "description": "Get the current weather in a city",
+           "parameters": WEATHER_PARAMETERS}
+
+
+class Capital(pydantic.BaseModel):
+    country: str = pydantic.Field(max_length=40)
+    capital: str = pydantic.Field(max_length=40)
+    continent: Literal["Africa", "Asia", "Europe", "North America", "South America", "Oceania"]
+
+
+def chat_equivalent(client, max_tokens: int):
+    return client.chat.completions.create(
+        model=MODEL, messages=[{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": ASK}],
+        max_completion_tokens=max_tokens, temperature=0)
+
+
+def test_text_is_the_chat_answer(client):
+    r = client.responses.create(model=MODEL, instructions=INSTRUCTIONS, input=ASK, max_output_tokens=40,
+                                temperature=0, metadata={"k": "v"})
+    chat = chat_equivalent(client, 40)
+    assert r.object == "response" and r.id.startswith("resp_") and r.model == MODEL
+    assert [item.type for item in r.output] == ["message"]
+    assert r.output_text == chat.choices[0].message.content
+    assert r.status == ("incomplete" if chat.choices[0].finish_reason == "length" else "completed")
+    assert (r.usage.input_tokens, r.usage.output_tokens) == (chat.usage.prompt_tokens, chat.usage.completion_tokens)
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    assert r.metadata == {"k": "v"} and r.instructions == INSTRUCTIONS and r.store is False
+
+
+def test_cut_by_max_output_tokens_is_incomplete(client):
+    r = client.responses.create(model=MODEL, input=ASK, max_output_tokens=3, temperature=0)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.usage.output_tokens == 3 and r.output[0].status == "incomplete"
+
+
+def test_stream_builds_the_same_response(client):
+    """The stream helper checks every event against the items it has (and raises on any inconsistency); the
+    last event carries the whole response: response.completed, or response.incomplete when cut by length (as
+    OpenAI's; the helper's get_final_response() waits for completed only)."""
+    kwargs = dict(model=MODEL, instructions=INSTRUCTIONS, input=ASK, max_output_tokens=40, temperature=0)
+    whole = client.responses.create(**kwargs)
+    with client.responses.stream(**kwargs) as stream:
+        events = list(stream)
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.completed" if whole.status == "completed" else "response.incomplete"]
+    final = events[-1].response
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == final.output_text == whole.output_text
+    assert (final.status, final.usage.output_tokens) == (whole.status, whole.usage.output_tokens)
+
+
+def test_stream_helper_gives_the_completed_response(client):
+    with client.responses.stream(model=MODEL, input="Say hi.", max_output_tokens=200, temperature=0) as stream:
+        final = stream.get_final_response()
+    assert final.status == "completed" and final.output_text
+
+
+def test_stream_events_are_named(server):
+    """Each SSE event's name is its type (clients that dispatch on the event name, not only the SDK)."""
+    import httpx2
+
+    body = {"model": MODEL, "input": ASK, "max_output_tokens": 5, "stream": True}
+    with httpx2.stream("POST", f"{server.url}/v1/responses", json=body, timeout=60) as r:
+        lines = [line for line in r.iter_lines() if line]
+    names = [line.removeprefix("event: ") for line in lines if line.startswith("event: ")]
+    types = [json.loads(line.removeprefix("data: "))["type"] for line in lines if line.startswith("data: ")]
+    assert names == types and types[0] == "response.created" and types[-1] in ("response.completed",
+                                                                               "response.incomplete")
+
+
+def test_parse_pydantic(client):
+    r = client.responses.parse(model=MODEL, input=[{"role": "system", "content": "Reply in JSON."},
+                                                   {"role": "user", "content": "What is the capital of France?"}],
+                               text_format=Capital, max_output_tokens=80, temperature=0)
+    assert isinstance(r.output_parsed, Capital) and r.status == "completed"
+
+
+def test_tool_round_trip(client):
+    ask = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+    first = client.responses.create(model=MODEL, input=ask, tools=[WEATHER], tool_choice="required",
+                                    parallel_tool_calls=False, max_output_tokens=60, temperature=0)
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather" and calls[0].call_id.startswith("call_")
+    jsonschema.validate(json.loads(calls[0].arguments), WEATHER_PARAMETERS)
+    # The agent loop: the whole output goes back in, then the call's result.
+    follow = ask + first.output + [  # the items as the SDK returned them, as OpenAI's guide sends them back
+        {"type": "function_call_output", "call_id": calls[0].call_id, "output": "Sunny, 24 C"}]
+    second = client.responses.create(model=MODEL, input=follow, tools=[WEATHER], max_output_tokens=30,
+                                     temperature=0)
+    assert second.output and second.usage.input_tokens > first.usage.input_tokens
+
+
+def test_streamed_tool_call(client):
+    with client.responses.stream(model=MODEL, input="What is the weather like in Rome?", tools=[WEATHER],
+                                 tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=60,
+                                 temperature=0) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    calls = [item for item in final.output if item.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather"
+    pieces = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    assert pieces == calls[0].arguments and json.loads(pieces)["city"]
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x"}]}]},
+     "input[0].content"),
+    ({"max_output_tokens": 10**6}, "max_output_tokens"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nope"}}}}, "text.format"),
+])
+def test_what_is_refused_names_its_field(client, extra, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(**{"model": MODEL, "input": ASK, **extra})
+    assert e.value.status_code == 400 and e.value.body["param"] == param, e.value.body
