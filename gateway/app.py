@@ -28,6 +28,7 @@ from gateway.protocol import Limits
 from gateway.request_id import RequestIdMiddleware
 from gateway.responses import TokenNames
 from gateway.responses_route import responses
+from gateway.tokenize_routes import detokenize, tokenize
 from gateway.stream_resume import StreamRegistry
 from gateway.stream_routes import resume_stream
 from gateway.worker_pool import WorkerPool
@@ -180,6 +181,8 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
         Route("/v1/completions", _api(completions), methods=["POST"]),
         Route("/v1/chat/completions", _api(chat_completions), methods=["POST"]),
         Route("/v1/responses", _api(responses), methods=["POST"]),
+        Route("/tokenize", _api(tokenize), methods=["POST"]),
+        Route("/detokenize", _api(detokenize), methods=["POST"]),
         Route("/v1/streams/{stream_id}", _api(resume_stream), methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),

@@ -28,8 +28,8 @@ class ModelText:
             return list(prompt)
         return self.tokenizer.encode(prompt, add_special_tokens=True).ids
 
-    def render_chat(self, messages: list[dict[str, Any]], template_kwargs: dict,
-                    tools: ToolSpec | None = None) -> tuple[str, list[int]]:
+    def render_chat(self, messages: list[dict[str, Any]], template_kwargs: dict, tools: ToolSpec | None = None,
+                    add_generation_prompt: bool = True) -> tuple[str, list[int]]:
         """The rendered prompt and its token ids. The template writes the special tokens itself, so the
         tokenizer adds none. Tools go to the template's `tools` variable where it has one; otherwise the
         conversation is rewritten into the generic tool format (tools.generic_messages)."""
@@ -41,8 +41,8 @@ class ModelText:
         elif has_tool_turns or (tools is not None and tools.calls_possible):
             messages = generic_messages(messages, tools)
         try:
-            text = self.template.render(messages, add_generation_prompt=True, template_kwargs=template_kwargs,
-                                        tools=template_tools)
+            text = self.template.render(messages, add_generation_prompt=add_generation_prompt,
+                                        template_kwargs=template_kwargs, tools=template_tools)
         except NoChatTemplate as e:
             raise invalid(str(e), "messages") from None
         except ChatTemplateError as e:

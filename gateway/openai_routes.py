@@ -154,7 +154,7 @@ async def _constrained(state, req: ChatRequest, rendered: str) -> SamplingParams
 
 # ----- admission -----
 def _check_served(state, req: CommonFields) -> None:
-    require_model(req, state.settings.served_model_name)
+    require_model(req.model, state.settings.served_model_name)
     if state.draining:
         raise ApiError(503, "the server is shutting down", code="draining")
 

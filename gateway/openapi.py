@@ -21,6 +21,7 @@ from gateway.deadlines import HEADER, MAX_TIMEOUT_S
 from gateway.protocol import Limits
 from gateway.request_models import TOKEN_ID_KEY_PATTERN, ChatBody, CompletionBody
 from gateway.responses_body import ResponsesBody
+from gateway.tokenize_models import DetokenizeBody, TokenizeChatBody, TokenizePromptBody
 from gateway.stream_routes import MAX_EVENT_ID_DIGITS
 
 _REF = "#/components/schemas/{model}"
@@ -41,7 +42,9 @@ class ServedBounds:
 def _request_schemas() -> tuple[dict[str, dict], dict[str, Any]]:
     """(path's model name -> its $ref, every schema definition), as pydantic generates them."""
     refs, top = models_json_schema([(CompletionBody, "validation"), (ChatBody, "validation"),
-                                    (ResponsesBody, "validation")], ref_template=_REF)
+                                    (ResponsesBody, "validation"), (TokenizePromptBody, "validation"),
+                                    (TokenizeChatBody, "validation"), (DetokenizeBody, "validation")],
+                                   ref_template=_REF)
     return {model.__name__: ref for (model, _), ref in refs.items()}, top["$defs"]
 
 
@@ -157,6 +160,19 @@ def _post(summary: str, ref: dict, result: dict[str, Any], events: str) -> dict[
             **_errors(400, 401, 404, 413, 429, 503, 504)}}}
 
 
+def _token_route(summary: str, body: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    return {"post": {"summary": summary, "requestBody": {"required": True, "content": {_JSON: {"schema": body}}},
+                     "responses": {"200": {"description": "the result", "content": {_JSON: {"schema": result}}},
+                                   **_errors(400, 401, 404, 413)}}}
+
+
+_TOKENIZED = {"type": "object", "required": ["count", "max_model_len", "tokens", "token_strs"], "properties": {
+    "count": {"type": "integer"}, "max_model_len": {"type": ["integer", "null"]},
+    "tokens": {"type": "array", "items": {"type": "integer"}},
+    "token_strs": {"type": ["array", "null"], "items": {"type": "string"}}}}
+_DETOKENIZED = {"type": "object", "required": ["prompt"], "properties": {"prompt": {"type": "string"}}}
+
+
 def _get(description: str, media: str = _JSON, *extra: int) -> dict[str, Any]:
     schema = {"type": "object"} if media == _JSON else {"type": "string"}
     return {"get": {"responses": {"200": {"description": description, "content": {media: {"schema": schema}}},
@@ -200,6 +216,10 @@ def document(bounds: ServedBounds) -> dict[str, Any]:
             "/v1/chat/completions": _post("Chat completion", refs["ChatBody"], _result("chat.completion"), _CHUNKS),
             "/v1/responses": _post("Response (OpenAI's Responses API, stateless)", refs["ResponsesBody"],
                                    _response_object(), _TYPED_EVENTS),
+            "/tokenize": _token_route("Count a prompt's or a conversation's tokens (vLLM's route)",
+                                      {"oneOf": [refs["TokenizePromptBody"], refs["TokenizeChatBody"]]}, _TOKENIZED),
+            "/detokenize": _token_route("Token ids back to text (vLLM's route)", refs["DetokenizeBody"],
+                                        _DETOKENIZED),
             "/v1/models": _get("the served model"),
             "/health": health,
             "/metrics": _get("Prometheus metrics", "text/plain"),

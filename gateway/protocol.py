@@ -171,7 +171,7 @@ def _content(content: str | list | None) -> str:
     return "\n".join(part.text for part in content)  # as vLLM joins text parts
 
 
-def require_model(request: CommonFields, served_name: str) -> None:
-    if request.model != served_name:
-        raise ApiError(404, f"the model {request.model!r} does not exist; this server serves {served_name!r}",
+def require_model(model: str, served_name: str) -> None:
+    if model != served_name:
+        raise ApiError(404, f"the model {model!r} does not exist; this server serves {served_name!r}",
                        "model", "model_not_found")

@@ -96,7 +96,7 @@ class ReasoningItem(_Model):
 def item_kind(item: Any) -> Any:
     """An input item's type: a message may leave it out (`{"role", "content"}`)."""
     if isinstance(item, dict):
-        return item.get("type", "message")
+        return item.get("type") or "message"  # absent, or null
     return getattr(item, "type", None) or "message"
 
 

@@ -48,18 +48,24 @@ def map_case(context, case):
 
 @schemathesis.hook
 def filter_case(context, case) -> bool:
-    body = case.body
+    path, body = case.operation.path, case.body
     if not isinstance(body, dict):
         return True
-    chat = case.operation.path.endswith(("/chat/completions", "/responses"))
-    if case.operation.path.endswith("/responses"):
+    if path.endswith("/responses"):
         body = _as_chat(body)  # the chat request it stands for: the same rules hold
         if not body["messages"]:  # only reasoning items: nothing to answer (a 400 naming input)
             DROPPED["input_without_turns"] += 1
             return False
-    for broken in (_min_tokens_above_max, _prompt_beyond_context, _prompt_without_tokens, *(
-            (_chat_beyond_context, _unknown_named_tool, _tool_declared_twice, _call_arguments_not_json)
-            if chat else ())):
+    if path.endswith("/tokenize"):  # nothing is generated: only the rules of a conversation's own fields
+        rules = (_tool_declared_twice, _call_arguments_not_json) if "messages" in body else ()
+    elif path.endswith(("/chat/completions", "/responses")):
+        rules = (_min_tokens_above_max, _chat_beyond_context, _unknown_named_tool, _tool_declared_twice,
+                 _call_arguments_not_json)
+    elif path.endswith("/completions"):
+        rules = (_min_tokens_above_max, _prompt_beyond_context, _prompt_without_tokens)
+    else:
+        rules = ()
+    for broken in rules:
         if broken(body):
             DROPPED[broken.__name__.strip("_")] += 1
             return False

@@ -7,7 +7,7 @@ import httpx2
 import pytest
 
 ROUTES = {"/v1/completions": {"POST"}, "/v1/chat/completions": {"POST"}, "/v1/responses": {"POST"},
-          "/v1/models": {"GET", "HEAD"},
+          "/tokenize": {"POST"}, "/detokenize": {"POST"}, "/v1/models": {"GET", "HEAD"},
           "/health": {"GET", "HEAD"}, "/metrics": {"GET", "HEAD"}, "/openapi.json": {"GET", "HEAD"},
           "/version": {"GET", "HEAD"}, "/debug/kv": {"GET", "HEAD"},
           "/v1/streams/{stream_id}": {"GET", "HEAD"}}  # resumable streams (404 for an unknown id)

@@ -67,6 +67,7 @@ def test_settings_carry_over():
     ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{"}]}, "input[0].arguments"),
     ({"input": [{"type": "computer_call", "id": "x"}]}, "input[0].type"),
+    ({"input": [{"type": None, "role": "user"}]}, "input[0].content"),
     ({"input": "x", "tool_choice": {"type": "function", "name": "nope"}, "tools": [TOOL]}, "tool_choice"),
     ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": "x", "n": 2}, "n"),

@@ -1,0 +1,58 @@
+"""POST /tokenize and /detokenize against the real server: the counts are the tokens a completion or chat
+request runs on (its usage says how many), text survives the round trip, and bad input is a 400 or 404."""
+
+from __future__ import annotations
+
+import httpx2
+import pytest
+
+from tests.integration.conftest import SERVED_NAME
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+
+def post(server, path: str, body: dict) -> httpx2.Response:
+    return httpx2.post(f"{server.url}{path}", json=body, timeout=30)
+
+
+def test_prompt_count_is_what_a_completion_uses(server):
+    text = "The quick brown fox jumps over the lazy dog, twice."
+    r = post(server, "/tokenize", {"prompt": text, "return_token_strs": True}).json()
+    used = post(server, "/v1/completions", {"model": SERVED_NAME, "prompt": text, "max_tokens": 1}).json()
+    assert r["count"] == len(r["tokens"]) == used["usage"]["prompt_tokens"]
+    assert r["max_model_len"] == httpx2.get(f"{server.url}/health").json()["max_model_len"]
+    assert len(r["token_strs"]) == r["count"] and all(isinstance(s, str) for s in r["token_strs"])
+    assert post(server, "/detokenize", {"model": SERVED_NAME, "tokens": r["tokens"]}).json() == {"prompt": text}
+
+
+@pytest.mark.parametrize("tools", [None, TOOLS])
+def test_conversation_count_is_what_a_chat_request_uses(server, tools):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the weather?"}]
+    extra = {"tools": tools} if tools else {}
+    r = post(server, "/tokenize", {"model": SERVED_NAME, "messages": messages, **extra}).json()
+    used = post(server, "/v1/chat/completions", {"model": SERVED_NAME, "messages": messages, "max_tokens": 1,
+                                                 **extra}).json()
+    assert r["count"] == used["usage"]["prompt_tokens"] and r["token_strs"] is None
+    without = post(server, "/tokenize", {"messages": messages, "add_generation_prompt": False, **extra}).json()
+    assert without["tokens"] == r["tokens"][:without["count"]] and without["count"] < r["count"]
+
+
+def test_special_tokens_as_asked(server):
+    with_special = post(server, "/tokenize", {"prompt": "hello"}).json()["tokens"]
+    without = post(server, "/tokenize", {"prompt": "hello", "add_special_tokens": False}).json()["tokens"]
+    assert with_special[len(with_special) - len(without):] == without
+
+
+@pytest.mark.parametrize("path, body, status, param", [
+    ("/tokenize", {"prompt": "x", "model": "other"}, 404, "model"),
+    ("/tokenize", {"prompt": 3}, 400, "prompt"),
+    ("/tokenize", {"prompt": "x", "surprise": 1}, 400, "surprise"),
+    ("/tokenize", {"messages": []}, 400, "messages"),
+    ("/tokenize", {"messages": [{"role": "user", "content": "x"}], "tool_choice": "auto"}, 400, "tool_choice"),
+    ("/detokenize", {"tokens": [10**9]}, 400, "tokens"),
+    ("/detokenize", {"tokens": [-1]}, 400, "tokens"),
+    ("/detokenize", {"model": "other", "tokens": [1]}, 404, "model"),
+])
+def test_bad_input(server, path, body, status, param):
+    r = post(server, path, body)
+    assert r.status_code == status and r.json()["error"]["param"] == param, r.text
