@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator
 
 from gateway.request_models import (_COUNT_MAX, _INT64, _NAME_PATTERN, MIN_REPETITION_PENALTY, FunctionCall,
-                                    JsonObjectFormat, TextFormat, _int, _limit, _Model, _needs, _when)
+                                    JsonObjectFormat, Logprobs, TextFormat, _int, _limit, _Model, _needs, _when)
 from gateway.tools import MAX_TOOLS
 
 
@@ -174,13 +174,17 @@ class ResponsesBody(_Model):
     previous_response_id: None = None
     conversation: None = None
     background: Literal[False] | None = None
-    include: Annotated[list[Any], Field(max_length=0)] | None = None
     reasoning: None = None
     prompt: None = None
     max_tool_calls: None = None
-    top_logprobs: None = None
     stream_options: None = None
+    include: list[Literal["message.output_text.logprobs", "reasoning.encrypted_content"]] | None = Field(
+        None, description="message.output_text.logprobs: the message's token logprobs; "
+                          "reasoning.encrypted_content: accepted (reasoning comes as plain text, and none is stored)")
+    top_logprobs: Logprobs | None = Field(None, description="alternatives per token, with "
+                                                            "include: [message.output_text.logprobs]")
 
 
-UNSUPPORTED = ("previous_response_id", "conversation", "background", "include", "reasoning", "prompt",
-               "max_tool_calls", "top_logprobs", "stream_options")
+UNSUPPORTED = ("previous_response_id", "conversation", "background", "reasoning", "prompt", "max_tool_calls",
+               "stream_options")
+LOGPROBS = "message.output_text.logprobs"

@@ -17,14 +17,14 @@ from typing import Any
 
 from gateway.errors import ApiError, invalid
 from gateway.protocol import ChatRequest, Limits, parse_chat
-from gateway.responses_body import (UNSUPPORTED, FunctionCallItem, FunctionCallOutputItem, MessageItem,
+from gateway.responses_body import (LOGPROBS, UNSUPPORTED, FunctionCallItem, FunctionCallOutputItem, MessageItem,
                                     ReasoningItem, ResponsesBody)
 from gateway.validation_errors import validate
 
 # A chat field's name in a 400 -> the Responses field it came from (by prefix).
 _PARAMS = (("messages", "input"), ("max_completion_tokens", "max_output_tokens"), ("max_tokens", "max_output_tokens"),
            ("response_format.json_schema.schema", "text.format.schema"), ("response_format", "text.format"),
-           ("tool_choice.function.name", "tool_choice.name"))
+           ("tool_choice.function.name", "tool_choice.name"), ("logprobs", "include"))
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,9 @@ def chat_body(body: ResponsesBody) -> dict[str, Any]:
         value = getattr(body, name)
         if value is not None:
             chat[name] = value
+    if LOGPROBS in (body.include or ()):
+        chat["logprobs"] = True
+        chat["top_logprobs"] = body.top_logprobs or 0
     if body.max_output_tokens is not None:
         chat["max_completion_tokens"] = body.max_output_tokens
     if body.tools is not None:

@@ -16,7 +16,8 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from gateway.generation import ChoiceEvent, Usage
+from gateway.generation import ChoiceEvent, TokenLogprob, Usage
+from gateway.responses import TokenNames
 from gateway.responses_input import ResponsesRequest
 
 
@@ -25,14 +26,17 @@ def _new_id(prefix: str) -> str:
 
 
 class ResponseBuilder:
-    def __init__(self, req: ResponsesRequest, tokenizer: Tokenizer):
+    def __init__(self, req: ResponsesRequest, tokenizer: Tokenizer, names: TokenNames | None = None):
         self.req = req
         self.tokenizer = tokenizer
+        # With include: [message.output_text.logprobs], the logprobs of the steps that wrote message text.
+        self.names = names if req.chat.top_logprobs is not None else None
         self.id = _new_id("resp")
         self.created_at = int(time.time())
         self.output: list[dict[str, Any]] = []
         self.open: dict[str, Any] | None = None  # the item being written (the last of output)
         self.pending_space = ""  # whitespace after a call, kept in case more text follows
+        self.pending_logprobs: list[dict[str, Any]] = []
         self.reasoning_text = ""
         self.sequence = 0
 
@@ -50,12 +54,14 @@ class ResponseBuilder:
             events += self._text_delta("response.reasoning_text.delta", e.reasoning)
         if e.text:
             text = self.pending_space + e.text
+            logprobs = self.pending_logprobs + self._logprobs(e.logprobs)
             if self._kind() == "function_call" and not text.strip():
-                self.pending_space = text  # between calls, or after the last: no message item by itself
+                # between calls, or after the last: no message item by itself
+                self.pending_space, self.pending_logprobs = text, logprobs
             else:
-                self.pending_space = ""
+                self.pending_space, self.pending_logprobs = "", []
                 events += self._open("message")
-                events += self._text_delta("response.output_text.delta", text)
+                events += self._text_delta("response.output_text.delta", text, logprobs)
         for call in e.tool_calls:
             if call.id is not None:
                 self.pending_space = ""
@@ -134,7 +140,8 @@ class ResponseBuilder:
         events += self._add(item)
         item["content"].append(part)
         events.append(self._event("response.content_part.added", item_id=item["id"],
-                                  output_index=len(self.output) - 1, content_index=0, part=dict(part)))
+                                  output_index=len(self.output) - 1, content_index=0,
+                                  part={**part, "logprobs": []} if "logprobs" in part else dict(part)))
         return events
 
     def _add(self, item: dict[str, Any]) -> list[dict[str, Any]]:
@@ -143,10 +150,19 @@ class ResponseBuilder:
         added = {**item, "content": []} if "content" in item else dict(item)
         return [self._event("response.output_item.added", output_index=len(self.output) - 1, item=added)]
 
-    def _text_delta(self, kind: str, text: str) -> list[dict[str, Any]]:
+    def _logprobs(self, entries: list[TokenLogprob]) -> list[dict[str, Any]]:
+        if self.names is None:
+            return []
+        return [{**self.names.chat_entry(e.token_id, e.logprob),
+                 "top_logprobs": [self.names.chat_entry(t, lp) for t, lp in e.top]} for e in entries]
+
+    def _text_delta(self, kind: str, text: str, logprobs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         part = self.open["content"][0]
         part["text"] += text
-        extra = {"logprobs": []} if kind == "response.output_text.delta" else {}
+        extra = {}
+        if kind == "response.output_text.delta":
+            part["logprobs"] += logprobs or []
+            extra = {"logprobs": logprobs or []}
         return [self._event(kind, item_id=self.open["id"], output_index=len(self.output) - 1, content_index=0,
                             delta=text, **extra)]
 
@@ -164,7 +180,7 @@ class ResponseBuilder:
             part = item["content"][0]
             if item["type"] == "message":
                 events.append(self._event("response.output_text.done", item_id=item["id"], output_index=index,
-                                          content_index=0, text=part["text"], logprobs=[]))
+                                          content_index=0, text=part["text"], logprobs=part["logprobs"]))
             else:
                 events.append(self._event("response.reasoning_text.done", item_id=item["id"], output_index=index,
                                           content_index=0, text=part["text"]))

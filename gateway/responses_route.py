@@ -35,7 +35,7 @@ async def responses(request: Request) -> Response:
     req = parse_responses(await read_json(request, state.settings.max_body_bytes), state.settings.limits)
     with responses_names():  # the checks that need the model: context length, the schema's grammar
         admitted, _ = await admit_chat(request, req.chat, deadline)
-    builder = ResponseBuilder(req, state.text.tokenizer)
+    builder = ResponseBuilder(req, state.text.tokenizer, state.token_names)
     if req.chat.stream:
         return EventSourceResponse(_stream(builder, admitted), ping=state.settings.sse_ping_s, sep="\n",
                                    background=BackgroundTask(admitted.abort))

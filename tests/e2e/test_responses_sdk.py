@@ -92,6 +92,27 @@ def test_stream_events_are_named(server):
                                                                                "response.incomplete")
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_logprobs_are_the_chat_logprobs(client, stream):
+    kwargs = dict(model=MODEL, instructions=INSTRUCTIONS, input=ASK, max_output_tokens=12, temperature=0,
+                  include=["message.output_text.logprobs"], top_logprobs=2)
+    if stream:
+        with client.responses.stream(**kwargs) as events:
+            events = list(events)
+        response = events[-1].response
+        streamed = [entry for e in events if e.type == "response.output_text.delta" for entry in e.logprobs]
+    else:
+        response = client.responses.create(**kwargs)
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": ASK}],
+        max_completion_tokens=12, temperature=0, logprobs=True, top_logprobs=2).choices[0].logprobs.content
+    ours = response.output[0].content[0].logprobs
+    assert [(e.token, e.bytes, len(e.top_logprobs)) for e in ours] == [(e.token, e.bytes, 2) for e in chat]
+    assert all(abs(a.logprob - b.logprob) < 1e-5 for a, b in zip(ours, chat))
+    if stream:
+        assert [e.token for e in streamed] == [e.token for e in ours]
+
+
 def test_parse_pydantic(client):
     r = client.responses.parse(model=MODEL, input=[{"role": "system", "content": "Reply in JSON."},
                                                    {"role": "user", "content": "What is the capital of France?"}],

@@ -9,7 +9,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from gateway.errors import ApiError
-from gateway.generation import ChoiceEvent, Usage
+from gateway.generation import ChoiceEvent, TokenLogprob, Usage
 from gateway.protocol import Limits
 from gateway.responses_input import parse_responses
 from gateway.responses_output import ResponseBuilder
@@ -64,6 +64,7 @@ def test_settings_carry_over():
 @pytest.mark.parametrize("body, param", [
     ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
     ({"input": "x", "background": True}, "background"),
+    ({"input": "x", "include": ["file_search_call.results"]}, "include"),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{"}]}, "input[0].arguments"),
     ({"input": [{"type": "computer_call", "id": "x"}]}, "input[0].type"),
@@ -152,3 +153,36 @@ def test_failure_once_streaming():
     assert error["type"] == "error" and error["code"] == "deadline_exceeded"
     assert failed["type"] == "response.failed" and failed["response"]["status"] == "failed"
     assert failed["response"]["error"]["code"] == "deadline_exceeded"
+
+
+class Names:
+    """Token display strings as TokenNames gives them (the id's text and bytes)."""
+
+    def chat_entry(self, token_id: int, logprob: float) -> dict:
+        return {"token": f"t{token_id}", "logprob": logprob, "bytes": [token_id]}
+
+
+def test_logprobs_of_the_message_tokens_when_included():
+    req = parse(input="x", include=["message.output_text.logprobs"], top_logprobs=1)
+    assert req.chat.top_logprobs == 1 and req.chat.params.logprobs == 1
+    builder = ResponseBuilder(req, tokenizer(), Names())
+    builder.start()
+    steps = [ChoiceEvent(0, reasoning="hm", logprobs=[TokenLogprob(1, -0.5, [(1, -0.5)])]),
+             ChoiceEvent(0, text="a", logprobs=[TokenLogprob(2, -0.25, [(2, -0.25)])]),
+             ChoiceEvent(0, text="bc", logprobs=[TokenLogprob(3, -1.0, [(4, -0.75)]), TokenLogprob(5, -2.0, [])])]
+    stream = [event for e in steps for event in builder.feed(e)]
+    stream += builder.finish("stop", Usage(1, 4, 0))
+    part = stream[-1]["response"]["output"][1]["content"][0]
+    assert [(entry["token"], entry["logprob"]) for entry in part["logprobs"]] == [("t2", -0.25), ("t3", -1.0),
+                                                                                ("t5", -2.0)]
+    assert part["logprobs"][1]["top_logprobs"] == [{"token": "t4", "logprob": -0.75, "bytes": [4]}]
+    deltas = [entry for e in stream if e["type"] == "response.output_text.delta" for entry in e["logprobs"]]
+    assert deltas == part["logprobs"]
+    added = next(e for e in stream if e["type"] == "response.content_part.added" and e["output_index"] == 1)
+    assert added["part"]["logprobs"] == []
+
+
+def test_no_logprobs_unless_included():
+    assert parse(input="x", top_logprobs=3).chat.top_logprobs is None
+    _, response = run([ChoiceEvent(0, text="a", logprobs=[TokenLogprob(2, -0.25, [])])], "stop")
+    assert response["output"][0]["content"][0]["logprobs"] == []
