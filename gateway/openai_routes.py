@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from sse_starlette import EventSourceResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -31,6 +31,7 @@ from gateway.structured_output import build_grammar, response_format_rules
 from gateway.tool_calls import assemble
 from gateway.tools import tool_grammar_rules
 from gateway.responses import ChatFormat, CompletionFormat
+from gateway.stream_resume import NamedEvent, Payload
 from gateway.stream_routes import start_response as resumable_response
 from gateway.worker_pool import NoWorkerAvailable
 from shared.sampling_params import SamplingParams, SamplingParamsError
@@ -76,7 +77,7 @@ async def completions(request: Request) -> Response:
     fmt = CompletionFormat(req.model, state.token_names)
     echo = [state.text.decode(p) if req.echo else "" for p in prompts]
     if req.stream:
-        return _sse(request, _completion_chunks(fmt, req, admitted, prompts, echo), admitted)
+        return sse_response(request, _completion_chunks(fmt, req, admitted, prompts, echo), admitted)
     events = await collect(request, admitted)
     n = req.params.n
     texts, logprobs, reasons = _gather(events, len(prompts) * n)
@@ -103,7 +104,7 @@ async def chat_completions(request: Request) -> Response:
     admitted, options = await admit_chat(request, req, deadline)
     fmt = ChatFormat(req.model, state.token_names)
     if req.stream:
-        return _sse(request, _chat_chunks(fmt, req, admitted), admitted)
+        return sse_response(request, _chat_chunks(fmt, req, admitted), admitted)
     events = await collect(request, admitted)
     texts, logprobs, reasons = _gather(events, req.params.n)
     reasoning = [""] * req.params.n
@@ -235,7 +236,10 @@ def _prompt_scores(events: list[ChoiceEvent], choices_per_prompt: int) -> dict[i
 
 
 # ----- streaming -----
-def _sse(request: Request, chunks: AsyncIterator[str], admitted: Admitted) -> EventSourceResponse:
+def sse_response(request: Request, chunks: AsyncIterator[Payload], admitted: Admitted,
+                 named: bool = False) -> EventSourceResponse:
+    """A stream's response; its payloads are data strings, or with `named` NamedEvents (each sent with an SSE
+    event name)."""
     state = request.app.state.mili
     if state.streams is not None:  # --stream-resume-ttl: the generation outlives this connection
         return resumable_response(state.streams, _ending_lease(chunks, admitted), admitted.abort, request,
@@ -243,11 +247,19 @@ def _sse(request: Request, chunks: AsyncIterator[str], admitted: Admitted) -> Ev
     # The stream's own cleanup aborts the request when the client leaves mid-stream; the background task
     # also covers a client gone before the stream's first iteration (a generator never started has no
     # cleanup to run). It runs once the response ends, however it ends.
-    return EventSourceResponse(chunks, ping=state.settings.sse_ping_s, sep="\n",
+    return EventSourceResponse(_as_events(chunks) if named else chunks, ping=state.settings.sse_ping_s, sep="\n",
                                background=BackgroundTask(admitted.abort))
 
 
-async def _ending_lease(chunks: AsyncIterator[str], admitted: Admitted) -> AsyncIterator[str]:
+async def _as_events(chunks: AsyncIterator[NamedEvent]) -> AsyncIterator[ServerSentEvent]:
+    try:
+        async for chunk in chunks:
+            yield ServerSentEvent(data=chunk.data, event=chunk.event, sep="\n")
+    finally:
+        await chunks.aclose()  # the request's own cleanup now, not when the generator is collected
+
+
+async def _ending_lease(chunks: AsyncIterator[Payload], admitted: Admitted) -> AsyncIterator[Payload]:
     """A resumable stream's payloads: however they end (a resumable stream that ends on its own is not
     aborted), the request's count against its API key ends with them."""
     try:

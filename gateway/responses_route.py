@@ -3,8 +3,8 @@
 
 A stream is a sequence of typed events, each sent with its type as the SSE event name and ending with
 response.completed (or .incomplete); a failure once streaming (a deadline, a lost worker) sends an `error`
-event and response.failed. Streams are not resumable (`--stream-resume-ttl` covers the two chat endpoints):
-a client that leaves aborts the request at once.
+event and response.failed. With `--stream-resume-ttl` a stream is resumable as the other endpoints' are
+(`GET /v1/streams/{id}`, the events replayed with their names).
 """
 
 from __future__ import annotations
@@ -14,17 +14,16 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from sse_starlette import EventSourceResponse, ServerSentEvent
-from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.deadlines import request_deadline
 from gateway.errors import ApiError
 from gateway.http_io import read_json
-from gateway.openai_routes import Admitted, admit_chat, collect
+from gateway.openai_routes import Admitted, admit_chat, collect, sse_response
 from gateway.responses_input import parse_responses, responses_names
 from gateway.responses_output import ResponseBuilder
+from gateway.stream_resume import NamedEvent
 
 log = logging.getLogger("mili.gateway")
 
@@ -37,8 +36,7 @@ async def responses(request: Request) -> Response:
         admitted, _ = await admit_chat(request, req.chat, deadline)
     builder = ResponseBuilder(req, state.text.tokenizer, state.token_names)
     if req.chat.stream:
-        return EventSourceResponse(_stream(builder, admitted), ping=state.settings.sse_ping_s, sep="\n",
-                                   background=BackgroundTask(admitted.abort))
+        return sse_response(request, _stream(builder, admitted), admitted, named=True)
     finish_reason = None
     for e in await collect(request, admitted):
         builder.feed(e)
@@ -46,7 +44,7 @@ async def responses(request: Request) -> Response:
     return JSONResponse(builder.finish(finish_reason, admitted.usage)[-1]["response"])
 
 
-async def _stream(builder: ResponseBuilder, admitted: Admitted) -> AsyncIterator[ServerSentEvent]:
+async def _stream(builder: ResponseBuilder, admitted: Admitted) -> AsyncIterator[NamedEvent]:
     for event in builder.start():
         yield _sse(event)
     finish_reason = None
@@ -64,5 +62,5 @@ async def _stream(builder: ResponseBuilder, admitted: Admitted) -> AsyncIterator
         yield _sse(event)
 
 
-def _sse(event: dict[str, Any]) -> ServerSentEvent:
-    return ServerSentEvent(data=json.dumps(event, ensure_ascii=False), event=event["type"], sep="\n")
+def _sse(event: dict[str, Any]) -> NamedEvent:
+    return NamedEvent(event["type"], json.dumps(event, ensure_ascii=False))

@@ -28,11 +28,28 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import NamedTuple, Union
 
 from gateway.errors import ApiError
 from gateway.metrics import Metrics
 
 log = logging.getLogger("mili.gateway")
+
+
+class NamedEvent(NamedTuple):
+    """A payload sent with an SSE event name (the Responses API's typed events); a plain str has none."""
+
+    event: str
+    data: str
+
+
+Payload = Union[str, NamedEvent]
+
+
+def payload_bytes(payload: Payload) -> int:
+    if isinstance(payload, NamedEvent):
+        return len(payload.event) + len(payload.data.encode())
+    return len(payload.encode())
 
 
 def owner_digest(authorization: str) -> bytes:
@@ -41,13 +58,13 @@ def owner_digest(authorization: str) -> bytes:
 
 
 class ResumableStream:
-    """One stream's events (SSE data payloads, the id of each is its index) and who reads them."""
+    """One stream's events (SSE payloads, the id of each is its index) and who reads them."""
 
     def __init__(self, stream_id: str, owner: bytes, abort: Callable[[], None]):
         self.id = stream_id
         self.owner = owner
         self.abort_request = abort  # drops the request in its worker (idempotent)
-        self.events: list[str] = []  # events[i - base] has id i
+        self.events: list[Payload] = []  # events[i - base] has id i
         self.base = 0  # ids below were released (only once the stream is no longer resumable)
         self.nbytes = 0  # what the events count against the cap while the stream is registered
         self.finished = False  # no event will follow (the last one was [DONE], or it was aborted)
@@ -89,7 +106,7 @@ class Reader:
         self.stream = stream
         self.cursor = cursor
 
-    async def events(self) -> AsyncIterator[tuple[int, str]]:
+    async def events(self) -> AsyncIterator[tuple[int, Payload]]:
         """(id, payload) from the cursor on, live, until the stream ends or another reader takes it over."""
         stream = self.stream
         try:
@@ -121,7 +138,7 @@ class StreamRegistry:
         self.buffered_bytes = 0
 
     # ----- streams -----
-    def start(self, payloads: AsyncIterator[str], abort: Callable[[], None], authorization: str) -> Reader:
+    def start(self, payloads: AsyncIterator[Payload], abort: Callable[[], None], authorization: str) -> Reader:
         """Run `payloads` into a new stream's buffer; the first reader (the response that started it)."""
         stream = ResumableStream(secrets.token_urlsafe(24), owner_digest(authorization), abort)
         self.streams[stream.id] = stream
@@ -166,7 +183,7 @@ class StreamRegistry:
             self._abort(stream)
 
     # ----- the producer -----
-    async def _produce(self, stream: ResumableStream, payloads: AsyncIterator[str]) -> None:
+    async def _produce(self, stream: ResumableStream, payloads: AsyncIterator[Payload]) -> None:
         ended = False
         try:
             async for payload in payloads:
@@ -191,9 +208,9 @@ class StreamRegistry:
                 stream.timer = asyncio.get_running_loop().call_later(self.ttl_s, self._forget, stream)
             stream.notify()
 
-    def _append(self, stream: ResumableStream, payload: str) -> None:
+    def _append(self, stream: ResumableStream, payload: Payload) -> None:
         if stream.registered:
-            size = len(payload.encode())
+            size = payload_bytes(payload)
             self._make_room(size, stream)
             if stream.aborted:
                 return
@@ -264,7 +281,7 @@ class StreamRegistry:
         self.metrics.stream_resume_buffered_bytes.labels(self.metrics.model).set(self.buffered_bytes)
 
 
-async def _close(payloads: AsyncIterator[str]) -> None:
+async def _close(payloads: AsyncIterator[Payload]) -> None:
     aclose = getattr(payloads, "aclose", None)
     if aclose is not None:
         await aclose()

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.errors import ApiError, invalid
-from gateway.stream_resume import Reader, StreamRegistry
+from gateway.stream_resume import NamedEvent, Payload, Reader, StreamRegistry
 
 STREAM_ID_HEADER = "X-Stream-Id"
 LAST_EVENT_ID = "Last-Event-ID"
@@ -21,7 +21,7 @@ MAX_EVENT_ID_DIGITS = 18  # ids are counted from 0; more digits than this is no 
 _EVENT_ID = re.compile(rf"\s*(\d{{1,{MAX_EVENT_ID_DIGITS}}})\s*")
 
 
-def start_response(registry: StreamRegistry, payloads: AsyncIterator[str], abort, request: Request,
+def start_response(registry: StreamRegistry, payloads: AsyncIterator[Payload], abort, request: Request,
                    ping_s: float) -> EventSourceResponse:
     """A new stream: its generation runs on in a task of its own; this response is its first reader."""
     reader = registry.start(payloads, abort, request.headers.get("authorization", ""))
@@ -71,7 +71,10 @@ class _Ping(ServerSentEvent):
 def _response(reader: Reader, ping_s: float) -> EventSourceResponse:
     async def events() -> AsyncIterator[ServerSentEvent]:
         async for event_id, payload in reader.events():
-            yield ServerSentEvent(data=payload, id=str(event_id), sep="\n")
+            if isinstance(payload, NamedEvent):
+                yield ServerSentEvent(data=payload.data, event=payload.event, id=str(event_id), sep="\n")
+            else:
+                yield ServerSentEvent(data=payload, id=str(event_id), sep="\n")
 
     # The background task detaches a reader whose client left before the response's first event (a
     # generator never started has no cleanup to run); it runs once the response ends, however it ends.

@@ -341,3 +341,47 @@ def test_a_detached_stream_past_the_cap_is_aborted(capped):
     assert buffered(capped) <= CAP_BYTES
     status, error = resume(capped.url, stream_id)
     assert status == 404 and NOT_FOUND.items() <= error.items()
+
+
+# ----- the Responses API's typed events -----
+def named_events(lines: list[str]) -> list[tuple[int, str, dict]]:
+    """(id, SSE event name, JSON data) of each event."""
+    parsed, fields = [], {}
+    for line in lines:
+        if line == "" and "data" in fields:
+            parsed.append((int(fields["id"]), fields["event"], json.loads(fields["data"])))
+            fields = {}
+        elif ": " in line and not line.startswith(":"):
+            name, value = line.split(": ", 1)
+            fields[name] = value
+    return parsed
+
+
+def test_a_responses_stream_resumes_with_its_event_names(resumable):
+    body = {"model": SERVED_NAME, "input": "once upon a time", "max_output_tokens": 40, "ignore_eos": True,
+            "temperature": 0, "stream": True}
+
+    async def first_part():
+        async with httpx2.AsyncClient(base_url=resumable.url, timeout=60) as client:
+            async with client.stream("POST", "/v1/responses", json=body) as r:
+                lines = []
+                async for line in r.aiter_lines():
+                    lines.append(line)
+                    if line == "" and len(named_events(lines)) == 6:
+                        return r.headers["x-stream-id"], named_events(lines)
+        raise AssertionError("the stream ended early")
+
+    stream_id, first = asyncio.run(first_part())
+    with httpx2.stream("GET", f"{resumable.url}/v1/streams/{stream_id}",
+                       headers={"Last-Event-ID": str(first[-1][0])}, timeout=60) as r:
+        assert r.status_code == 200
+        rest = named_events(list(r.iter_lines()))
+    events = first + rest
+    assert [i for i, _, _ in events] == list(range(len(events)))
+    assert all(name == data["type"] for _, name, data in events)
+    assert [data["sequence_number"] for _, _, data in events] == list(range(len(events)))
+    final = events[-1][2]
+    assert final["type"] == "response.incomplete" and final["response"]["usage"]["output_tokens"] == 40
+    text = "".join(data["delta"] for _, name, data in events if name == "response.output_text.delta")
+    assert text == final["response"]["output"][0]["content"][0]["text"]
+    wait_idle(resumable)
