@@ -11,20 +11,21 @@ from pydantic import Field
 from gateway.request_models import Message, TokenId, Tool, _limit, _Model
 from gateway.tools import MAX_TOOLS
 
-_MODEL = Field(None, description="the served model name; optional (any other is a 404)",
-               json_schema_extra=_limit("model"))
+# The served name's enum goes on the string itself, so null (no model named) stays valid.
+ServedName = Annotated[str, Field(json_schema_extra=_limit("model"))]
+_MODEL = Field(None, description="the served model name; optional (any other is a 404)")
 _STRS = Field(None, description="also each token's string in the vocabulary")
 
 
 class TokenizePromptBody(_Model):
-    model: str | None = _MODEL
+    model: ServedName | None = _MODEL
     prompt: str = Field(description="text, tokenized as /v1/completions tokenizes a prompt")
     add_special_tokens: bool | None = Field(None, description="default true (the tokenizer's BOS, if it adds one)")
     return_token_strs: bool | None = _STRS
 
 
 class TokenizeChatBody(_Model):
-    model: str | None = _MODEL
+    model: ServedName | None = _MODEL
     messages: Annotated[list[Message], Field(min_length=1)] = Field(
         description="a conversation, rendered by the chat template as /v1/chat/completions renders it")
     tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
@@ -35,5 +36,5 @@ class TokenizeChatBody(_Model):
 
 
 class DetokenizeBody(_Model):
-    model: str | None = _MODEL
+    model: ServedName | None = _MODEL
     tokens: list[TokenId] = Field(description="token ids, decoded with special tokens kept")

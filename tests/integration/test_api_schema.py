@@ -44,7 +44,7 @@ def run_schemathesis(url: str, tmp_path: Path, seed: int, context: int, tokenize
                MILI_SCHEMATHESIS_TOKENIZER=str(tokenizer))
     cmd = [*ST, "--no-color", "--config-file", str(config), "run", f"{url}/openapi.json", "--checks", "all",
            "--max-examples", str(MAX_EXAMPLES), "--seed", str(seed), "--workers", "1", "--request-timeout", "60",
-           "--no-shrink", "--continue-on-failure", "--output-truncate", "true",
+           "--no-shrink", "--continue-on-failure", "--output-truncate", "true", "--output-sanitize", "false",
            # One worker: with two, schemathesis's coverage phase now and then raised a KeyError inside its own
            # schema walk (an error of the tool, reported as an error, not a finding); one worker costs ~2 s.
            # Generated conversations are often longer than the tiny model's context (those are left out), and big
