@@ -38,6 +38,11 @@ class TokenNames:
     def chat_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
         return {"token": self.text(token_id), "logprob": logprob, "bytes": self._bytes(token_id)}
 
+    def chat_entries(self, entries: list[TokenLogprob]) -> list[dict[str, Any]]:
+        """Chat's per-token logprobs (the Responses API's output_text logprobs have the same shape)."""
+        return [{**self.chat_entry(e.token_id, e.logprob),
+                 "top_logprobs": [self.chat_entry(t, lp) for t, lp in e.top]} for e in entries]
+
 
 class _Format:
     """What every response and chunk of one request shares: id, creation time, model."""
@@ -86,8 +91,7 @@ class ChatFormat(_Format):
     id_prefix = "chatcmpl"
 
     def logprobs(self, entries: list[TokenLogprob]) -> dict[str, Any]:
-        return {"content": [{**self.names.chat_entry(e.token_id, e.logprob),
-                             "top_logprobs": [self.names.chat_entry(t, lp) for t, lp in e.top]} for e in entries]}
+        return {"content": self.names.chat_entries(entries)}
 
     def message_choice(self, index: int, content: str, reasoning: str | None, logprobs: dict | None,
                        finish_reason: str | None, tool_calls: list[dict] | None = None) -> dict[str, Any]:

@@ -151,10 +151,7 @@ class ResponseBuilder:
         return [self._event("response.output_item.added", output_index=len(self.output) - 1, item=added)]
 
     def _logprobs(self, entries: list[TokenLogprob]) -> list[dict[str, Any]]:
-        if self.names is None:
-            return []
-        return [{**self.names.chat_entry(e.token_id, e.logprob),
-                 "top_logprobs": [self.names.chat_entry(t, lp) for t, lp in e.top]} for e in entries]
+        return self.names.chat_entries(entries) if self.names is not None else []
 
     def _text_delta(self, kind: str, text: str, logprobs: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         part = self.open["content"][0]

@@ -47,21 +47,22 @@ def read_all(url: str, path: str, body: dict, headers: dict | None = None) -> tu
 
 
 async def read_some(client: httpx2.AsyncClient, path: str, body: dict, count: int,
-                    headers: dict | None = None) -> tuple[str, list]:
-    """The first `count` events, then the connection is dropped."""
+                    headers: dict | None = None, parse=sse_events) -> tuple[str, list]:
+    """The first `count` events (as `parse` reads a stream's lines), then the connection is dropped."""
     async with client.stream("POST", path, json=body, headers=headers) as r:
         lines = []
         async for line in r.aiter_lines():
             lines.append(line)
-            if line == "" and len(sse_events(lines)) == count:
-                return r.headers["x-stream-id"], sse_events(lines)
+            if line == "" and len(parse(lines)) == count:
+                return r.headers["x-stream-id"], parse(lines)
     raise AssertionError(f"the stream ended before {count} events")
 
 
-def drop_after(url: str, path: str, body: dict, count: int, headers: dict | None = None) -> tuple[str, list]:
+def drop_after(url: str, path: str, body: dict, count: int, headers: dict | None = None,
+               parse=sse_events) -> tuple[str, list]:
     async def run():
         async with httpx2.AsyncClient(base_url=url, timeout=60) as client:
-            return await read_some(client, path, body, count, headers)
+            return await read_some(client, path, body, count, headers, parse)
 
     return asyncio.run(run())
 
@@ -360,18 +361,7 @@ def named_events(lines: list[str]) -> list[tuple[int, str, dict]]:
 def test_a_responses_stream_resumes_with_its_event_names(resumable):
     body = {"model": SERVED_NAME, "input": "once upon a time", "max_output_tokens": 40, "ignore_eos": True,
             "temperature": 0, "stream": True}
-
-    async def first_part():
-        async with httpx2.AsyncClient(base_url=resumable.url, timeout=60) as client:
-            async with client.stream("POST", "/v1/responses", json=body) as r:
-                lines = []
-                async for line in r.aiter_lines():
-                    lines.append(line)
-                    if line == "" and len(named_events(lines)) == 6:
-                        return r.headers["x-stream-id"], named_events(lines)
-        raise AssertionError("the stream ended early")
-
-    stream_id, first = asyncio.run(first_part())
+    stream_id, first = drop_after(resumable.url, "/v1/responses", body, 6, parse=named_events)
     with httpx2.stream("GET", f"{resumable.url}/v1/streams/{stream_id}",
                        headers={"Last-Event-ID": str(first[-1][0])}, timeout=60) as r:
         assert r.status_code == 200

@@ -12,6 +12,7 @@ from gateway.errors import ApiError
 from gateway.generation import ChoiceEvent, TokenLogprob, Usage
 from gateway.protocol import Limits
 from gateway.responses_input import parse_responses
+from gateway.responses import TokenNames
 from gateway.responses_output import ResponseBuilder
 from gateway.tool_calls import ToolCallDelta
 
@@ -160,6 +161,8 @@ class Names:
 
     def chat_entry(self, token_id: int, logprob: float) -> dict:
         return {"token": f"t{token_id}", "logprob": logprob, "bytes": [token_id]}
+
+    chat_entries = TokenNames.chat_entries
 
 
 def test_logprobs_of_the_message_tokens_when_included():
