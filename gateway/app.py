@@ -1,4 +1,4 @@
-"""The gateway's Starlette application: routes, error objects, lifespan of the workers (API keys: gateway/auth.py)."""
+"""The gateway's Starlette application: routes, error objects, lifespan of the workers (API keys: gateway/server/auth.py)."""
 
 from __future__ import annotations
 
@@ -16,22 +16,23 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway import debug_routes, openapi
-from gateway.auth import ApiKey, ApiKeyMiddleware, KeyRing, load_keys
-from gateway.errors import ApiError
-from gateway.http_io import ClientDisconnected
-from gateway.key_limits import KeyLimits
-from gateway.metrics import Metrics
-from gateway.model_text import ModelText
-from gateway.openai_routes import chat_completions, completions
-from gateway.protocol import Limits
-from gateway.request_id import RequestIdMiddleware
-from gateway.responses import TokenNames
-from gateway.responses_route import responses
-from gateway.tokenize_routes import detokenize, tokenize
-from gateway.stream_resume import StreamRegistry
-from gateway.stream_routes import resume_stream
-from gateway.worker_pool import WorkerPool
+from gateway.server import debug_routes
+from gateway import openapi
+from gateway.server.auth import ApiKey, ApiKeyMiddleware, KeyRing, load_keys
+from gateway.server.errors import ApiError
+from gateway.server.client_io import ClientDisconnected
+from gateway.server.key_limits import KeyLimits
+from gateway.metrics.mili_metrics import Metrics
+from gateway.text.served_model_text import ModelText
+from gateway.openai.routes import chat_completions, completions
+from gateway.openai.parse import Limits
+from gateway.server.request_id import RequestIdMiddleware
+from gateway.openai.response_bodies import TokenNames
+from gateway.responses_api.routes import responses
+from gateway.openai.tokenize_routes import detokenize, tokenize
+from gateway.streams.resume_buffer import StreamRegistry
+from gateway.streams.resume_routes import resume_stream
+from gateway.workers.pool import WorkerPool
 from shared import wire
 from shared.config import EngineConfig
 
@@ -140,7 +141,7 @@ async def metrics(request: Request) -> Response:
 
 async def version(request: Request) -> Response:
     """MILI's version. Routers of the SGLang lineage (SMG) also read the presence of GET /version as "this backend
-    speaks vLLM's protocol", which MILI does for its metrics (gateway/router_metrics.py), so they poll its load."""
+    speaks vLLM's protocol", which MILI does for its metrics (gateway/metrics/router_metrics.py), so they poll its load."""
     try:
         number = importlib.metadata.version("mili")
     except importlib.metadata.PackageNotFoundError:  # running from a checkout that was never installed

@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from gateway.request_id import RequestIdLogFilter
+from gateway.server.request_id import RequestIdLogFilter
 from gateway.serve import add_arguments as add_serve_arguments
 
 
@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     convert.add_argument("gguf_file")
     convert.add_argument("out_dir")
     args = parser.parse_args(argv)
-    # A line written while a request is served names its X-Request-Id (gateway/request_id.py).
+    # A line written while a request is served names its X-Request-Id (gateway/server/request_id.py).
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s:%(request_id)s %(message)s")
     for handler in logging.getLogger().handlers:
         handler.addFilter(RequestIdLogFilter())
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mili serve: {e}", file=sys.stderr)
             return 2
     if args.command == "convert-gguf":
-        from worker.gguf.convert import convert_gguf
+        from shared.gguf_import.convert import convert_gguf
 
         try:
             out = convert_gguf(args.gguf_file, args.out_dir)

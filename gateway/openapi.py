@@ -1,5 +1,5 @@
 """The OpenAPI document served at /openapi.json, generated from the request models that validate
-(gateway/request_models.py), so what it says is what the server checks.
+(gateway/openai/schema.py), so what it says is what the server checks.
 
 Bounds that depend on the served model or the server's flags are filled in per server: token ids below
 the vocabulary size, token arrays and max_tokens within the context length, n and stop strings within
@@ -17,12 +17,12 @@ from typing import Any
 
 from pydantic.json_schema import models_json_schema
 
-from gateway.deadlines import HEADER, MAX_TIMEOUT_S
-from gateway.protocol import Limits
-from gateway.request_models import TOKEN_ID_KEY_PATTERN, ChatBody, CompletionBody
-from gateway.responses_body import ResponsesBody
-from gateway.tokenize_models import DetokenizeBody, TokenizeChatBody, TokenizePromptBody
-from gateway.stream_routes import MAX_EVENT_ID_DIGITS
+from gateway.server.deadlines import HEADER, MAX_TIMEOUT_S
+from gateway.openai.parse import Limits
+from gateway.openai.schema import TOKEN_ID_KEY_PATTERN, ChatBody, CompletionBody
+from gateway.responses_api.schema import ResponsesBody
+from gateway.openai.tokenize_schema import DetokenizeBody, TokenizeChatBody, TokenizePromptBody
+from gateway.streams.resume_routes import MAX_EVENT_ID_DIGITS
 
 _REF = "#/components/schemas/{model}"
 _JSON = "application/json"
@@ -63,7 +63,7 @@ def decimal_below(n: int) -> str:
 
 
 def _fill_limits(node: Any, bounds: ServedBounds) -> None:
-    """Replaces each `x-mili-limit` marker (gateway/request_models.py) with the served bound it names."""
+    """Replaces each `x-mili-limit` marker (gateway/openai/schema.py) with the served bound it names."""
     if isinstance(node, list):
         for item in node:
             _fill_limits(item, bounds)

@@ -17,9 +17,9 @@ import uvicorn
 from sse_starlette.sse import AppStatus
 
 from gateway.app import ServerSettings, build_app
-from gateway.auth import load_keys
-from gateway.device_check import check_device
-from gateway.protocol import Limits
+from gateway.server.auth import load_keys
+from gateway.server.device_check import check_device
+from gateway.openai.parse import Limits
 from shared.config import ATTENTION_BACKENDS, DTYPES, QUANTIZATIONS, EngineConfig, parse_size
 
 log = logging.getLogger("mili.gateway")
@@ -102,7 +102,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def resolve_model(model: str) -> tuple[Path, str]:
     """The HF-format directory to serve and the name it is served under by default."""
-    from worker.default_model import DEFAULT_SERVED_NAME, converted_gguf, default_model_path
+    from shared.default_model import DEFAULT_SERVED_NAME, converted_gguf, default_model_path
 
     if model == "default":
         return default_model_path(), DEFAULT_SERVED_NAME

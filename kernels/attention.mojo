@@ -1,10 +1,10 @@
-# MILI's CPU attention kernels over the paged KV cache, called from Python (kernels/mojo_ops.py).
+# MILI's CPU attention kernels over the paged KV cache, called from Python (kernels/attention.py).
 #
 # Cache layout per layer: K and V as [num_blocks, block_size, kv_heads, head_dim], float32 or bfloat16.
 # Every pointer, shape and stride arrives in one int64 parameter array (kernels/params.mojo);
-# kernels/mojo_ops.py has checked them (dtypes, contiguity, index ranges) before the call, so nothing
+# kernels/attention.py has checked them (dtypes, contiguity, index ranges) before the call, so nothing
 # here re-validates. paged_attention can also be entered from C for a range of its work items, which
-# is how it runs on torch's OpenMP threads (kernels/omp_bridge.c).
+# is how it runs on torch's OpenMP threads (kernels/omp_program.c).
 #
 # paged_attention handles a whole ragged batch in one call: decode rows (one query token) and prefill
 # chunks (causal over their own tokens, attending to their cached prefix) alike. Work items are

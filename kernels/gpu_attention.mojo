@@ -2,9 +2,9 @@
 # separate K/V caches) and MILI's own KV write kernel. COMPILED FOR nvidia:sm_90a, NOT YET RUN ON A GPU.
 #
 # One build per model shape: the head counts and head_dim are compile-time constants, given at build time as
-# `-D MILI_NQ=.. -D MILI_NKV=.. -D MILI_HD=..` (kernels/gpu_build.py); pages are 16 tokens. Only bfloat16.
+# `-D MILI_NQ=.. -D MILI_NKV=.. -D MILI_HD=..` (kernels/build/gpu_modules.py); pages are 16 tokens. Only bfloat16.
 #
-# Streams (see kernels/gpu_build.py's docstring for the research behind this):
+# Streams (see kernels/build/gpu_modules.py's docstring for the research behind this):
 # - `write_kv` is enqueued directly on the caller's CUDA stream (torch's current stream), wrapped with
 #   `DeviceContext.create_external_stream`: ordered with torch's work, no synchronisation, capturable.
 # - Modular's flash attention takes a `DeviceContext` and enqueues on that context's own stream; the 26.7 API
@@ -15,7 +15,7 @@
 # - The DeviceContext is created once per process (`create_context`) and kept on the heap; its address travels
 #   through Python, because a new context per call would load the kernels' code again each time.
 #
-# Conventions at the boundary (kernels/gpu_mojo_ops.py converts and checks):
+# Conventions at the boundary (kernels/gpu_attention.py converts and checks):
 # - q, out: [total_q, NQ, HD] bf16 contiguous; k_cache, v_cache: [num_blocks, 16, NKV, HD] bf16 contiguous.
 # - block_table: [batch, max_pages] uint32; row_offsets: [batch + 1] uint32 (query rows of each sequence).
 # - cache_lengths: [batch] uint32, Modular's convention: tokens cached BEFORE this step (MILI's context length

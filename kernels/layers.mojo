@@ -8,9 +8,9 @@
 # the activation dtype; each intermediate here is rounded at the same points), so the fused path
 # agrees with the reference as closely as the unfused one does. Math is float32 in between.
 #
-# Pointers, shapes and strides arrive as one int64 array (kernels/params.mojo); kernels/mojo_layers.py
+# Pointers, shapes and strides arrive as one int64 array (kernels/params.mojo); kernels/layers.py
 # checks them first. Rows are independent, so a call may split its rows over threads (torch's OpenMP
-# team, through kernels/omp_bridge.c) without changing any row's result.
+# team, through kernels/omp_program.c) without changing any row's result.
 
 from std.python import PythonObject
 from std.python.bindings import PythonModuleBuilder

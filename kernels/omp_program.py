@@ -1,4 +1,4 @@
-"""A list of kernel calls run as one OpenMP program (kernels/omp_bridge.c, mili_omp_program).
+"""A list of kernel calls run as one OpenMP program (kernels/omp_program.c, mili_omp_program).
 
 Each call is a phase: a kernel's C range entry (`mili_<kernel>_range`), the address of its int64
 parameters and a number of work items, split over torch's OpenMP team, with a barrier before the next
@@ -16,9 +16,9 @@ from types import ModuleType
 
 import numpy as np
 
-from kernels.mojo_ops import OmpTeam
+from kernels.attention import OmpTeam
 
-PHASE_WORDS = 4  # (range entry, params address, work items, flags), as omp_bridge.c reads them
+PHASE_WORDS = 4  # (range entry, params address, work items, flags), as omp_program.c reads them
 SAME_SPLIT = 1  # flag: no barrier before this phase (see ProgramBuilder.add)
 
 

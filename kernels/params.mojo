@@ -1,8 +1,8 @@
 # Kernel arguments as one int64 array: addresses, sizes, and floats stored as their float64 bits.
 #
 # The same kernel can then be entered from Python (the array's address in a tuple) and, for a range
-# of its rows or work items, from C on torch's OpenMP team (kernels/omp_bridge.c), which passes only
-# integers. The Python side packs the arrays (kernels/mojo_ops.py, kernels/mojo_layers.py).
+# of its rows or work items, from C on torch's OpenMP team (kernels/omp_program.c), which passes only
+# integers. The Python side packs the arrays (kernels/attention.py, kernels/layers.py).
 
 from std.memory import bitcast
 

@@ -52,7 +52,7 @@ def _quantize_rows[dt: DType](p: Params, begin: Int, end: Int):
             var inv = Float32(127) / amax if amax > 0 else Float32(0)
             var t = v * inv
             # round() is half-to-even. No sum of products here, so FMA contraction cannot make these
-            # differ from the NumPy reference (kernels/quant_reference.py).
+            # differ from the NumPy reference (kernels/reference/quant_matmul.py).
             var q1i = round(t).cast[DType.int32]()
             var q2i = round(t * 254).cast[DType.int32]() - q1i * 254
             qa.unsafe_offset(r * k + b * QK).unsafe_store(q1i.cast[DType.int8]())

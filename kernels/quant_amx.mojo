@@ -1,10 +1,10 @@
 # Intel AMX (TMUL) tile instructions for the quantized matmuls' many-row paths (kernels/quant_matmul.mojo,
 # kernels/quant_kmatmul.mojo).
 #
-# The modules are built with `--target-features +amx-tile,+amx-int8` (kernels/build.py) so these intrinsics
+# The modules are built with `--target-features +amx-tile,+amx-int8` (kernels/build/modules.py) so these intrinsics
 # compile everywhere; they run only where the CPU has amx_int8 and the process was granted the tile data
 # state (Linux: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), done once from Python,
-# kernels/mojo_quant.py). Tile numbers are immediates, so they are compile-time parameters here.
+# kernels/quant_matmul.py). Tile numbers are immediates, so they are compile-time parameters here.
 #
 # Two configurations, per 16 output columns x 16 activation rows:
 # amx_configure: one 32-element block a step (every type whose scales hold for 32 weights):

@@ -1,6 +1,6 @@
 # MILI's quantized-weight matmul for the GGUF types of K-quant files: y = x @ W.T (+ bias), W in
 # llama.cpp's Q5_0, Q5_1 (32-weight blocks), Q4_K or Q6_K (256-weight super-blocks), repacked once at
-# load (worker/quant/kblocks.py) into 16-row tiles. The same two phases and instruction scheme as
+# load (kernels/formats/kblocks.py) into 16-row tiles. The same two phases and instruction scheme as
 # kernels/quant_matmul.mojo, with the weights' own scale structure kept, so a token streams about the
 # bytes the GGUF stores (4.625 bits per weight for Q4_K, 6.625 for Q6_K, 5.5 / 6.0 for Q5_0 / Q5_1).
 #

@@ -1,7 +1,7 @@
 # MILI's quantized-weight matmul for the CPU: y = x @ W.T (+ bias), W in llama.cpp's Q4_0, Q4_1 or Q8_0
-# blocks of 32 weights, repacked once at load (worker/quant/blocks.py) into 16-row tiles.
+# blocks of 32 weights, repacked once at load (kernels/formats/blocks.py) into 16-row tiles.
 #
-# Two phases, so a call can run on torch's OpenMP team with a barrier between them (kernels/omp_bridge.c):
+# Two phases, so a call can run on torch's OpenMP team with a barrier between them (kernels/omp_program.c):
 #   1. quantize_rows (kernels/quant_activations.mojo, shared with quant_kmatmul.mojo): each activation row,
 #      per 32-element block, to two int8 parts q1 (llama.cpp's int8) and q2 (its residual in 1/254 steps),
 #      x ~= d * (254 q1 + q2): about 15 bits per activation instead of 8. Plus the block's sum of

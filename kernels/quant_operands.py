@@ -1,4 +1,4 @@
-"""What both quantized matmuls (kernels/mojo_quant.py, kernels/mojo_quant_k.py) share on the Python side:
+"""What both quantized matmuls (kernels/quant_matmul.py, kernels/quant_kmatmul.py) share on the Python side:
 the operand checks they make before their kernels, which trust every pointer and shape they are given,
 and the scratch their shared activation quantizer (kernels/quant_activations.mojo) writes."""
 
@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from kernels.mojo_ops import DTYPE_CODES
+from kernels.attention import DTYPE_CODES
 
 QK = 32  # activations per quantization block
 TILE = 16  # output columns per packed weight tile

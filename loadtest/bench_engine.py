@@ -19,9 +19,9 @@ import torch
 
 from shared.config import EngineConfig
 from shared.sampling_params import SamplingParams
-from worker.default_model import default_model_path
+from shared.default_model import default_model_path
 from worker.engine import LLMEngine
-from worker.models.packed_linear import PackedLinear
+from worker.model.packed_linear import PackedLinear
 
 
 class StageTimer:

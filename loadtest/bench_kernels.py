@@ -18,8 +18,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from kernels import mojo_ops, reference
-from kernels.paged_inputs import random_paged_batch
+from kernels import attention as mojo_attention
+from kernels.reference import attention as reference
+from kernels.reference.paged_inputs import random_paged_batch
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 DTYPE = torch.bfloat16
@@ -54,7 +55,7 @@ def batch(seqs: list[tuple[int, int]], rng: random.Random):
 def main() -> None:
     torch.manual_seed(0)
     rng = random.Random(0)
-    module = mojo_ops.load_module()
+    module = mojo_attention.load_module()
     bandwidth = copy_bandwidth()
     print(f"torch threads {torch.get_num_threads()}; memory bandwidth (copy): {bandwidth / 1e9:.1f} GB/s\n")
     scale = HEAD_DIM ** -0.5
@@ -67,8 +68,8 @@ def main() -> None:
         for b in (1, 8, 32):
             k_cache, v_cache, plan, ref_plan, query, _ = batch([(context, 1)] * b, rng)
             t_ref = timed(lambda: reference.paged_attention(query, k_cache, v_cache, ref_plan, scale))
-            t_one = timed(lambda: mojo_ops.paged_attention(module, query, k_cache, v_cache, plan, scale))
-            t_two = timed(lambda: mojo_ops.paged_attention(module, query, k_cache, v_cache, plan, scale,
+            t_one = timed(lambda: mojo_attention.paged_attention(module, query, k_cache, v_cache, plan, scale))
+            t_two = timed(lambda: mojo_attention.paged_attention(module, query, k_cache, v_cache, plan, scale,
                                                            threading="omp"))
             kv_bytes = 2 * b * context * KV_HEADS * HEAD_DIM * k_cache.element_size()
             print(f"{b:>5} {context:>7} | {t_ref * 1e3:>12.3f} {t_one * 1e3:>8.3f} {t_two * 1e3:>10.3f} | "
@@ -87,7 +88,7 @@ def main() -> None:
         mask = torch.arange(ctx).view(1, -1) <= torch.arange(prefix, ctx).view(-1, 1)
         t_ref = timed(lambda: reference.paged_attention(query, k_cache, v_cache, ref_plan, scale))
         t_sdpa = timed(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True))
-        t_mojo = timed(lambda: mojo_ops.paged_attention(module, query, k_cache, v_cache, plan, scale,
+        t_mojo = timed(lambda: mojo_attention.paged_attention(module, query, k_cache, v_cache, plan, scale,
                                                         threading="omp"))
         print(f"{prefix:>6} {chunk:>5} | {t_ref * 1e3:>12.2f} {t_sdpa * 1e3:>8.2f} {t_mojo * 1e3:>8.2f} | "
               f"{t_ref / t_mojo:>5.1f}x {t_sdpa / t_mojo:>6.2f}x")
@@ -99,7 +100,7 @@ def main() -> None:
         key = torch.randn(tokens, KV_HEADS, HEAD_DIM).to(DTYPE)
         value = torch.randn(tokens, KV_HEADS, HEAD_DIM).to(DTYPE)
         t_ref = timed(lambda: reference.write_kv(k_cache, v_cache, key, value, slots))
-        t_mojo = timed(lambda: mojo_ops.write_kv(module, k_cache, v_cache, key, value, plan))
+        t_mojo = timed(lambda: mojo_attention.write_kv(module, k_cache, v_cache, key, value, plan))
         print(f"{tokens:>6} | {t_ref * 1e6:>12.1f} {t_mojo * 1e6:>8.1f} {t_ref / t_mojo:>6.1f}x")
 
 

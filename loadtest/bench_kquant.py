@@ -8,7 +8,7 @@ in the older kernel's formats. Those re-expressions are exact only with more byt
 Q8_0 records (8.5 bits instead of 5.5; the Q8_0 column is that path's speed), Q4_K as Q4_1-like records
 with float32 scales and mins (6.0 bits instead of 4.625; at best the speed of the Q4_1 column, which reads
 5.0). And, per type, what each path of a kernel costs: `vnni` (vpdpbusd) and, where the CPU has AMX int8
-tiles, `amx` (whole groups of 16 rows on tiles, what `auto` runs from kernels.mojo_quant.AMX_MIN_ROWS
+tiles, `amx` (whole groups of 16 rows on tiles, what `auto` runs from kernels.quant_matmul.AMX_MIN_ROWS
 rows; the same bits), beside bfloat16 (MILI's oneDNN-packed linear, AMX bfloat16 where present).
 Each figure is the 10th percentile of single-call times, one call of each column in turn (a shared
 machine's bursts hit them alike), torch's OpenMP threads; with it the bits per weight each streams.
@@ -24,11 +24,12 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import quantize
 
-from kernels import mojo_quant, mojo_quant_k
+from kernels import quant_matmul
+from kernels import quant_kmatmul
 from loadtest.bench_quant import interleaved_times
-from worker.models.packed_linear import PackedLinear
-from worker.quant.blocks import KERNEL_KINDS, repack
-from worker.quant.kblocks import KQUANT_KINDS, repack_k
+from worker.model.packed_linear import PackedLinear
+from kernels.formats.blocks import KERNEL_KINDS, repack
+from kernels.formats.kblocks import KQUANT_KINDS, repack_k
 from worker.quant.kencode import quantize_k
 
 # Qwen3-0.6B: hidden 1024, 16 query heads and 8 KV heads of 128, FFN 3072.
@@ -48,11 +49,11 @@ def main() -> None:
     ap.add_argument("--types", nargs="+", default=[t.name for t in TYPES], choices=[t.name for t in TYPES])
     args = ap.parse_args()
     types = [QT[name] for name in args.types]
-    base, kmod = mojo_quant.load(), mojo_quant_k.load()
-    paths = ["vnni", "amx"] if mojo_quant.amx_available() else ["vnni"]
+    base, kmod = quant_matmul.load(), quant_kmatmul.load()
+    paths = ["vnni", "amx"] if quant_matmul.amx_available() else ["vnni"]
     print(f"torch threads {torch.get_num_threads()}; microseconds per call (10th percentile of single calls, "
           f"all columns interleaved for {0.2 * args.rounds:.1f} s); "
-          + (f"amx from {mojo_quant.AMX_MIN_ROWS} rows" if "amx" in paths else "no AMX int8 tiles on this CPU"))
+          + (f"amx from {quant_matmul.AMX_MIN_ROWS} rows" if "amx" in paths else "no AMX int8 tiles on this CPU"))
     columns = [(t, path) for t in types for path in paths]
     print("| shape | rows | bf16 | " + " | ".join(f"{t.name} {path} | vs bf16" for t, path in columns) + " |")
     print("|---|---|---|" + "---|---|" * len(columns))
@@ -68,13 +69,13 @@ def main() -> None:
             x = torch.randn(m, k).bfloat16()
             calls = {"bf16": lambda: dense(x)}
             for t, path in columns:
-                if path == "amx" and m < mojo_quant.AMX_MIN_ROWS:
+                if path == "amx" and m < quant_matmul.AMX_MIN_ROWS:
                     continue  # no whole group of rows: the amx path would be the vnni one
                 if t in KERNEL_KINDS:
-                    calls[f"{t.name} {path}"] = lambda t=t, path=path: mojo_quant.qmatmul(
+                    calls[f"{t.name} {path}"] = lambda t=t, path=path: quant_matmul.qmatmul(
                         base, x, packed[t], KERNEL_KINDS[t], n, path=path)
                 else:
-                    calls[f"{t.name} {path}"] = lambda t=t, path=path: mojo_quant_k.qmatmul_k(
+                    calls[f"{t.name} {path}"] = lambda t=t, path=path: quant_kmatmul.qmatmul_k(
                         kmod, x, packed[t], KQUANT_KINDS[t], n, path=path)
             samples = interleaved_times(calls, seconds=0.2 * args.rounds)
             best = {key: float(np.percentile(t, 10)) * 1e6 for key, t in samples.items()}

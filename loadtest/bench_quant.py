@@ -3,7 +3,7 @@
 Shapes are the default model's (fused q|k|v 960x576, o 576x576, fused gate|up 3072x576, down 576x1536,
 the head 49152x576) at 1, 8, 32 and 128 rows, and on request Qwen3-0.6B's (`--shapes q3_qkv q3_gate_up
 q3_down`: 4096x1024, 6144x1024, 1024x3072); the bfloat16 side is MILI's oneDNN-packed linear
-(worker/models/packed_linear.py), the Q4_1 / Q8_0 side (`--types`, Q4_0 too) kernels/quant_matmul.mojo
+(worker/model/packed_linear.py), the Q4_1 / Q8_0 side (`--types`, Q4_0 too) kernels/quant_matmul.mojo
 on torch's OpenMP team, by each of its paths (vpdpbusd; AMX int8 tiles where the CPU has them, from
 16 rows, which is what `auto` picks there: the same bits, different speed), with the AMX / vpdpbusd time
 ratio per type. `--before FILE` times the AMX path of an earlier build of the same kernel beside it
@@ -31,9 +31,9 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import quantize
 
-from kernels import mojo_quant
-from worker.models.packed_linear import PackedLinear
-from worker.quant.blocks import KERNEL_KINDS, RECORD_BYTES, repack
+from kernels import quant_matmul
+from worker.model.packed_linear import PackedLinear
+from kernels.formats.blocks import KERNEL_KINDS, RECORD_BYTES, repack
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "head": (49152, 576),
           # Qwen3-0.6B: hidden 1024, fused q|k|v of 16 + 2 x 8 heads of 128, FFN 3072
@@ -60,8 +60,8 @@ def interleaved_times(calls: dict, seconds: float = 0.5, min_samples: int = 40) 
 def load_build(path: str):
     """The kernel's extension module from an earlier build's file, beside the current one (its own copy of
     the code and of the C entries the OpenMP team calls)."""
-    loader = importlib.machinery.ExtensionFileLoader(mojo_quant.MODULE, path)
-    spec = importlib.util.spec_from_file_location(mojo_quant.MODULE, path, loader=loader)
+    loader = importlib.machinery.ExtensionFileLoader(quant_matmul.MODULE, path)
+    spec = importlib.util.spec_from_file_location(quant_matmul.MODULE, path, loader=loader)
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module
@@ -71,7 +71,7 @@ def engine_steps(batches: list[int], context: int, steps: int, rounds: int) -> N
     from loadtest.bench_engine import make_prompts
     from shared.config import EngineConfig
     from shared.sampling_params import SamplingParams
-    from worker.default_model import default_model_path
+    from shared.default_model import default_model_path
     from worker.engine import LLMEngine
 
     for batch in batches:
@@ -117,14 +117,14 @@ def main() -> None:
     if args.engine:
         engine_steps(args.batches, args.context, args.steps, args.rounds)
         return
-    modules = {"": mojo_quant.load()}
+    modules = {"": quant_matmul.load()}
     types = [QT[name] for name in args.types]
-    paths = ["vnni", "amx"] if mojo_quant.amx_available() else ["vnni"]
+    paths = ["vnni", "amx"] if quant_matmul.amx_available() else ["vnni"]
     if args.before and "amx" in paths:
         modules[" before"] = load_build(args.before)
     print(f"torch threads {torch.get_num_threads()}; microseconds per call (10th percentile of single calls, "
-          f"all columns interleaved); " + (f"amx: AMX tiles for whole groups of {mojo_quant.AMX_MIN_ROWS} rows, "
-                                           f"what auto picks from {mojo_quant.AMX_MIN_ROWS} rows"
+          f"all columns interleaved); " + (f"amx: AMX tiles for whole groups of {quant_matmul.AMX_MIN_ROWS} rows, "
+                                           f"what auto picks from {quant_matmul.AMX_MIN_ROWS} rows"
                                            if "amx" in paths else "no AMX on this CPU"))
     columns = [f"{t.name} {path}" for t in types for path in paths] + [f"{t.name} amx before" for t in types
                                                                          if " before" in modules]
@@ -146,11 +146,11 @@ def main() -> None:
             for t in types:
                 for path in paths:
                     for label, module in modules.items():
-                        if path == "amx" and m < mojo_quant.AMX_MIN_ROWS:
+                        if path == "amx" and m < quant_matmul.AMX_MIN_ROWS:
                             continue  # no whole group of rows: the amx path would be the vnni one
                         if label and path != "amx":
                             continue
-                        calls[f"{t.name} {path}{label}"] = lambda t=t, path=path, module=module: mojo_quant.qmatmul(
+                        calls[f"{t.name} {path}{label}"] = lambda t=t, path=path, module=module: quant_matmul.qmatmul(
                             module, x, packed[t], KERNEL_KINDS[t], n, path=path)
             samples = interleaved_times(calls, seconds=0.2 * args.rounds)
             best = {key: float(np.percentile(t, 10)) * 1e6 for key, t in samples.items()}

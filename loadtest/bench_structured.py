@@ -95,8 +95,8 @@ def mask_costs(model_dir: Path) -> dict:
     import llguidance
     import torch
 
-    from gateway.structured_output import ResponseFormat, build_grammar, response_format_rules
-    from worker.structured_output import GrammarCompiler
+    from gateway.text.grammars import ResponseFormat, build_grammar, response_format_rules
+    from worker.runner.structured_output import GrammarCompiler
 
     config = json.loads((model_dir / "config.json").read_text())
     compiler = GrammarCompiler(model_dir, config["vocab_size"], [config.get("eos_token_id", 2)])
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--json", type=Path, help="also write the figures here (with the CPU named)")
     args = parser.parse_args(argv)
-    from worker.default_model import default_model_path
+    from shared.default_model import default_model_path
 
     proc = None
     url = args.base_url

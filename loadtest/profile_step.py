@@ -6,7 +6,7 @@
     python -m loadtest.profile_step --model build/models/qwen3-0.6b-q4_k_m.gguf --compare-program
 
 Prints the operators by self CPU time and the step's wall time, so the largest measured cost is the
-one attacked first, and whether the decode steps ran as one kernel program (worker/decode_program.py).
+one attacked first, and whether the decode steps ran as one kernel program (worker/runner/decode_program.py).
 --compare-program times the same steps with the program on and off in alternating rounds of one process
 (the ratio is what to read on a shared machine). For the Python side, run the same under py-spy:
     py-spy record --native -o step.svg -- python -m loadtest.profile_step --no-profiler

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from loadtest import bench_serve
 from loadtest.servers import RunningServer, ServerSpec, peak_rss_mib
-from worker.default_model import DEFAULT_SERVED_NAME
+from shared.default_model import DEFAULT_SERVED_NAME
 
 LOGS = Path(__file__).resolve().parent.parent / "build" / "bench-logs"
 _MAPPING = re.compile(r"^[0-9a-f]+-[0-9a-f]+ ")

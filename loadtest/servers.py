@@ -98,7 +98,7 @@ def llama_server_spec(binary: Path, gguf: Path, served_name: str, threads: int, 
 
 def transformers_spec(model_dir: Path, served_name: str, threads: int, max_concurrency: int) -> ServerSpec:
     return ServerSpec("transformers", lambda port, _: [
-        sys.executable, "-m", "loadtest.transformers_server", "--model", str(model_dir), "--served-model-name",
+        sys.executable, "-m", "loadtest.peers.transformers_server", "--model", str(model_dir), "--served-model-name",
         served_name, "--port", str(port), "--threads", str(threads)],
         restart_per_level=False, max_concurrency=max_concurrency)
 

@@ -6,7 +6,7 @@ the same model).
                              [--gguf FILE.gguf]
 
 `--gguf` picks the model every server runs (default: the default model's GGUF); a random Qwen3-0.6B-shaped
-one comes from `python -m loadtest.make_gguf` (`make bench-compare-0.6b` writes and sweeps it).
+one comes from `python -m loadtest.fixtures.make_gguf` (`make bench-compare-0.6b` writes and sweeps it).
 
 Servers run one after another, never together, so each has the machine to itself. At every
 concurrency level each server gets the same seeded prompts (128 words, about 128 tokens), 64 output
@@ -40,7 +40,7 @@ from loadtest import bench_serve, report
 from loadtest.machine import cpu_name
 from loadtest.servers import (RunningServer, ServerSpec, llama_server_spec, mili_spec, peak_rss_mib,
                               transformers_spec)
-from worker.default_model import DEFAULT_SERVED_NAME, converted_gguf, default_gguf_path
+from shared.default_model import DEFAULT_SERVED_NAME, converted_gguf, default_gguf_path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LOGS = Path(__file__).resolve().parent.parent / "build" / "bench-logs"
@@ -124,7 +124,7 @@ def build_specs(names: list[str], threads: int, gguf: Path, served_name: str, ll
             specs.append(mili_spec(threads, str(gguf), served_name, quantization="none", name=name,
                                    kv_tokens=kv_tokens))
         elif name == "llama-server":
-            from loadtest.llama_server import ensure_llama_server
+            from loadtest.peers.llama_server import ensure_llama_server
 
             specs.append(llama_server_spec(ensure_llama_server(), gguf, served_name, threads, llama_repack,
                                            kv_tokens=kv_tokens))
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {"machine": machine(), "settings": {k: v for k, v in vars(args).items() if k not in ("out_dir",)},
                "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "servers": {}}
     if "llama-server" in names:
-        from loadtest.llama_server import version
+        from loadtest.peers.llama_server import version
 
         results["machine"]["llama_server"] = version()
     for spec in specs:

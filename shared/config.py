@@ -30,9 +30,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     device: str = "cpu"  # one of DEVICES, or "cuda:N"
     # Decode-only steps of a quantized model run their layers as one kernel program where eligible
-    # (worker/decode_program.py); False keeps every step on the module path (tests compare the two).
+    # (worker/runner/decode_program.py); False keeps every step on the module path (tests compare the two).
     decode_program: bool = True
-    # On CUDA, decode steps replay CUDA graphs (worker/decode_graphs.py); True runs every step eagerly (vLLM's
+    # On CUDA, decode steps replay CUDA graphs (worker/runner/decode_graphs.py); True runs every step eagerly (vLLM's
     # name for the same switch).
     enforce_eager: bool = False
 
@@ -48,7 +48,7 @@ class EngineConfig:
             raise ValueError(f"device must be one of {', '.join(DEVICES)} (or cuda:N), got {self.device!r}")
         if self.device.startswith("cuda"):
             # The quantized-weight kernels are CPU kernels; say so rather than fail later. (Attention has a GPU
-            # module: `mojo` on cuda loads it or fails with the reason, worker/attention.py.)
+            # module: `mojo` on cuda loads it or fails with the reason, worker/attention/backends.py.)
             if self.quantization in ("q8_0", "q4_0"):
                 raise ValueError(f"quantization {self.quantization} needs the CPU kernels; on cuda a checkpoint "
                                  "serves in its dtype (auto or none)")

@@ -141,7 +141,7 @@ class RequestFailed:
     param: str | None = None
 
 
-KV_FAULT_KINDS = ("leak", "orphan", "over_free")  # what inject_kv_fault can break (worker/kv_audit.py)
+KV_FAULT_KINDS = ("leak", "orphan", "over_free")  # what inject_kv_fault can break (worker/core/kv_audit.py)
 
 
 @dataclass(frozen=True)

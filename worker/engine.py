@@ -17,29 +17,29 @@ from pathlib import Path
 
 import torch
 
-from kernels.gpu_build import GpuShape
+from kernels.build.gpu_modules import GpuShape
 from shared.config import EngineConfig
 from shared.sampling_params import SamplingParams, SamplingParamsError
-from worker.attention import get_attention_backend
-from worker.block_manager import BlockManager
-from worker.deadlines import DeadlineQueue
-from worker.devices import resolve_device
-from worker.gguf.records import SOURCE_RECORD
-from worker.dtype import resolve_dtype
-from worker.layer_ops import get_layer_ops
-from worker.kv_audit import KV_AUDIT_EVERY_STEPS, KvAuditor, inject_fault
-from worker.kv_cache import allocate_kv_caches, num_blocks_for_memory
-from worker.model_config import ModelConfig
-from worker.model_runner import ModelRunner
-from worker.models.packed_linear import packing_supported
+from worker.attention.backends import get_attention_backend
+from worker.core.block_manager import BlockManager
+from worker.core.deadlines import DeadlineQueue
+from worker.model.devices import resolve_device
+from shared.gguf_import.records import SOURCE_RECORD
+from worker.model.dtype import resolve_dtype
+from worker.model.layer_ops import get_layer_ops
+from worker.core.kv_audit import KV_AUDIT_EVERY_STEPS, KvAuditor, inject_fault
+from worker.runner.kv_cache import allocate_kv_caches, num_blocks_for_memory
+from worker.checkpoint.model_config import ModelConfig
+from worker.runner.model_runner import ModelRunner
+from worker.model.packed_linear import packing_supported
 from worker.outputs import Completion, EngineStats, RequestRejected, SequenceOutput
-from worker.sampler import Sampler, SamplingRow, make_generator
-from worker.scheduler import ScheduledBatch, Scheduler
-from worker.sequence import Sequence
+from worker.runner.sampler import Sampler, SamplingRow, make_generator
+from worker.core.scheduler import ScheduledBatch, Scheduler
+from worker.core.sequence import Sequence
 from worker.quant.linear import kernel_module
 from worker.quant.sources import plan_quantization
-from worker.structured_output import GrammarCompiler, GrammarError
-from worker.weight_loader import load_model
+from worker.runner.structured_output import GrammarCompiler, GrammarError
+from worker.model.weight_loader import load_model
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         graphs_off = self._graphs_off_reason()
         # With decode graphs, one block more than the block manager hands out: the scratch block, where the
-        # padded rows of a graph step write (worker/decode_graphs.py).
+        # padded rows of a graph step write (worker/runner/decode_graphs.py).
         spare = 1 if graphs_off is None else 0
         kv_caches = allocate_kv_caches(mc, num_blocks + spare, config.block_size, self.dtype, self.device)
         self.runner = ModelRunner(model, kv_caches, config.block_size, self.device,

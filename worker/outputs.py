@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from worker.prompt_logprobs import PromptTokenLogprob
-from worker.sampler import TokenLogprobs
+from worker.runner.prompt_logprobs import PromptTokenLogprob
+from worker.runner.sampler import TokenLogprobs
 
 
 class RequestRejected(ValueError):

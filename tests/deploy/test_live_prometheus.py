@@ -20,7 +20,7 @@ from tests.deploy.test_static import RULES, as_promql, dashboard_exprs
 from tests.deploy.tools import DEPLOY, K8S, tool
 from tests.helpers.server import free_port
 
-# What the routers read (gateway/router_metrics.py): the llm-d / GAIE endpoint picker's vLLM mapping, and SMG.
+# What the routers read (gateway/metrics/router_metrics.py): the llm-d / GAIE endpoint picker's vLLM mapping, and SMG.
 EPP_READS = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
              "vllm:cache_config_info")
 SMG_READS = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:gpu_cache_usage_perc",

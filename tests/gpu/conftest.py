@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.gpu import DEVICE
-from worker.devices import cuda_unavailable_reason
+from worker.model.devices import cuda_unavailable_reason
 
 HERE = Path(__file__).resolve().parent
 

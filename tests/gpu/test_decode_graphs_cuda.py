@@ -1,4 +1,4 @@
-"""Decode steps replayed from CUDA graphs (worker/decode_graphs.py), on the GPU.
+"""Decode steps replayed from CUDA graphs (worker/runner/decode_graphs.py), on the GPU.
 
 - Replay equals the same padded path run eagerly (capture=False): the same greedy tokens and the same logits bit
   for bit, in float32 and bfloat16, through the torch reference and through the GPU attention module; each shape
@@ -20,7 +20,7 @@ from tests.gpu import DEVICE, MOJO_TINY
 from tests.helpers import parity_cases as cases
 from tests.helpers.engine_probe import make_engine, run_greedy
 from tests.helpers.tiny_models import TINY_MODELS, build_tiny_model
-from worker.decode_graphs import GraphStep
+from worker.runner.decode_graphs import GraphStep
 from worker.engine import LLMEngine
 
 

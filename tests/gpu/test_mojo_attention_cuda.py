@@ -6,7 +6,7 @@ Nothing synchronises between the calls and the comparisons: the comparisons are 
 which is what checks the stream ordering. bf16 outputs must be within 1e-2 of the float32 reference (max error
 relative to the reference's largest magnitude); KV writes must be exact.
 
-The module is built for kernels.gpu_build.CARRIED_SHAPES only (`make gpu-bundle`), and these tests use exactly
+The module is built for kernels.build.gpu_modules.CARRIED_SHAPES only (`make gpu-bundle`), and these tests use exactly
 those shapes. MILI_GPU_TESTS_DEVICE=cpu rehearses the tests' own code with a torch stand-in for the module,
 driven by the same step plan (it shows nothing about the module or CUDA).
 """
@@ -18,9 +18,9 @@ import random
 import pytest
 import torch
 
-from kernels import reference
-from kernels.gpu_build import CARRIED_SHAPES, PAGE_SIZE, GpuShape
-from kernels.gpu_mojo_ops import GpuStepPlan, open_attention
+from kernels.reference import attention as reference
+from kernels.build.gpu_modules import CARRIED_SHAPES, PAGE_SIZE, GpuShape
+from kernels.gpu_attention import GpuStepPlan, open_attention
 from tests.gpu import DEVICE, MOJO_TINY
 from tests.helpers import parity_cases as cases
 from tests.helpers.engine_probe import make_engine

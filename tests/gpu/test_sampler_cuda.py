@@ -11,7 +11,7 @@ import torch
 from shared.sampling_params import SamplingParams
 from tests.gpu import DEVICE
 from tests.unit.test_sampler import LOGITS8, PROBS8, assert_matches, draw_counts, make_row, seeded_sequence
-from worker.sampler import Sampler
+from worker.runner.sampler import Sampler
 
 
 @pytest.fixture

@@ -195,7 +195,7 @@ def _call_arguments_not_json(body: dict) -> bool:
 
 
 def _as_chat(body: dict) -> dict:
-    """A /v1/responses body as the chat body the server translates it into (gateway/responses_input.py), as far
+    """A /v1/responses body as the chat body the server translates it into (gateway/responses_api/to_chat.py), as far
     as the filters look: messages with their text, calls and results; tools and a named tool_choice nested as
     chat nests them; max_output_tokens as max_completion_tokens."""
     items = body.get("input")

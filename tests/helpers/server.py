@@ -26,7 +26,7 @@ def tokenizer_source_dir() -> Path:
     not installed (the GPU check carries them: `make gpu-bundle`)."""
     if os.environ.get("MILI_TEST_TOKENIZER_DIR"):
         return Path(os.environ["MILI_TEST_TOKENIZER_DIR"])
-    from worker.default_model import default_model_path
+    from shared.default_model import default_model_path
 
     return default_model_path()
 

@@ -52,6 +52,6 @@ def sentencepiece(decoder: str = "fuse_strip") -> Tokenizer:
 def default_tokenizer() -> Tokenizer:
     """The default model's tokenizer (SmolLM2's byte-level BPE, as the Qwen family's); one shared object,
     not to be modified."""
-    from worker.default_model import default_model_path
+    from shared.default_model import default_model_path
 
     return Tokenizer.from_file(str(default_model_path() / "tokenizer.json"))

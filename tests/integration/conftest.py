@@ -35,7 +35,7 @@ def server_device(pytestconfig) -> str | None:
     if device and device.startswith("cuda"):
         import torch
 
-        from worker.devices import cuda_unavailable_reason
+        from worker.model.devices import cuda_unavailable_reason
 
         reason = cuda_unavailable_reason(torch.device(device))
         if reason is not None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.auth import ANONYMOUS, ApiKey, KeyRing, KeysFileError, load_keys, parse_keys
+from gateway.server.auth import ANONYMOUS, ApiKey, KeyRing, KeysFileError, load_keys, parse_keys
 from gateway.cli import main as cli_main
-from gateway.errors import ApiError
-from gateway.key_limits import KeyLimits
+from gateway.server.errors import ApiError
+from gateway.server.key_limits import KeyLimits
 
 GOOD = """
 # team keys
@@ -108,7 +108,7 @@ def test_a_key_over_its_limit_gets_429_with_retry_after():
 
 def test_retry_after_follows_the_keys_recent_durations(monkeypatch):
     clock = [1000.0]
-    monkeypatch.setattr("gateway.key_limits.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("gateway.server.key_limits.time.monotonic", lambda: clock[0])
     key = ApiKey("a", max_concurrent=4)
     limits = KeyLimits([key], CollectorRegistry(), "m")
     for _ in range(8):  # requests of the key took 20 s each

@@ -1,4 +1,4 @@
-"""The GPU benchmark (loadtest/bench_gpu.py) end to end on the CPU with --tiny, so the script a GPU session runs in
+"""The GPU benchmark (loadtest/gpu/bench_engine.py) end to end on the CPU with --tiny, so the script a GPU session runs in
 its scarce device time is known to run through; and the profile's kernel classification."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def _positive(value) -> bool:
 
 def test_tiny_run_measures_every_part(tmp_path):
     out, md = tmp_path / "gpu.json", tmp_path / "gpu.md"
-    run = subprocess.run([sys.executable, "-m", "loadtest.bench_gpu", "--tiny", "--out", str(out), "--markdown", str(md)],
+    run = subprocess.run([sys.executable, "-m", "loadtest.gpu.bench_engine", "--tiny", "--out", str(out), "--markdown", str(md)],
                          capture_output=True, text=True, timeout=240, env=dict(os.environ))
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -67,7 +67,7 @@ def test_tiny_run_measures_every_part(tmp_path):
 
 def test_dry_run_writes_the_plan_and_runs_nothing(tmp_path):
     out = tmp_path / "gpu.json"
-    run = subprocess.run([sys.executable, "-m", "loadtest.bench_gpu", "--dry-run", "--out", str(out)],
+    run = subprocess.run([sys.executable, "-m", "loadtest.gpu.bench_engine", "--dry-run", "--out", str(out)],
                          capture_output=True, text=True, timeout=120, env=dict(os.environ))
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -144,7 +144,7 @@ def test_cuda_kernels_are_tied_to_their_ranges_or_classified_by_name():
 
 
 def test_engine_bench_line_of_the_check_table():
-    from loadtest.gpu_check import engine_bench_line
+    from loadtest.gpu.check import engine_bench_line
 
     line = engine_bench_line({"returncode": 0, "seconds": 301.5, "attention_backend": "mojo", "offline_tok_s": 15234.2,
                               "ratio_offline_vs_transformers": 6.04, "single_stream_tok_s": {"128": 712.3, "1024": None},
@@ -159,8 +159,8 @@ def test_a_run_past_its_deadline_stops_and_leaves_the_engine_clean(tmp_path):
 
     import torch
 
-    from loadtest import engine_timing
-    from loadtest.random_checkpoint import TINY, build_checkpoint
+    from loadtest.gpu import engine_timing
+    from loadtest.fixtures.random_checkpoint import TINY, build_checkpoint
     from shared.config import EngineConfig
     from worker.engine import LLMEngine
 
@@ -179,8 +179,7 @@ def test_a_run_past_its_deadline_stops_and_leaves_the_engine_clean(tmp_path):
     done = engine_timing.offline(engine, workload, deadline=time.perf_counter() + 60)
     assert done["complete"] and done["output_tokens"] == sum(workload.output_lens)
     # transformers starts no batch past the deadline.
-    from loadtest import transformers_generate
-
+    from loadtest.gpu import transformers_generate
     model = transformers_generate.load(model_dir, torch.device("cpu"), torch.float32, "sdpa")
     hf = transformers_generate.offline(model, workload.prompts, workload.output_lens, 4, torch.device("cpu"),
                                        "dynamic", deadline=past)

@@ -1,4 +1,4 @@
-"""loadtest/bench_gpu_serve.py: its word-level tokenizer, and a whole --tiny run (engine alone, then `mili serve`
+"""loadtest/gpu/bench_serve.py: its word-level tokenizer, and a whole --tiny run (engine alone, then `mili serve`
 with the benchmark client) on the CPU, as the GPU machine will run it at full size."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from loadtest.bench_gpu_serve import word_tokenizer
+from loadtest.gpu.bench_serve import word_tokenizer
 from loadtest.bench_serve import WORDS
 
 
@@ -28,7 +28,7 @@ def test_the_word_tokenizer_covers_the_whole_vocabulary():
 
 def test_a_tiny_run_writes_every_figure(tmp_path):
     out = tmp_path / "serve.json"
-    run = subprocess.run([sys.executable, "-m", "loadtest.bench_gpu_serve", "--tiny", "--out", str(out)],
+    run = subprocess.run([sys.executable, "-m", "loadtest.gpu.bench_serve", "--tiny", "--out", str(out)],
                          capture_output=True, text=True, timeout=300, env=dict(os.environ))
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     report = json.loads(out.read_text())

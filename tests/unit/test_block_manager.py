@@ -8,10 +8,10 @@ import pytest
 
 from shared.sampling_params import SamplingParams
 from tests.helpers import scheduler_workload as workload
-from worker.block_manager import BlockManager
-from worker.sampler import make_generator
-from worker.scheduler import Scheduler
-from worker.sequence import Sequence
+from worker.core.block_manager import BlockManager
+from worker.runner.sampler import make_generator
+from worker.core.scheduler import Scheduler
+from worker.core.sequence import Sequence
 
 BS = 4
 

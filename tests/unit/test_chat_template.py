@@ -8,7 +8,7 @@ from datetime import datetime
 
 import pytest
 
-from gateway.chat_template import ChatTemplate, ChatTemplateError, NoChatTemplate
+from gateway.text.chat_template import ChatTemplate, ChatTemplateError, NoChatTemplate
 
 # Qwen3's template, reduced to what matters here: ChatML turns, a system turn from tools (tojson),
 # earlier reasoning dropped from history, and the enable_thinking switch after the generation prompt;
@@ -59,7 +59,7 @@ def write(tmp_path, **config) -> ChatTemplate:
 
 @pytest.fixture(scope="module")
 def default_model_dir():
-    from worker.default_model import default_model_path
+    from shared.default_model import default_model_path
 
     return default_model_path()
 

@@ -6,8 +6,8 @@ import os
 import subprocess
 import sys
 
-from worker.default_model import default_gguf_path
-from worker.model_config import ModelConfig
+from shared.default_model import default_gguf_path
+from worker.checkpoint.model_config import ModelConfig
 
 
 def mili(*args: str) -> subprocess.CompletedProcess:

@@ -10,7 +10,7 @@ import pytest
 from shared.sampling_params import SamplingParams
 from tests.helpers.engine_probe import make_engine
 from tests.helpers.tiny_models import build_tiny_model
-from worker.deadlines import DeadlineQueue
+from worker.core.deadlines import DeadlineQueue
 
 VOCAB = 320
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
@@ -105,8 +105,8 @@ def test_a_deadline_already_past_costs_nothing_and_a_finished_request_is_not_tou
 
 def test_timeout_header_and_flag_parsing(capsys):
     from gateway.cli import main
-    from gateway.deadlines import parse_timeout
-    from gateway.errors import ApiError
+    from gateway.server.deadlines import parse_timeout
+    from gateway.server.errors import ApiError
 
     assert parse_timeout(None, None) is None
     assert parse_timeout(None, 7.0) == 7.0  # the server default

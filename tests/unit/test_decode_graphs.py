@@ -1,4 +1,4 @@
-"""Decode steps through worker/decode_graphs.py's padded path, on the CPU without capture (capture needs CUDA:
+"""Decode steps through worker/runner/decode_graphs.py's padded path, on the CPU without capture (capture needs CUDA:
 tests/gpu/test_decode_graphs_cuda.py checks that replay equals this path).
 
 What the CPU can check: the padding. Rows pad to the next captured size and block tables to the next captured
@@ -11,13 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference
+from kernels.reference import attention as reference
 from shared.sampling_params import SamplingParams
 from tests.helpers import parity_cases as cases
 from tests.helpers.engine_probe import make_engine, run_greedy
 from tests.helpers.tiny_models import TINY_MODELS, build_tiny_model
-from worker.attention import TorchAttentionBackend
-from worker.decode_graphs import DecodeGraphs, GraphStep, batch_sizes, table_widths
+from worker.attention.backends import TorchAttentionBackend
+from worker.runner.decode_graphs import DecodeGraphs, GraphStep, batch_sizes, table_widths
 from worker.engine import LLMEngine
 
 

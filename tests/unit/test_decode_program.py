@@ -1,4 +1,4 @@
-"""Decode steps as one kernel program (worker/decode_program.py) against the module path it replaces.
+"""Decode steps as one kernel program (worker/runner/decode_program.py) against the module path it replaces.
 
 The program runs the same kernels with the same parameters, so everything must be the same bits: a
 decode step's final hidden states and logits (torch.equal), the K/V it writes into the cache, and the
@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType as QT
 from shared.sampling_params import SamplingParams
 from tests.helpers.engine_probe import make_engine, run_greedy
 from tests.helpers.tiny_models import build_tiny_model
-from worker.decode_program import DecodeProgram
+from worker.runner.decode_program import DecodeProgram
 
 VOCAB = 320
 MAX_SEQS = 40
@@ -127,7 +127,7 @@ def gguf_model(kind: str, tmp_path, seed: int):
     whose layer-0 q|k|v runs as two segments (Q4_K, Q6_K). Returns the model folder."""
     from tests.unit.test_gguf_convert import tiny_model, write_gguf
     from tests.unit.test_quant_kquant_model import write_kquant_model
-    from worker.gguf.convert import convert_gguf
+    from shared.gguf_import.convert import convert_gguf
 
     if kind == "q4_k_m":
         return write_kquant_model(tmp_path, seed)

@@ -8,7 +8,7 @@ from tokenizers import Tokenizer
 
 from shared.config import EngineConfig
 from shared.sampling_params import SamplingParams
-from worker.default_model import default_model_path
+from shared.default_model import default_model_path
 from worker.engine import LLMEngine
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]

@@ -10,7 +10,7 @@ import random
 import pytest
 from tokenizers import Tokenizer, pre_tokenizers
 
-from gateway.detokenizer import IncrementalDetokenizer, token_bytes, token_text
+from gateway.text.detokenizer import IncrementalDetokenizer, token_bytes, token_text
 from tests.helpers import toy_tokenizers
 from tests.helpers.toy_tokenizers import CORPUS
 

@@ -15,7 +15,7 @@ import random
 import pytest
 from tokenizers import Tokenizer, decoders, pre_tokenizers
 
-from gateway.detokenizer import IncrementalDetokenizer
+from gateway.text.detokenizer import IncrementalDetokenizer
 from tests.helpers import toy_tokenizers
 from tests.helpers.toy_tokenizers import CORPUS
 

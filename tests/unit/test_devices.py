@@ -20,9 +20,9 @@ from shared.config import EngineConfig
 from shared.sampling_params import SamplingParams
 from tests.helpers.engine_probe import make_engine
 from tests.helpers.tiny_models import build_tiny_model
-from worker.devices import resolve_device
-from worker.model_runner import ModelRunner
-from worker.step_transfer import pack, to_device
+from worker.model.devices import resolve_device
+from worker.runner.model_runner import ModelRunner
+from worker.runner.step_transfer import pack, to_device
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 
@@ -139,9 +139,9 @@ def test_the_forward_keeps_to_the_model_device(tmp_path, arch, test_seed):
     """The weights, KV cache and step inputs on "meta" (a device that is not the CPU): the forward pass and the
     sampling rows' logits run there, so no tensor the engine makes per step (attention plan, masks, rotary
     tables, indices) is left on the CPU; torch refuses to mix the two devices. Values are not computed."""
-    from worker.attention import TorchAttentionBackend
-    from worker.kv_cache import allocate_kv_caches
-    from worker.weight_loader import load_model
+    from worker.attention.backends import TorchAttentionBackend
+    from worker.runner.kv_cache import allocate_kv_caches
+    from worker.model.weight_loader import load_model
 
     build_tiny_model(arch, test_seed, tmp_path / arch, vocab_size=320)
     engine = make_engine(tmp_path / arch, block_size=8, max_num_batched_tokens=40)

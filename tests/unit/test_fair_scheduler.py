@@ -1,4 +1,4 @@
-"""Weighted-fair admission between tenants (worker/fair_queue.py) through the real scheduler and block manager."""
+"""Weighted-fair admission between tenants (worker/core/fair_queue.py) through the real scheduler and block manager."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 
 from shared.sampling_params import SamplingParams
 from tests.helpers import scheduler_workload as workload
-from worker.block_manager import BlockManager
-from worker.sampler import make_generator
-from worker.scheduler import Scheduler
-from worker.sequence import Sequence
+from worker.core.block_manager import BlockManager
+from worker.runner.sampler import make_generator
+from worker.core.scheduler import Scheduler
+from worker.core.sequence import Sequence
 
 BS = 4
 

@@ -1,4 +1,4 @@
-"""Tests for the GGUF importer (worker.gguf.convert) and the embedded default model (worker.default_model).
+"""Tests for the GGUF importer (shared.gguf_import.convert) and the embedded default model (shared.default_model).
 
 Round trips: tiny random HF models are written into GGUF files the way llama.cpp's
 convert_hf_to_gguf.py lays them out (tensor names from gguf-py's own name map, the llama q/k
@@ -26,10 +26,10 @@ from gguf import GGMLQuantizationType as QT  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from tokenizers import AddedToken, Regex, Tokenizer, models, pre_tokenizers  # noqa: E402
 
-import worker.default_model as default_model  # noqa: E402
-from worker.gguf.convert import GGUFImportError, convert_gguf  # noqa: E402
-from worker.gguf.reader import GGUFFile  # noqa: E402
-from worker.gguf.tokenizer import build_tokenizer  # noqa: E402
+import shared.default_model as default_model  # noqa: E402
+from shared.gguf_import.convert import GGUFImportError, convert_gguf  # noqa: E402
+from shared.gguf_import.reader import GGUFFile  # noqa: E402
+from shared.gguf_import.tokenizer import build_tokenizer  # noqa: E402
 from worker.quant.kencode import quantize_k  # noqa: E402
 
 @pytest.fixture(autouse=True, scope="module")
@@ -407,7 +407,7 @@ def test_unsupported_rope_scaling(tmp_path, tiny_llama):
 
 
 def test_failed_write_leaves_nothing_and_existing_output_is_refused(tmp_path, tiny_llama, monkeypatch):
-    import worker.gguf.convert as gi
+    import shared.gguf_import.convert as gi
 
     src = write_gguf(tmp_path / "m.gguf", "llama", *tiny_llama)
     out_root = tmp_path / "out"
@@ -534,7 +534,7 @@ def reference_dequantize(raw: np.ndarray, ggml_type: int) -> np.ndarray:
 def transformers_reference_weights(gguf_path: Path, hf_names: list[str]) -> dict[str, torch.Tensor]:
     """The GGUF's weights read by transformers' GGUF reader, dequantised by `reference_dequantize`,
     un-permuted by transformers' LlamaTensorProcessor and named by llama.cpp's gguf-py name map.
-    Nothing here is shared with worker.gguf.convert (own reader, gguf.quants, own permutation)."""
+    Nothing here is shared with shared.gguf_import.convert (own reader, gguf.quants, own permutation)."""
     from transformers.integrations.gguf.dequant import dequantize as hf_dequantize
     from transformers.integrations.gguf.reader import GgufHeader, load_gguf_state_dict, read_gguf_metadata
     from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor

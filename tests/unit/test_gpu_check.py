@@ -12,15 +12,15 @@ import sys
 import pytest
 import torch
 
-from kernels.gpu_build import CARRIED_SHAPES
-from loadtest.gpu_bundle import ON_DEVICE, closure, pinned_roots
+from kernels.build.gpu_modules import CARRIED_SHAPES
+from loadtest.gpu.bundle import ON_DEVICE, closure, pinned_roots
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the dry run runs the GPU tests: make gpu-check")
 def test_dry_run_skips_everything_cleanly(tmp_path):
     env = dict(os.environ)
     env.pop("MILI_GPU_TESTS_DEVICE", None)  # a rehearsal on the CPU would run the GPU tests, not skip them
-    run = subprocess.run([sys.executable, "-m", "loadtest.gpu_check", "--dry-run", "--out", str(tmp_path)],
+    run = subprocess.run([sys.executable, "-m", "loadtest.gpu.check", "--dry-run", "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     report = json.loads((tmp_path / "gpu-check.json").read_text())
@@ -50,13 +50,13 @@ def test_dry_run_skips_everything_cleanly(tmp_path):
 
 
 def test_only_runs_the_parts_asked_for(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "loadtest.gpu_check", "--dry-run", "--out", str(tmp_path),
+    run = subprocess.run([sys.executable, "-m", "loadtest.gpu.check", "--dry-run", "--out", str(tmp_path),
                           "--only", "bench"], capture_output=True, text=True, timeout=120, env=dict(os.environ))
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads((tmp_path / "gpu-check.json").read_text())
     assert report["suites"] == [] and report["gpu_modules"] == [] and report["benchmark"]["returncode"] == 0
     assert report["engine_benchmark"] is None and report["serve_benchmark"] is None
-    bad = subprocess.run([sys.executable, "-m", "loadtest.gpu_check", "--dry-run", "--out", str(tmp_path),
+    bad = subprocess.run([sys.executable, "-m", "loadtest.gpu.check", "--dry-run", "--out", str(tmp_path),
                           "--only", "bench,tests"], capture_output=True, text=True, timeout=120, env=dict(os.environ))
     assert bad.returncode == 2 and "unknown parts ['tests']" in bad.stderr
 
@@ -75,8 +75,7 @@ def test_bundle_carries_what_the_device_lacks_at_the_pinned_versions():
 def test_device_env_unpacks_the_carried_runtime(tmp_path, monkeypatch):
     import lzma
 
-    from loadtest import gpu_runtime
-
+    from loadtest.gpu import runtime as gpu_runtime
     bundle = tmp_path / "bundle"
     runtime = bundle / gpu_runtime.RUNTIME_DIR
     runtime.mkdir(parents=True)
@@ -97,7 +96,7 @@ def test_device_env_unpacks_the_carried_runtime(tmp_path, monkeypatch):
 
 
 def test_a_failed_module_sends_the_suites_to_the_reference():
-    from loadtest.gpu_check import suites_need_the_reference
+    from loadtest.gpu.check import suites_need_the_reference
 
     good = {"shape": "4q/2kv/d64", "module": "m.so", "self_check": "ok"}
     assert not suites_need_the_reference([good, good], cuda=True)

@@ -10,12 +10,12 @@ import asyncio
 import pytest
 from tokenizers import Tokenizer
 
-from gateway import structured_output
-from gateway.errors import ApiError
-from gateway.structured_output import GrammarChecker, ResponseFormat, build_grammar, response_format_rules
+from gateway.text import grammars
+from gateway.server.errors import ApiError
+from gateway.text.grammars import GrammarChecker, ResponseFormat, build_grammar, response_format_rules
 from shared import grammar_limits
-from worker.default_model import default_model_path
-from worker.structured_output import GrammarCompiler, GrammarError
+from shared.default_model import default_model_path
+from worker.runner.structured_output import GrammarCompiler, GrammarError
 
 # 300 integer properties with wide ranges: a legitimate schema whose compile takes measurable time.
 WIDE = {"type": "object", "additionalProperties": False,
@@ -41,7 +41,7 @@ def test_a_wide_schema_passes_the_real_limits(tokenizer):
 
 
 def test_a_compile_over_the_time_limit_is_a_400(tokenizer, monkeypatch):
-    monkeypatch.setattr(structured_output, "MAX_COMPILE_SECONDS", 0.0)
+    monkeypatch.setattr(grammars, "MAX_COMPILE_SECONDS", 0.0)
     with pytest.raises(ApiError) as raised:
         check(tokenizer, WIDE)
     assert raised.value.status == 400 and raised.value.param == "response_format.json_schema.schema"

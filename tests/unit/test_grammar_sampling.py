@@ -1,4 +1,4 @@
-"""Grammar-constrained sampling (worker/sampler.py with worker/structured_output.py).
+"""Grammar-constrained sampling (worker/runner/sampler.py with worker/runner/structured_output.py).
 
 The sampler is tested with a stand-in grammar (a fixed allowed set) so the exact distribution is known;
 the engine is tested with real llguidance grammars on a tiny random model, whose output is noise unless
@@ -21,7 +21,7 @@ from shared.grammar_limits import build_tokenizer
 from shared.sampling_params import SamplingParams
 from tests.helpers.engine_probe import make_engine
 from tests.helpers.server import build_served_tiny_model
-from worker.sampler import Sampler, SamplingRow, make_generator
+from worker.runner.sampler import Sampler, SamplingRow, make_generator
 
 SEED = int(os.environ.get("MILI_TEST_SEED", secrets.randbits(32)))
 

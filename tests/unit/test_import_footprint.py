@@ -8,10 +8,10 @@ import os
 import subprocess
 import sys
 
-from worker.default_model import converted_gguf, default_gguf_path, default_model_path
+from shared.default_model import converted_gguf, default_gguf_path, default_model_path
 
-GATEWAY_MODULES = ["gateway.cli", "gateway.serve", "gateway.app", "gateway.openai_routes", "gateway.structured_output",
-                   "gateway.tools", "gateway.worker_pool", "gateway.stream_routes", "gateway.debug_routes"]
+GATEWAY_MODULES = ["gateway.cli", "gateway.serve", "gateway.app", "gateway.openai.routes", "gateway.text.grammars",
+                   "gateway.text.tool_specs", "gateway.workers.pool", "gateway.streams.resume_routes", "gateway.server.debug_routes"]
 
 
 def test_the_gateway_imports_no_torch():
@@ -20,7 +20,7 @@ def test_the_gateway_imports_no_torch():
     converted_gguf(default_gguf_path(), default_gguf_path().stem)
     code = ("import json, sys\n" + "".join(f"import {m}\n" for m in GATEWAY_MODULES)
             + "from gateway.serve import resolve_model\n"
-            + "from worker.default_model import default_gguf_path\n"
+            + "from shared.default_model import default_gguf_path\n"
             + "resolve_model('default')\nresolve_model(str(default_gguf_path()))\n"
             + "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers'))))")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
@@ -36,7 +36,7 @@ def test_the_worker_serves_without_dynamo_or_sympy():
 import json, sys
 from shared.config import EngineConfig
 from shared.sampling_params import SamplingParams
-from worker.default_model import default_model_path
+from shared.default_model import default_model_path
 from worker.engine import LLMEngine
 for quantization in ("auto", "none"):
     engine = LLMEngine(EngineConfig(model=str(default_model_path()), num_kv_blocks=32, quantization=quantization))

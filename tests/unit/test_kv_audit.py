@@ -9,10 +9,10 @@ import random
 import pytest
 
 from shared.sampling_params import SamplingParams
-from worker.block_manager import BlockManager
-from worker.kv_audit import FAULT_KINDS, KvAuditor, inject_fault
-from worker.sampler import make_generator
-from worker.sequence import Sequence
+from worker.core.block_manager import BlockManager
+from worker.core.kv_audit import FAULT_KINDS, KvAuditor, inject_fault
+from worker.runner.sampler import make_generator
+from worker.core.sequence import Sequence
 
 BS = 4
 

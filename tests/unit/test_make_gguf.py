@@ -1,4 +1,4 @@
-"""The benchmark's model generator (loadtest/make_gguf.py), on its tiny shape: the file has the types
+"""The benchmark's model generator (loadtest/fixtures/make_gguf.py), on its tiny shape: the file has the types
 asked for (llama.cpp's Q4_K_M mix included), weights of the intended scale, the default model's tokenizer,
 and MILI converts it and serves its blocks quantized."""
 
@@ -9,11 +9,11 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize
 
-from loadtest.make_gguf import SHAPES, WEIGHT_SCALE, more_bits, write_model
+from loadtest.fixtures.make_gguf import SHAPES, WEIGHT_SCALE, more_bits, write_model
 from tests.helpers.engine_probe import make_engine, run_greedy
-from worker.default_model import default_gguf_path
-from worker.gguf.convert import convert_gguf
-from worker.gguf.reader import GGUFFile
+from shared.default_model import default_gguf_path
+from shared.gguf_import.convert import convert_gguf
+from shared.gguf_import.reader import GGUFFile
 
 
 def test_more_bits_follows_llama_cpp():

@@ -12,11 +12,11 @@ from safetensors.torch import load_file, save_file
 from shared.config import EngineConfig, parse_size
 from tests.helpers.engine_probe import assert_matches_reference, make_engine, run_greedy
 from tests.helpers.tiny_models import build_tiny_model
-from worker.attention import TorchAttentionBackend
-from worker.dtype import resolve_dtype
-from worker.kv_cache import bytes_per_block
-from worker.model_config import ModelConfig, UnsupportedModelError
-from worker.weight_loader import WeightLoadError, load_model
+from worker.attention.backends import TorchAttentionBackend
+from worker.model.dtype import resolve_dtype
+from worker.runner.kv_cache import bytes_per_block
+from worker.checkpoint.model_config import ModelConfig, UnsupportedModelError
+from worker.model.weight_loader import WeightLoadError, load_model
 
 
 @pytest.fixture
@@ -129,9 +129,9 @@ def test_parse_size():
 def test_dtype_resolution(monkeypatch):
     assert resolve_dtype("float16", "cpu") is torch.float16
     assert resolve_dtype("auto", "cuda") is torch.bfloat16
-    monkeypatch.setattr("worker.dtype.cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr("worker.model.dtype.cpu_has_native_bf16", lambda: False)
     assert resolve_dtype("auto", "cpu") is torch.float32
-    monkeypatch.setattr("worker.dtype.cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr("worker.model.dtype.cpu_has_native_bf16", lambda: True)
     assert resolve_dtype("auto", "cpu") is torch.bfloat16
     with pytest.raises(ValueError, match="dtype must be one of"):
         EngineConfig(model="x", dtype="int8")

@@ -13,13 +13,14 @@ import random
 import pytest
 import torch
 
-from kernels import mojo_ops, reference
-from kernels.paged_inputs import random_paged_batch
+from kernels import attention as mojo_attention
+from kernels.reference import attention as reference
+from kernels.reference.paged_inputs import random_paged_batch
 
 
 @pytest.fixture(scope="module")
 def module():
-    return mojo_ops.load_module()  # a failed build fails these tests: `make test` builds the kernels
+    return mojo_attention.load_module()  # a failed build fails these tests: `make test` builds the kernels
 
 
 def make_batch(rng: random.Random, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
@@ -33,9 +34,9 @@ def check_attention(module, rng, block_size, kv_heads, group, head_dim, dtype, s
     query = torch.randn(plan.num_tokens, kv_heads * group, head_dim).to(dtype)
     scale = head_dim ** -0.5
     expected = reference.paged_attention(query, k_cache, v_cache, ref_plan, scale)
-    for threading in mojo_ops.THREADINGS:  # this thread, and torch's OpenMP team
+    for threading in mojo_attention.THREADINGS:  # this thread, and torch's OpenMP team
         out = torch.full_like(query, float("nan"))
-        mojo_ops.paged_attention(module, query, k_cache, v_cache, plan, scale, out=out, threading=threading)
+        mojo_attention.paged_attention(module, query, k_cache, v_cache, plan, scale, out=out, threading=threading)
         assert not out.isnan().any(), "an output element was never written"
         # float32: the same math in another order. bfloat16: both accumulate in float32 and round once.
         tol = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=1.6e-2, rtol=1.6e-2)
@@ -94,7 +95,7 @@ def test_write_kv_matches_reference(module, test_seed, dtype):
     value = torch.randn(plan.num_tokens, 2, 3, 64).to(dtype)[:, 1]
     k_ref, v_ref = k_cache.clone(), v_cache.clone()
     reference.write_kv(k_ref, v_ref, key, value, slots)
-    mojo_ops.write_kv(module, k_cache, v_cache, key, value, plan)
+    mojo_attention.write_kv(module, k_cache, v_cache, key, value, plan)
     assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
 
 
@@ -103,21 +104,21 @@ def test_bad_calls_raise_before_the_kernel(module, test_seed):
     k_cache, v_cache, plan, _, slots = make_batch(rng, 16, 2, 64, torch.float32, [(20, 4)], num_blocks=4)
     query = torch.randn(4, 4, 64)
     bad = [
-        lambda: mojo_ops.paged_attention(module, query.bfloat16(), k_cache, v_cache, plan, 1.0),  # dtype mix
-        lambda: mojo_ops.paged_attention(module, query[:3], k_cache, v_cache, plan, 1.0),  # token count
-        lambda: mojo_ops.paged_attention(module, torch.randn(4, 3, 64), k_cache, v_cache, plan, 1.0),  # groups
-        lambda: mojo_ops.paged_attention(module, query.transpose(0, 1).contiguous().transpose(0, 1), k_cache,
+        lambda: mojo_attention.paged_attention(module, query.bfloat16(), k_cache, v_cache, plan, 1.0),  # dtype mix
+        lambda: mojo_attention.paged_attention(module, query[:3], k_cache, v_cache, plan, 1.0),  # token count
+        lambda: mojo_attention.paged_attention(module, torch.randn(4, 3, 64), k_cache, v_cache, plan, 1.0),  # groups
+        lambda: mojo_attention.paged_attention(module, query.transpose(0, 1).contiguous().transpose(0, 1), k_cache,
                                          v_cache, plan, 1.0),  # heads not contiguous
-        lambda: mojo_ops.paged_attention(module, query, k_cache.transpose(1, 2), v_cache.transpose(1, 2), plan,
+        lambda: mojo_attention.paged_attention(module, query, k_cache.transpose(1, 2), v_cache.transpose(1, 2), plan,
                                          1.0),  # cache not contiguous
-        lambda: mojo_ops.paged_attention(module, query, k_cache[:plan.max_block_id], v_cache[:plan.max_block_id],
+        lambda: mojo_attention.paged_attention(module, query, k_cache[:plan.max_block_id], v_cache[:plan.max_block_id],
                                          plan, 1.0),  # the highest block id lies beyond the cache
-        lambda: mojo_ops.write_kv(module, k_cache[:plan.max_slot // 16], v_cache[:plan.max_slot // 16],
+        lambda: mojo_attention.write_kv(module, k_cache[:plan.max_slot // 16], v_cache[:plan.max_slot // 16],
                                   torch.randn(4, 2, 64), torch.randn(4, 2, 64), plan),  # a slot beyond the cache
-        lambda: mojo_ops.write_kv(module, k_cache, v_cache, torch.randn(4, 2, 32), torch.randn(4, 2, 32), plan),
-        lambda: mojo_ops.StepPlan.build(plan.block_tables[:, :1], (20,), (4,), slots, 16),  # table too narrow
-        lambda: mojo_ops.StepPlan.build(plan.block_tables, (20,), (21,), slots, 16),  # query beyond context
-        lambda: mojo_ops.paged_attention(module, torch.randn(4, 4, 60), *(torch.randn(4, 16, 2, 60),) * 2,
+        lambda: mojo_attention.write_kv(module, k_cache, v_cache, torch.randn(4, 2, 32), torch.randn(4, 2, 32), plan),
+        lambda: mojo_attention.StepPlan.build(plan.block_tables[:, :1], (20,), (4,), slots, 16),  # table too narrow
+        lambda: mojo_attention.StepPlan.build(plan.block_tables, (20,), (21,), slots, 16),  # query beyond context
+        lambda: mojo_attention.paged_attention(module, torch.randn(4, 4, 60), *(torch.randn(4, 16, 2, 60),) * 2,
                                          plan, 1.0),  # head_dim not a multiple of 8
     ]
     for i, call in enumerate(bad):
@@ -127,14 +128,14 @@ def test_bad_calls_raise_before_the_kernel(module, test_seed):
 
 
 def test_auto_falls_back_to_torch_loudly_when_the_kernels_cannot_load(monkeypatch, caplog):
-    from worker.attention import get_attention_backend
+    from worker.attention.backends import get_attention_backend
 
     assert get_attention_backend("auto").name == "mojo"  # built by `make test`
 
     def broken():
         raise OSError("libKGENCompilerRTShared.so: cannot open shared object file")
 
-    monkeypatch.setattr(mojo_ops, "load_module", broken)
+    monkeypatch.setattr(mojo_attention, "load_module", broken)
     assert get_attention_backend("auto").name == "torch"
     assert "falling back to the torch reference" in caplog.text and "cannot open" in caplog.text
     with pytest.raises(RuntimeError, match="mojo attention backend is unavailable"):
@@ -147,11 +148,11 @@ def test_openmp_bridge_shares_torchs_runtime_and_has_a_fallback(module, test_see
     import shutil
 
     if shutil.which("cc") or shutil.which("gcc"):
-        assert mojo_ops.omp_team() is not None
+        assert mojo_attention.omp_team() is not None
     rng = random.Random(test_seed)
     k_cache, v_cache, plan, ref_plan, _ = make_batch(rng, 16, 3, 64, torch.bfloat16, [(200, 1), (37, 1), (16, 1)])
     query = torch.randn(plan.num_tokens, 9, 64).to(torch.bfloat16)
-    on_team = mojo_ops.paged_attention(module, query, k_cache, v_cache, plan, 0.125, threading="omp")
-    monkeypatch.setattr(mojo_ops, "omp_team", lambda: None)
-    fallback = mojo_ops.paged_attention(module, query, k_cache, v_cache, plan, 0.125, threading="omp")
+    on_team = mojo_attention.paged_attention(module, query, k_cache, v_cache, plan, 0.125, threading="omp")
+    monkeypatch.setattr(mojo_attention, "omp_team", lambda: None)
+    fallback = mojo_attention.paged_attention(module, query, k_cache, v_cache, plan, 0.125, threading="omp")
     torch.testing.assert_close(fallback, on_team, rtol=0, atol=0)  # items are independent: bit-identical

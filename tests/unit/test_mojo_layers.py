@@ -11,8 +11,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import mojo_layers, mojo_ops, reference
-from worker.models.layers import RMSNorm, RotaryEmbedding, apply_rotary
+from kernels import layers as mojo_layers
+from kernels import attention as mojo_attention
+from kernels.reference import attention as reference
+from worker.model.layers import RMSNorm, RotaryEmbedding, apply_rotary
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -34,7 +36,7 @@ def assert_agrees(actual: torch.Tensor, expected: torch.Tensor) -> None:
     assert (a != e).float().mean().item() < 0.01
 
 
-@pytest.mark.parametrize("threading", mojo_ops.THREADINGS)
+@pytest.mark.parametrize("threading", mojo_attention.THREADINGS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,dim", [(1, 576), (7, 64), (33, 1024), (130, 200)])
 def test_rms_norm_and_residual_add(module, rows, dim, dtype, threading):
@@ -52,7 +54,7 @@ def test_rms_norm_and_residual_add(module, rows, dim, dtype, threading):
         assert_agrees(out, norm(summed))
 
 
-@pytest.mark.parametrize("threading", mojo_ops.THREADINGS)
+@pytest.mark.parametrize("threading", mojo_attention.THREADINGS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,inter", [(1, 1536), (5, 8), (64, 200)])
 def test_silu_mul(module, rows, inter, dtype, threading):
@@ -62,7 +64,7 @@ def test_silu_mul(module, rows, inter, dtype, threading):
     assert_agrees(mojo_layers.silu_mul(module, gate_up, threading=threading), F.silu(gate) * up)
 
 
-@pytest.mark.parametrize("threading", mojo_ops.THREADINGS)
+@pytest.mark.parametrize("threading", mojo_attention.THREADINGS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads,kv_heads,head_dim,qk_norm", [(9, 3, 64, False), (4, 2, 128, True), (2, 2, 16, True)])
 def test_rope_write_kv(module, heads, kv_heads, head_dim, qk_norm, dtype, threading):
@@ -93,7 +95,7 @@ def test_rope_write_kv(module, heads, kv_heads, head_dim, qk_norm, dtype, thread
     k_cache.view(-1, kv_heads, head_dim)[:] = 0
     v_cache = torch.zeros_like(v_cache_ref)
     tables = torch.arange(num_blocks, dtype=torch.int32).reshape(1, -1)
-    plan = mojo_ops.StepPlan.build(tables, (num_blocks * block_size,), (tokens,), slots, block_size)
+    plan = mojo_attention.StepPlan.build(tables, (num_blocks * block_size,), (tokens,), slots, block_size)
     mojo_layers.check_positions(positions, max_pos)
     q_out = mojo_layers.rope_write_kv(module, qkv, positions, rotary.cos, rotary.sin_signed, k_cache, v_cache, plan,
                                       heads, norms[0].weight if norms else None, norms[1].weight if norms else None,
@@ -114,7 +116,7 @@ def test_bad_calls_raise_before_the_kernel(module):
     with pytest.raises(ValueError, match="rotary tables"):
         mojo_layers.check_positions(torch.tensor([0, 5, 300]), 300)
     k_cache = torch.zeros(4, 4, 1, 16)
-    plan = mojo_ops.StepPlan.build(torch.zeros(1, 1, dtype=torch.int32), (2,), (2,), torch.tensor([0, 99]), 4)
+    plan = mojo_attention.StepPlan.build(torch.zeros(1, 1, dtype=torch.int32), (2,), (2,), torch.tensor([0, 99]), 4)
     table = torch.zeros(8, 16)
     with pytest.raises(ValueError, match="slot lies outside"):
         mojo_layers.rope_write_kv(module, torch.zeros(2, 48), torch.zeros(2, dtype=torch.int64), table, table,

@@ -13,10 +13,12 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import quantize
 
-from kernels import mojo_layers, mojo_ops, mojo_quant
+from kernels import layers as mojo_layers
+from kernels import attention as mojo_attention
+from kernels import quant_matmul
 from kernels.omp_program import ProgramBuilder
 from kernels.quant_operands import OUTPUT_STRIDE_PARAM
-from worker.quant.blocks import KERNEL_KINDS, repack
+from kernels.formats.blocks import KERNEL_KINDS, repack
 from worker.quant.linear import QuantLinear, module_for
 
 CAPACITY, HIDDEN, INTER = 20, 64, 96
@@ -24,10 +26,10 @@ CAPACITY, HIDDEN, INTER = 20, 64, 96
 
 @pytest.fixture(scope="module")
 def modules():
-    team = mojo_ops.omp_team()
+    team = mojo_attention.omp_team()
     if team is None:
         pytest.fail("the OpenMP bridge did not build (`make kernels` builds it)")
-    return team, mojo_layers.load(), mojo_quant.load()
+    return team, mojo_layers.load(), quant_matmul.load()
 
 
 @pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1, QT.Q8_0], ids=lambda q: q.name)
@@ -40,15 +42,15 @@ def test_a_program_gives_the_bits_of_its_calls_one_by_one(modules, qtype, test_s
     norm_w = torch.rand(HIDDEN, generator=g) + 0.5
     x = torch.full((CAPACITY, HIDDEN), float("nan"))
     h, y, act = (torch.full((CAPACITY, n), float("nan")) for n in (HIDDEN, 2 * INTER, INTER))
-    scratch = torch.empty(mojo_quant.scratch_bytes(CAPACITY, HIDDEN), dtype=torch.uint8)
+    scratch = torch.empty(quant_matmul.scratch_bytes(CAPACITY, HIDDEN), dtype=torch.uint8)
 
     builder = ProgramBuilder(team, ("rows", "amx"))
     builder.add(layers, "mili_rms_norm_range", mojo_layers.rms_norm_params(x, norm_w, 1e-6, None, h), "rows",
                 {mojo_layers.RMS_NORM_ROWS_PARAM: "rows"})
-    params = mojo_quant.qmatmul_params(h, packed, KERNEL_KINDS[qtype], 2 * INTER, bias, y, scratch)
-    builder.add(quant, mojo_quant.ENTRIES[0], params, "rows",
-                {mojo_quant.ROWS_PARAM: "rows", mojo_quant.AMX_PARAM: "amx"}, same_split=True)
-    builder.add(quant, mojo_quant.ENTRIES[1], params, -(-2 * INTER // 16))
+    params = quant_matmul.qmatmul_params(h, packed, KERNEL_KINDS[qtype], 2 * INTER, bias, y, scratch)
+    builder.add(quant, quant_matmul.ENTRIES[0], params, "rows",
+                {quant_matmul.ROWS_PARAM: "rows", quant_matmul.AMX_PARAM: "amx"}, same_split=True)
+    builder.add(quant, quant_matmul.ENTRIES[1], params, -(-2 * INTER // 16))
     builder.add(layers, "mili_silu_mul_range", mojo_layers.silu_mul_params(y, act), "rows",
                 {mojo_layers.SILU_MUL_ROWS_PARAM: "rows"})
     program = builder.build()
@@ -56,9 +58,9 @@ def test_a_program_gives_the_bits_of_its_calls_one_by_one(modules, qtype, test_s
 
     for rows in (1, 5, 16, CAPACITY, 3):
         x[:rows] = torch.randn(rows, HIDDEN, generator=g) * 3
-        program.run(rows, int(mojo_quant.use_amx(rows)))
+        program.run(rows, int(quant_matmul.use_amx(rows)))
         h_ref = mojo_layers.rms_norm(layers, x[:rows], norm_w, 1e-6)
-        y_ref = mojo_quant.qmatmul(quant, h_ref, packed, KERNEL_KINDS[qtype], 2 * INTER, bias=bias)
+        y_ref = quant_matmul.qmatmul(quant, h_ref, packed, KERNEL_KINDS[qtype], 2 * INTER, bias=bias)
         assert torch.equal(h[:rows], h_ref) and torch.equal(y[:rows], y_ref), rows
         assert torch.equal(act[:rows], mojo_layers.silu_mul(layers, y_ref)), rows
 
@@ -70,7 +72,7 @@ WIDE_K = 256  # Q6_K's super-blocks
 
 
 def mixed_projection(g: torch.Generator, bias: bool) -> QuantLinear:
-    from worker.quant.kblocks import repack_k
+    from kernels.formats.kblocks import repack_k
     from worker.quant.kencode import quantize_k
 
     n = sum(rows for _, rows in SEGMENTS)
@@ -114,7 +116,7 @@ def test_a_projection_of_several_block_types_runs_as_one_quantize_and_a_tile_pha
         for rows in (1, 5, 17, CAPACITY, 3):
             y.fill_(float("nan"))
             x[:rows] = (torch.randn(rows, WIDE_K, generator=g) * 3).to(dtype)
-            program.run(rows, int(mojo_quant.use_amx(rows)))
+            program.run(rows, int(quant_matmul.use_amx(rows)))
             assert torch.equal(y[:rows], proj(x[:rows])), (dtype, rows)
             assert y[rows:].isnan().all(), (dtype, rows)
 

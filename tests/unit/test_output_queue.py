@@ -1,4 +1,4 @@
-"""gateway/output_queue.py: a request's untaken token deltas merge per choice, never across a terminal item,
+"""gateway/workers/output_queue.py: a request's untaken token deltas merge per choice, never across a terminal item,
 and a choice's text, logprobs and token count are the same whether its steps arrive one by one or merged."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import random
 
 import pytest
 
-from gateway.deadlines import DeadlineExceeded
-from gateway.generation import TextOptions, _Choice
-from gateway.output_queue import RequestOutputQueue
-from gateway.worker_pool import WorkerLost
+from gateway.server.deadlines import DeadlineExceeded
+from gateway.streams.choice_stream import TextOptions, _Choice
+from gateway.workers.output_queue import RequestOutputQueue
+from gateway.workers.pool import WorkerLost
 from shared import wire
 from tests.helpers.toy_tokenizers import default_tokenizer
 

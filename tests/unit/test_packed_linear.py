@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worker.models.packed_linear import PackedLinear, pack_linears, packing_supported
+from worker.model.packed_linear import PackedLinear, pack_linears, packing_supported
 
 pytestmark = pytest.mark.skipif(not packing_supported(torch.bfloat16, "cpu"), reason="no oneDNN bfloat16 on this CPU")
 

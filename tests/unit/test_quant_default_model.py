@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.helpers.engine_probe import make_engine, run_greedy
-from worker.default_model import default_model_path
+from shared.default_model import default_model_path
 from worker.quant.linear import BlockEmbedding, QuantLinear
 
 # (min top-1 agreement, max mean KL) against transformers in float32 on the same weights.

@@ -16,10 +16,10 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize, quantize
 
-from kernels import mojo_quant
-from kernels.quant_reference import (activation_error_bound, dequantized_matmul, qmatmul_blocks,
+from kernels import quant_matmul
+from kernels.reference.quant_matmul import (activation_error_bound, dequantized_matmul, qmatmul_blocks,
                                      quantize_activations, split_activations)
-from worker.quant.blocks import KERNEL_KINDS, repack, split_blocks
+from kernels.formats.blocks import KERNEL_KINDS, repack, split_blocks
 
 TYPES = [QT.Q4_0, QT.Q4_1, QT.Q8_0]
 # (M, N, K): decode rows, odd row counts around the 4-row groups, N not a multiple of the 16-row tile,
@@ -30,7 +30,7 @@ SHAPES = [(1, 40, 96), (3, 17, 32), (5, 33, 64), (7, 1, 160), (13, 50, 128), (1,
 
 @pytest.fixture(scope="module")
 def module():
-    return mojo_quant.load()
+    return quant_matmul.load()
 
 
 def _case(seed: int, m: int, n: int, k: int, qtype: QT):
@@ -47,7 +47,7 @@ def _case(seed: int, m: int, n: int, k: int, qtype: QT):
 def _run(module, x: np.ndarray, packed, qtype: QT, n: int, bias=None, threading="omp",
          dtype=torch.float32, out_dtype=torch.float32, path="auto") -> np.ndarray:
     out = torch.full((x.shape[0], n), float("nan"), dtype=out_dtype)
-    mojo_quant.qmatmul(module, torch.from_numpy(x).to(dtype), packed, KERNEL_KINDS[qtype], n,
+    quant_matmul.qmatmul(module, torch.from_numpy(x).to(dtype), packed, KERNEL_KINDS[qtype], n,
                        bias=None if bias is None else torch.from_numpy(bias), out_dtype=out_dtype, out=out,
                        threading=threading, path=path)
     return out.float().numpy()
@@ -107,7 +107,7 @@ def test_rows_are_batch_and_thread_invariant(module, qtype, test_seed):
         assert np.array_equal(part, full[start:start + size])
 
 
-@pytest.mark.skipif(not mojo_quant.amx_available(), reason="the CPU has no AMX int8 tiles (or Linux refused them)")
+@pytest.mark.skipif(not quant_matmul.amx_available(), reason="the CPU has no AMX int8 tiles (or Linux refused them)")
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
 def test_amx_tiles_give_the_vnni_bits(module, qtype, test_seed):
     """The many-row path (AMX int8 tiles, whole groups of 16 rows, the rest by vpdpbusd) gives every row
@@ -130,7 +130,7 @@ def test_amx_tiles_give_the_vnni_bits(module, qtype, test_seed):
         np.testing.assert_allclose(ours, exact, rtol=1e-5, atol=1e-6 * scale)
 
 
-@pytest.mark.skipif(not mojo_quant.amx_available(), reason="the CPU has no AMX int8 tiles (or Linux refused them)")
+@pytest.mark.skipif(not quant_matmul.amx_available(), reason="the CPU has no AMX int8 tiles (or Linux refused them)")
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
 def test_amx_row_chunks_give_the_vnni_bits(module, qtype, test_seed):
     """A wide K makes the AMX path run its rows in several chunks (as many whole 16-row groups as keep
@@ -205,7 +205,7 @@ def test_bad_arguments_raise_before_the_kernel(module):
                     path="auto")
         args.update(overrides)
         with pytest.raises(ValueError, match=message):
-            mojo_quant.qmatmul(module, **args)
+            quant_matmul.qmatmul(module, **args)
 
 
 def test_activation_parts_fit_int8_and_reach_15_bits(test_seed):

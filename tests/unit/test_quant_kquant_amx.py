@@ -16,13 +16,14 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
 
-from kernels import mojo_quant, mojo_quant_k
-from kernels.quant_k_reference import qkmatmul_blocks
+from kernels import quant_matmul
+from kernels import quant_kmatmul as mojo_quant_k
+from kernels.reference.quant_kmatmul import qkmatmul_blocks
 from tests.unit.test_quant_kquant_kernel import extreme_blocks
-from worker.quant.kblocks import KQUANT_KINDS, repack_k
+from kernels.formats.kblocks import KQUANT_KINDS, repack_k
 from worker.quant.kencode import quantize_k, random_kblocks
 
-pytestmark = pytest.mark.skipif(not mojo_quant.amx_available(),
+pytestmark = pytest.mark.skipif(not quant_matmul.amx_available(),
                                 reason="the CPU has no AMX int8 tiles (or Linux refused them)")
 
 TYPES = [QT.Q5_0, QT.Q5_1, QT.Q4_K, QT.Q6_K]
@@ -89,7 +90,7 @@ def test_a_row_alone_equals_the_row_inside_a_64_row_amx_call(module, qtype, test
     n, k = (72, 512) if qtype in (QT.Q4_K, QT.Q6_K) else (72, 320)
     x, raw, bias = _case(test_seed, 70, n, k, qtype)
     packed = repack_k(raw, qtype)
-    assert mojo_quant.use_amx(64) and not mojo_quant.use_amx(1)
+    assert quant_matmul.use_amx(64) and not quant_matmul.use_amx(1)
     for dtype in (torch.float32, torch.bfloat16):
         batch = _run(module, x[:64], packed, qtype, n, bias, dtype, "auto")
         tail = _run(module, x, packed, qtype, n, bias, dtype, "auto")
@@ -131,7 +132,7 @@ def test_amx_tiles_keep_the_largest_integer_sums_exact(module, qtype, test_seed)
 
 
 def test_the_prebuilt_call_carries_the_amx_switch(test_seed):
-    """A K-quant projection's prebuilt call (what worker/decode_program.py runs) names the AMX switch, set
+    """A K-quant projection's prebuilt call (what worker/runner/decode_program.py runs) names the AMX switch, set
     as use_amx says for its rows, so the program can patch it per step."""
     from worker.quant.linear import QuantLinear, kquant_module
 
@@ -144,4 +145,4 @@ def test_the_prebuilt_call_carries_the_amx_switch(test_seed):
         x, out = torch.zeros(rows, k), torch.empty(rows, n)
         (call,) = proj.prebuilt(x, out, torch.empty(proj.scratch_bytes(rows), dtype=torch.uint8))
         assert call.amx_param == mojo_quant_k.AMX_PARAM and call.rows_param == mojo_quant_k.ROWS_PARAM
-        assert call.params[call.amx_param] == int(mojo_quant.use_amx(rows))
+        assert call.params[call.amx_param] == int(quant_matmul.use_amx(rows))

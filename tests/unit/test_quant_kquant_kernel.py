@@ -18,10 +18,10 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize
 
-from kernels import mojo_quant_k
-from kernels.quant_k_reference import qkmatmul_blocks
-from kernels.quant_reference import activation_error_bound, dequantized_matmul
-from worker.quant.kblocks import KQUANT_KINDS, pack_kblocks, repack_k, split_kblocks
+from kernels import quant_kmatmul
+from kernels.reference.quant_kmatmul import qkmatmul_blocks
+from kernels.reference.quant_matmul import activation_error_bound, dequantized_matmul
+from kernels.formats.kblocks import KQUANT_KINDS, pack_kblocks, repack_k, split_kblocks
 from worker.quant.kencode import quantize_k, random_kblocks
 
 TYPES = [QT.Q5_0, QT.Q5_1, QT.Q4_K, QT.Q6_K]
@@ -36,7 +36,7 @@ SHAPES = {
 
 @pytest.fixture(scope="module")
 def module():
-    return mojo_quant_k.load()
+    return quant_kmatmul.load()
 
 
 def _shapes(qtype: QT):
@@ -60,7 +60,7 @@ def _case(seed: int, m: int, n: int, k: int, qtype: QT, encoded: bool):
 def _run(module, x: np.ndarray, packed, qtype: QT, n: int, bias=None, threading="omp",
          dtype=torch.float32, out_dtype=torch.float32) -> np.ndarray:
     out = torch.full((x.shape[0], n), float("nan"), dtype=out_dtype)
-    mojo_quant_k.qmatmul_k(module, torch.from_numpy(x).to(dtype), packed, KQUANT_KINDS[qtype], n,
+    quant_kmatmul.qmatmul_k(module, torch.from_numpy(x).to(dtype), packed, KQUANT_KINDS[qtype], n,
                            bias=None if bias is None else torch.from_numpy(bias), out_dtype=out_dtype, out=out,
                            threading=threading)
     return out.float().numpy()
@@ -263,4 +263,4 @@ def test_bad_arguments_raise_before_the_kernel(module):
                     path="auto")
         args.update(overrides)
         with pytest.raises(ValueError, match=message):
-            mojo_quant_k.qmatmul_k(module, **args)
+            quant_kmatmul.qmatmul_k(module, **args)

@@ -170,7 +170,7 @@ def test_gguf_blocks_served_as_they_are(tmp_path, arch, qtype, test_seed):
     from transformers import AutoModelForCausalLM
 
     from tests.unit.test_gguf_convert import VOCAB_SIZE, tiny_model, write_gguf
-    from worker.gguf.convert import convert_gguf
+    from shared.gguf_import.convert import convert_gguf
 
     model, cfg = tiny_model(arch, test_seed % 10_000)
     src = write_gguf(tmp_path / "m.gguf", arch, model, cfg, qtype)

@@ -13,15 +13,16 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import quantize
 
-from kernels import mojo_quant, mojo_quant_k
-from worker.quant.blocks import KERNEL_KINDS, repack
-from worker.quant.kblocks import KQUANT_KINDS, repack_k
+from kernels import quant_matmul
+from kernels import quant_kmatmul
+from kernels.formats.blocks import KERNEL_KINDS, repack
+from kernels.formats.kblocks import KQUANT_KINDS, repack_k
 from worker.quant.kencode import random_kblocks
 
 N = 40  # two full column tiles and a partial one
 COL0, RIGHT = 13, 7  # the slice starts mid-tile of the wide output, which has 7 more columns after it
 ROWS = (1, 5, 17, 35)  # around the 4-row groups and the AMX path's 16-row groups
-PATHS = ["vnni", "amx"] if mojo_quant.amx_available() else ["vnni"]
+PATHS = ["vnni", "amx"] if quant_matmul.amx_available() else ["vnni"]
 
 
 def _weights(qtype: QT, k: int, rng: np.random.Generator) -> torch.Tensor:
@@ -33,10 +34,10 @@ def _weights(qtype: QT, k: int, rng: np.random.Generator) -> torch.Tensor:
 def _matmul(qtype: QT, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
             path: str) -> None:
     if qtype in KERNEL_KINDS:
-        mojo_quant.qmatmul(mojo_quant.load(), x, packed, KERNEL_KINDS[qtype], N, bias=bias, out_dtype=out.dtype,
+        quant_matmul.qmatmul(quant_matmul.load(), x, packed, KERNEL_KINDS[qtype], N, bias=bias, out_dtype=out.dtype,
                            out=out, path=path)
     else:
-        mojo_quant_k.qmatmul_k(mojo_quant_k.load(), x, packed, KQUANT_KINDS[qtype], N, bias=bias,
+        quant_kmatmul.qmatmul_k(quant_kmatmul.load(), x, packed, KQUANT_KINDS[qtype], N, bias=bias,
                                out_dtype=out.dtype, out=out)
 
 

@@ -9,7 +9,7 @@ import re
 import pytest
 from tokenizers import AddedToken, Tokenizer, models
 
-from gateway.reasoning import ReasoningSplitter, has_reasoning_tokens
+from gateway.text.reasoning import ReasoningSplitter, has_reasoning_tokens
 
 
 def oracle(text: str, starts_in_reasoning: bool) -> tuple[str, str]:
@@ -107,6 +107,6 @@ def test_which_models_split_reasoning():
 
 
 def test_the_default_model_does_not_split_reasoning():
-    from worker.default_model import default_model_path
+    from shared.default_model import default_model_path
 
     assert not has_reasoning_tokens(Tokenizer.from_file(str(default_model_path() / "tokenizer.json")))

@@ -1,4 +1,4 @@
-"""Tests for the streamed safetensors writer (worker.gguf.safetensors_stream) and the GGUF conversion
+"""Tests for the streamed safetensors writer (shared.gguf_import.safetensors_stream) and the GGUF conversion
 that uses it: safetensors itself reads the files back; converting holds one tensor, not the model."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from gguf.quants import dequantize
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from worker.gguf.reader import GGUFFile
-from worker.gguf.safetensors_stream import PlannedTensor, write_streamed
+from shared.gguf_import.reader import GGUFFile
+from shared.gguf_import.safetensors_stream import PlannedTensor, write_streamed
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,7 +63,7 @@ def test_made_tensor_must_match_its_plan(tmp_path):
 
 def test_qwen2_without_qkv_biases_gets_zero_biases(tmp_path, monkeypatch):
     import tests.unit.test_gguf_convert as gc
-    from worker.gguf.convert import convert_gguf
+    from shared.gguf_import.convert import convert_gguf
 
     model, cfg = gc.tiny_model("qwen2", 3)
     all_tensors = gc.gguf_tensors
@@ -83,7 +83,7 @@ def test_qwen2_without_qkv_biases_gets_zero_biases(tmp_path, monkeypatch):
 
 _PEAK_SCRIPT = """
 import sys
-from worker.gguf.convert import convert_gguf
+from shared.gguf_import.convert import convert_gguf
 
 def status_kib(field):
     with open("/proc/self/status") as f:

@@ -1,4 +1,4 @@
-"""Unit tests for the batched sampler (worker/sampler.py).
+"""Unit tests for the batched sampler (worker/runner/sampler.py).
 
 Tests with random inputs draw a fresh seed per run and print it (`pytest -s`, or the captured output of
 a failure); set MILI_TEST_SEED to replay one. Statistical checks allow 5.5 standard errors per bin
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from shared.sampling_params import MIN_REPETITION_PENALTY, SamplingParams, SamplingParamsError
-from worker.sampler import Sampler, SamplingRow, apply_logit_processors, make_generator
+from worker.runner.sampler import Sampler, SamplingRow, apply_logit_processors, make_generator
 
 SEED = int(os.environ.get("MILI_TEST_SEED", secrets.randbits(32)))
 MAX_Z = 5.5

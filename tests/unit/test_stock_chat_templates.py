@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.chat_template import ChatTemplate
-from gateway.protocol import Limits, parse_chat
+from gateway.text.chat_template import ChatTemplate
+from gateway.openai.parse import Limits, parse_chat
 
 LIMITS = Limits(max_n=4, max_stop=4, max_stop_length=32)
 TEMPLATES = Path(__file__).resolve().parent.parent / "fixtures" / "chat_templates"
@@ -46,7 +46,7 @@ def transformers_messages() -> list[dict]:
 @pytest.fixture(scope="module")
 def hf_tokenizer():
     transformers = pytest.importorskip("transformers")
-    from worker.default_model import default_model_path
+    from shared.default_model import default_model_path
 
     return transformers.PreTrainedTokenizerFast.from_pretrained(str(default_model_path()))
 

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from gateway.stop_strings import StopStringMatcher
+from gateway.text.stop_strings import StopStringMatcher
 
 
 def oracle_cut(text: str, stops: list[str]) -> tuple[str, bool]:

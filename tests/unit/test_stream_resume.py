@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.metrics import Metrics
-from gateway.stream_resume import StreamRegistry
+from gateway.metrics.mili_metrics import Metrics
+from gateway.streams.resume_buffer import StreamRegistry
 
 
 class Source:

@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from gateway.generation import TextOptions, _Choice
-from gateway.worker_pool import RequestHandle, WorkerPool
+from gateway.streams.choice_stream import TextOptions, _Choice
+from gateway.workers.pool import RequestHandle, WorkerPool
 from shared import wire
 from shared.config import EngineConfig
 from shared.sampling_params import SamplingParams, SamplingParamsError

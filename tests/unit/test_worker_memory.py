@@ -10,8 +10,8 @@ import sys
 
 import numpy as np
 
-from worker.default_model import default_gguf_path
-from worker.gguf.reader import GGUFFile
+from shared.default_model import default_gguf_path
+from shared.gguf_import.reader import GGUFFile
 
 
 def test_dropped_pages_read_back_the_same():
@@ -33,7 +33,7 @@ import json
 from pathlib import Path
 from shared.config import EngineConfig
 from shared.sampling_params import SamplingParams
-from worker.default_model import default_gguf_path, default_model_path
+from shared.default_model import default_gguf_path, default_model_path
 from worker.engine import LLMEngine
 engine = LLMEngine(EngineConfig(model=str(default_model_path()), num_kv_blocks=32))
 assert engine.quantization != "none", engine.quantization

@@ -1,6 +1,6 @@
 """Writing the types of K-quant files: round-to-nearest encoders from float weights (Q4_K and Q6_K, which
 gguf.quants cannot write; Q5_0 / Q5_1 through gguf.quants), and random valid blocks. The tests build
-GGUFs with them, and so does the benchmark's model generator (loadtest/make_gguf.py); serving never
+GGUFs with them, and so does the benchmark's model generator (loadtest/fixtures/make_gguf.py); serving never
 needs them.
 
 The encoders are plain round-to-nearest (llama.cpp's own Q4_K/Q6_K quantizers also search the scales);
@@ -13,7 +13,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import quantize
 
-from worker.quant.kblocks import KBlocks, QK, QK_K, pack_kblocks
+from kernels.formats.kblocks import KBlocks, QK, QK_K, pack_kblocks
 
 
 def _f16_scale(x: np.ndarray) -> np.ndarray:

@@ -20,8 +20,8 @@ from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize
 from torch import nn
 
-from worker.quant.blocks import KERNEL_KINDS, NAMES, repack
-from worker.quant.kblocks import KQUANT_KINDS, NAMES as KQUANT_NAMES, repack_k
+from kernels.formats.blocks import KERNEL_KINDS, NAMES, repack
+from kernels.formats.kblocks import KQUANT_KINDS, NAMES as KQUANT_NAMES, repack_k
 
 log = logging.getLogger(__name__)
 
@@ -40,16 +40,16 @@ def kernel_module() -> ModuleType | None:
     if missing:
         log.warning("quantized weights need CPU features %s, which this CPU lacks", ", ".join(missing))
         return None
-    from kernels import mojo_quant
-    from kernels.build import KernelBuildError
+    from kernels import quant_matmul
+    from kernels.build.modules import KernelBuildError
 
     try:
-        module = mojo_quant.load()
+        module = quant_matmul.load()
     except (KernelBuildError, ImportError, OSError) as e:
         log.warning("quantized weight kernels unavailable: %s", e)
         return None
-    log.info("quantized matmul: vpdpbusd%s", f", AMX int8 tiles from {mojo_quant.AMX_MIN_ROWS} rows"
-             if mojo_quant.amx_available() else " (no AMX int8 tiles on this CPU)")
+    log.info("quantized matmul: vpdpbusd%s", f", AMX int8 tiles from {quant_matmul.AMX_MIN_ROWS} rows"
+             if quant_matmul.amx_available() else " (no AMX int8 tiles on this CPU)")
     return module
 
 
@@ -58,11 +58,11 @@ def kquant_module() -> ModuleType | None:
     """The K-quant-file types' matmul module (same CPU needs), or None with the reason logged."""
     if kernel_module() is None:
         return None
-    from kernels import mojo_quant_k
-    from kernels.build import KernelBuildError
+    from kernels import quant_kmatmul
+    from kernels.build.modules import KernelBuildError
 
     try:
-        return mojo_quant_k.load()
+        return quant_kmatmul.load()
     except (KernelBuildError, ImportError, OSError) as e:
         log.warning("K-quant weight kernels unavailable: %s", e)
         return None
@@ -143,7 +143,7 @@ class QuantLinear(nn.Module):
     def prebuilt(self, x: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> list["PrebuiltMatmul"]:
         """The checked kernel calls computing forward(x) into `out` [rows, out_features] with `scratch`
         (scratch_bytes(rows) bytes), for a caller that runs them itself and may lower their row count
-        (worker/decode_program.py): one per segment, each writing its column slice of `out` with its own
+        (worker/runner/decode_program.py): one per segment, each writing its column slice of `out` with its own
         slice of the bias. They share the quantized activations: the first call's phase 1 serves every
         call's phase 2 (checked here: every call reads the same x into the same scratch places)."""
         from kernels.quant_operands import same_activations
@@ -164,7 +164,7 @@ class QuantLinear(nn.Module):
 class PrebuiltMatmul:
     """A quantized matmul's checked call: quantize the rows (entries[0], one item per row), then the
     column tiles (entries[1], `tiles` items), with the row count at params[rows_param] and, for kernels
-    with an AMX path, its switch at params[amx_param] (set as kernels.mojo_quant.use_amx says)."""
+    with an AMX path, its switch at params[amx_param] (set as kernels.quant_matmul.use_amx says)."""
 
     module: ModuleType
     entries: tuple[str, str]
@@ -181,15 +181,15 @@ class PrebuiltMatmul:
 def _prebuilt_call(module: ModuleType, x: torch.Tensor, qtype: QT, packed: torch.Tensor, n: int,
                    bias: torch.Tensor | None, out: torch.Tensor, scratch: torch.Tensor) -> PrebuiltMatmul:
     """One segment's checked call: x [rows, K] -> out [rows, n] (possibly a column slice of a wider output)."""
-    from kernels import mojo_quant, mojo_quant_k
+    from kernels import quant_kmatmul, quant_matmul
     from kernels.quant_operands import TILE
 
     tiles = -(-n // TILE)
     if qtype in KERNEL_KINDS:
-        params = mojo_quant.qmatmul_params(x, packed, KERNEL_KINDS[qtype], n, bias, out, scratch)
-        return PrebuiltMatmul(module, mojo_quant.ENTRIES, params, tiles, mojo_quant.ROWS_PARAM, mojo_quant.AMX_PARAM)
-    params = mojo_quant_k.qmatmul_k_params(x, packed, KQUANT_KINDS[qtype], n, bias, out, scratch)
-    return PrebuiltMatmul(module, mojo_quant_k.ENTRIES, params, tiles, mojo_quant_k.ROWS_PARAM, mojo_quant_k.AMX_PARAM)
+        params = quant_matmul.qmatmul_params(x, packed, KERNEL_KINDS[qtype], n, bias, out, scratch)
+        return PrebuiltMatmul(module, quant_matmul.ENTRIES, params, tiles, quant_matmul.ROWS_PARAM, quant_matmul.AMX_PARAM)
+    params = quant_kmatmul.qmatmul_k_params(x, packed, KQUANT_KINDS[qtype], n, bias, out, scratch)
+    return PrebuiltMatmul(module, quant_kmatmul.ENTRIES, params, tiles, quant_kmatmul.ROWS_PARAM, quant_kmatmul.AMX_PARAM)
 
 
 def module_for(qtype: QT) -> ModuleType | None:
@@ -199,11 +199,10 @@ def module_for(qtype: QT) -> ModuleType | None:
 def _matmul(module: ModuleType, x: torch.Tensor, qtype: QT, packed: torch.Tensor, n: int,
             bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
     """x: [rows, K] -> [rows, n] through the kernel that serves qtype."""
-    from kernels import mojo_quant, mojo_quant_k
-
+    from kernels import quant_kmatmul, quant_matmul
     if qtype in KERNEL_KINDS:
-        return mojo_quant.qmatmul(module, x, packed, KERNEL_KINDS[qtype], n, bias=bias, out_dtype=out_dtype)
-    return mojo_quant_k.qmatmul_k(module, x, packed, KQUANT_KINDS[qtype], n, bias=bias, out_dtype=out_dtype)
+        return quant_matmul.qmatmul(module, x, packed, KERNEL_KINDS[qtype], n, bias=bias, out_dtype=out_dtype)
+    return quant_kmatmul.qmatmul_k(module, x, packed, KQUANT_KINDS[qtype], n, bias=bias, out_dtype=out_dtype)
 
 
 class BlockEmbedding(nn.Module):

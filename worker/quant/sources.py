@@ -1,7 +1,7 @@
 """Which linear weights an engine serves quantized, and where their blocks come from.
 
 `--quantization auto` on a model converted from a GGUF (its directory has gguf_source.json, see
-worker/gguf/convert.py) takes the GGUF's own Q4_0/Q4_1/Q8_0 tensors, and those of K-quant files (Q4_K,
+shared/gguf_import/convert.py) takes the GGUF's own Q4_0/Q4_1/Q8_0 tensors, and those of K-quant files (Q4_K,
 Q6_K, Q5_0, Q5_1), as they are, memory-mapped; a fused projection (q|k|v, gate|up) is quantized when
 all its parts have served types (parts of different types, such as a Q4_K_M file's Q4_K q|k and Q6_K v,
 become segments of one projection), and the token embedding is read from the file's blocks too. `q8_0` / `q4_0` quantize the checkpoint's weights
@@ -23,11 +23,11 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from safetensors import safe_open
 
-from worker.gguf.convert import unpermute_qk
-from worker.gguf.reader import GGUFFile
-from worker.gguf.records import SOURCE_RECORD
-from worker.model_config import ModelConfig
-from worker.quant.blocks import quantize_rows
+from shared.gguf_import.convert import unpermute_qk
+from shared.gguf_import.reader import GGUFFile
+from shared.gguf_import.records import SOURCE_RECORD
+from worker.checkpoint.model_config import ModelConfig
+from kernels.formats.blocks import quantize_rows
 from worker.quant.linear import served_types, type_name
 
 log = logging.getLogger(__name__)
@@ -157,7 +157,7 @@ def _gguf_plan(path: Path, cfg: ModelConfig) -> QuantPlan | None:
 
 
 def _checkpoint_plan(model_dir: Path, cfg: ModelConfig, qtype: QT) -> QuantPlan:
-    from worker.weight_loader import checkpoint_files
+    from worker.model.weight_loader import checkpoint_files
 
     where: dict[str, Path] = {}
     for path in checkpoint_files(model_dir):

@@ -1,0 +1,1 @@
+"""Prometheus metrics: MILI's own series and the router contract's aliases."""

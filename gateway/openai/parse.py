@@ -1,0 +1,177 @@
+"""OpenAI request bodies into the typed requests the gateway serves.
+
+A body is validated against its model (gateway/schema.py: types, ranges, shapes, unknown fields);
+then the checks no schema can hold run here (the server's limits, the rules between fields), before
+anything reaches a worker. A field we do not know or do not support is a 400 that names it (a silently
+ignored `tools` or `response_format` would give a client answers it did not ask for).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.openai import schema
+from gateway.server.errors import ApiError, invalid
+from gateway.openai.schema import ChatBody, CompletionBody
+from gateway.text.grammars import ResponseFormat, parse_response_format
+from gateway.text.tool_specs import ToolSpec, parse_tools
+from gateway.openai.validation import validate as _validate
+from shared.sampling_params import SamplingParams, SamplingParamsError
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_n: int = 16
+    max_stop: int = 16  # stop strings per request
+    max_stop_length: int = 512  # characters per stop string
+
+
+@dataclass(frozen=True)
+class CommonFields:
+    model: str
+    params: SamplingParams
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+
+
+@dataclass(frozen=True)
+class CompletionRequest(CommonFields):
+    prompts: tuple[str | tuple[int, ...], ...]  # text, or token ids
+    echo: bool
+    prompt_logprobs: int | None  # vLLM's extension, as asked (params.prompt_logprobs also covers echo)
+
+
+@dataclass(frozen=True)
+class ChatRequest(CommonFields):
+    # role, content (text parts joined), and name when given; tool_calls (arguments parsed into objects,
+    # as templates expect them) on assistant turns, tool_call_id on tool results
+    messages: tuple[dict[str, Any], ...]
+    template_kwargs: dict[str, Any]
+    top_logprobs: int | None  # None: logprobs not asked for
+    prompt_logprobs: int | None  # vLLM's extension
+    tools: ToolSpec | None = None  # None: no tools declared
+    response_format: ResponseFormat | None = None  # None: text
+
+
+def parse_completion(raw: Any, limits: Limits) -> CompletionRequest:
+    body = _validate(CompletionBody, raw)
+    max_tokens = 16 if body.max_tokens is None else body.max_tokens  # OpenAI's default for completions
+    common = _common(body, limits, max_tokens, body.logprobs)
+    echo = bool(body.echo)
+    if max_tokens == 0 and not echo:
+        # As vLLM: generating nothing only makes sense to score the prompt, which echo returns.
+        raise invalid("max_tokens must be at least 1; 0 is allowed only with echo, to score the prompt",
+                      "max_tokens")
+    prompt_logprobs = _prompt_logprobs(body.prompt_logprobs, common["stream"])
+    # echo + logprobs scores the prompt too, with the same number of alternatives.
+    wanted = [k for k in (prompt_logprobs, body.logprobs if echo else None) if k is not None]
+    if wanted:
+        common["params"] = dataclasses.replace(common["params"], prompt_logprobs=max(wanted))
+    return CompletionRequest(**common, prompts=_prompts(body.prompt), echo=echo, prompt_logprobs=prompt_logprobs)
+
+
+def parse_chat(raw: Any, limits: Limits) -> ChatRequest:
+    body = _validate(ChatBody, raw)
+    top = body.top_logprobs
+    if top is not None and not body.logprobs:
+        raise invalid("top_logprobs requires logprobs to be true", "top_logprobs")
+    logprobs = (top or 0) if body.logprobs else None
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    common = _common(body, limits, max_tokens, logprobs, "max_completion_tokens" in raw)
+    prompt_logprobs = _prompt_logprobs(body.prompt_logprobs, common["stream"])
+    if prompt_logprobs is not None:
+        common["params"] = dataclasses.replace(common["params"], prompt_logprobs=prompt_logprobs)
+    # The shapes are valid here; these check what a schema cannot (names declared twice, schema sizes).
+    response_format = parse_response_format(raw.get("response_format"))
+    tools = parse_tools(raw.get("tools"), raw.get("tool_choice"), raw.get("parallel_tool_calls"))
+    return ChatRequest(**common, messages=tuple(map(_message, body.messages)),
+                       template_kwargs=body.chat_template_kwargs or {}, top_logprobs=logprobs,
+                       prompt_logprobs=prompt_logprobs, tools=tools, response_format=response_format)
+
+
+def _common(body: schema.CommonBody, limits: Limits, max_tokens: int | None, logprobs: int | None,
+            max_tokens_named_completion: bool = False) -> dict[str, Any]:
+    n = 1 if body.n is None else body.n
+    if n > limits.max_n:
+        raise invalid(f"n must be between 1 and {limits.max_n}", "n")
+    stop = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
+    if len(stop) > limits.max_stop:
+        raise invalid(f"at most {limits.max_stop} stop strings are allowed, got {len(stop)}", "stop")
+    if any(len(s) > limits.max_stop_length for s in stop):
+        raise invalid(f"stop strings may be at most {limits.max_stop_length} characters long", "stop")
+    stream = bool(body.stream)
+    if body.stream_options is not None and not stream:
+        raise invalid("stream_options is only allowed when stream is true", "stream_options")
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    try:
+        params = SamplingParams(
+            n=n, max_tokens=max_tokens, temperature=_or(body.temperature, 1.0), top_p=_or(body.top_p, 1.0),
+            top_k=_or(body.top_k, 0), min_p=_or(body.min_p, 0.0), presence_penalty=_or(body.presence_penalty, 0.0),
+            frequency_penalty=_or(body.frequency_penalty, 0.0),
+            repetition_penalty=_or(body.repetition_penalty, 1.0),
+            logit_bias={int(k): v for k, v in (body.logit_bias or {}).items()},
+            min_tokens=_or(body.min_tokens, 0), ignore_eos=bool(body.ignore_eos),
+            stop_token_ids=tuple(body.stop_token_ids or ()), seed=body.seed, logprobs=logprobs)
+    except SamplingParamsError as e:
+        param = "max_completion_tokens" if e.param == "max_tokens" and max_tokens_named_completion else e.param
+        raise invalid(str(e), param) from None
+    return dict(model=body.model, params=params, stop=tuple(stop), stream=stream, include_usage=include_usage)
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def _prompt_logprobs(k: int | None, stream: bool) -> int | None:
+    if k is not None and stream:  # as vLLM: they would come before any token, and no chunk has a place for them
+        raise invalid("prompt_logprobs is not available when stream is true", "prompt_logprobs")
+    return k
+
+
+def _prompts(prompt: str | list) -> tuple[str | tuple[int, ...], ...]:
+    """The validated prompt field as a tuple of prompts: texts, or token-id tuples."""
+    if isinstance(prompt, str):
+        return (prompt,)
+    if isinstance(prompt[0], str):
+        return tuple(prompt)
+    if isinstance(prompt[0], int):
+        return (tuple(prompt),)
+    return tuple(tuple(p) for p in prompt)
+
+
+def _message(message: schema.Message) -> dict[str, Any]:
+    """A message as chat templates read it: role (developer as system), content (text parts joined; a missing
+    content is "", as vLLM renders it), and name when given; tool_calls (arguments parsed into values,
+    transformers' convention) on assistant turns, tool_call_id on tool results. An SDK hands a tool-call turn
+    back with `content: null`, and templates read content as a string (Qwen3's does `'</think>' in
+    message.content`), so null never reaches a template."""
+    entry: dict[str, Any] = {"role": "system" if message.role == "developer" else message.role}
+    calls = getattr(message, "tool_calls", None)
+    if calls:
+        entry["tool_calls"] = [{"id": c.id or "", "type": "function",
+                                "function": {"name": c.function.name, "arguments": json.loads(c.function.arguments)}}
+                               for c in calls]
+    entry["content"] = _content(message.content)
+    if message.role == "tool":
+        entry["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        entry["name"] = message.name
+    return entry
+
+
+def _content(content: str | list | None) -> str:
+    if content is None:  # an assistant turn with calls only, or with neither text nor calls
+        return ""
+    if isinstance(content, str):
+        return content
+    return "\n".join(part.text for part in content)  # as vLLM joins text parts
+
+
+def require_model(model: str, served_name: str) -> None:
+    if model != served_name:
+        raise ApiError(404, f"the model {model!r} does not exist; this server serves {served_name!r}",
+                       "model", "model_not_found")

@@ -1,0 +1,336 @@
+"""POST /v1/completions and POST /v1/chat/completions, streaming and not.
+
+Every check that can fail (body, parameters, model, context length, capacity) runs before a request
+is submitted, so errors are plain HTTP responses, never a broken stream. Once streaming, a worker that
+dies or refuses the request ends the stream with an error event.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gateway.server.auth import ApiKey, caller
+from gateway.server.deadlines import check_not_passed, request_deadline
+from gateway.server.errors import ApiError, invalid
+from gateway.streams.choice_stream import ChoiceEvent, GenerationStream, TextOptions, Usage, merge
+from gateway.server.client_io import collect_unless_disconnected, read_json
+from gateway.server.key_limits import Lease
+from gateway.text.prompt_logprobs import PromptLogprob, echo_logprobs, join_logprobs, vllm_prompt_logprobs
+from gateway.openai.parse import ChatRequest, CommonFields, parse_chat, parse_completion, require_model
+from gateway.text.grammars import build_grammar, response_format_rules
+from gateway.text.tool_call_parser import assemble
+from gateway.text.tool_specs import tool_grammar_rules
+from gateway.openai.response_bodies import ChatFormat, CompletionFormat
+from gateway.streams.resume_buffer import NamedEvent, Payload
+from gateway.streams.resume_routes import start_response as resumable_response
+from gateway.workers.pool import NoWorkerAvailable
+from shared.sampling_params import SamplingParams, SamplingParamsError
+
+log = logging.getLogger("mili.gateway")
+
+
+@dataclass
+class Admitted:
+    """A validated request, submitted to a worker."""
+
+    streams: list[GenerationStream]
+    n: int
+    lease: Lease  # its place in its API key's count of requests in flight
+
+    @property
+    def usage(self) -> Usage:
+        total = Usage()
+        for s in self.streams:
+            total.prompt_tokens += s.usage.prompt_tokens
+            total.completion_tokens += s.usage.completion_tokens
+            total.cached_tokens += s.usage.cached_tokens
+        return total
+
+    def events(self) -> AsyncIterator[ChoiceEvent]:
+        return merge(self.streams, self.n)
+
+    def abort(self) -> None:
+        """Drop the request in its worker unless it already finished, and end its count against its API
+        key (idempotent; called however the response ends)."""
+        for s in self.streams:
+            s.pool.abort(s.handle)
+        self.lease.release()
+
+
+async def completions(request: Request) -> Response:
+    state = request.app.state.mili
+    deadline = request_deadline(request, state.settings.request_timeout)
+    req = parse_completion(await read_json(request, state.settings.max_body_bytes), state.settings.limits)
+    _check_served(state, req)
+    prompts = [state.text.encode_prompt(p) for p in req.prompts]
+    admitted = _admit(state, req, prompts, TextOptions(stop=req.stop), caller(request), deadline)
+    fmt = CompletionFormat(req.model, state.token_names)
+    echo = [state.text.decode(p) if req.echo else "" for p in prompts]
+    if req.stream:
+        return sse_response(request, _completion_chunks(fmt, req, admitted, prompts, echo), admitted)
+    events = await collect(request, admitted)
+    n = req.params.n
+    texts, logprobs, reasons = _gather(events, len(prompts) * n)
+    scores = _prompt_scores(events, n)
+    choices = []
+    for i, text in enumerate(texts):
+        p = i // n
+        lp = None
+        if req.params.logprobs is not None:
+            lp = fmt.logprobs(logprobs[i], len(echo[p]))
+            if req.echo:
+                lp = join_logprobs(echo_logprobs(fmt.names, prompts[p], scores[p], req.params.logprobs), lp)
+        choice = fmt.choice(i, echo[p] + text, lp, reasons[i])
+        if req.prompt_logprobs is not None:  # vLLM's extension, per choice
+            choice["prompt_logprobs"] = vllm_prompt_logprobs(fmt.names, scores[p], req.prompt_logprobs)
+        choices.append(choice)
+    return JSONResponse(fmt.body(choices, admitted.usage))
+
+
+async def chat_completions(request: Request) -> Response:
+    state = request.app.state.mili
+    deadline = request_deadline(request, state.settings.request_timeout)
+    req = parse_chat(await read_json(request, state.settings.max_body_bytes), state.settings.limits)
+    admitted, options = await admit_chat(request, req, deadline)
+    fmt = ChatFormat(req.model, state.token_names)
+    if req.stream:
+        return sse_response(request, _chat_chunks(fmt, req, admitted), admitted)
+    events = await collect(request, admitted)
+    texts, logprobs, reasons = _gather(events, req.params.n)
+    reasoning = [""] * req.params.n
+    call_pieces: list[list] = [[] for _ in range(req.params.n)]
+    for e in events:
+        reasoning[e.index] += e.reasoning
+        call_pieces[e.index] += e.tool_calls
+    choices = []
+    for i in range(req.params.n):
+        tool_calls = assemble(call_pieces[i])
+        reason = req.tools.finish_reason(bool(tool_calls), reasons[i]) if req.tools else reasons[i]
+        choices.append(fmt.message_choice(i, texts[i], reasoning[i] if options.split_reasoning else None,
+                                          fmt.logprobs(logprobs[i]) if req.top_logprobs is not None else None,
+                                          reason, tool_calls))
+    body = fmt.body(choices, admitted.usage)
+    if req.prompt_logprobs is not None:  # vLLM's extension, once for the response
+        body["prompt_logprobs"] = vllm_prompt_logprobs(fmt.names, _prompt_scores(events, req.params.n)[0],
+                                                       req.prompt_logprobs)
+    return JSONResponse(body)
+
+
+async def admit_chat(request: Request, req: ChatRequest, deadline: float | None) -> tuple[Admitted, TextOptions]:
+    """A parsed chat request rendered, constrained and submitted (also what /v1/responses runs)."""
+    state = request.app.state.mili
+    _check_served(state, req)
+    rendered, prompt = state.text.render_chat(list(req.messages), req.template_kwargs, req.tools)
+    params = await _constrained(state, req, rendered)
+    calls = req.tools is not None and req.tools.calls_possible
+    options = TextOptions(stop=req.stop, split_reasoning=state.text.split_reasoning,
+                          starts_in_reasoning=state.text.starts_in_reasoning(rendered), parse_tool_calls=calls)
+    return _admit(state, req, [prompt], options, caller(request), deadline, params), options
+
+
+async def _constrained(state, req: ChatRequest, rendered: str) -> SamplingParams:
+    """The request's sampling parameters with the grammar its tools or response_format call for
+    (compiled and checked here, so a bad schema is a 400 before anything runs)."""
+    if req.tools is not None and req.tools.calls_possible:
+        rules = tool_grammar_rules(req.tools, req.response_format, state.text.tool_tags_are_tokens())
+        param = "tools"
+    elif req.response_format is not None:
+        rules, param = response_format_rules(req.response_format), "response_format"
+    else:
+        return req.params
+    grammar = build_grammar(rules, state.text.reasoning_mode(rendered))
+    await state.text.grammars.check(grammar, param)
+    return dataclasses.replace(req.params, grammar=grammar)
+
+
+# ----- admission -----
+def _check_served(state, req: CommonFields) -> None:
+    require_model(req.model, state.settings.served_model_name)
+    if state.draining:
+        raise ApiError(503, "the server is shutting down", code="draining")
+
+
+def _admit(state, req: CommonFields, prompts: list[list[int]], options: TextOptions, key: ApiKey,
+           deadline: float | None = None, params: SamplingParams | None = None) -> Admitted:
+    params = params or req.params
+    info = state.pool.info
+    if info is None:
+        raise ApiError(503, "no worker is ready: " + ("; ".join(state.pool.down_reasons()) or "starting"),
+                       code="worker_unavailable", headers={"Retry-After": "5"})
+    _check_tokens(params, prompts, info.vocab_size, info.max_model_len)
+    if state.pool.num_in_flight() + len(prompts) > state.capacity:
+        raise ApiError(503, "the server's request queue is full; retry later", code="queue_full",
+                       headers={"Retry-After": "1"})
+    try:
+        check_not_passed(deadline)  # reading and tokenizing the request count against it too
+    except ApiError:
+        state.metrics.finished("deadline", sum(map(len, prompts)))
+        raise
+    arrival = time.monotonic()
+    lease = state.key_limits.acquire(key, arrival)  # 429 when the key is at its max_concurrent
+    streams: list[GenerationStream] = []
+    try:
+        for prompt in prompts:
+            streams.append(GenerationStream(state.pool, state.metrics, state.text.tokenizer, prompt, params,
+                                            options, arrival, deadline, key.name, key.weight))
+    except NoWorkerAvailable as e:
+        for s in streams:
+            state.pool.abort(s.handle)
+        lease.release()
+        raise ApiError(503, f"no worker is ready: {e}", code="worker_unavailable") from None
+    return Admitted(streams, params.n, lease)
+
+
+def _check_tokens(params: SamplingParams, prompts: list[list[int]], vocab: int, context: int) -> None:
+    try:
+        params.check_token_ids(vocab)
+    except SamplingParamsError as e:
+        raise invalid(str(e), e.param) from None
+    for prompt in prompts:
+        if not prompt:
+            raise invalid("the prompt is empty after tokenization", "prompt")
+        bad = next((t for t in prompt if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise invalid(f"prompt token id {bad} is outside the vocabulary (size {vocab})", "prompt")
+        if len(prompt) > context or (len(prompt) == context and params.max_tokens != 0):
+            raise invalid(f"the prompt has {len(prompt)} tokens, but this model's context length is {context} "
+                          "tokens, which leaves no room for output", "prompt")
+        if params.max_tokens is not None and len(prompt) + params.max_tokens > context:
+            raise invalid(f"this model's context length is {context} tokens, but the prompt ({len(prompt)} tokens) "
+                          f"plus max_tokens ({params.max_tokens}) asks for {len(prompt) + params.max_tokens}",
+                          "max_tokens")
+
+
+# ----- non-streaming -----
+async def collect(request: Request, admitted: Admitted) -> list[ChoiceEvent]:
+    try:
+        return await collect_unless_disconnected(request, admitted.events())
+    finally:
+        admitted.abort()
+
+
+def _gather(events: list[ChoiceEvent], num_choices: int):
+    texts = [""] * num_choices
+    logprobs: list[list] = [[] for _ in range(num_choices)]
+    reasons: list[str | None] = [None] * num_choices
+    for e in events:
+        texts[e.index] += e.text
+        logprobs[e.index].extend(e.logprobs)
+        reasons[e.index] = e.finish_reason or reasons[e.index]
+    return texts, logprobs, reasons
+
+
+def _prompt_scores(events: list[ChoiceEvent], choices_per_prompt: int) -> dict[int, list[PromptLogprob]]:
+    """Prompt index -> its prompt logprobs (entry i: prompt token i + 1), for requests that asked."""
+    return {e.index // choices_per_prompt: e.prompt_logprobs for e in events if e.prompt_logprobs is not None}
+
+
+# ----- streaming -----
+def sse_response(request: Request, chunks: AsyncIterator[Payload], admitted: Admitted,
+                 named: bool = False) -> EventSourceResponse:
+    """A stream's response; its payloads are data strings, or with `named` NamedEvents (each sent with an SSE
+    event name)."""
+    state = request.app.state.mili
+    if state.streams is not None:  # --stream-resume-ttl: the generation outlives this connection
+        return resumable_response(state.streams, _ending_lease(chunks, admitted), admitted.abort, request,
+                                  state.settings.sse_ping_s)
+    # The stream's own cleanup aborts the request when the client leaves mid-stream; the background task
+    # also covers a client gone before the stream's first iteration (a generator never started has no
+    # cleanup to run). It runs once the response ends, however it ends.
+    return EventSourceResponse(_as_events(chunks) if named else chunks, ping=state.settings.sse_ping_s, sep="\n",
+                               background=BackgroundTask(admitted.abort))
+
+
+async def _as_events(chunks: AsyncIterator[NamedEvent]) -> AsyncIterator[ServerSentEvent]:
+    try:
+        async for chunk in chunks:
+            yield ServerSentEvent(data=chunk.data, event=chunk.event, sep="\n")
+    finally:
+        await chunks.aclose()  # the request's own cleanup now, not when the generator is collected
+
+
+async def _ending_lease(chunks: AsyncIterator[Payload], admitted: Admitted) -> AsyncIterator[Payload]:
+    """A resumable stream's payloads: however they end (a resumable stream that ends on its own is not
+    aborted), the request's count against its API key ends with them."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    finally:
+        try:
+            await chunks.aclose()  # the request's own cleanup now, not when the generator is collected
+        finally:
+            admitted.lease.release()
+
+
+async def _with_error_event(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
+    try:
+        async for chunk in chunks:
+            yield json.dumps(chunk, ensure_ascii=False)
+    except ApiError as e:
+        log.warning("stream ended with an error: %s", e.message)
+        yield json.dumps(e.body())
+    yield "[DONE]"
+
+
+def _completion_chunks(fmt: CompletionFormat, req, admitted: Admitted, prompts: list[list[int]],
+                       echo: list[str]) -> AsyncIterator[str]:
+    async def chunks() -> AsyncIterator[dict]:
+        n = req.params.n
+        offsets = [len(echo[i // n]) for i in range(len(echo) * n)]
+        # With logprobs, a prompt's echo waits for its scores, which come before any of its tokens.
+        scored_echo = req.echo and req.params.logprobs is not None
+        if req.echo and not scored_echo:
+            for i in range(len(offsets)):
+                yield fmt.body([fmt.choice(i, echo[i // n], None, None)], None, req.include_usage)
+        async for e in admitted.events():
+            if scored_echo and e.prompt_logprobs is not None:
+                p = e.index // n
+                lp = echo_logprobs(fmt.names, prompts[p], e.prompt_logprobs, req.params.logprobs)
+                for i in range(p * n, (p + 1) * n):
+                    yield fmt.body([fmt.choice(i, echo[p], lp, None)], None, req.include_usage)
+            lp = None
+            if req.params.logprobs is not None and e.logprobs:
+                lp = fmt.logprobs(e.logprobs, offsets[e.index])
+                # Offsets advance by the tokens' own texts, as in the non-streamed response: the text a
+                # chunk carries can differ while the detokenizer holds back part of a character.
+                offsets[e.index] = lp["text_offset"][-1] + len(lp["tokens"][-1])
+            if e.text or lp or e.finish_reason:
+                yield fmt.body([fmt.choice(e.index, e.text, lp, e.finish_reason)], None, req.include_usage)
+        if req.include_usage:
+            yield fmt.body([], admitted.usage)
+
+    return _with_error_event(chunks())
+
+
+def _chat_chunks(fmt: ChatFormat, req, admitted: Admitted) -> AsyncIterator[str]:
+    async def chunks() -> AsyncIterator[dict]:
+        tools = req.tools if req.tools is not None and req.tools.calls_possible else None
+        # The role first, before any token: clients see the stream is live. With tools the content may
+        # never come (only calls), so it starts as null, as OpenAI's does.
+        for i in range(req.params.n):
+            yield fmt.body([{"index": i, "delta": {"role": "assistant", "content": None if tools else ""},
+                             "logprobs": None, "finish_reason": None}], None, chunk=True,
+                           include_usage_field=req.include_usage)
+        with_logprobs = req.top_logprobs is not None
+        made_calls = [False] * req.params.n
+        async for e in admitted.events():
+            if tools is not None:
+                made_calls[e.index] = made_calls[e.index] or bool(e.tool_calls)
+                e.finish_reason = tools.finish_reason(made_calls[e.index], e.finish_reason)
+            if e.text or e.reasoning or e.tool_calls or e.finish_reason or (with_logprobs and e.logprobs):
+                yield fmt.body([fmt.delta_choice(e, with_logprobs)], None, chunk=True,
+                               include_usage_field=req.include_usage)
+        if req.include_usage:
+            yield fmt.body([], admitted.usage, chunk=True)
+
+    return _with_error_event(chunks())

@@ -1,0 +1,275 @@
+"""The request bodies of POST /v1/completions and POST /v1/chat/completions as typed models.
+
+One definition serves both validation (gateway/openai/parse.py turns a validated body into the internal
+request) and the OpenAPI document (gateway/openapi.py generates it from these models), so the two
+cannot drift. Models are strict (a number is not a string, a boolean is not an integer) and forbid
+unknown fields. Field constraints say what the server accepts; what depends on the served model or the
+server's flags (vocabulary size, context length, --max-n, stop-string limits) is marked with
+`x-mili-limit` in the schema (filled in per server by gateway/openapi.py) and checked after validation,
+as are the few rules between fields (gateway/openai/parse.py).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+
+from gateway.text.tool_specs import MAX_TOOLS
+from shared.sampling_params import MAX_LOGPROBS, MIN_REPETITION_PENALTY
+
+_INT64 = dict(ge=-(2**63), le=2**63 - 1)
+# Counts that cross the worker link: bounded, so every accepted value also fits msgpack's integers.
+_COUNT_MAX = 2**31 - 1
+_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+
+
+def _limit(name: str) -> dict[str, Any]:
+    """Marks a schema node for a bound the served model or the server's flags set (see gateway/openapi.py)."""
+    return {"x-mili-limit": name}
+
+
+def _integral(value: Any) -> Any:
+    # JSON has one number type: 4.0 is the integer 4 (as JSON Schema's "integer" says); 4.5 stays a float and fails.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _int(**constraints: Any) -> Any:
+    """An integer field type with its bounds (Field first: after a validator, pydantic would write them into
+    the JSON schema as "ge"/"le" instead of minimum/maximum)."""
+    return Annotated[int, Field(**constraints), BeforeValidator(_integral)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+# A token id: below the vocabulary size (checked against the served model after validation).
+TokenId = _int(ge=0, le=_COUNT_MAX, json_schema_extra=_limit("token_id"))
+TokenIds = Annotated[list[TokenId], Field(min_length=1, json_schema_extra=_limit("context"))]
+# JSON object keys are strings: logit_bias maps a token id written in decimal to a bias.
+TOKEN_ID_KEY_PATTERN = r"^(0|[1-9][0-9]{0,9})$"
+TokenIdKey = Annotated[str, Field(pattern=TOKEN_ID_KEY_PATTERN, json_schema_extra=_limit("token_id_key"))]
+StopString = Annotated[str, Field(min_length=1, json_schema_extra=_limit("stop_length"))]
+Stop = Union[StopString, Annotated[list[StopString], Field(json_schema_extra=_limit("stop_count"))]]
+Logprobs = _int(ge=0, le=MAX_LOGPROBS)
+
+
+class StreamOptions(_Model):
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = Field(None, description="accepted; MILI's chunks are not padded")
+
+
+class CommonBody(_Model):
+    """Fields both endpoints share: OpenAI's sampling fields, vLLM's extensions, and accepted no-ops."""
+
+    model: str = Field(description="the served model name (GET /v1/models); any other is a 404",
+                       json_schema_extra=_limit("model"))
+    n: _int(ge=1, json_schema_extra=_limit("n")) | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    stop: Stop | None = None
+    seed: _int(**_INT64) | None = None
+    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    logit_bias: dict[TokenIdKey, Annotated[float, Field(ge=-100, le=100)]] | None = None
+    stream: bool | None = Field(None, description="true: the response is text/event-stream, ended by data: [DONE]")
+    stream_options: StreamOptions | None = Field(None, description="only with stream: true")
+    # Extensions, as vLLM names them.
+    top_k: _int(ge=-1, le=_COUNT_MAX) | None = Field(None, description="0 or -1: off")
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    repetition_penalty: Annotated[float, Field(ge=MIN_REPETITION_PENALTY, le=10)] | None = None
+    ignore_eos: bool | None = None
+    min_tokens: _int(ge=0, le=_COUNT_MAX) | None = Field(
+        None, description="at most max_tokens")
+    stop_token_ids: list[TokenId] | None = None
+    prompt_logprobs: Logprobs | None = Field(
+        None, description="per prompt token (the first null): {token id: {logprob, rank, decoded_token}}; "
+                          "not with stream")
+    # Accepted, no effect.
+    user: str | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    # OpenAI fields MILI does not implement: only the values that mean "not used" are accepted.
+    best_of: Literal[1] | None = None
+    functions: Annotated[list[Any], Field(max_length=0)] | None = None
+    function_call: Literal["none"] | None = None
+    audio: None = None
+    prediction: None = None
+    modalities: list[Literal["text"]] | None = None
+    web_search_options: None = None
+    reasoning_effort: None = None
+
+
+def _when(field: str, value: dict, then: dict) -> dict[str, Any]:
+    """A JSON-schema rule between fields: when `field` is present and matches `value`, the body matches `then`."""
+    return {"if": {"required": [field], "properties": {field: value}}, "then": then}
+
+
+def _needs(field: str, value: dict) -> dict[str, Any]:
+    return {"required": [field], "properties": {field: value}}
+
+
+_NOT_STREAMED = {"properties": {"stream": {"enum": [False, None]}}}
+# Rules between fields that both endpoints check after validation (gateway/openai/parse.py), stated in the schema.
+_COMMON_RULES = [
+    _when("stream_options", {"type": "object"}, _needs("stream", {"const": True})),
+    _when("prompt_logprobs", {"type": "integer"}, _NOT_STREAMED),
+]
+
+UNSUPPORTED = ("best_of", "suffix", "functions", "function_call", "audio", "prediction", "modalities",
+               "web_search_options", "reasoning_effort")
+
+
+Prompt = Union[
+    Annotated[str, Field(min_length=1)],
+    Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)],
+    TokenIds,
+    Annotated[list[TokenIds], Field(min_length=1)],
+]
+
+
+class CompletionBody(CommonBody):
+    model_config = ConfigDict(json_schema_extra={"allOf": [
+        *_COMMON_RULES, _when("max_tokens", {"const": 0}, _needs("echo", {"const": True}))]})
+
+    prompt: Prompt = Field(description="text, texts, token ids, or arrays of token ids (one choice set each); "
+                                       "a text must tokenize to at least one token")
+    max_tokens: _int(ge=0, json_schema_extra=_limit("context")) | None = Field(
+        None, description="default 16; 0 only with echo, to score the prompt; prompt + max_tokens must fit the "
+                          "model's context")
+    echo: bool | None = None
+    logprobs: Logprobs | None = None
+    suffix: Literal[""] | None = None
+
+
+# ----- chat -----
+
+class TextPart(_Model):
+    type: Literal["text"]
+    text: str
+
+
+Content = Union[str, list[TextPart]]
+
+
+class FunctionCall(_Model):
+    name: str
+    arguments: str = Field(description="a JSON value, as text")
+
+    @field_validator("arguments")
+    @classmethod
+    def _json(cls, value: str) -> str:
+        try:
+            json.loads(value)
+        except ValueError:
+            raise ValueError("is not valid JSON") from None
+        return value
+
+
+class ToolCall(_Model):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class SystemMessage(_Model):
+    role: Literal["system", "developer"]
+    content: Content
+    name: str | None = None
+
+
+class UserMessage(_Model):
+    role: Literal["user"]
+    content: Content
+    name: str | None = None
+
+
+class AssistantMessage(_Model):
+    role: Literal["assistant"]
+    content: Content | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    # What clients send back with an assistant message taken from a response; none of it reaches the template.
+    refusal: str | None = None
+    reasoning_content: str | None = None
+    function_call: dict[str, Any] | None = None
+    audio: dict[str, Any] | None = None
+    annotations: list[Any] | None = None
+
+
+class ToolMessage(_Model):
+    role: Literal["tool"]
+    content: Content
+    tool_call_id: str = Field(description="the call this result answers")
+    name: str | None = None
+
+
+Message = Annotated[Union[SystemMessage, UserMessage, AssistantMessage, ToolMessage], Field(discriminator="role")]
+
+
+class FunctionDefinition(_Model):
+    name: str = Field(pattern=_NAME_PATTERN)
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(None, description="JSON schema of the arguments")
+    strict: bool | None = None
+
+
+class Tool(_Model):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Model):
+    name: str
+
+
+class NamedToolChoice(_Model):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class TextFormat(_Model):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(_Model):
+    type: Literal["json_object"]
+
+
+class JsonSchemaSpec(_Model):
+    name: str = Field(pattern=_NAME_PATTERN)
+    description: str | None = None
+    schema_: dict[str, Any] = Field(None, alias="schema", description="a JSON schema; absent: any JSON value")
+    strict: bool | None = None
+
+
+class JsonSchemaFormat(_Model):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = Annotated[Union[TextFormat, JsonObjectFormat, JsonSchemaFormat], Field(discriminator="type")]
+
+
+class ChatBody(CommonBody):
+    model_config = ConfigDict(json_schema_extra={"allOf": [
+        *_COMMON_RULES, _when("top_logprobs", {"type": "integer"}, _needs("logprobs", {"const": True})),
+        _when("tool_choice", {"anyOf": [{"const": "required"}, {"type": "object"}]},
+              _needs("tools", {"type": "array", "minItems": 1}))]})
+
+    messages: Annotated[list[Message], Field(min_length=1)]
+    max_completion_tokens: _int(ge=1, json_schema_extra=_limit("context")) | None = Field(
+        None, description="the rendered prompt + this must fit the model's context")
+    max_tokens: _int(ge=1, json_schema_extra=_limit("context")) | None = Field(
+        None, description="the older name of max_completion_tokens")
+    logprobs: bool | None = None
+    top_logprobs: Logprobs | None = Field(None, description="only with logprobs: true")
+    response_format: ResponseFormat | None = None
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice] | None = Field(
+        None, description="required needs tools; a named function must be one of tools")
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = Field(None, description="passed to the chat template")

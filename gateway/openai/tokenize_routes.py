@@ -1,0 +1,59 @@
+"""POST /tokenize and POST /detokenize, as vLLM serves them: a prompt or a conversation counted with the served
+model's own tokenizer and chat template (exactly the tokens a completion or chat request would run on, so a
+client can budget a context before sending), and token ids turned back into text.
+
+/tokenize takes `prompt` (tokenized as /v1/completions does) or `messages` (rendered as /v1/chat/completions
+renders them, tools and chat_template_kwargs included) and answers {count, max_model_len, tokens, token_strs}.
+/detokenize takes `tokens` and answers {prompt}. `model` is optional; another name than the served one is a 404.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gateway.server.errors import invalid
+from gateway.server.client_io import read_json
+from gateway.openai.parse import parse_chat, require_model
+from gateway.openai.tokenize_schema import DetokenizeBody, TokenizeChatBody, TokenizePromptBody
+from gateway.openai.validation import validate
+
+
+async def tokenize(request: Request) -> Response:
+    state = request.app.state.mili
+    raw = await read_json(request, state.settings.max_body_bytes)
+    served = state.settings.served_model_name
+    if isinstance(raw, dict) and "messages" in raw:
+        body = validate(TokenizeChatBody, raw)
+        _check_model(body.model, served)
+        # The same parsing as a chat request's (tool_calls' arguments, developer as system, content parts).
+        fields = body.model_dump(include={"messages", "tools", "chat_template_kwargs"}, exclude_none=True)
+        chat = parse_chat({"model": served, **fields}, state.settings.limits)
+        add_generation_prompt = body.add_generation_prompt is not False
+        _, tokens = state.text.render_chat(list(chat.messages), chat.template_kwargs, chat.tools,
+                                           add_generation_prompt=add_generation_prompt)
+    else:
+        body = validate(TokenizePromptBody, raw)
+        _check_model(body.model, served)
+        tokens = state.text.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens is not False).ids
+    info = state.pool.info
+    token_strs = [state.text.tokenizer.id_to_token(t) for t in tokens] if body.return_token_strs else None
+    return JSONResponse({"count": len(tokens), "max_model_len": info.max_model_len if info else None,
+                         "tokens": tokens, "token_strs": token_strs})
+
+
+async def detokenize(request: Request) -> Response:
+    state = request.app.state.mili
+    body = validate(DetokenizeBody, await read_json(request, state.settings.max_body_bytes))
+    _check_model(body.model, state.settings.served_model_name)
+    info = state.pool.info
+    vocab = info.vocab_size if info else state.text.tokenizer.get_vocab_size()
+    bad = next((t for t in body.tokens if t >= vocab), None)
+    if bad is not None:
+        raise invalid(f"token id {bad} is outside the vocabulary (size {vocab})", "tokens")
+    return JSONResponse({"prompt": state.text.decode(body.tokens)})
+
+
+def _check_model(model: str | None, served: str) -> None:
+    if model is not None:
+        require_model(model, served)

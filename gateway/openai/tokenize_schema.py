@@ -1,0 +1,40 @@
+"""The request bodies of POST /tokenize and POST /detokenize (vLLM's token-counting routes), as typed models:
+they validate and they make the OpenAPI document, as the OpenAI endpoints' models do (gateway/openai/schema.py).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from gateway.openai.schema import Message, TokenId, Tool, _limit, _Model
+from gateway.text.tool_specs import MAX_TOOLS
+
+# The served name's enum goes on the string itself, so null (no model named) stays valid.
+ServedName = Annotated[str, Field(json_schema_extra=_limit("model"))]
+_MODEL = Field(None, description="the served model name; optional (any other is a 404)")
+_STRS = Field(None, description="also each token's string in the vocabulary")
+
+
+class TokenizePromptBody(_Model):
+    model: ServedName | None = _MODEL
+    prompt: str = Field(description="text, tokenized as /v1/completions tokenizes a prompt")
+    add_special_tokens: bool | None = Field(None, description="default true (the tokenizer's BOS, if it adds one)")
+    return_token_strs: bool | None = _STRS
+
+
+class TokenizeChatBody(_Model):
+    model: ServedName | None = _MODEL
+    messages: Annotated[list[Message], Field(min_length=1)] = Field(
+        description="a conversation, rendered by the chat template as /v1/chat/completions renders it")
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    chat_template_kwargs: dict[str, Any] | None = Field(None, description="passed to the chat template")
+    add_generation_prompt: bool | None = Field(None, description="default true: end with the assistant's turn "
+                                                                 "opened, as a chat request does")
+    return_token_strs: bool | None = _STRS
+
+
+class DetokenizeBody(_Model):
+    model: ServedName | None = _MODEL
+    tokens: list[TokenId] = Field(description="token ids, decoded with special tokens kept")

@@ -1,0 +1,1 @@
+"""OpenAI's Responses API, served as the chat request it translates into."""

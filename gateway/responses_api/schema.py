@@ -1,0 +1,190 @@
+"""The request body of POST /v1/responses (OpenAI's Responses API) as typed models.
+
+MILI serves the API statelessly, as the Chat Completions API it translates into (gateway/responses_api/to_chat.py):
+the conversation comes whole in `input` (an agent loop sends `response.output` back in, followed by its tool
+results), nothing is stored, and what needs stored state (`previous_response_id`, `conversation`, `background`)
+or OpenAI's hosted tools is refused with a 400 naming the field. Models are strict and forbid unknown fields,
+as the other endpoints' (gateway/openai/schema.py).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator
+
+from gateway.openai.schema import (_COUNT_MAX, _INT64, _NAME_PATTERN, MIN_REPETITION_PENALTY, FunctionCall,
+                                    JsonObjectFormat, Logprobs, TextFormat, _int, _limit, _Model, _needs, _when)
+from gateway.text.tool_specs import MAX_TOOLS
+
+
+# ----- input items -----
+class InputText(_Model):
+    type: Literal["input_text"]
+    text: str
+
+
+class OutputText(_Model):
+    """A part of an assistant message sent back from an earlier response (annotations and logprobs dropped)."""
+
+    type: Literal["output_text"]
+    text: str
+    annotations: list[Any] | None = None
+    logprobs: list[Any] | None = None
+
+
+class Refusal(_Model):
+    type: Literal["refusal"]
+    refusal: str
+
+
+InputPart = Annotated[Union[InputText, OutputText, Refusal], Field(discriminator="type")]
+
+
+class MessageItem(_Model):
+    """A turn: `{"role", "content"}` (an "easy input message") or the same with `type: "message"`, as an
+    earlier response's output item carries it (with its id and status)."""
+
+    type: Literal["message"] | None = None
+    role: Literal["user", "system", "developer", "assistant"]
+    content: Union[str, list[InputPart]]
+    id: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+class FunctionCallItem(_Model):
+    """A call the model made, sent back before its result."""
+
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str = Field(description="a JSON value, as text")
+    id: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+    @field_validator("arguments")
+    @classmethod
+    def _json(cls, value: str) -> str:
+        return FunctionCall(name="", arguments=value).arguments  # the same check as a chat tool call's
+
+
+class FunctionCallOutputItem(_Model):
+    type: Literal["function_call_output"]
+    call_id: str = Field(description="the call this result answers")
+    output: Union[str, list[InputText]]
+    id: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+class ReasoningText(_Model):
+    type: Literal["reasoning_text", "summary_text"]
+    text: str
+
+
+class ReasoningItem(_Model):
+    """An earlier response's reasoning, sent back: accepted and left out of the prompt (chat templates drop the
+    reasoning of earlier turns too)."""
+
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[ReasoningText] = Field(default_factory=list)
+    content: list[ReasoningText] | None = None
+    encrypted_content: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+
+def item_kind(item: Any) -> Any:
+    """An input item's type: a message may leave it out (`{"role", "content"}`)."""
+    if isinstance(item, dict):
+        return item.get("type") or "message"  # absent, or null
+    return getattr(item, "type", None) or "message"
+
+
+InputItem = Annotated[Union[
+    Annotated[MessageItem, Tag("message")], Annotated[FunctionCallItem, Tag("function_call")],
+    Annotated[FunctionCallOutputItem, Tag("function_call_output")], Annotated[ReasoningItem, Tag("reasoning")],
+], Discriminator(item_kind)]
+
+
+# ----- tools and formats -----
+class FunctionTool(_Model):
+    type: Literal["function"]
+    name: str = Field(pattern=_NAME_PATTERN)
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(None, description="JSON schema of the arguments")
+    strict: bool | None = None
+
+
+class FunctionChoice(_Model):
+    type: Literal["function"]
+    name: str
+
+
+class JsonSchemaTextFormat(_Model):
+    type: Literal["json_schema"]
+    name: str = Field(pattern=_NAME_PATTERN)
+    schema_: dict[str, Any] = Field(alias="schema", description="a JSON schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class TextConfig(_Model):
+    format: Annotated[Union[TextFormat, JsonObjectFormat, JsonSchemaTextFormat],
+                      Field(discriminator="type")] | None = None
+    verbosity: Literal["medium"] | None = Field(None, description="only the default is served")
+
+
+class ResponsesBody(_Model):
+    model_config = ConfigDict(json_schema_extra={"allOf": [
+        _when("tool_choice", {"anyOf": [{"const": "required"}, {"type": "object"}]},
+              _needs("tools", {"type": "array", "minItems": 1}))]})
+
+    model: str = Field(description="the served model name (GET /v1/models); any other is a 404",
+                       json_schema_extra=_limit("model"))
+    # The array first: a bad item's own error is the one reported.
+    input: Union[Annotated[list[InputItem], Field(min_length=1)], Annotated[str, Field(min_length=1)]] = Field(
+        description="the whole conversation: text (one user turn), or messages, function calls and their outputs")
+    instructions: str | None = Field(None, description="a system message before the input")
+    max_output_tokens: _int(ge=1, json_schema_extra=_limit("context")) | None = Field(
+        None, description="reasoning included; the rendered prompt + this must fit the model's context")
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    stream: bool | None = Field(None, description="true: the response is text/event-stream of typed events")
+    tools: Annotated[list[FunctionTool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Union[Literal["none", "auto", "required"], FunctionChoice] | None = Field(
+        None, description="required needs tools; a named function must be one of tools")
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    # Extensions, as vLLM names them.
+    seed: _int(**_INT64) | None = None
+    top_k: _int(ge=-1, le=_COUNT_MAX) | None = Field(None, description="0 or -1: off")
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    repetition_penalty: Annotated[float, Field(ge=MIN_REPETITION_PENALTY, le=10)] | None = None
+    ignore_eos: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = Field(None, description="passed to the chat template")
+    # Accepted, no effect (metadata is echoed in the response).
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    store: bool | None = Field(None, description="accepted; MILI stores no responses (the response says false)")
+    truncation: Literal["disabled"] | None = Field(None, description="a prompt that does not fit is a 400")
+    # What needs stored state or hosted tools: only the values that mean "not used" are accepted.
+    previous_response_id: None = None
+    conversation: None = None
+    background: Literal[False] | None = None
+    reasoning: None = None
+    prompt: None = None
+    max_tool_calls: None = None
+    stream_options: None = None
+    include: list[Literal["message.output_text.logprobs", "reasoning.encrypted_content"]] | None = Field(
+        None, description="message.output_text.logprobs: the message's token logprobs; "
+                          "reasoning.encrypted_content: accepted (reasoning comes as plain text, and none is stored)")
+    top_logprobs: Logprobs | None = Field(None, description="alternatives per token, with "
+                                                            "include: [message.output_text.logprobs]")
+
+
+UNSUPPORTED = ("previous_response_id", "conversation", "background", "reasoning", "prompt", "max_tool_calls",
+               "stream_options")
+LOGPROBS = "message.output_text.logprobs"

@@ -1,0 +1,126 @@
+"""A Responses API request as the Chat Completions request it means, so both endpoints share one set of checks
+(limits, tools, formats, context length) and one path to the worker.
+
+The translation: `instructions` is a system message ahead of the input; the input's messages keep their roles
+(developer as system); function calls sent back join the assistant turn before them as its tool_calls, and
+their outputs become tool messages; reasoning items are dropped (templates drop earlier turns' reasoning).
+Flat function tools and `tool_choice` take chat's nested shapes; `text.format` becomes `response_format`;
+`max_output_tokens` is max_completion_tokens. A 400 from the chat checks names the Responses field.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.server.errors import ApiError, invalid
+from gateway.openai.parse import ChatRequest, Limits, parse_chat
+from gateway.responses_api.schema import (LOGPROBS, UNSUPPORTED, FunctionCallItem, FunctionCallOutputItem, MessageItem,
+                                    ReasoningItem, ResponsesBody)
+from gateway.openai.validation import validate
+
+# A chat field's name in a 400 -> the Responses field it came from (by prefix).
+_PARAMS = (("messages", "input"), ("max_completion_tokens", "max_output_tokens"), ("max_tokens", "max_output_tokens"),
+           ("response_format.json_schema.schema", "text.format.schema"), ("response_format", "text.format"),
+           ("tool_choice.function.name", "tool_choice.name"), ("logprobs", "include"))
+
+
+@dataclass(frozen=True)
+class ResponsesRequest:
+    body: ResponsesBody  # as sent (the response echoes its settings)
+    chat: ChatRequest  # what runs
+
+
+def parse_responses(raw: Any, limits: Limits) -> ResponsesRequest:
+    body = validate(ResponsesBody, raw, UNSUPPORTED)
+    with responses_names():
+        chat = parse_chat(chat_body(body), limits)
+    return ResponsesRequest(body, chat)
+
+
+@contextlib.contextmanager
+def responses_names() -> Iterator[None]:
+    """A 400 from the chat checks, naming the Responses field (in `param` and in the message)."""
+    try:
+        yield
+    except ApiError as e:
+        renamed = _responses_param(e.param)
+        if renamed != e.param and e.param is not None:
+            e.message = e.message.replace(e.param.split(".")[0].split("[")[0], renamed.split(".")[0].split("[")[0])
+            e.param = renamed
+        raise
+
+
+def chat_body(body: ResponsesBody) -> dict[str, Any]:
+    chat: dict[str, Any] = {"model": body.model, "messages": _messages(body), "stream": bool(body.stream)}
+    for name in ("temperature", "top_p", "parallel_tool_calls", "seed", "top_k", "min_p", "repetition_penalty",
+                 "ignore_eos", "chat_template_kwargs"):
+        value = getattr(body, name)
+        if value is not None:
+            chat[name] = value
+    if LOGPROBS in (body.include or ()):
+        chat["logprobs"] = True
+        chat["top_logprobs"] = body.top_logprobs or 0
+    if body.max_output_tokens is not None:
+        chat["max_completion_tokens"] = body.max_output_tokens
+    if body.tools is not None:
+        chat["tools"] = [{"type": "function", "function": tool.model_dump(exclude={"type"}, exclude_none=True)}
+                         for tool in body.tools]
+    if body.tool_choice is not None:
+        choice = body.tool_choice
+        chat["tool_choice"] = choice if isinstance(choice, str) else {"type": "function",
+                                                                      "function": {"name": choice.name}}
+    text_format = body.text.format if body.text is not None else None
+    if text_format is not None:
+        if text_format.type == "json_schema":
+            spec = text_format.model_dump(exclude={"type"}, exclude_none=True, by_alias=True)
+            chat["response_format"] = {"type": "json_schema", "json_schema": spec}
+        else:
+            chat["response_format"] = {"type": text_format.type}
+    return chat
+
+
+def _messages(body: ResponsesBody) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    if body.instructions is not None:
+        messages.append({"role": "system", "content": body.instructions})
+    items = [MessageItem(role="user", content=body.input)] if isinstance(body.input, str) else body.input
+    for item in items:
+        if isinstance(item, MessageItem):
+            messages.append({"role": item.role, "content": _text(item.content)})
+        elif isinstance(item, FunctionCallItem):
+            call = {"id": item.call_id, "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments}}
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":  # the same turn: its text, then its calls
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif isinstance(item, FunctionCallOutputItem):
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output)})
+        else:
+            assert isinstance(item, ReasoningItem)
+    if not messages:
+        raise invalid("input has only reasoning items: there is no turn to answer", "input")
+    return messages
+
+
+def _text(content: str | list) -> str:
+    if isinstance(content, str):
+        return content
+    return "\n".join(part.refusal if part.type == "refusal" else part.text for part in content)
+
+
+def _responses_param(param: str | None) -> str | None:
+    if param is None:
+        return None
+    for chat_name, name in _PARAMS:
+        if chat_name == "messages" and (param == chat_name or param.startswith(chat_name + "[")):
+            return name  # the indices differ: instructions come first, calls join the turn before them
+        if param == chat_name or param.startswith(chat_name + ".") or param.startswith(chat_name + "["):
+            return name + param[len(chat_name):]
+    if param.startswith("tools[") and ".function." in param:
+        return param.replace(".function.", ".", 1)
+    return param

@@ -1,0 +1,1 @@
+"""One request's outputs as a stream of text events, and resumable streams."""

@@ -1,0 +1,68 @@
+"""Everything the gateway knows about the served model's text side: tokenizer, chat template, and
+whether its output carries <think> reasoning."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from gateway.text.chat_template import ChatTemplate, ChatTemplateError, NoChatTemplate
+from gateway.server.errors import invalid
+from gateway.text.reasoning import has_reasoning_tokens
+from gateway.text.grammars import GrammarChecker
+from gateway.text.tool_specs import CALL_CLOSE, CALL_OPEN, ToolSpec, generic_messages
+
+
+class ModelText:
+    def __init__(self, model_dir: str | Path):
+        model_dir = Path(model_dir)
+        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self.template = ChatTemplate.from_model_dir(model_dir)
+        self.split_reasoning = has_reasoning_tokens(self.tokenizer)
+        self.grammars = GrammarChecker(self.tokenizer)
+
+    def encode_prompt(self, prompt: str | tuple[int, ...]) -> list[int]:
+        if isinstance(prompt, tuple):
+            return list(prompt)
+        return self.tokenizer.encode(prompt, add_special_tokens=True).ids
+
+    def render_chat(self, messages: list[dict[str, Any]], template_kwargs: dict, tools: ToolSpec | None = None,
+                    add_generation_prompt: bool = True) -> tuple[str, list[int]]:
+        """The rendered prompt and its token ids. The template writes the special tokens itself, so the
+        tokenizer adds none. Tools go to the template's `tools` variable where it has one; otherwise the
+        conversation is rewritten into the generic tool format (tools.generic_messages)."""
+        has_tool_turns = any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
+        template_tools = None
+        if self.template.supports_tools:
+            if tools is not None and tools.calls_possible:
+                template_tools = [t.as_openai() for t in tools.tools]
+        elif has_tool_turns or (tools is not None and tools.calls_possible):
+            messages = generic_messages(messages, tools)
+        try:
+            text = self.template.render(messages, add_generation_prompt=add_generation_prompt,
+                                        template_kwargs=template_kwargs, tools=template_tools)
+        except NoChatTemplate as e:
+            raise invalid(str(e), "messages") from None
+        except ChatTemplateError as e:
+            raise invalid(f"the chat template failed: {e}", "messages") from None
+        return text, self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def starts_in_reasoning(self, rendered_prompt: str) -> bool:
+        """Newer Qwen3 templates open <think> in the prompt itself; the output then begins inside it."""
+        return self.split_reasoning and rendered_prompt.rstrip().endswith("<think>")
+
+    def tool_tags_are_tokens(self) -> bool:
+        """Whether <tool_call> and </tool_call> are single tokens of this tokenizer (Qwen2.5/Qwen3)."""
+        return all(self.tokenizer.token_to_id(tag) is not None for tag in (CALL_OPEN, CALL_CLOSE))
+
+    def reasoning_mode(self, rendered_prompt: str) -> str:
+        """Where the output's reasoning stands, for the grammar: "none", "open" or "optional"
+        (structured_output.build_grammar)."""
+        if not self.split_reasoning or rendered_prompt.rstrip().endswith("</think>"):
+            return "none"  # no think tokens, or thinking disabled (the prompt closed an empty block)
+        return "open" if self.starts_in_reasoning(rendered_prompt) else "optional"
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False)

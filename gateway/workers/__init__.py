@@ -1,0 +1,1 @@
+"""The gateway's side of the worker link: worker processes, the ZeroMQ link to them, per-request output queues."""

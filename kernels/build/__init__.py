@@ -1,0 +1,1 @@
+"""Building the Mojo kernels into extension modules (CPU and GPU), cached by source hash and target CPU."""

@@ -1,0 +1,78 @@
+"""Builds llama.cpp's `llama-server` for the CPU from the llama.cpp source vendored in the PyPI sdist of
+`llama-cpp-python`, the one place the package registries carry it, and caches the binary.
+
+    python -m loadtest.peers.llama_server        # builds once (about 5 minutes on 2 cores), prints the path
+
+The build is native (GGML_NATIVE: this machine's AVX-512 / AMX paths), Release, static, server only.
+It lives under build/peers/llama.cpp-<version>/ and is rebuilt only when the pinned version changes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+ROOT = Path(__file__).resolve().parents[2]
+BUILD_ROOT = ROOT / "build" / "peers"
+
+
+def build_dir() -> Path:
+    return BUILD_ROOT / f"llama.cpp-{LLAMA_CPP_PYTHON_VERSION}"
+
+
+def binary_path() -> Path:
+    return build_dir() / "build" / "bin" / "llama-server"
+
+
+def _download_source(dest: Path) -> Path:
+    """The sdist's vendor/llama.cpp, extracted under dest; returns its path."""
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                        "--dest", tmp, f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"], check=True)
+        (sdist,) = Path(tmp).glob("llama_cpp_python-*.tar.gz")
+        prefix = f"{sdist.name.removesuffix('.tar.gz')}/vendor/llama.cpp/"
+        with tarfile.open(sdist) as tar:
+            members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
+            for m in members:
+                m.name = m.name[len(prefix):]
+            # The submodule's `.git` pointer file names a directory the extraction does not have.
+            tar.extractall(dest, members=[m for m in members if m.name and m.name != ".git"], filter="data")
+    return dest
+
+
+def ensure_llama_server() -> Path:
+    """The llama-server binary, built if it is not there yet."""
+    binary = binary_path()
+    if binary.is_file():
+        return binary
+    src = build_dir() / "src"
+    if not (src / "CMakeLists.txt").is_file():
+        shutil.rmtree(src, ignore_errors=True)
+        src.mkdir(parents=True)
+        _download_source(src)
+    out = build_dir() / "build"
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    subprocess.run(["cmake", "-S", str(src), "-B", str(out), *generator, "-DCMAKE_BUILD_TYPE=Release",
+                    "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON",
+                    "-DLLAMA_OPENSSL=OFF"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["cmake", "--build", str(out), "--target", "llama-server", "-j", str(os.cpu_count() or 1)],
+                   check=True, stdout=subprocess.DEVNULL)
+    return binary
+
+
+def version() -> str:
+    """What the built binary says of itself (llama.cpp's build number and commit)."""
+    run = subprocess.run([str(binary_path()), "--version"], capture_output=True, text=True, timeout=30)
+    lines = [line for line in (run.stdout + run.stderr).splitlines() if line.startswith("version")]
+    return f"llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sdist" + (f", {lines[0]}" if lines else "")
+
+
+if __name__ == "__main__":
+    print(ensure_llama_server())

@@ -1,0 +1,134 @@
+"""The Mojo attention backend on CUDA: MILI's GPU module (kernels/gpu_attention.mojo) for the KV writes and for
+the attention of every row, decode and prefill alike, on torch's current stream.
+
+COMPILED, NOT YET VERIFIED ON A GPU. Until tests/gpu/test_mojo_attention_cuda.py has passed on one, loading runs a
+self-check: a small ragged batch (decode rows and a prefill chunk over a cached prefix, contexts across page
+boundaries) through the module and through the torch reference on the same device; any error, or a difference
+beyond bf16 rounding, makes loading fail, so `auto` falls back loudly to the torch reference. The self-check is
+the one place that waits for the device (once, at startup).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.reference import attention as reference
+from kernels.build.gpu_modules import PAGE_SIZE, GpuShape
+from kernels.gpu_attention import (GpuAttention, GpuModuleUnavailable, GpuStepPlan, open_attention,
+                                  unsupported_reason)
+
+SELF_CHECK_TOLERANCE = 1e-2  # relative to the reference output's largest magnitude; bf16 rounding is ~4e-3
+
+
+_self_checked: dict[tuple[GpuShape, torch.device], str | None] = {}  # verdicts: None = agrees
+
+
+class MojoCudaAttentionBackend:
+    """Same three methods as the CPU backends (worker/attention/backends.py); the plan is GpuStepPlan."""
+
+    name = "mojo"
+    # The plan reads every length from the device; the host lengths only bound the launch (the block tables'
+    # width, the kernel's max_cache_len), so a plan built from bounds is valid for any lengths within them.
+    capturable_decode = True
+
+    def __init__(self, shape: GpuShape, dtype: torch.dtype, block_size: int, device: torch.device,
+                 self_check: bool = True):
+        reason = unsupported_reason(shape, dtype, block_size)
+        if reason is not None:
+            raise GpuModuleUnavailable(f"the GPU attention module cannot serve {shape}: {reason}")
+        self.ops = open_attention(shape, device)
+        if self_check:
+            key = (shape, self.ops.device)
+            if key not in _self_checked:  # once per process, shape and device
+                _self_checked[key] = check_against_reference(self.ops)
+            if _self_checked[key] is not None:
+                raise GpuModuleUnavailable(f"the GPU attention module failed its self-check: {_self_checked[key]}")
+
+    def plan(self, meta) -> GpuStepPlan:
+        return GpuStepPlan.build(meta.block_tables, meta.context_lens, meta.query_start_loc, meta.slot_mapping,
+                                 meta.context_lens_host, meta.query_lens_host, meta.block_size)
+
+    def write_kv(self, k_cache, v_cache, key, value, meta, plan: GpuStepPlan) -> None:
+        self.ops.write_kv(k_cache, v_cache, key.to(k_cache.dtype), value.to(v_cache.dtype), plan)
+
+    def attend(self, query, k_cache, v_cache, meta, plan: GpuStepPlan, scale: float) -> torch.Tensor:
+        return self.ops.paged_attention(query.to(k_cache.dtype), k_cache, v_cache, plan, scale)
+
+
+# (context length, query length) per sequence: decode rows at and across page boundaries, a prefill chunk over a
+# cached prefix, and a whole prompt.
+SELF_CHECK_BATCH = ((15, 1), (16, 1), (17, 1), (40, 7), (33, 33))
+
+
+def check_against_reference(ops: GpuAttention, seqs=SELF_CHECK_BATCH, seed: int = 0) -> str | None:
+    """Runs one small ragged step through the module and the torch reference; None when they agree."""
+    try:
+        out, expected, cache_equal = run_step_pair(ops, seqs, seed)
+    except Exception as e:  # a launch failure, an illegal address, a compile failure of the embedded PTX
+        return f"{type(e).__name__}: {e}"
+    if not cache_equal:
+        return "the KV write differs from the reference write"
+    if not torch.isfinite(out).all():
+        return "non-finite attention output"
+    error = ((out.float() - expected.float()).abs().max() / expected.float().abs().max().clamp_min(1e-6)).item()
+    if error > SELF_CHECK_TOLERANCE:
+        return f"attention differs from the reference by {error:.3g} (relative), over {SELF_CHECK_TOLERANCE}"
+    return None
+
+
+def scattered_pages(seqs, gen: torch.Generator, spare_blocks: int) -> tuple[torch.Tensor, list[int], int]:
+    """Block tables [len(seqs), max pages] int32 with every sequence's pages scattered over a cache of just
+    enough blocks (plus `spare_blocks`), the flat slots of each sequence's last q_len tokens (the step's new
+    ones), and the cache's block count. seqs: (context length, query length) pairs."""
+    pages = [-(-c // PAGE_SIZE) for c, _ in seqs]
+    num_blocks = sum(pages) + spare_blocks
+    order = torch.randperm(num_blocks, generator=gen)
+    tables = torch.zeros(len(seqs), max(pages), dtype=torch.int32)
+    slots, used = [], 0
+    for i, ((ctx, q_len), n) in enumerate(zip(seqs, pages)):
+        tables[i, :n] = order[used:used + n].to(torch.int32)
+        used += n
+        slots += [int(tables[i, p // PAGE_SIZE]) * PAGE_SIZE + p % PAGE_SIZE for p in range(ctx - q_len, ctx)]
+    return tables, slots, num_blocks
+
+
+def run_step_pair(ops: GpuAttention, seqs, seed: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(module output, reference output, whether the module's KV write equals the reference's) for one random
+    step of `seqs` on ops' device. Outputs start as NaN so that rows a kernel leaves unwritten show."""
+    s, device = ops.shape, ops.device
+    gen = torch.Generator().manual_seed(seed)
+    tables, slots, num_blocks = scattered_pages(seqs, gen, spare_blocks=2)
+    num_tokens = sum(q for _, q in seqs)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(torch.bfloat16).to(device)
+
+    k_cache, v_cache = rand(num_blocks, PAGE_SIZE, s.num_kv_heads, s.head_dim), rand(num_blocks, PAGE_SIZE,
+                                                                                     s.num_kv_heads, s.head_dim)
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    key, value = rand(num_tokens, s.num_kv_heads, s.head_dim), rand(num_tokens, s.num_kv_heads, s.head_dim)
+    query = rand(num_tokens, s.num_heads, s.head_dim)
+    ctx_lens, q_lens = tuple(c for c, _ in seqs), tuple(q for _, q in seqs)
+    starts = [0]
+    for q in q_lens:
+        starts.append(starts[-1] + q)
+    slot_mapping = torch.tensor(slots, dtype=torch.int64).to(device)
+    plan = GpuStepPlan.build(tables.to(device), torch.tensor(ctx_lens, dtype=torch.int32).to(device),
+                             torch.tensor(starts, dtype=torch.int32).to(device), slot_mapping, ctx_lens, q_lens,
+                             PAGE_SIZE)
+    scale = s.head_dim ** -0.5
+    ops.write_kv(k_cache, v_cache, key, value, plan)
+    out = ops.paged_attention(query, k_cache, v_cache, plan, scale,
+                              out=torch.full_like(query, float("nan")))
+    reference.write_kv(ref_k, ref_v, key, value, slot_mapping)
+    ref_plan = reference.plan_attention(tables.to(device), list(ctx_lens), list(q_lens), PAGE_SIZE)
+    expected = reference.paged_attention(query.float(), ref_k.float(), ref_v.float(), _on(ref_plan, device), scale)
+    torch.cuda.synchronize(device)
+    cache_equal = bool(torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v))
+    return out, expected, cache_equal
+
+
+def _on(plan: reference.AttentionPlan, device: torch.device) -> reference.AttentionPlan:
+    from worker.attention.backends import _plan_on
+
+    return _plan_on(plan, device)

@@ -1,0 +1,1 @@
+"""A checkpoint directory read: the model's shape (config.json) and its weight files."""

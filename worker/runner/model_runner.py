@@ -1,0 +1,203 @@
+"""Turns a scheduled batch into model inputs, runs the model, and returns logits for the sampling rows
+(and the prompt logprobs of sequences scoring their prompt).
+
+A sequence samples this step when its chunk reaches its last known token and it may still generate; an
+earlier prefill chunk only fills the cache, and computing its logits would be wasted work, unless the
+request asked for prompt logprobs (worker/runner/prompt_logprobs.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from worker.attention.backends import AttentionMetadata
+from worker.runner.decode_graphs import CaptureFailed, DecodeGraphs, GraphStep
+from worker.runner.decode_program import DecodeProgram, unsupported_reason
+from worker.model.decoder import DecoderForCausalLM
+from worker.runner.prompt_logprobs import PromptSpan, PromptTokenLogprob, prompt_rows_to_score, score_prompt_rows
+from worker.core.scheduler import ScheduledBatch
+from worker.runner.step_transfer import to_device
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    input_ids: torch.Tensor  # [num_tokens] int64
+    positions: torch.Tensor  # [num_tokens] int64
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor  # [num_sampling] int64: rows of the hidden states that sample
+    sampling_rows: list[int]  # batch index of each sampling row
+    prompt_rows: torch.Tensor  # [num_prompt_rows] int64: rows of the hidden states that score a prompt token
+    prompt_targets: torch.Tensor  # [num_prompt_rows] int64: the prompt token each of them scores
+    prompt_spans: list[PromptSpan]  # which sequence each run of prompt rows belongs to
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor  # [num_sampling, vocab] float32
+    prompt_logprobs: dict[int, list[PromptTokenLogprob]]  # batch index -> this step's new prompt entries
+
+
+class ModelRunner:
+    def __init__(self, model: DecoderForCausalLM, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                 block_size: int, device: torch.device | str = "cpu", decode_program: bool = False,
+                 max_num_seqs: int = 1, max_model_len: int = 1):
+        """decode_program: run decode-only steps as one kernel program where the model allows it
+        (worker/runner/decode_program.py), with buffers for max_num_seqs rows of up to max_model_len tokens."""
+        self.model = model
+        self.kv_caches = kv_caches
+        self.block_size = block_size
+        self.device = torch.device(device)
+        self._program_reason = unsupported_reason(model) if decode_program else "turned off"
+        self._program_size = (max_num_seqs, -(-max_model_len // block_size))
+        self.decode_program: DecodeProgram | None = None  # built at the first decode-only step
+        self.decode_graphs: DecodeGraphs | None = None  # use_decode_graphs() turns them on
+        self._graphs_reason = "not turned on"
+
+    @property
+    def decode_program_status(self) -> str:
+        return "on" if self._program_reason is None else f"off ({self._program_reason})"
+
+    @property
+    def decode_graphs_status(self) -> str:
+        return f"on ({self.decode_graphs.describe()})" if self.decode_graphs is not None \
+            else f"off ({self._graphs_reason})"
+
+    def use_decode_graphs(self, scratch_block: int, max_rows: int, max_model_len: int, capture: bool = True) -> None:
+        """Decode steps through worker/runner/decode_graphs.py from now on, where the attention backend allows it (else
+        off, saying why). scratch_block: a cache block no sequence holds (padded rows write there)."""
+        if not self.model.backend.capturable_decode:
+            self.decode_graphs_off(f"the {self.model.backend.name} attention backend cannot plan from bounds")
+            return
+        if scratch_block >= self.kv_caches[0][0].shape[0]:
+            raise ValueError(f"decode graphs need a spare KV block; the cache has no block {scratch_block}")
+        try:
+            self.decode_graphs = DecodeGraphs(self.model, self.kv_caches, self.block_size, scratch_block, max_rows,
+                                              -(-max_model_len // self.block_size), capture=capture)
+        except CaptureFailed as e:
+            self._graphs_failed(e)
+
+    def decode_graphs_off(self, reason: str) -> None:
+        """Every step eager from now on; decode_graphs_status says `reason`."""
+        self.decode_graphs, self._graphs_reason = None, reason
+
+    def _graphs_failed(self, error: CaptureFailed) -> None:
+        log.error("DECODE GRAPHS OFF, every step runs eagerly: %s", error)
+        self.decode_graphs_off(str(error))
+
+    def prepare(self, batch: ScheduledBatch) -> StepInputs | GraphStep:
+        if self.decode_graphs is not None:
+            try:
+                step = self.decode_graphs.prepare(batch)
+            except CaptureFailed as e:
+                self._graphs_failed(e)
+                step = None
+            if step is not None:
+                return step
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        context_lens: list[int] = []
+        logits_indices: list[int] = []
+        sampling_rows: list[int] = []
+        prompt_rows: list[int] = []
+        prompt_targets: list[int] = []
+        prompt_spans: list[PromptSpan] = []
+        for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
+            start = seq.num_computed_tokens
+            end = start + n
+            scored = prompt_rows_to_score(seq, start, end)
+            if scored:
+                prompt_spans.append(PromptSpan(i, len(prompt_rows), len(scored), seq.params.prompt_logprobs))
+                prompt_rows.extend(len(input_ids) + q - start for q in scored)
+                prompt_targets.extend(seq.token_ids[q + 1] for q in scored)
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            table = seq.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            context_lens.append(end)
+            if end == seq.num_tokens and seq.num_output_tokens < seq.max_tokens:
+                logits_indices.append(len(input_ids) - 1)
+                sampling_rows.append(i)
+        max_blocks = max(len(seq.block_table) for seq in batch.seqs)
+        tables = [seq.block_table + [0] * (max_blocks - len(seq.block_table)) for seq in batch.seqs]
+        query_lens = tuple(batch.num_new_tokens)
+        query_start = [0]
+        for n in query_lens:
+            query_start.append(query_start[-1] + n)
+        # Built on the host (from Python lists), then moved together: one copy on an accelerator, none on the CPU.
+        (slot_mapping, block_tables, context_lens_t, query_start_loc, input_ids_t, positions_t, logits_indices_t,
+         prompt_rows_t, prompt_targets_t) = to_device([
+            torch.tensor(slots, dtype=torch.int64),
+            torch.tensor(tables, dtype=torch.int32),
+            torch.tensor(context_lens, dtype=torch.int32),
+            torch.tensor(query_start, dtype=torch.int32),
+            torch.tensor(input_ids, dtype=torch.int64),
+            torch.tensor(positions, dtype=torch.int64),
+            torch.tensor(logits_indices, dtype=torch.int64),
+            torch.tensor(prompt_rows, dtype=torch.int64),
+            torch.tensor(prompt_targets, dtype=torch.int64),
+        ], self.device)
+        meta = AttentionMetadata(
+            slot_mapping=slot_mapping,  # [num_tokens] int64
+            block_tables=block_tables,  # [batch, max_blocks] int32
+            context_lens=context_lens_t,  # [batch] int32
+            query_start_loc=query_start_loc,  # [batch + 1] int32
+            context_lens_host=tuple(context_lens),
+            query_lens_host=query_lens,
+            block_size=bs,
+        )
+        return StepInputs(
+            input_ids=input_ids_t,
+            positions=positions_t,
+            meta=meta,
+            logits_indices=logits_indices_t,
+            sampling_rows=sampling_rows,
+            prompt_rows=prompt_rows_t,
+            prompt_targets=prompt_targets_t,
+            prompt_spans=prompt_spans,
+        )
+
+    @torch.inference_mode()
+    def execute(self, inputs: StepInputs | GraphStep) -> ModelOutput:
+        """Logits of the sampling rows (empty when no sequence samples) and new prompt logprobs."""
+        if isinstance(inputs, GraphStep):
+            return ModelOutput(self.decode_graphs.run(inputs), {})
+        hidden = self._program_hidden(inputs)
+        if hidden is None:
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)  # [tokens, hidden]
+        vocab = self.model.config.vocab_size
+        if inputs.sampling_rows:
+            logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        else:
+            logits = hidden.new_empty((0, vocab), dtype=torch.float32)
+        return ModelOutput(logits, self._prompt_logprobs(hidden, inputs) if inputs.prompt_spans else {})
+
+    def _program_hidden(self, inputs: StepInputs) -> torch.Tensor | None:
+        """The final hidden states through the decode program, or None where the step is not one for it."""
+        meta = inputs.meta
+        if self._program_reason is not None or not all(n == 1 for n in meta.query_lens_host):
+            return None
+        if self.decode_program is None:
+            self.decode_program = DecodeProgram(self.model, self.kv_caches, *self._program_size, self.block_size)
+        if not self.decode_program.accepts(meta):
+            return None
+        return self.decode_program.forward(inputs.input_ids, inputs.positions, meta)
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs) -> dict[int, list[PromptTokenLogprob]]:
+        max_k = max(span.k for span in inputs.prompt_spans)
+        scored = score_prompt_rows(self.model.compute_logits, hidden[inputs.prompt_rows], inputs.prompt_targets,
+                                   self.model.config.vocab_size, max_k)
+        out: dict[int, list[PromptTokenLogprob]] = {}
+        for span in inputs.prompt_spans:
+            entries = scored[span.first_row:span.first_row + span.count]
+            if span.k < max_k:
+                for e in entries:
+                    e.top = e.top[:span.k]
+            out[span.batch_index] = entries
+        return out
