@@ -48,7 +48,7 @@ class EngineConfig:
             raise ValueError(f"device must be one of {', '.join(DEVICES)} (or cuda:N), got {self.device!r}")
         if self.device.startswith("cuda"):
             # The quantized-weight kernels are CPU kernels; say so rather than fail later. (Attention has a GPU
-            # module: `mojo` on cuda loads it or fails with the reason, worker/attention/backends.py.)
+            # module: `mojo` on cuda loads it or fails with the reason, worker/attention/selection.py.)
             if self.quantization in ("q8_0", "q4_0"):
                 raise ValueError(f"quantization {self.quantization} needs the CPU kernels; on cuda a checkpoint "
                                  "serves in its dtype (auto or none)")

@@ -20,7 +20,7 @@ import torch
 from kernels.build.gpu_modules import GpuShape
 from shared.config import EngineConfig
 from shared.sampling_params import SamplingParams, SamplingParamsError
-from worker.attention.backends import get_attention_backend
+from worker.attention.selection import get_attention_backend
 from worker.core.block_manager import BlockManager
 from worker.core.deadlines import DeadlineQueue
 from worker.model.devices import resolve_device

@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from gateway.server.errors import ApiError, invalid
 from gateway.openai.schema import UNSUPPORTED
-from gateway.responses_api.schema import item_kind
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -17,7 +17,7 @@ M = TypeVar("M", bound=BaseModel)
 _MAPS = {"logit_bias", "metadata", "chat_template_kwargs", "parameters", "schema"}
 # Discriminated unions (field -> the tag of a node, which picks its model): pydantic's loc names the tag next.
 _TAGGED = {"messages": lambda node: node.get("role"), "response_format": lambda node: node.get("type"),
-           "format": lambda node: node.get("type"), "input": item_kind}
+           "format": lambda node: node.get("type")}
 # Clearer words than "Input should be ..." for the fields that take one of several shapes.
 _SHAPES = {
     "prompt": "must be a string, an array of strings, an array of token ids or an array of token-id arrays, "
@@ -30,23 +30,27 @@ _SHAPES = {
 }
 
 
-def validate(model: type[M], raw: Any, unsupported: tuple[str, ...] = UNSUPPORTED) -> M:
-    """`unsupported`: the body's fields that MILI accepts only with the value meaning "not used"."""
+def validate(model: type[M], raw: Any, unsupported: tuple[str, ...] = UNSUPPORTED,
+             tagged: dict[str, Callable[[dict], Any]] | None = None) -> M:
+    """`unsupported`: the body's fields that MILI accepts only with the value meaning "not used". `tagged`: the
+    model's own discriminated unions beyond chat's (field -> the function that reads a node's tag)."""
     if not isinstance(raw, dict):
         raise invalid("the request body must be a JSON object")
     try:
         return model.model_validate(raw)
     except ValidationError as e:
-        raise _error(e.errors(include_url=False, include_input=False)[0], raw, unsupported) from None
+        raise _error(e.errors(include_url=False, include_input=False)[0], raw, unsupported,
+                     _TAGGED | (tagged or {})) from None
 
 
-def _error(error: dict[str, Any], raw: dict[str, Any], unsupported: tuple[str, ...]) -> ApiError:
+def _error(error: dict[str, Any], raw: dict[str, Any], unsupported: tuple[str, ...],
+           tagged: dict[str, Callable[[dict], Any]]) -> ApiError:
     loc, kind = error["loc"], error["type"]
     if loc and loc[0] in unsupported:
         return invalid(f"{loc[0]} is not supported by this server", loc[0])
     if kind == "extra_forbidden" and len(loc) == 1:
         return invalid(f"unrecognized request argument: {loc[0]}", str(loc[0]))
-    param, through_union = _param(loc, raw, kind)
+    param, through_union = _param(loc, raw, kind, tagged)
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         tag = error["ctx"]["discriminator"]
         tag = tag.strip("'") if tag.startswith("'") else "type"  # a function picks input items by their type
@@ -61,7 +65,7 @@ def _error(error: dict[str, Any], raw: dict[str, Any], unsupported: tuple[str, .
     return invalid(message, param)
 
 
-def _param(loc: tuple, raw: Any, kind: str) -> tuple[str, bool]:
+def _param(loc: tuple, raw: Any, kind: str, tagged: dict[str, Callable[[dict], Any]]) -> tuple[str, bool]:
     """The dotted path of `loc` in the body, and whether it stopped at a union (the value matched none of the
     field's shapes). pydantic's loc also names the union member it tried (`str`, `list[int]`) and the tag of
     a discriminated union (`user` for a message with role user); walking the body tells those apart from
@@ -83,7 +87,7 @@ def _param(loc: tuple, raw: Any, kind: str) -> tuple[str, bool]:
             continue  # the union member that is an array of objects: the error is inside one of them
         else:
             return path, True  # a union member's name: the value at `path` matched none of its shapes
-        tag = _TAGGED.get(field)
+        tag = tagged.get(field)
         if tag and isinstance(node, dict) and items and items[0] == tag(node):
             items.pop(0)  # the discriminated union's tag: which model the body's role/type chose
     return path, False

@@ -17,7 +17,7 @@ from typing import Any
 
 from gateway.server.errors import ApiError, invalid
 from gateway.openai.parse import ChatRequest, Limits, parse_chat
-from gateway.responses_api.schema import (LOGPROBS, UNSUPPORTED, FunctionCallItem, FunctionCallOutputItem, MessageItem,
+from gateway.responses_api.schema import (item_kind, LOGPROBS, UNSUPPORTED, FunctionCallItem, FunctionCallOutputItem, MessageItem,
                                     ReasoningItem, ResponsesBody)
 from gateway.openai.validation import validate
 
@@ -34,7 +34,7 @@ class ResponsesRequest:
 
 
 def parse_responses(raw: Any, limits: Limits) -> ResponsesRequest:
-    body = validate(ResponsesBody, raw, UNSUPPORTED)
+    body = validate(ResponsesBody, raw, UNSUPPORTED, tagged={"input": item_kind})
     with responses_names():
         chat = parse_chat(chat_body(body), limits)
     return ResponsesRequest(body, chat)

@@ -1,6 +1,6 @@
 """Builds the Mojo kernels into Python extension modules, cached by a key of the sources and the target CPU.
 
-`python -m kernels.build.modules` (what `make kernels` runs) compiles each kernels/*.mojo module with the `mojo`
+`python -m kernels.build` (what `make kernels` runs) compiles each kernels/*.mojo module with the `mojo`
 compiler installed beside this Python into build/kernels/<build key>/ (MILI_KERNEL_BUILD_DIR moves that root).
 The key hashes the sources, the compiler flags and the target: this host's instruction-set flags, or the CPU
 named by MILI_KERNEL_TARGET_CPU (kernels/build/target.py), so kernels built for one kind of CPU are never
@@ -94,7 +94,7 @@ def build_dir(key: str | None = None) -> Path:
             return root / key
     raise KernelBuildError(f"no kernels built for this CPU (build key {key}) under {BUILD_ROOT}, and neither it nor "
                            f"{cache_root()} is writable to build them: make one writable (MILI_CACHE_DIR, "
-                           f"MILI_KERNEL_BUILD_DIR) or build the kernels for this CPU's kind (python -m kernels.build.modules, "
+                           f"MILI_KERNEL_BUILD_DIR) or build the kernels for this CPU's kind (python -m kernels.build, "
                            f"{build_target.TARGET_CPU_ENV})")
 
 
@@ -195,7 +195,8 @@ def _compile(source: Path, target: Path, flags: tuple[str, ...] = ()) -> None:
     os.replace(tmp, target)
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """Builds every module for the target CPU (`python -m kernels.build`, what `make kernels` runs)."""
     print(f"target: {build_target.target_cpu() or 'this host'} (build key {build_key()})", file=sys.stderr)
     for module in MODULES:
         try:

@@ -53,7 +53,7 @@ def copy_bandwidth_gbs(device: torch.device, nbytes: int = 1 << 30) -> float:
 
 def random_step(shape: GpuShape, seqs, device: torch.device, gen: torch.Generator):
     """Caches with every sequence's pages scattered, the query, and the step's metadata (MILI's form)."""
-    from worker.attention.backends import AttentionMetadata
+    from worker.attention.metadata import AttentionMetadata
     from worker.attention.cuda import scattered_pages
 
     tables, slots, num_blocks = scattered_pages(seqs, gen, spare_blocks=1)
@@ -80,7 +80,7 @@ def bytes_moved(shape: GpuShape, seqs) -> int:
 
 
 def run(shape: GpuShape, device: torch.device, seed: int) -> dict:
-    from worker.attention.backends import TorchAttentionBackend
+    from worker.attention.torch_backend import TorchAttentionBackend
     from worker.attention.cuda import MojoCudaAttentionBackend
 
     torch_backend = TorchAttentionBackend()

@@ -264,7 +264,7 @@ def test_dockerfile_shape():
     assert re.search(r"^ARG BASE_IMAGE=", text, re.M)
     assert re.search(r"^USER 10001", text, re.M), "runs as a non-root user"
     assert re.search(r"^HEALTHCHECK .*\n?.*/health", text, re.M)
-    assert "python -m kernels.build.modules" in text.replace("/opt/venv/bin/", ""), "kernels built at image build time"
+    assert "python -m kernels.build" in text.replace("/opt/venv/bin/", ""), "kernels built at image build time"
     # The kernels' target CPU: one build argument, given to the build and kept for the runtime (the build key
     # includes it, so a runtime without it would look for kernels built for its own CPU instead).
     assert re.search(r"^ARG KERNEL_TARGET_CPU=$", text, re.M), "KERNEL_TARGET_CPU declared, empty by default"

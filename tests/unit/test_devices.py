@@ -139,7 +139,7 @@ def test_the_forward_keeps_to_the_model_device(tmp_path, arch, test_seed):
     """The weights, KV cache and step inputs on "meta" (a device that is not the CPU): the forward pass and the
     sampling rows' logits run there, so no tensor the engine makes per step (attention plan, masks, rotary
     tables, indices) is left on the CPU; torch refuses to mix the two devices. Values are not computed."""
-    from worker.attention.backends import TorchAttentionBackend
+    from worker.attention.torch_backend import TorchAttentionBackend
     from worker.runner.kv_cache import allocate_kv_caches
     from worker.model.weight_loader import load_model
 

@@ -15,7 +15,7 @@ from kernels.build import gpu_modules as gpu_build
 from kernels import gpu_attention as gpu_mojo_ops
 from kernels.build.gpu_modules import CARRIED_SHAPES, GpuShape
 from kernels.gpu_attention import GpuModuleUnavailable, GpuStepPlan
-from worker.attention.backends import get_attention_backend
+from worker.attention.selection import get_attention_backend
 
 QWEN3_06B = GpuShape(16, 8, 128)
 

@@ -138,7 +138,7 @@ def test_read_only_build_root_falls_back_to_the_cache(monkeypatch, tmp_path, hos
 
 
 def test_load_checks_an_explicit_target_but_building_does_not(monkeypatch, tmp_path):
-    """`python -m kernels.build.modules` may build an image's kernels on a CPU older than their target; handing a
+    """`python -m kernels.build` may build an image's kernels on a CPU older than their target; handing a
     module out to be loaded checks the target against this CPU."""
     monkeypatch.setenv(target.TARGET_CPU_ENV, "x86-64-v4")
     monkeypatch.setattr(modules, "BUILD_ROOT", tmp_path)

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from shared.config import EngineConfig, parse_size
 from tests.helpers.engine_probe import assert_matches_reference, make_engine, run_greedy
 from tests.helpers.tiny_models import build_tiny_model
-from worker.attention.backends import TorchAttentionBackend
+from worker.attention.torch_backend import TorchAttentionBackend
 from worker.model.dtype import resolve_dtype
 from worker.runner.kv_cache import bytes_per_block
 from worker.checkpoint.model_config import ModelConfig, UnsupportedModelError

@@ -128,7 +128,7 @@ def test_bad_calls_raise_before_the_kernel(module, test_seed):
 
 
 def test_auto_falls_back_to_torch_loudly_when_the_kernels_cannot_load(monkeypatch, caplog):
-    from worker.attention.backends import get_attention_backend
+    from worker.attention.selection import get_attention_backend
 
     assert get_attention_backend("auto").name == "mojo"  # built by `make test`
 

@@ -14,6 +14,7 @@ import torch
 
 from kernels.reference import attention as reference
 from kernels.build.gpu_modules import PAGE_SIZE, GpuShape
+from worker.attention.torch_backend import plan_on
 from kernels.gpu_attention import (GpuAttention, GpuModuleUnavailable, GpuStepPlan, open_attention,
                                   unsupported_reason)
 
@@ -24,7 +25,7 @@ _self_checked: dict[tuple[GpuShape, torch.device], str | None] = {}  # verdicts:
 
 
 class MojoCudaAttentionBackend:
-    """Same three methods as the CPU backends (worker/attention/backends.py); the plan is GpuStepPlan."""
+    """Same three methods as the CPU backends (worker/attention/selection.py); the plan is GpuStepPlan."""
 
     name = "mojo"
     # The plan reads every length from the device; the host lengths only bound the launch (the block tables'
@@ -122,13 +123,7 @@ def run_step_pair(ops: GpuAttention, seqs, seed: int) -> tuple[torch.Tensor, tor
                               out=torch.full_like(query, float("nan")))
     reference.write_kv(ref_k, ref_v, key, value, slot_mapping)
     ref_plan = reference.plan_attention(tables.to(device), list(ctx_lens), list(q_lens), PAGE_SIZE)
-    expected = reference.paged_attention(query.float(), ref_k.float(), ref_v.float(), _on(ref_plan, device), scale)
+    expected = reference.paged_attention(query.float(), ref_k.float(), ref_v.float(), plan_on(ref_plan, device), scale)
     torch.cuda.synchronize(device)
     cache_equal = bool(torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v))
     return out, expected, cache_equal
-
-
-def _on(plan: reference.AttentionPlan, device: torch.device) -> reference.AttentionPlan:
-    from worker.attention.backends import _plan_on
-
-    return _plan_on(plan, device)

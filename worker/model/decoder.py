@@ -11,37 +11,19 @@ describing which sequence each token belongs to, and per-layer paged K/V caches.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from worker.attention.backends import AttentionBackend, AttentionMetadata
+from worker.attention.metadata import AttentionBackend, AttentionMetadata
 from worker.checkpoint.model_config import ModelConfig
 from worker.model.layer_ops import LayerOps, TorchLayerOps
 from worker.model.layers import RMSNorm, RotaryEmbedding
+from worker.model.step_context import StepContext
 from worker.model.packed_linear import PackedLinear, pack_linears
 from worker.quant.linear import BlockEmbedding, QuantLinear, module_for, repack_for_kernel
-
-
-@dataclass
-class StepContext:
-    """What every layer needs about the step, computed once by the model's forward."""
-
-    meta: AttentionMetadata
-    plan: Any  # the attention backend's per-step plan
-    positions: torch.Tensor  # [num_tokens] int64
-    rotary: RotaryEmbedding
-    dtype: torch.dtype
-    _tables: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def rotary_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, sin_signed), each [num_tokens, 1, head_dim] in the activation dtype, gathered once per step."""
-        if self._tables is None:
-            self._tables = self.rotary.tables(self.positions, self.dtype)
-        return self._tables
+from worker.quant.sources import HEAD
 
 
 class Attention(nn.Module):
@@ -131,8 +113,6 @@ class DecoderForCausalLM(nn.Module):
         """On the meta-device model, before loading: swaps the planned projections for QuantLinear
         modules (and the embedding for a BlockEmbedding). Returns the parameter names the checkpoint
         no longer fills. The blocks themselves come in load_quantized."""
-        from worker.quant.sources import HEAD
-
         skipped = set()
         for name in [*plan.matrices, *plan.mixed]:
             if name == HEAD:
@@ -155,8 +135,6 @@ class DecoderForCausalLM(nn.Module):
 
     def load_quantized(self, plan) -> None:
         """Repacks each planned matrix's blocks into the kernel's tiles (one matrix at a time)."""
-        from worker.quant.sources import HEAD
-
         for name, (qtype, load_rows) in plan.matrices.items():
             target = self._quant_head if name == HEAD else self.get_submodule(name)
             raw = load_rows()

@@ -11,17 +11,29 @@ the norm of residual + x and the new residual.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-from worker.attention.backends import AttentionBackend, MojoAttentionBackend
+from worker.attention.metadata import AttentionBackend
+from worker.attention.mojo_cpu import MojoAttentionBackend
 from worker.checkpoint.model_config import ModelConfig
-from worker.model.layers import apply_rotary, rms_norm
+from worker.model.layers import RMSNorm, apply_rotary, rms_norm
+from worker.model.step_context import StepContext
 
-if TYPE_CHECKING:
-    from worker.model.decoder import Attention, StepContext
+
+class AttentionShape(Protocol):
+    """What the ops read of a layer's attention module (worker/model/decoder.py's Attention)."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    q_size: int  # num_heads * head_dim
+    kv_size: int  # num_kv_heads * head_dim
+    qk_norm: bool  # Qwen3's per-head RMSNorm on q and k: q_norm and k_norm exist only then
+    q_norm: RMSNorm
+    k_norm: RMSNorm
 
 
 class TorchLayerOps:
@@ -41,7 +53,7 @@ class TorchLayerOps:
         residual = residual + x
         return self.rms_norm(residual, weight, eps), residual
 
-    def qkv_to_cache(self, attn: "Attention", qkv: torch.Tensor, kv_cache, step: "StepContext") -> torch.Tensor:
+    def qkv_to_cache(self, attn: AttentionShape, qkv: torch.Tensor, kv_cache, step: StepContext) -> torch.Tensor:
         """qkv: [tokens, q_size + 2 * kv_size] -> q: [tokens, heads, head_dim]; K and V go into the cache."""
         tokens = qkv.shape[0]
         q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
@@ -91,7 +103,7 @@ class MojoLayerOps:
         out = self._ops.rms_norm(self._module, x, weight, eps, residual=residual, threading=_threading(x.shape[0]))
         return out, residual
 
-    def qkv_to_cache(self, attn: "Attention", qkv: torch.Tensor, kv_cache, step: "StepContext") -> torch.Tensor:
+    def qkv_to_cache(self, attn: AttentionShape, qkv: torch.Tensor, kv_cache, step: StepContext) -> torch.Tensor:
         k_cache, v_cache = kv_cache
         rotary = step.rotary
         return self._ops.rope_write_kv(

@@ -7,21 +7,17 @@ naming the tensor. Files are memory-mapped by safetensors, so loading never hold
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
-from worker.attention.backends import AttentionBackend
+from worker.attention.metadata import AttentionBackend
+from worker.checkpoint.files import WeightLoadError, checkpoint_files
 from worker.checkpoint.model_config import ModelConfig
 from worker.model.layer_ops import LayerOps
 from worker.model.decoder import DecoderForCausalLM
 from worker.quant.sources import QuantPlan
-
-
-class WeightLoadError(ValueError):
-    pass
 
 
 # Checkpoint tensors that carry nothing we need: older exports store the rotary table they computed.
@@ -32,18 +28,6 @@ _FUSED = {
     "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
     "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
 }
-
-
-def checkpoint_files(model_dir: Path) -> list[Path]:
-    index = model_dir / "model.safetensors.index.json"
-    if index.exists():
-        with open(index, encoding="utf-8") as f:
-            weight_map = json.load(f)["weight_map"]
-        return [model_dir / name for name in sorted(set(weight_map.values()))]
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise WeightLoadError(f"no *.safetensors files in {model_dir} (pickled .bin checkpoints are not loaded)")
-    return files
 
 
 def load_model(model_dir: str | Path, cfg: ModelConfig, backend: AttentionBackend, dtype: torch.dtype,

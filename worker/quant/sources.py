@@ -26,6 +26,7 @@ from safetensors import safe_open
 from shared.gguf_import.convert import unpermute_qk
 from shared.gguf_import.reader import GGUFFile
 from shared.gguf_import.records import SOURCE_RECORD
+from worker.checkpoint.files import checkpoint_files
 from worker.checkpoint.model_config import ModelConfig
 from kernels.formats.blocks import quantize_rows
 from worker.quant.linear import served_types, type_name
@@ -157,8 +158,6 @@ def _gguf_plan(path: Path, cfg: ModelConfig) -> QuantPlan | None:
 
 
 def _checkpoint_plan(model_dir: Path, cfg: ModelConfig, qtype: QT) -> QuantPlan:
-    from worker.model.weight_loader import checkpoint_files
-
     where: dict[str, Path] = {}
     for path in checkpoint_files(model_dir):
         with safe_open(str(path), framework="pt") as f:

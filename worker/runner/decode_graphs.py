@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from worker.attention.backends import AttentionMetadata
+from worker.attention.metadata import AttentionMetadata
 from worker.model.decoder import DecoderForCausalLM
 from worker.runner.prompt_logprobs import prompt_rows_to_score
 from worker.core.scheduler import ScheduledBatch

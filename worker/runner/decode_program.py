@@ -18,7 +18,8 @@ from kernels import layers as mojo_layers
 from kernels import attention as mojo_attention
 from kernels.quant_matmul import use_amx
 from kernels.omp_program import Program, ProgramBuilder
-from worker.attention.backends import AttentionMetadata, MojoAttentionBackend
+from worker.attention.metadata import AttentionMetadata
+from worker.attention.mojo_cpu import MojoAttentionBackend
 from worker.model.layer_ops import MojoLayerOps
 from worker.model.decoder import DecoderForCausalLM
 from worker.quant.linear import QuantLinear

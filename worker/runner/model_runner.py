@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from worker.attention.backends import AttentionMetadata
+from worker.attention.metadata import AttentionMetadata
 from worker.runner.decode_graphs import CaptureFailed, DecodeGraphs, GraphStep
 from worker.runner.decode_program import DecodeProgram, unsupported_reason
 from worker.model.decoder import DecoderForCausalLM

@@ -1,0 +1,74 @@
+"""The Mojo attention backend on the CPU: MILI's kernels (kernels/attention.mojo through kernels/attention.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kernels.reference import attention as reference
+from worker.attention.metadata import AttentionMetadata
+
+
+@dataclass(frozen=True)
+class MojoStepPlan:
+    kernel: Any  # kernels.attention.StepPlan: KV writes, and the rows the Mojo kernel attends
+    reference: reference.AttentionPlan | None  # the rows the reference attends (None: no rows)
+    kernel_attends: bool
+
+
+class MojoAttentionBackend:
+    """The Mojo kernels: every KV write, and the attention of every decode row, reading the pages in
+    place, one call per layer.
+
+    The decode kernel runs on torch's own OpenMP threads (kernels/omp_program.c): between torch's
+    matmuls those threads keep spinning, and a second thread pool (Mojo's) started then competed with
+    them and made a 32-sequence call 3-4x slower than the same call alone. On torch's team, a decode
+    step of the default model at batch 32 took 40.3 ms instead of 46.3 with the reference's gather +
+    SDPA, and 60.1 instead of 72.4 at batch 64 (loadtest/profile_step.py, 2-core x86-64).
+
+    Prefill chunks go to the reference's SDPA over gathered pages: the Mojo kernel computes them
+    correctly (its tests cover them) but one query row at a time, several times slower than SDPA's
+    matrix products, so serving them there would lengthen time to first token.
+    """
+
+    name = "mojo"
+    capturable_decode = False  # plans from the host lengths; CUDA graphs are a GPU matter anyway
+
+    def __init__(self):
+        from kernels import attention as mojo_attention
+        self._ops = mojo_attention
+        self._module = mojo_attention.load_module()
+
+    def plan(self, meta: AttentionMetadata) -> MojoStepPlan:
+        if meta.lengths_are_bounds:
+            raise ValueError("the CPU Mojo kernels plan from the step's own lengths, not from bounds")
+        query_lens = meta.query_lens_host
+        kernel = self._ops.StepPlan.build(meta.block_tables, meta.context_lens_host, query_lens, meta.slot_mapping,
+                                          meta.block_size, max_query_len=1)
+        ref_plan = None
+        if any(n > 1 for n in query_lens):
+            full = reference.plan_attention(meta.block_tables, list(meta.context_lens_host), list(query_lens),
+                                            meta.block_size)
+            ref_plan = reference.AttentionPlan(decode=(), prefills=full.prefills)
+        return MojoStepPlan(kernel, ref_plan, kernel_attends=bool(kernel.rows))
+
+    @property
+    def kernel_module(self):
+        """The kernels' extension module (worker/runner/decode_program.py enters its kernels directly)."""
+        return self._module
+
+    def write_kv(self, k_cache, v_cache, key, value, meta: AttentionMetadata, plan: MojoStepPlan) -> None:
+        self._ops.write_kv(self._module, k_cache, v_cache, key.to(k_cache.dtype), value.to(k_cache.dtype),
+                           plan.kernel)
+
+    def attend(self, query, k_cache, v_cache, meta: AttentionMetadata, plan: MojoStepPlan,
+               scale: float) -> torch.Tensor:
+        if not plan.kernel_attends:
+            return reference.paged_attention(query, k_cache, v_cache, plan.reference, scale)
+        out = self._ops.paged_attention(self._module, query, k_cache, v_cache, plan.kernel, scale,
+                                        out=torch.empty(query.shape, dtype=query.dtype), threading="omp")
+        if plan.reference is not None:
+            reference.paged_attention(query, k_cache, v_cache, plan.reference, scale, out=out)
+        return out
