@@ -1,4 +1,4 @@
-# MILI's fused per-layer CPU kernels around the matmuls, called from Python (kernels/layer_ops.py).
+# MILI's fused per-layer CPU kernels around the matmuls (checked entry points: kernels/layers.py).
 #
 # Each replaces a run of small torch operators with one pass over the rows:
 #   rms_norm:      [residual += x;] dst = weight * norm(residual or x)        (5-6 torch ops)

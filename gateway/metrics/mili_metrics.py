@@ -1,4 +1,5 @@
-"""Prometheus metrics under the names DESIGN.md fixes, fed by gateway timings and workers' step stats.
+"""Prometheus metrics under the names README.md's "Metrics" lists (dashboards, alerts and routers rely on them),
+fed by gateway timings and workers' step stats.
 
 Gauges are sums over the live workers. Workers report their prefix-cache and preemption counters as
 running totals since they started; the gateway adds the difference to its counters, so a restarted

@@ -10,7 +10,7 @@ $OUT (or build/gpu-check/), and prints a short table last. `--only` picks some o
 call may not hold them all: the engine benchmark alone takes about seven minutes).
 
 `--dry-run` uses this interpreter's packages and installs nothing: on a machine without CUDA every test skips,
-with its reason, which is what CI can check of this script (tests/unit/test_gpu_check.py).
+with its reason, which is what CI can check of this script (tests/unit/loadtest/test_gpu_check.py).
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def read_report(path: Path) -> dict | None:
 
 
 def run_benchmark(env: dict[str, str], out: Path, timeout: float, dry_run: bool) -> dict:
-    return run_benchmark_module("bench_gpu_attention", ["--out", str(out / "gpu_attention.json")], env, timeout,
+    return run_benchmark_module("gpu.bench_attention", ["--out", str(out / "gpu_attention.json")], env, timeout,
                                 dry_run)
 
 
@@ -139,7 +139,7 @@ def run_engine_benchmark(env: dict[str, str], out: Path, timeout: float, dry_run
     """loadtest/gpu/bench_engine.py with a budget a minute short of `timeout` (it stops its own parts at the budget, and
     writes its JSON after each, so a run stopped by the timeout still leaves what it measured)."""
     json_path, md_path = out / "gpu.json", out / "gpu.md"
-    result = run_benchmark_module("bench_gpu", ["--out", str(json_path), "--markdown", str(md_path),
+    result = run_benchmark_module("gpu.bench_engine", ["--out", str(json_path), "--markdown", str(md_path),
                                                 "--budget-s", str(max(timeout - 60, 30))], env, timeout, dry_run)
     result.update(json=str(json_path), markdown=str(md_path))
     report = read_report(json_path) or {}
@@ -168,7 +168,7 @@ def engine_bench_line(result: dict) -> str:
 def run_serve_benchmark(env: dict[str, str], out: Path, timeout: float, dry_run: bool) -> dict:
     """loadtest/gpu/bench_serve.py: the engine alone against `mili serve` at concurrency 1, 32 and 128."""
     json_path = out / "gpu_serve.json"
-    result = run_benchmark_module("bench_gpu_serve", ["--out", str(json_path)], env, timeout, dry_run)
+    result = run_benchmark_module("gpu.bench_serve", ["--out", str(json_path)], env, timeout, dry_run)
     result["json"] = str(json_path)
     report = read_report(json_path) or {}
     if "skipped" in report:

@@ -6,7 +6,7 @@
 - With graphs on (CUDA's default) the engine follows transformers through the shared parity cases.
 - A graph step's prepare and execute never wait for the device (torch's sync debug mode raises on any sync).
 
-tests/unit/test_decode_graphs.py checks the padding itself on the CPU. The rehearsal (MILI_GPU_TESTS_DEVICE=cpu)
+tests/unit/worker/test_decode_graphs.py checks the padding itself on the CPU. The rehearsal (MILI_GPU_TESTS_DEVICE=cpu)
 runs the padded path uncaptured on both sides, which shows only that these tests' own code runs.
 """
 

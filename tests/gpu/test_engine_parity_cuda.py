@@ -1,7 +1,7 @@
 """The engine on CUDA against transformers on CUDA, on random tiny Qwen3 / Qwen2 / Llama models: float32 logits
 within rtol 1e-4 and exact greedy tokens through mixed batches, tiny prefill chunks, prefix-cache hits and forced
 preemption; bfloat16 (the default dtype on a GPU) with the near-tie allowance. The same cases as the CPU's
-tests/unit/test_engine_parity.py (tests/helpers/parity_cases.py)."""
+tests/unit/worker/test_engine_parity.py (tests/helpers/parity_cases.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The sampler on CUDA: its logits, generators and draws on the GPU. The same statistical checks and seed
-guarantees as the CPU's tests/unit/test_sampler.py (its helpers, given the device): draws follow the softmax and
+guarantees as the CPU's tests/unit/worker/test_sampler.py (its helpers, given the device): draws follow the softmax and
 the truncations keep the right sets; a seeded row's tokens do not depend on its neighbours; logprobs come from
 the raw logits."""
 
@@ -10,7 +10,7 @@ import torch
 
 from shared.sampling_params import SamplingParams
 from tests.gpu import DEVICE
-from tests.unit.test_sampler import LOGITS8, PROBS8, assert_matches, draw_counts, make_row, seeded_sequence
+from tests.unit.worker.test_sampler import LOGITS8, PROBS8, assert_matches, draw_counts, make_row, seeded_sequence
 from worker.runner.sampler import Sampler
 
 

@@ -1,4 +1,4 @@
-"""The engine-against-transformers parity cases, shared by the CPU tests (tests/unit/test_engine_parity.py, per
+"""The engine-against-transformers parity cases, shared by the CPU tests (tests/unit/worker/test_engine_parity.py, per
 attention backend) and the CUDA ones (tests/gpu/): each takes a tiny model directory, its transformers model
 (on the device the reference should run on) and the engine settings to test."""
 

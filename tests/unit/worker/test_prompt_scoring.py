@@ -15,7 +15,7 @@ import torch
 from shared.sampling_params import SamplingParams, SamplingParamsError
 from tests.helpers.engine_probe import make_engine
 from tests.helpers.tiny_models import build_tiny_model
-from tests.unit.test_engine_api import drain
+from tests.unit.worker.test_engine_api import drain
 
 VOCAB = 320
 TOL = dict(atol=1e-4, rtol=1e-4)

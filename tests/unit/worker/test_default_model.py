@@ -47,7 +47,7 @@ def test_greedy_capital_of_france_is_paris(model_dir, chat_prompt, dtype, quanti
 def test_engine_matches_transformers_on_default_model(model_dir, chat_prompt):
     """float32, unquantized: the engine's greedy continuation equals transformers' on the real converted
     weights. (Served from the GGUF's blocks, the int8 activations make it an approximation instead:
-    tests/unit/test_quant_model.py and test_quant_default_model.py check that one.)"""
+    tests/unit/quant/test_quant_model.py and test_quant_default_model.py check that one.)"""
     from transformers import AutoModelForCausalLM
 
     engine = LLMEngine(EngineConfig(model=str(model_dir), dtype="float32", attention_backend="torch",

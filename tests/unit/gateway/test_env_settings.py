@@ -55,12 +55,12 @@ def test_flags_win_over_environment(clean_env):
 def test_bad_port_in_environment_is_a_usage_error(clean_env):
     env = {"MILI_PORT": "eighty", "PATH": "/usr/bin:/bin"}
     result = subprocess.run([sys.executable, "-m", "gateway.cli", "serve"], env=env, capture_output=True, text=True,
-                            timeout=60, cwd=Path(__file__).resolve().parents[2])
+                            timeout=60, cwd=Path(__file__).resolve().parents[3])
     assert result.returncode == 2 and "--port: invalid int value: 'eighty'" in result.stderr, result.stderr
 
 
 def test_bad_attention_backend_in_environment_is_a_usage_error(clean_env):
     env = {"MILI_ATTENTION_BACKEND": "fast", "PATH": "/usr/bin:/bin"}
     result = subprocess.run([sys.executable, "-m", "gateway.cli", "serve"], env=env, capture_output=True, text=True,
-                            timeout=60, cwd=Path(__file__).resolve().parents[2])
+                            timeout=60, cwd=Path(__file__).resolve().parents[3])
     assert result.returncode == 2 and "--attention-backend: invalid choice: 'fast'" in result.stderr, result.stderr

@@ -34,7 +34,7 @@ def test_device_flag_values():
         with pytest.raises(ValueError, match="device must be one of"):
             EngineConfig(model="m", device=bad)
     # The quantized-weight kernels are CPU kernels: asking for them on cuda is refused up front. (Mojo attention
-    # has a GPU module; whether it serves is decided when the engine loads: tests/unit/test_gpu_attention_logic.py.)
+    # has a GPU module; whether it serves is decided when the engine loads: tests/unit/kernels/test_gpu_attention_logic.py.)
     EngineConfig(model="m", device="cuda", attention_backend="mojo")
     for quantization in ("q8_0", "q4_0"):
         with pytest.raises(ValueError, match="needs the CPU kernels"):

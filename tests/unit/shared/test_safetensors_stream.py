@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from shared.gguf_import.reader import GGUFFile
 from shared.gguf_import.safetensors_stream import PlannedTensor, write_streamed
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def planned(name: str, value: torch.Tensor) -> PlannedTensor:
@@ -62,7 +62,7 @@ def test_made_tensor_must_match_its_plan(tmp_path):
 
 
 def test_qwen2_without_qkv_biases_gets_zero_biases(tmp_path, monkeypatch):
-    import tests.unit.test_gguf_convert as gc
+    import tests.unit.shared.test_gguf_convert as gc
     from shared.gguf_import.convert import convert_gguf
 
     model, cfg = gc.tiny_model("qwen2", 3)
@@ -100,7 +100,7 @@ print((status_kib("VmHWM") - before) * 1024)
 def test_conversion_holds_one_tensor_not_the_model(tmp_path):
     """A Q8_0 model whose float32 weights are ~200 MiB, largest tensor 3 MiB: converting must hold neither
     them all (it did: every tensor was dequantised before the file was written) nor every page of the GGUF."""
-    import tests.unit.test_gguf_convert as gc
+    import tests.unit.shared.test_gguf_convert as gc
 
     model, cfg = gc.tiny_model("llama", 5, hidden_size=512, intermediate_size=1536, num_hidden_layers=16,
                                num_attention_heads=8, num_key_value_heads=4)

@@ -18,7 +18,7 @@ import torch
 from gguf import GGMLQuantizationType as QT
 
 from tests.helpers.engine_probe import make_engine, run_greedy
-from tests.unit.test_quant_model import STEPS, check_agreement, random_prompts
+from tests.unit.quant.test_quant_model import STEPS, check_agreement, random_prompts
 from worker.quant.linear import BlockEmbedding, QuantLinear
 
 # GGUF tensor -> type; everything else 2-D is Q4_K.
@@ -50,7 +50,7 @@ def assert_same_tokens_up_to_near_ties(run, baseline, label: str) -> None:
 
 def write_kquant_model(tmp_path, seed: int):
     """The Q4_K_M-like tiny Qwen3 GGUF (TYPES, SHAPE), converted for the engine; returns the model folder."""
-    from tests.unit.test_gguf_convert import tiny_model, write_gguf
+    from tests.unit.shared.test_gguf_convert import tiny_model, write_gguf
     from shared.gguf_import.convert import convert_gguf
 
     model, cfg = tiny_model("qwen3", seed % 10_000, **SHAPE)
@@ -70,7 +70,7 @@ def kquant_gguf(tmp_path, test_seed):
 def test_kquant_gguf_served_as_it_is(kquant_gguf, test_seed):
     from transformers import AutoModelForCausalLM
 
-    from tests.unit.test_gguf_convert import VOCAB_SIZE
+    from tests.unit.shared.test_gguf_convert import VOCAB_SIZE
 
     reference = AutoModelForCausalLM.from_pretrained(str(kquant_gguf), dtype=torch.float32).eval()
     engine = make_engine(kquant_gguf, attention_backend="mojo", max_model_len=256)  # quantization auto
@@ -91,7 +91,7 @@ def test_kquant_gguf_served_as_it_is(kquant_gguf, test_seed):
 
 
 def test_kquant_chunks_prefix_hits_and_preemption_give_the_uninterrupted_tokens(kquant_gguf, test_seed):
-    from tests.unit.test_gguf_convert import VOCAB_SIZE
+    from tests.unit.shared.test_gguf_convert import VOCAB_SIZE
 
     prompts = random_prompts(test_seed, [30, 25, 38, 12], VOCAB_SIZE)
     common = dict(attention_backend="mojo", max_model_len=96)
@@ -115,7 +115,7 @@ def test_kquant_chunks_prefix_hits_and_preemption_give_the_uninterrupted_tokens(
 def test_kquant_greedy_tokens_do_not_depend_on_the_batch(kquant_gguf, test_seed):
     """Alone, all together, and arriving one by one into batches of changing sizes (prefill beside
     decodes): identical tokens, in bfloat16 as served (prefix caching off, so every run computes)."""
-    from tests.unit.test_gguf_convert import VOCAB_SIZE
+    from tests.unit.shared.test_gguf_convert import VOCAB_SIZE
 
     engine = make_engine(kquant_gguf, dtype="bfloat16", attention_backend="mojo", max_model_len=128,
                          enable_prefix_caching=False)

@@ -63,7 +63,7 @@ def test_agrees_with_transformers_on_the_dequantized_weights(default_dir, dtype)
     reference; the engine differs by its activations' rounding (and, in bfloat16, by the dtype)."""
     from transformers import AutoModelForCausalLM
 
-    from tests.unit.test_quant_model import agreement
+    from tests.unit.quant.test_quant_model import agreement
 
     engine = make_engine(default_dir, dtype=dtype, attention_backend="auto", max_model_len=1024)
     assert engine.quantization == "q4_1"

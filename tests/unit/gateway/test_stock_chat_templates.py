@@ -17,7 +17,7 @@ from gateway.text.chat_template import ChatTemplate
 from gateway.openai.parse import Limits, parse_chat
 
 LIMITS = Limits(max_n=4, max_stop=4, max_stop_length=32)
-TEMPLATES = Path(__file__).resolve().parent.parent / "fixtures" / "chat_templates"
+TEMPLATES = Path(__file__).resolve().parents[2] / "fixtures" / "chat_templates"
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
