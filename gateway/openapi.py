@@ -19,10 +19,11 @@ from pydantic.json_schema import models_json_schema
 
 from gateway.server.deadlines import HEADER, MAX_TIMEOUT_S
 from gateway.openai.parse import Limits
-from gateway.openai.schema import TOKEN_ID_KEY_PATTERN, ChatBody, CompletionBody
+from gateway.openai.schema import ChatBody, CompletionBody
 from gateway.responses_api.schema import ResponsesBody
 from gateway.openai.tokenize_schema import DetokenizeBody, TokenizeChatBody, TokenizePromptBody
 from gateway.streams.resume_routes import MAX_EVENT_ID_DIGITS
+from shared.request_limits import TOKEN_ID_KEY_PATTERN, decimal_below
 
 _REF = "#/components/schemas/{model}"
 _JSON = "application/json"
@@ -46,20 +47,6 @@ def _request_schemas() -> tuple[dict[str, dict], dict[str, Any]]:
                                     (TokenizeChatBody, "validation"), (DetokenizeBody, "validation")],
                                    ref_template=_REF)
     return {model.__name__: ref for (model, _), ref in refs.items()}, top["$defs"]
-
-
-def decimal_below(n: int) -> str:
-    """A regular expression for the decimal numbers 0 .. n-1 (no leading zeros): token ids as JSON object keys."""
-    top = str(n - 1)
-    k = len(top)
-    alternatives = ["0", f"[1-9][0-9]{{0,{k - 2}}}"] if k > 1 else []
-    for i, digit in enumerate(top):
-        low = 1 if i == 0 and k > 1 else 0  # no leading zero (a lone 0 is among the shorter numbers)
-        if int(digit) > low:
-            rest = f"[0-9]{{{k - i - 1}}}" if k - i - 1 else ""
-            alternatives.append(f"{top[:i]}[{low}-{int(digit) - 1}]{rest}")
-    alternatives.append(top)
-    return f"^({'|'.join(alternatives)})$"
 
 
 def _fill_limits(node: Any, bounds: ServedBounds) -> None:

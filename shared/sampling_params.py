@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-MAX_LOGPROBS = 20
+from shared.request_limits import (FREQUENCY_PENALTY, LOGIT_BIAS, LOGPROBS, MAX_GRAMMAR_CHARS, MAX_TOKENS, MIN_P,
+                                   MIN_TOKENS, N, PRESENCE_PENALTY, REPETITION_PENALTY, SEED, TEMPERATURE, TOKEN_ID,
+                                   TOP_K, TOP_P)
+
+MAX_LOGPROBS = LOGPROBS.hi
 # Temperatures below this sample greedily (as vLLM's _SAMPLING_EPS): dividing float32 logits by, say, 1e-45
 # overflows to inf, and inf - inf would make every probability NaN.
 GREEDY_BELOW_TEMPERATURE = 1e-5
-# repetition_penalty divides the positive logits of seen tokens: a divisor near 0 (5e-324 is a valid float)
-# overflows them to inf, and the draw then reads NaN probabilities. 0.01 keeps every logit finite.
-MIN_REPETITION_PENALTY = 0.01
-MAX_N = 128
-# An llguidance grammar (a JSON schema or Lark text compiled by the gateway) bigger than this is refused.
-MAX_GRAMMAR_CHARS = 1 << 20
+MIN_REPETITION_PENALTY = REPETITION_PENALTY.lo  # why it is not 0: shared/request_limits.py
+MAX_N = N.hi
 
 
 class SamplingParamsError(ValueError):
@@ -65,34 +65,43 @@ class SamplingParams:
             if not ok:
                 raise SamplingParamsError(param, message)
 
-        check(1 <= self.n <= MAX_N, "n", f"n must be between 1 and {MAX_N}, got {self.n}")
+        check(N.contains(self.n), "n", f"n must be between {N.lo} and {N.hi}, got {self.n}")
         # 0 scores the prompt without generating (the gateway allows it only with echo, as vLLM does).
-        check(self.max_tokens is None or self.max_tokens >= 0, "max_tokens",
+        check(self.max_tokens is None or MAX_TOKENS.contains(self.max_tokens), "max_tokens",
               f"max_tokens must not be negative, got {self.max_tokens}")
-        check(0.0 <= self.temperature <= 2.0, "temperature",
-              f"temperature must be between 0 and 2, got {self.temperature}")
-        check(0.0 < self.top_p <= 1.0, "top_p", f"top_p must be in (0, 1], got {self.top_p}")
-        check(self.top_k >= 0, "top_k", f"top_k must be -1, 0 or positive, got {self.top_k}")
-        check(0.0 <= self.min_p <= 1.0, "min_p", f"min_p must be in [0, 1], got {self.min_p}")
-        check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty",
-              f"presence_penalty must be between -2 and 2, got {self.presence_penalty}")
-        check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
-              f"frequency_penalty must be between -2 and 2, got {self.frequency_penalty}")
-        check(MIN_REPETITION_PENALTY <= self.repetition_penalty <= 10.0, "repetition_penalty",
-              f"repetition_penalty must be between {MIN_REPETITION_PENALTY} and 10, got {self.repetition_penalty}")
+        check(TEMPERATURE.contains(self.temperature), "temperature",
+              f"temperature must be between {TEMPERATURE.lo} and {TEMPERATURE.hi}, got {self.temperature}")
+        check(TOP_P.contains(self.top_p), "top_p", f"top_p must be in ({TOP_P.lo}, {TOP_P.hi}], got {self.top_p}")
+        check(TOP_K.contains(self.top_k), "top_k",
+              f"top_k must be -1, 0 or positive (at most {TOP_K.hi}), got {self.top_k}")
+        check(MIN_P.contains(self.min_p), "min_p", f"min_p must be in [{MIN_P.lo}, {MIN_P.hi}], got {self.min_p}")
+        check(PRESENCE_PENALTY.contains(self.presence_penalty), "presence_penalty",
+              f"presence_penalty must be between {PRESENCE_PENALTY.lo} and {PRESENCE_PENALTY.hi}, "
+              f"got {self.presence_penalty}")
+        check(FREQUENCY_PENALTY.contains(self.frequency_penalty), "frequency_penalty",
+              f"frequency_penalty must be between {FREQUENCY_PENALTY.lo} and {FREQUENCY_PENALTY.hi}, "
+              f"got {self.frequency_penalty}")
+        check(REPETITION_PENALTY.contains(self.repetition_penalty), "repetition_penalty",
+              f"repetition_penalty must be between {REPETITION_PENALTY.lo} and {REPETITION_PENALTY.hi}, "
+              f"got {self.repetition_penalty}")
         for token, bias in self.logit_bias.items():
-            check(-100.0 <= bias <= 100.0, "logit_bias",
-                  f"logit_bias values must be between -100 and 100, got {bias} for token {token}")
-            check(token >= 0, "logit_bias", f"logit_bias token ids must be non-negative, got {token}")
-        check(self.min_tokens >= 0, "min_tokens", f"min_tokens must be non-negative, got {self.min_tokens}")
+            check(LOGIT_BIAS.contains(bias), "logit_bias",
+                  f"logit_bias values must be between {LOGIT_BIAS.lo} and {LOGIT_BIAS.hi}, got {bias} "
+                  f"for token {token}")
+            check(TOKEN_ID.contains(token), "logit_bias",
+                  f"logit_bias token ids must be non-negative (at most {TOKEN_ID.hi}), got {token}")
+        check(MIN_TOKENS.contains(self.min_tokens), "min_tokens",
+              f"min_tokens must be non-negative (at most {MIN_TOKENS.hi}), got {self.min_tokens}")
         check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
               f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
-        check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids",
-              "stop_token_ids must be non-negative")
-        check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
-              f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}")
-        check(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS, "prompt_logprobs",
-              f"prompt_logprobs must be between 0 and {MAX_LOGPROBS}, got {self.prompt_logprobs}")
+        check(all(TOKEN_ID.contains(t) for t in self.stop_token_ids), "stop_token_ids",
+              f"stop_token_ids must be non-negative (at most {TOKEN_ID.hi})")
+        check(self.seed is None or SEED.contains(self.seed), "seed",
+              f"seed must be between {SEED.lo} and {SEED.hi}, got {self.seed}")
+        check(self.logprobs is None or LOGPROBS.contains(self.logprobs), "logprobs",
+              f"logprobs must be between {LOGPROBS.lo} and {LOGPROBS.hi}, got {self.logprobs}")
+        check(self.prompt_logprobs is None or LOGPROBS.contains(self.prompt_logprobs), "prompt_logprobs",
+              f"prompt_logprobs must be between {LOGPROBS.lo} and {LOGPROBS.hi}, got {self.prompt_logprobs}")
         check(self.grammar is None or (isinstance(self.grammar, str) and 0 < len(self.grammar) <= MAX_GRAMMAR_CHARS),
               "response_format", f"a grammar must be a non-empty string of at most {MAX_GRAMMAR_CHARS} characters")
 

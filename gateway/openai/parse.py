@@ -19,14 +19,22 @@ from gateway.openai.schema import ChatBody, CompletionBody
 from gateway.text.grammars import ResponseFormat, parse_response_format
 from gateway.text.tool_specs import ToolSpec, parse_tools
 from gateway.openai.validation import validate as _validate
+from shared.request_limits import (COMPLETION_MAX_TOKENS_DEFAULT, DEFAULT_MAX_N, DEFAULT_MAX_STOP,
+                                   DEFAULT_MAX_STOP_LENGTH, N)
 from shared.sampling_params import SamplingParams, SamplingParamsError
 
 
 @dataclass(frozen=True)
 class Limits:
-    max_n: int = 16
-    max_stop: int = 16  # stop strings per request
-    max_stop_length: int = 512  # characters per stop string
+    """The server's own bounds (--max-n, --max-stop-strings, --max-stop-length)."""
+
+    max_n: int = DEFAULT_MAX_N  # within shared/request_limits.py's N, which SamplingParams checks
+    max_stop: int = DEFAULT_MAX_STOP  # stop strings per request
+    max_stop_length: int = DEFAULT_MAX_STOP_LENGTH  # characters per stop string
+
+    def __post_init__(self) -> None:
+        if not N.contains(self.max_n):
+            raise ValueError(f"max n must be between {N.lo} and {N.hi}, got {self.max_n}")
 
 
 @dataclass(frozen=True)
@@ -59,7 +67,7 @@ class ChatRequest(CommonFields):
 
 def parse_completion(raw: Any, limits: Limits) -> CompletionRequest:
     body = _validate(CompletionBody, raw)
-    max_tokens = 16 if body.max_tokens is None else body.max_tokens  # OpenAI's default for completions
+    max_tokens = COMPLETION_MAX_TOKENS_DEFAULT if body.max_tokens is None else body.max_tokens
     common = _common(body, limits, max_tokens, body.logprobs)
     echo = bool(body.echo)
     if max_tokens == 0 and not echo:
@@ -97,7 +105,7 @@ def _common(body: schema.CommonBody, limits: Limits, max_tokens: int | None, log
             max_tokens_named_completion: bool = False) -> dict[str, Any]:
     n = 1 if body.n is None else body.n
     if n > limits.max_n:
-        raise invalid(f"n must be between 1 and {limits.max_n}", "n")
+        raise invalid(f"n must be between {N.lo} and {limits.max_n}", "n")
     stop = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
     if len(stop) > limits.max_stop:
         raise invalid(f"at most {limits.max_stop} stop strings are allowed, got {len(stop)}", "stop")
@@ -107,23 +115,22 @@ def _common(body: schema.CommonBody, limits: Limits, max_tokens: int | None, log
     if body.stream_options is not None and not stream:
         raise invalid("stream_options is only allowed when stream is true", "stream_options")
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    # A field the body leaves out takes SamplingParams' default.
+    given = {name: getattr(body, name) for name in _SAMPLING_FIELDS if getattr(body, name) is not None}
     try:
         params = SamplingParams(
-            n=n, max_tokens=max_tokens, temperature=_or(body.temperature, 1.0), top_p=_or(body.top_p, 1.0),
-            top_k=_or(body.top_k, 0), min_p=_or(body.min_p, 0.0), presence_penalty=_or(body.presence_penalty, 0.0),
-            frequency_penalty=_or(body.frequency_penalty, 0.0),
-            repetition_penalty=_or(body.repetition_penalty, 1.0),
-            logit_bias={int(k): v for k, v in (body.logit_bias or {}).items()},
-            min_tokens=_or(body.min_tokens, 0), ignore_eos=bool(body.ignore_eos),
-            stop_token_ids=tuple(body.stop_token_ids or ()), seed=body.seed, logprobs=logprobs)
+            **given, n=n, max_tokens=max_tokens, logit_bias={int(k): v for k, v in (body.logit_bias or {}).items()},
+            ignore_eos=bool(body.ignore_eos), stop_token_ids=tuple(body.stop_token_ids or ()), seed=body.seed,
+            logprobs=logprobs)
     except SamplingParamsError as e:
         param = "max_completion_tokens" if e.param == "max_tokens" and max_tokens_named_completion else e.param
         raise invalid(str(e), param) from None
     return dict(model=body.model, params=params, stop=tuple(stop), stream=stream, include_usage=include_usage)
 
 
-def _or(value: Any, default: Any) -> Any:
-    return default if value is None else value
+# The body's fields that SamplingParams takes as they are.
+_SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                    "repetition_penalty", "min_tokens")
 
 
 def _prompt_logprobs(k: int | None, stream: bool) -> int | None:

@@ -3,7 +3,8 @@
 One definition serves both validation (gateway/openai/parse.py turns a validated body into the internal
 request) and the OpenAPI document (gateway/openapi.py generates it from these models), so the two
 cannot drift. Models are strict (a number is not a string, a boolean is not an integer) and forbid
-unknown fields. Field constraints say what the server accepts; what depends on the served model or the
+unknown fields. Field constraints say what the server accepts, with the bounds shared/request_limits.py
+defines (SamplingParams checks the same ones); what depends on the served model or the
 server's flags (vocabulary size, context length, --max-n, stop-string limits) is marked with
 `x-mili-limit` in the schema (filled in per server by gateway/openapi.py) and checked after validation,
 as are the few rules between fields (gateway/openai/parse.py).
@@ -16,13 +17,10 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from gateway.text.tool_specs import MAX_TOOLS
-from shared.sampling_params import MAX_LOGPROBS, MIN_REPETITION_PENALTY
-
-_INT64 = dict(ge=-(2**63), le=2**63 - 1)
-# Counts that cross the worker link: bounded, so every accepted value also fits msgpack's integers.
-_COUNT_MAX = 2**31 - 1
-_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+from shared.request_limits import (COMPLETION_MAX_TOKENS_DEFAULT, FREQUENCY_PENALTY, LOGIT_BIAS, LOGPROBS,
+                                   MAX_COMPLETION_TOKENS, MAX_TOKENS, MAX_TOOLS, MIN_P, MIN_TOKENS, N, NAME_PATTERN,
+                                   PRESENCE_PENALTY, REPETITION_PENALTY, SEED, TEMPERATURE, TOKEN_ID,
+                                   TOKEN_ID_KEY_PATTERN, TOP_K, TOP_P, Range)
 
 
 def _limit(name: str) -> dict[str, Any]:
@@ -35,10 +33,16 @@ def _integral(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-def _int(**constraints: Any) -> Any:
-    """An integer field type with its bounds (Field first: after a validator, pydantic would write them into
-    the JSON schema as "ge"/"le" instead of minimum/maximum)."""
-    return Annotated[int, Field(**constraints), BeforeValidator(_integral)]
+def _int(bounds: Range, **field: Any) -> Any:
+    """An integer field type with its bounds (shared/request_limits.py) and other Field arguments (Field first:
+    after a validator, pydantic would write the bounds into the JSON schema as "ge"/"le" instead of
+    minimum/maximum)."""
+    return Annotated[int, Field(**bounds.field_kwargs(), **field), BeforeValidator(_integral)]
+
+
+def _float(bounds: Range) -> Any:
+    """A number field type with its bounds (shared/request_limits.py)."""
+    return Annotated[float, Field(**bounds.field_kwargs())]
 
 
 class _Model(BaseModel):
@@ -46,14 +50,23 @@ class _Model(BaseModel):
 
 
 # A token id: below the vocabulary size (checked against the served model after validation).
-TokenId = _int(ge=0, le=_COUNT_MAX, json_schema_extra=_limit("token_id"))
+TokenId = _int(TOKEN_ID, json_schema_extra=_limit("token_id"))
 TokenIds = Annotated[list[TokenId], Field(min_length=1, json_schema_extra=_limit("context"))]
-# JSON object keys are strings: logit_bias maps a token id written in decimal to a bias.
-TOKEN_ID_KEY_PATTERN = r"^(0|[1-9][0-9]{0,9})$"
+# JSON object keys are strings: logit_bias maps a token id written in decimal (TOKEN_ID_KEY_PATTERN) to a bias.
 TokenIdKey = Annotated[str, Field(pattern=TOKEN_ID_KEY_PATTERN, json_schema_extra=_limit("token_id_key"))]
 StopString = Annotated[str, Field(min_length=1, json_schema_extra=_limit("stop_length"))]
 Stop = Union[StopString, Annotated[list[StopString], Field(json_schema_extra=_limit("stop_count"))]]
-Logprobs = _int(ge=0, le=MAX_LOGPROBS)
+Logprobs = _int(LOGPROBS)
+# The sampling fields both the chat-shaped endpoints and the Responses API take.
+Temperature = _float(TEMPERATURE)
+TopP = _float(TOP_P)
+TopK = _int(TOP_K)
+MinP = _float(MIN_P)
+RepetitionPenalty = _float(REPETITION_PENALTY)
+Seed = _int(SEED)
+# The most tokens to generate (chat's max_completion_tokens and max_tokens, the Responses API's
+# max_output_tokens): within the context, filled in per server.
+MaxCompletionTokens = _int(MAX_COMPLETION_TOKENS, json_schema_extra=_limit("context"))
 
 
 class StreamOptions(_Model):
@@ -66,22 +79,22 @@ class CommonBody(_Model):
 
     model: str = Field(description="the served model name (GET /v1/models); any other is a 404",
                        json_schema_extra=_limit("model"))
-    n: _int(ge=1, json_schema_extra=_limit("n")) | None = None
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    n: _int(N, json_schema_extra=_limit("n")) | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
     stop: Stop | None = None
-    seed: _int(**_INT64) | None = None
-    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
-    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
-    logit_bias: dict[TokenIdKey, Annotated[float, Field(ge=-100, le=100)]] | None = None
+    seed: Seed | None = None
+    presence_penalty: _float(PRESENCE_PENALTY) | None = None
+    frequency_penalty: _float(FREQUENCY_PENALTY) | None = None
+    logit_bias: dict[TokenIdKey, _float(LOGIT_BIAS)] | None = None
     stream: bool | None = Field(None, description="true: the response is text/event-stream, ended by data: [DONE]")
     stream_options: StreamOptions | None = Field(None, description="only with stream: true")
     # Extensions, as vLLM names them.
-    top_k: _int(ge=-1, le=_COUNT_MAX) | None = Field(None, description="0 or -1: off")
-    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
-    repetition_penalty: Annotated[float, Field(ge=MIN_REPETITION_PENALTY, le=10)] | None = None
+    top_k: TopK | None = Field(None, description="0 or -1: off")
+    min_p: MinP | None = None
+    repetition_penalty: RepetitionPenalty | None = None
     ignore_eos: bool | None = None
-    min_tokens: _int(ge=0, le=_COUNT_MAX) | None = Field(
+    min_tokens: _int(MIN_TOKENS) | None = Field(
         None, description="at most max_tokens")
     stop_token_ids: list[TokenId] | None = None
     prompt_logprobs: Logprobs | None = Field(
@@ -137,9 +150,9 @@ class CompletionBody(CommonBody):
 
     prompt: Prompt = Field(description="text, texts, token ids, or arrays of token ids (one choice set each); "
                                        "a text must tokenize to at least one token")
-    max_tokens: _int(ge=0, json_schema_extra=_limit("context")) | None = Field(
-        None, description="default 16; 0 only with echo, to score the prompt; prompt + max_tokens must fit the "
-                          "model's context")
+    max_tokens: _int(MAX_TOKENS, json_schema_extra=_limit("context")) | None = Field(
+        None, description=f"default {COMPLETION_MAX_TOKENS_DEFAULT}; 0 only with echo, to score the prompt; "
+                          "prompt + max_tokens must fit the model's context")
     echo: bool | None = None
     logprobs: Logprobs | None = None
     suffix: Literal[""] | None = None
@@ -211,7 +224,7 @@ Message = Annotated[Union[SystemMessage, UserMessage, AssistantMessage, ToolMess
 
 
 class FunctionDefinition(_Model):
-    name: str = Field(pattern=_NAME_PATTERN)
+    name: str = Field(pattern=NAME_PATTERN)
     description: str | None = None
     parameters: dict[str, Any] | None = Field(None, description="JSON schema of the arguments")
     strict: bool | None = None
@@ -240,7 +253,7 @@ class JsonObjectFormat(_Model):
 
 
 class JsonSchemaSpec(_Model):
-    name: str = Field(pattern=_NAME_PATTERN)
+    name: str = Field(pattern=NAME_PATTERN)
     description: str | None = None
     schema_: dict[str, Any] = Field(None, alias="schema", description="a JSON schema; absent: any JSON value")
     strict: bool | None = None
@@ -261,9 +274,9 @@ class ChatBody(CommonBody):
               _needs("tools", {"type": "array", "minItems": 1}))]})
 
     messages: Annotated[list[Message], Field(min_length=1)]
-    max_completion_tokens: _int(ge=1, json_schema_extra=_limit("context")) | None = Field(
+    max_completion_tokens: MaxCompletionTokens | None = Field(
         None, description="the rendered prompt + this must fit the model's context")
-    max_tokens: _int(ge=1, json_schema_extra=_limit("context")) | None = Field(
+    max_tokens: MaxCompletionTokens | None = Field(
         None, description="the older name of max_completion_tokens")
     logprobs: bool | None = None
     top_logprobs: Logprobs | None = Field(None, description="only with logprobs: true")

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from gateway.openai.schema import Message, TokenId, Tool, _limit, _Model
-from gateway.text.tool_specs import MAX_TOOLS
+from shared.request_limits import MAX_TOOLS
 
 # The served name's enum goes on the string itself, so null (no model named) stays valid.
 ServedName = Annotated[str, Field(json_schema_extra=_limit("model"))]

@@ -13,9 +13,10 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator
 
-from gateway.openai.schema import (_COUNT_MAX, _INT64, _NAME_PATTERN, MIN_REPETITION_PENALTY, FunctionCall,
-                                    JsonObjectFormat, Logprobs, TextFormat, _int, _limit, _Model, _needs, _when)
-from gateway.text.tool_specs import MAX_TOOLS
+from gateway.openai.schema import (FunctionCall, JsonObjectFormat, Logprobs, MaxCompletionTokens, MinP,
+                                    RepetitionPenalty, Seed, Temperature, TextFormat, TopK, TopP, _limit, _Model,
+                                    _needs, _when)
+from shared.request_limits import MAX_TOOLS, NAME_PATTERN
 
 
 # ----- input items -----
@@ -109,7 +110,7 @@ InputItem = Annotated[Union[
 # ----- tools and formats -----
 class FunctionTool(_Model):
     type: Literal["function"]
-    name: str = Field(pattern=_NAME_PATTERN)
+    name: str = Field(pattern=NAME_PATTERN)
     description: str | None = None
     parameters: dict[str, Any] | None = Field(None, description="JSON schema of the arguments")
     strict: bool | None = None
@@ -122,7 +123,7 @@ class FunctionChoice(_Model):
 
 class JsonSchemaTextFormat(_Model):
     type: Literal["json_schema"]
-    name: str = Field(pattern=_NAME_PATTERN)
+    name: str = Field(pattern=NAME_PATTERN)
     schema_: dict[str, Any] = Field(alias="schema", description="a JSON schema")
     description: str | None = None
     strict: bool | None = None
@@ -145,10 +146,10 @@ class ResponsesBody(_Model):
     input: Union[Annotated[list[InputItem], Field(min_length=1)], Annotated[str, Field(min_length=1)]] = Field(
         description="the whole conversation: text (one user turn), or messages, function calls and their outputs")
     instructions: str | None = Field(None, description="a system message before the input")
-    max_output_tokens: _int(ge=1, json_schema_extra=_limit("context")) | None = Field(
+    max_output_tokens: MaxCompletionTokens | None = Field(
         None, description="reasoning included; the rendered prompt + this must fit the model's context")
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
     stream: bool | None = Field(None, description="true: the response is text/event-stream of typed events")
     tools: Annotated[list[FunctionTool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: Union[Literal["none", "auto", "required"], FunctionChoice] | None = Field(
@@ -156,10 +157,10 @@ class ResponsesBody(_Model):
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
     # Extensions, as vLLM names them.
-    seed: _int(**_INT64) | None = None
-    top_k: _int(ge=-1, le=_COUNT_MAX) | None = Field(None, description="0 or -1: off")
-    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
-    repetition_penalty: Annotated[float, Field(ge=MIN_REPETITION_PENALTY, le=10)] | None = None
+    seed: Seed | None = None
+    top_k: TopK | None = Field(None, description="0 or -1: off")
+    min_p: MinP | None = None
+    repetition_penalty: RepetitionPenalty | None = None
     ignore_eos: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = Field(None, description="passed to the chat template")
     # Accepted, no effect (metadata is echoed in the response).

@@ -26,16 +26,11 @@ from tokenizers import Tokenizer
 
 from gateway.server.errors import invalid
 from shared.grammar_limits import build_tokenizer, parser_limits
+from shared.request_limits import (MAX_COMPILE_SECONDS, MAX_SCHEMA_CHARS, MAX_SCHEMA_DEPTH, MAX_SCHEMA_PROPERTIES,
+                                   NAME_PATTERN, NAME_RULE)
 
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-MAX_SCHEMA_CHARS = 128 * 1024
-MAX_SCHEMA_DEPTH = 64  # nested objects/arrays in the schema document itself
-# Object properties in one schema. Optional properties cost the grammar most: 1000 of them compile in about
-# 0.1 s and 4000 in over a second, with masks to match.
-MAX_SCHEMA_PROPERTIES = 1000
-# A compile (in the gateway's check) slower than this is refused: the worker would pay it again.
-MAX_COMPILE_SECONDS = 1.0
-_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+_NAME = re.compile(NAME_PATTERN)
 
 
 @dataclass(frozen=True)
@@ -68,8 +63,7 @@ def parse_response_format(value: Any) -> ResponseFormat | None:
         raise invalid("response_format.json_schema must be an object", "response_format.json_schema")
     name = spec.get("name")
     if not isinstance(name, str) or not _NAME.match(name):
-        raise invalid("response_format.json_schema.name must be 1-64 letters, digits, _ or -",
-                      "response_format.json_schema.name")
+        raise invalid(f"response_format.json_schema.name must be {NAME_RULE}", "response_format.json_schema.name")
     unknown = sorted(set(spec) - {"name", "description", "schema", "strict"})
     if unknown:
         raise invalid(f"response_format.json_schema.{unknown[0]} is not supported", "response_format.json_schema")

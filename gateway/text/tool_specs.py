@@ -29,11 +29,11 @@ from typing import Any
 
 from gateway.server.errors import invalid
 from gateway.text.grammars import ResponseFormat, check_schema, schema_lark
+from shared.request_limits import MAX_TOOLS, NAME_PATTERN, NAME_RULE
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
-_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-MAX_TOOLS = 128
+_NAME = re.compile(NAME_PATTERN)
 EMPTY_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
@@ -106,7 +106,7 @@ def _tools(tools: Any) -> tuple[Tool, ...]:
             raise invalid(f"{where}.function.{unknown[0]} is not supported", f"{where}.function.{unknown[0]}")
         name = fn.get("name")
         if not isinstance(name, str) or not _NAME.match(name):
-            raise invalid(f"{where}.function.name must be 1-64 letters, digits, _ or -", f"{where}.function.name")
+            raise invalid(f"{where}.function.name must be {NAME_RULE}", f"{where}.function.name")
         if any(t.name == name for t in out):
             raise invalid(f"{where}.function.name {name!r} is declared twice", f"{where}.function.name")
         description = fn.get("description")

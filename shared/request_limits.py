@@ -1,0 +1,118 @@
+"""Every bound a request's fields must keep, defined once.
+
+The gateway's request models (gateway/openai/schema.py, gateway/responses_api/schema.py, and through them
+the OpenAPI document), the server's flags and SamplingParams' own checks (shared/sampling_params.py, run
+by the gateway that builds the parameters and again by the worker that receives them) all take their
+bounds from here, so what the document says, what the gateway refuses and what the worker refuses cannot
+drift apart. Bounds that depend on the served model or the server's flags (vocabulary size, context
+length, --max-n, stop strings) are checked where those are known; their static outer bounds and the flags'
+defaults are here too.
+
+Integral bounds are written as ints (0, not 0.0): the OpenAPI document shows them as written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+Number = int | float
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values lo..hi; None leaves a side unbounded, and an open side excludes its edge."""
+
+    lo: Number | None = None
+    hi: Number | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def contains(self, value: Number) -> bool:
+        """Whether `value` is in the range (NaN never is: every comparison with it is false)."""
+        above = self.lo is None or (value > self.lo if self.lo_open else value >= self.lo)
+        below = self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
+        return above and below
+
+    def field_kwargs(self) -> dict[str, Number]:
+        """pydantic's Field constraints for the range (ge/gt/le/lt, which JSON Schema writes as minimum,
+        exclusiveMinimum, maximum, exclusiveMaximum)."""
+        kwargs: dict[str, Number] = {}
+        if self.lo is not None:
+            kwargs["gt" if self.lo_open else "ge"] = self.lo
+        if self.hi is not None:
+            kwargs["lt" if self.hi_open else "le"] = self.hi
+        return kwargs
+
+
+# Counts and ids that cross the worker link are bounded, so every accepted value also fits msgpack's integers.
+COUNT_MAX = 2**31 - 1
+INT64 = Range(-(2**63), 2**63 - 1)
+
+# ----- sampling -----
+TEMPERATURE = Range(0, 2)  # 0 means greedy
+TOP_P = Range(0, 1, lo_open=True)
+TOP_K = Range(-1, COUNT_MAX)  # 0 or -1: off
+MIN_P = Range(0, 1)
+PRESENCE_PENALTY = Range(-2, 2)
+FREQUENCY_PENALTY = Range(-2, 2)
+# repetition_penalty divides the positive logits of seen tokens: a divisor near 0 (5e-324 is a valid float)
+# overflows them to inf, and the draw then reads NaN probabilities. 0.01 keeps every logit finite.
+REPETITION_PENALTY = Range(0.01, 10)
+LOGIT_BIAS = Range(-100, 100)  # each value of logit_bias
+SEED = INT64
+
+# ----- token ids -----
+# A token id given by the client (prompt, logit_bias key, stop_token_ids, /detokenize); below the served
+# model's vocabulary size too, which is checked where it is known.
+TOKEN_ID = Range(0, COUNT_MAX)
+
+# ----- lengths and counts -----
+# max_tokens: 0 scores the prompt without generating (completions allow it only with echo, as vLLM does);
+# the context length bounds it from above, where it is known.
+MAX_TOKENS = Range(0)
+# Chat's max_completion_tokens (and max_tokens) and the Responses API's max_output_tokens: no echo to score.
+MAX_COMPLETION_TOKENS = Range(1)
+COMPLETION_MAX_TOKENS_DEFAULT = 16  # OpenAI's default for /v1/completions
+MIN_TOKENS = Range(0, COUNT_MAX)  # and at most max_tokens
+# logprobs (completions), top_logprobs (chat, responses) and prompt_logprobs: alternatives per token.
+LOGPROBS = Range(0, 20)
+# Choices per request: --max-n (default DEFAULT_MAX_N) narrows it per server.
+N = Range(1, 128)
+DEFAULT_MAX_N = 16
+# Stop strings per request and characters per stop string: the defaults of --max-stop-strings and
+# --max-stop-length.
+DEFAULT_MAX_STOP = 16
+DEFAULT_MAX_STOP_LENGTH = 512
+
+# ----- tools and structured output -----
+MAX_TOOLS = 128  # function tools per request
+NAME_MAX_LENGTH = 64  # a function's or a JSON schema's name
+NAME_PATTERN = rf"^[a-zA-Z0-9_-]{{1,{NAME_MAX_LENGTH}}}$"
+NAME_RULE = f"1-{NAME_MAX_LENGTH} letters, digits, _ or -"  # NAME_PATTERN in words, for error messages
+MAX_SCHEMA_CHARS = 128 * 1024  # one JSON schema from a request, serialized
+MAX_SCHEMA_DEPTH = 64  # nested objects/arrays in the schema document itself
+# Object properties in one schema. Optional properties cost the grammar most: 1000 of them compile in about
+# 0.1 s and 4000 in over a second, with masks to match.
+MAX_SCHEMA_PROPERTIES = 1000
+# A compile (in the gateway's check) slower than this is refused: the worker would pay it again.
+MAX_COMPILE_SECONDS = 1.0
+# An llguidance grammar (a JSON schema or Lark text compiled by the gateway) bigger than this is refused.
+MAX_GRAMMAR_CHARS = 1 << 20
+
+
+def decimal_below(n: int) -> str:
+    """A regular expression for the decimal numbers 0 .. n-1 (no leading zeros): token ids as JSON object keys."""
+    top = str(n - 1)
+    k = len(top)
+    alternatives = ["0", f"[1-9][0-9]{{0,{k - 2}}}"] if k > 1 else []
+    for i, digit in enumerate(top):
+        low = 1 if i == 0 and k > 1 else 0  # no leading zero (a lone 0 is among the shorter numbers)
+        if int(digit) > low:
+            rest = f"[0-9]{{{k - i - 1}}}" if k - i - 1 else ""
+            alternatives.append(f"{top[:i]}[{low}-{int(digit) - 1}]{rest}")
+    alternatives.append(top)
+    return f"^({'|'.join(alternatives)})$"
+
+
+# JSON object keys are strings: logit_bias maps a token id written in decimal to a bias.
+TOKEN_ID_KEY_PATTERN = decimal_below(TOKEN_ID.hi + 1)
