@@ -14,7 +14,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def pytest_addoption(parser):
     parser.addoption("--server-device", default=None, metavar="DEVICE",
                      help="start the shared integration server with --device DEVICE (e.g. cuda; the GPU check "
-                          "runs tests/integration/test_api.py so); default: mili serve's own, auto")
+                          "runs tests/integration/api/test_api.py so); default: mili serve's own, auto")
 
 
 @pytest.fixture

@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SITE = Path("/tmp/site")
 # The integration files whose tests all use the one shared server (tests/integration/conftest.py), which
 # --server-device starts on the GPU: the OpenAI API through the SDK, structured output, prompt scoring.
-INTEGRATION = ("tests/integration/test_api.py", "tests/integration/test_structured_output.py",
-               "tests/integration/test_prompt_scoring.py")
+INTEGRATION = ("tests/integration/api/test_api.py", "tests/integration/api/test_structured_output.py",
+               "tests/integration/api/test_prompt_scoring.py")
 SUITES = {
     "tests/gpu": ["tests/gpu"],
     "integration --server-device cuda": ["--server-device", "cuda", *INTEGRATION],

@@ -3,7 +3,7 @@
 The greedy continuation equals transformers' greedy decoding on the same GPU (float32), a seeded sampled
 request streams the same text it returns whole and does not change when other requests share its batches,
 and /health names the device. The rest of the API runs against a CUDA server through the integration suite
-itself: `pytest --server-device cuda tests/integration/test_api.py ...` (what `make gpu-check` runs).
+itself: `pytest --server-device cuda tests/integration/api/test_api.py ...` (what `make gpu-check` runs).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers.server import Server
 from tests.integration.conftest import SERVED_NAME
-from tests.integration.test_disconnect import LONG, OpenStream, wait_idle
+from tests.integration.streams.test_disconnect import LONG, OpenStream, wait_idle
 
 ALIASES = {  # name as exposed -> Prometheus type
     "vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge",

@@ -18,7 +18,7 @@ import pytest
 from tests.helpers.server import Server
 from tests.helpers.sse import events as sse_events
 from tests.integration.conftest import SERVED_NAME
-from tests.integration.test_disconnect import wait_idle
+from tests.integration.streams.test_disconnect import wait_idle
 
 TTL_S = 2.0
 GREEDY = {"model": SERVED_NAME, "temperature": 0, "ignore_eos": True, "stream": True}

@@ -19,7 +19,7 @@ import httpx2
 
 from tests.helpers.server import Server
 from tests.helpers.soak import soak
-from tests.integration.test_disconnect import wait_idle
+from tests.integration.streams.test_disconnect import wait_idle
 
 NAME = "tiny-soak"
 REQUESTS = 1000

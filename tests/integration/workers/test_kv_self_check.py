@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers.server import Server
 from tests.integration.conftest import SERVED_NAME
-from tests.integration.test_disconnect import OpenStream, wait_idle
+from tests.integration.streams.test_disconnect import OpenStream, wait_idle
 
 VIOLATIONS = "mili_kv_invariant_violations_total"
 GREEDY = {"model": SERVED_NAME, "prompt": "the quick brown fox", "max_tokens": 40, "ignore_eos": True,

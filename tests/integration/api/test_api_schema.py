@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx2
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # The CLI as a module of this interpreter (a console script's shebang would pin the venv's path).
 ST = [sys.executable, "-m", "schemathesis.cli"]
 # Fuzzing cases per operation; the coverage phase adds its own boundary cases (several hundred in all).

@@ -17,7 +17,7 @@ import pytest
 from tests.helpers.server import Server
 from tests.helpers.sse import chunks
 from tests.integration.conftest import SERVED_NAME
-from tests.integration.test_disconnect import wait_idle
+from tests.integration.streams.test_disconnect import wait_idle
 
 DEFAULT_TIMEOUT_S = 3.0
 # Long enough that no request finishes on its own while the tests watch (the tiny model's context is 512).
