@@ -149,8 +149,12 @@ async def _constrained(state, req: ChatRequest, rendered: str) -> SamplingParams
     else:
         return req.params
     grammar = build_grammar(rules, state.text.reasoning_mode(rendered))
+    try:  # SamplingParams bounds the grammar's size (request_limits.MAX_GRAMMAR_CHARS): many large tools pass it
+        constrained = dataclasses.replace(req.params, grammar=grammar)
+    except SamplingParamsError as e:
+        raise invalid(f"{param}: {e}", param) from None
     await state.text.grammars.check(grammar, param)
-    return dataclasses.replace(req.params, grammar=grammar)
+    return constrained
 
 
 # ----- admission -----

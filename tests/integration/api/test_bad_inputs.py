@@ -6,6 +6,7 @@ from __future__ import annotations
 import httpx2
 import pytest
 
+from tests.helpers.server import Server
 from tests.integration.conftest import SERVED_NAME
 
 CHAT = "/v1/chat/completions"
@@ -84,6 +85,23 @@ def test_body_over_the_limit_is_413(server):
     r = httpx2.post(server.url + COMP, json=comp(prompt="x" * 300_000), timeout=30)
     assert r.status_code == 413 and r.json()["error"]["type"] == "invalid_request_error"
     assert httpx2.post(server.url + COMP, json=comp(), timeout=30).status_code == 200
+
+
+def test_tools_whose_grammar_is_over_the_size_limit_are_the_requests_error(tiny_model_dir, tmp_path):
+    """Each schema within its own limit, nine of them a tool grammar over the grammar size limit
+    (shared/request_limits.py): a 400 naming tools, and the server serves on. The shared server's body limit
+    is too small for such a request, so this one has its own."""
+    schema = {"type": "object", "description": "x" * 120_000, "properties": {"a": {"type": "string"}}}
+    tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": schema}} for i in range(9)]
+    srv = Server(tiny_model_dir, "--served-model-name", SERVED_NAME, "--max-body-size", "4MiB",
+                 log_path=tmp_path / "server.log").start()
+    try:
+        r = httpx2.post(srv.url + CHAT, json=chat(tools=tools, tool_choice="required"), timeout=60)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "tools" and "grammar" in r.json()["error"]["message"]
+        assert httpx2.post(srv.url + COMP, json=comp(), timeout=30).status_code == 200
+    finally:
+        srv.stop()
 
 
 def test_unknown_route_and_method(server):
