@@ -104,14 +104,15 @@ def transformers_spec(model_dir: Path, served_name: str, threads: int, max_concu
 
 
 class RunningServer:
-    def __init__(self, spec: ServerSpec, port: int, concurrency: int, log_path: Path, served_name: str):
+    def __init__(self, spec: ServerSpec, port: int, concurrency: int, log_path: Path, served_name: str,
+                 cwd: Path = ROOT):
         self.spec = spec
         self.served_name = served_name  # the model name requests send
         self.url = f"http://127.0.0.1:{port}"
         self.log = open(log_path, "ab")
         # env: os.environ as Python knows it. Without it the child inherits the C environment, where a Mojo
         # module loaded in this process has set PYTHONEXECUTABLE, which points the child outside the venv.
-        self.proc = subprocess.Popen(spec.command(port, concurrency), cwd=ROOT, stdout=self.log,
+        self.proc = subprocess.Popen(spec.command(port, concurrency), cwd=cwd, stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True, env=dict(os.environ))
 
     def wait_ready(self, timeout: float = 600.0) -> None:

@@ -1,8 +1,11 @@
-"""Typed messages between the gateway and its workers, and their msgpack framing.
+"""Typed messages between the gateway and its workers, framed as MessagePack by msgspec.
 
-Every frame is a msgpack map with a "type" and the fields that type declares. `decode` checks the frame
-size, the type, every field's presence and type, and refuses anything it does not know, so a malformed
-frame raises `WireError` and is never acted upon. Nothing is ever unpickled.
+Every frame is a msgpack map with a "type" (the message's tag) and the fields that type declares. The
+checks come from the field types: msgspec decodes a frame straight into the message class its tag names,
+refusing unknown and missing fields, values of the wrong type, and numbers outside the bounds the
+annotations below carry (int64 everywhere, finite floats, non-negative counts). What types cannot say is
+checked explicitly after decoding: the shape of logprob rows (`_check_rows`). A malformed frame raises
+`WireError` and is never acted upon. Nothing is ever unpickled.
 
 gateway -> worker: AddRequest, AbortRequests, AbortChoices (some choices of an n > 1 request),
                    DebugQuery (operator questions: /debug/kv)
@@ -15,13 +18,27 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from dataclasses import dataclass
-from typing import Any, ClassVar
+import sys
+import typing
+from typing import Annotated, Any, ClassVar, Union
 
-import msgpack
+import msgspec
+
+from shared.sampling_params import SamplingParams
 
 # A prompt of a million token ids packs to about 5 MB; anything far beyond is not a request.
 MAX_FRAME_BYTES = 64 << 20
+
+# msgpack carries integers up to 2**64 - 1; every integer on the wire (ids, counts, seeds) fits int64.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_FLOAT_MAX = sys.float_info.max
+Int = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]  # also token ids, choice indices
+# msgspec takes NaN and infinities for a float; bounds at the largest finite float refuse them (NaN fails
+# every comparison). An int arriving for a float field becomes a float.
+Float = Annotated[float, msgspec.Meta(ge=-_FLOAT_MAX, le=_FLOAT_MAX)]
+Seconds = Annotated[float, msgspec.Meta(ge=0, le=_FLOAT_MAX)]
+Weight = Annotated[float, msgspec.Meta(gt=0, le=_FLOAT_MAX)]
 
 
 class WireError(ValueError):
@@ -33,56 +50,84 @@ class WireError(ValueError):
         self.request_id = request_id
 
 
-@dataclass(frozen=True)
-class WorkerStats:
-    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("num_running", "num_waiting", "kv_blocks_total", "kv_blocks_used",
-                                               "prefix_cache_query_tokens", "prefix_cache_hit_tokens",
-                                               "num_preemptions", "kv_invariant_violations")
-    num_running: int
-    num_waiting: int
-    kv_blocks_total: int
-    kv_blocks_used: int
-    prefix_cache_query_tokens: int  # cumulative since the worker started
-    prefix_cache_hit_tokens: int
-    num_preemptions: int
-    kv_invariant_violations: int = 0  # cumulative
+class _Record(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A record on the wire: immutable, and a field it does not declare refuses the frame."""
 
 
-@dataclass(frozen=True)
-class AddRequest:
-    TYPE: ClassVar[str] = "add"
-    POSITIVE: ClassVar[tuple[str, ...]] = ("tenant_weight",)
+class _Message(_Record, frozen=True, tag_field="type"):
+    """A whole frame; its class's tag (TYPE) is the frame's "type"."""
+
+    TYPE: ClassVar[str]
+
+
+def _sampling_wire_type(hint: Any) -> Any:
+    """SamplingParams' annotation as the wire checks it: every int an int64, every float finite."""
+    if hint is int:
+        return Int
+    if hint is float:
+        return Float
+    args = tuple(_sampling_wire_type(a) for a in typing.get_args(hint))
+    origin = typing.get_origin(hint)
+    if origin in (Union, type(int | None)):
+        return Union[args]
+    if origin is tuple:  # tuple[int, ...]
+        return tuple[args[0], ...]
+    if origin is dict:
+        return dict[args]
+    return hint  # bool, str, None
+
+
+def _sampling_field(f: dataclasses.Field) -> tuple:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.name, _sampling_wire_type(_SAMPLING_HINTS[f.name]), msgspec.field(default_factory=f.default_factory)
+    return f.name, _sampling_wire_type(_SAMPLING_HINTS[f.name]), f.default
+
+
+# SamplingParams' fields, typed for the wire and derived from the dataclass so the two never drift apart.
+# The worker builds SamplingParams from it (sampling_params_from_wire), whose own checks then run: the
+# wire refuses what is not well-typed, SamplingParams what is out of its range, naming the parameter.
+_SAMPLING_HINTS = typing.get_type_hints(SamplingParams)
+WireSamplingParams = msgspec.defstruct("WireSamplingParams",
+                                       [_sampling_field(f) for f in dataclasses.fields(SamplingParams)],
+                                       bases=(_Record,), frozen=True, module=__name__)
+
+
+class WorkerStats(_Record, frozen=True):
+    num_running: Count  # sequences
+    num_waiting: Count
+    kv_blocks_total: Count
+    kv_blocks_used: Count  # held by live sequences; unreferenced cached blocks do not count
+    prefix_cache_query_tokens: Count  # cumulative since the worker started
+    prefix_cache_hit_tokens: Count
+    num_preemptions: Count
+    kv_invariant_violations: Count = 0  # cumulative: audits that found broken block accounting (and repaired it)
+
+
+class AddRequest(_Message, frozen=True, tag="add"):
     request_id: str
-    prompt_token_ids: list[int]
-    params: dict[str, Any]  # SamplingParams fields; the worker builds (and so validates) SamplingParams
+    prompt_token_ids: list[Count]
+    params: WireSamplingParams  # the worker builds (and so validates) SamplingParams from it
     # Seconds the request may still take, queue included (its deadline; monotonic clocks differ across
     # processes, so the budget travels, not the time). None: no deadline.
-    timeout_s: float | None = None
+    timeout_s: Float | None = None
     # Who sent it (an API key's name, never the key; "" without keys) and that key's weight: the worker
     # admits weighted-fair between tenants.
     tenant: str = ""
-    tenant_weight: float = 1.0
+    tenant_weight: Weight = 1.0
 
 
-@dataclass(frozen=True)
-class AbortRequests:
-    TYPE: ClassVar[str] = "abort"
+class AbortRequests(_Message, frozen=True, tag="abort"):
     request_ids: list[str]
 
 
-@dataclass(frozen=True)
-class AbortChoices:
+class AbortChoices(_Message, frozen=True, tag="abort_choices"):
     """Stop some choices of one request (each ended on a stop string in the gateway); the others run on."""
 
-    TYPE: ClassVar[str] = "abort_choices"
     request_id: str
-    indices: list[int]
+    indices: list[Count]
 
 
-@dataclass(frozen=True)
-class WorkerReady:
-    TYPE: ClassVar[str] = "ready"
-    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("max_model_len", "vocab_size")
+class WorkerReady(_Message, frozen=True, tag="ready"):
     model: str
     architecture: str
     dtype: str
@@ -90,52 +135,46 @@ class WorkerReady:
     attention_backend: str
     quantization: str
     decode_graphs: str  # "on (...)" or "off (reason)": whether decode steps replay CUDA graphs
-    max_model_len: int
-    vocab_size: int
+    max_model_len: Count
+    vocab_size: Count
     stats: WorkerStats
 
 
 # One sampled token's logprob entry: [token_id, logprob, [[token_id, logprob], ...]] (the top alternatives).
-LogprobRow = list[Any]
 # One scored prompt token: [token_id, logprob, rank, [[token_id, logprob], ...]].
+# Positional rows, which the engine builds and the gateway reads as lists: typed as tuples, msgspec would
+# hand back tuples, so their shape is checked by `_check_rows` instead.
+LogprobRow = list[Any]
 PromptLogprobRow = list[Any]
 
 
-@dataclass(frozen=True)
-class TokenDelta:
+class TokenDelta(_Record, frozen=True):
     """New tokens of one choice. logprobs, when asked for: one [token_id, logprob, [[id, logprob], ...]]
     per new token. prompt_logprobs, when asked for, once per request (on choice 0's first delta): one
     [token_id, logprob, rank, [[id, logprob], ...]] per prompt token after the first."""
 
-    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("index", "num_prompt_tokens", "num_cached_tokens", "queue_time")
     request_id: str
-    index: int
-    token_ids: list[int]
+    index: Count
+    token_ids: list[Count]
     finish_reason: str | None
-    num_prompt_tokens: int
-    num_cached_tokens: int
+    num_prompt_tokens: Count
+    num_cached_tokens: Count
     logprobs: list[LogprobRow] | None = None
-    stop_token_id: int | None = None
-    queue_time: float | None = None  # seconds waited before first scheduled, on a choice's first delta
+    stop_token_id: Int | None = None
+    queue_time: Seconds | None = None  # seconds waited before first scheduled, on a choice's first delta
     prompt_logprobs: list[PromptLogprobRow] | None = None
 
 
-@dataclass(frozen=True)
-class StepOutputs:
-    TYPE: ClassVar[str] = "outputs"
+class StepOutputs(_Message, frozen=True, tag="outputs"):
     deltas: list[TokenDelta]
     stats: WorkerStats
 
 
-@dataclass(frozen=True)
-class Heartbeat:
-    TYPE: ClassVar[str] = "heartbeat"
+class Heartbeat(_Message, frozen=True, tag="heartbeat"):
     stats: WorkerStats
 
 
-@dataclass(frozen=True)
-class RequestFailed:
-    TYPE: ClassVar[str] = "failed"
+class RequestFailed(_Message, frozen=True, tag="failed"):
     request_id: str
     message: str
     param: str | None = None
@@ -144,49 +183,45 @@ class RequestFailed:
 KV_FAULT_KINDS = ("leak", "orphan", "over_free")  # what inject_kv_fault can break (worker/core/kv_audit.py)
 
 
-@dataclass(frozen=True)
-class DebugQuery:
+class DebugQuery(_Message, frozen=True, tag="debug_query"):
     """An operator's question to a worker, answered between two engine steps by a DebugReply with the same
     token. what: "kv_ledger" (arg unused) or "inject_kv_fault" (arg: the fault kind; refused unless the
     worker runs with --enable-debug-faults)."""
 
-    TYPE: ClassVar[str] = "debug_query"
     token: str
     what: str
     arg: str | None = None
 
 
-@dataclass(frozen=True)
-class DebugReply:
-    TYPE: ClassVar[str] = "debug_reply"
+class DebugReply(_Message, frozen=True, tag="debug_reply"):
     token: str
     body: dict[str, Any]
     error: str | None = None
 
 
-MESSAGE_TYPES = {cls.TYPE: cls for cls in (AddRequest, AbortRequests, WorkerReady, StepOutputs, Heartbeat,
-                                           RequestFailed, AbortChoices, DebugQuery, DebugReply)}
+MESSAGE_TYPES = {cls.__struct_config__.tag: cls for cls in (AddRequest, AbortRequests, WorkerReady, StepOutputs,
+                                                            Heartbeat, RequestFailed, AbortChoices, DebugQuery,
+                                                            DebugReply)}
+for _tag, _cls in MESSAGE_TYPES.items():
+    _cls.TYPE = _tag
 Message = (AddRequest | AbortRequests | WorkerReady | StepOutputs | Heartbeat | RequestFailed | AbortChoices
            | DebugQuery | DebugReply)
 
-
-@functools.cache
-def _field_names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls))
-
-
-def _as_map(obj: Any) -> dict[str, Any]:
-    """A message (or a message inside one) as a map of its fields; msgpack calls this for each nested one,
-    so nothing is deep-copied first as dataclasses.asdict would (a step's deltas are most of the traffic)."""
-    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
-        raise TypeError(f"cannot put a {type(obj).__name__} on the wire")
-    return {name: getattr(obj, name) for name in _field_names(type(obj))}
+_encoder = msgspec.msgpack.Encoder()
 
 
 def encode(message: Message) -> bytes:
-    body = _as_map(message)
-    body["type"] = message.TYPE
-    return msgpack.packb(body, use_bin_type=True, default=_as_map)
+    return _encoder.encode(message)
+
+
+class _Untagged(_Message, frozen=True, tag="\0"):
+    """Never sent: a decoder for one message type still needs a union, or msgspec would take a frame
+    without a "type" as that type."""
+
+
+@functools.cache
+def _decoder(allowed: tuple[type, ...]) -> msgspec.msgpack.Decoder:
+    return msgspec.msgpack.Decoder(Union[(*allowed, _Untagged)])
 
 
 def decode(frame: bytes, allowed: tuple[type, ...]) -> Message:
@@ -194,147 +229,29 @@ def decode(frame: bytes, allowed: tuple[type, ...]) -> Message:
     if len(frame) > MAX_FRAME_BYTES:
         raise WireError(f"frame of {len(frame)} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")
     try:
-        body = msgpack.unpackb(frame, raw=False, strict_map_key=True)
-    except Exception as e:  # msgpack raises several unrelated types for corrupt input
+        message = _decoder(allowed).decode(frame)
+    except msgspec.ValidationError as e:
+        raise _refusal(frame, allowed, str(e)) from None
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as e:  # corrupt input, or nested too deep
         raise WireError(f"not a msgpack frame: {e}") from e
-    if not isinstance(body, dict):
-        raise WireError("a frame must be a map")
-    kind = body.pop("type", None)
-    cls = MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None
-    if cls is None or cls not in allowed:
-        raise WireError(f"unexpected message type {kind!r}")
-    try:
-        return _build(cls, body, cls.__name__)
-    except WireError as e:
-        request_id = body.get("request_id") if cls is AddRequest else None
-        if isinstance(request_id, str):
-            e.request_id = request_id
-        raise
+    if type(message) is StepOutputs:
+        for i, delta in enumerate(message.deltas):
+            if delta.logprobs is not None or delta.prompt_logprobs is not None:
+                _check_rows(delta, f"StepOutputs.deltas[{i}]")
+    elif type(message) is _Untagged:
+        raise WireError("unexpected message type '\\x00'")
+    return message
 
 
-_SCALARS = {int: (int,), float: (float, int), str: (str,), bool: (bool,)}
-# msgpack carries integers up to 2**64 - 1; every integer on the wire (ids, counts, seeds) fits int64.
-_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
-
-
-def _is_int64(value: Any) -> bool:
-    return type(value) is int and _INT_MIN <= value <= _INT_MAX
-
-
-def _is_finite_float(value: Any) -> bool:
-    return type(value) is float and math.isfinite(value)
-
-
-# Per annotation, a test that a value is valid as it stands (no conversion due), true for the common case
-# only; a value it does not pass goes through `_check`, which converts it or says precisely what is wrong.
-# This keeps the error path's messages out of the path every token delta takes.
-_VALID_AS_IS: dict[str, Any] = {
-    "int": _is_int64,
-    "int | None": lambda v: v is None or _is_int64(v),
-    "float": _is_finite_float,
-    "float | None": lambda v: v is None or _is_finite_float(v),
-    "str": lambda v: type(v) is str,
-    "str | None": lambda v: v is None or type(v) is str,
-    "list[int]": lambda v: type(v) is list and all(type(t) is int and 0 <= t <= _INT_MAX for t in v),
-    "list[LogprobRow] | None": lambda v: v is None,
-    "list[PromptLogprobRow] | None": lambda v: v is None,
-}
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """How to check one message class, worked out once: its fields (name, annotation, quick test, required)."""
-
-    names: frozenset[str]
-    fields: tuple[tuple[str, str, Any, bool], ...]
-    non_negative: tuple[str, ...]
-    positive: tuple[str, ...]
-
-
-@functools.cache
-def _plan(cls: type) -> _Plan:
-    fields = tuple((f.name, f.type, _VALID_AS_IS.get(f.type),
-                    f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
-                   for f in dataclasses.fields(cls))
-    return _Plan(frozenset(f[0] for f in fields), fields, getattr(cls, "NON_NEGATIVE", ()),
-                 getattr(cls, "POSITIVE", ()))
-
-
-def _build(cls: type, body: Any, where: str) -> Any:
-    if not isinstance(body, dict):
-        raise WireError(f"{where}: expected a map")
-    plan = _plan(cls)
-    unknown = body.keys() - plan.names
-    if unknown:
-        raise WireError(f"{where}: unknown fields {sorted(unknown)}")
-    values = {}
-    for name, annotation, valid_as_is, required in plan.fields:
-        if name not in body:
-            if required:
-                raise WireError(f"{where}: missing field {name!r}")
-            continue
-        value = body[name]
-        values[name] = value if valid_as_is is not None and valid_as_is(value) else \
-            _check(annotation, value, f"{where}.{name}")
-    for name in plan.non_negative:
-        if values.get(name) is not None and values[name] < 0:
-            raise WireError(f"{where}.{name}: must not be negative, got {values[name]}")
-    for name in plan.positive:
-        if values.get(name) is not None and not values[name] > 0:
-            raise WireError(f"{where}.{name}: must be positive, got {values[name]}")
-    return cls(**values)
-
-
-def _check(annotation: str, value: Any, where: str) -> Any:
-    """Validate one field against its annotation (kept as a string by `from __future__ import annotations`)."""
-    optional = annotation.endswith(" | None")
-    kind = annotation.removesuffix(" | None")
-    if value is None:
-        if optional:
-            return None
-        raise WireError(f"{where}: must not be null")
-    if kind in ("int", "float", "str", "bool"):
-        scalar = {"int": int, "float": float, "str": str, "bool": bool}[kind]
-        if not isinstance(value, _SCALARS[scalar]) or (scalar is not bool and isinstance(value, bool)):
-            raise WireError(f"{where}: expected {kind}, got {type(value).__name__}")
-        if scalar is int and not _INT_MIN <= value <= _INT_MAX:
-            raise WireError(f"{where}: {value} is out of the int64 range")
-        if scalar is float:
-            value = float(value)
-            if not math.isfinite(value):
-                raise WireError(f"{where}: must be finite, got {value}")
-        return value
-    if kind == "list[int]":  # token ids
-        if not isinstance(value, list) or not all(type(v) is int and 0 <= v <= _INT_MAX for v in value):
-            raise WireError(f"{where}: expected {kind} of token ids (non-negative int64)")
-        return value
-    if kind == "list[str]":
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise WireError(f"{where}: expected {kind}")
-        return value
-    if kind in ("dict[str, Any]", "list[list[Any]]"):
-        if not isinstance(value, dict if kind.startswith("dict") else list):
-            raise WireError(f"{where}: expected {kind}")
-        return value  # the consumer validates the contents (SamplingParams, logprob rows)
-    if kind == "list[LogprobRow]":
-        if not isinstance(value, list) or not all(_is_logprob_row(row) for row in value):
-            raise WireError(f"{where}: expected [token_id, logprob, [[token_id, logprob], ...]] rows")
-        return value
-    if kind == "list[PromptLogprobRow]":
-        if not isinstance(value, list) or not all(_is_prompt_logprob_row(row) for row in value):
-            raise WireError(f"{where}: expected [token_id, logprob, rank, [[token_id, logprob], ...]] rows")
-        return value
-    if kind == "WorkerStats":
-        return _build(WorkerStats, value, where)
-    if kind == "list[TokenDelta]":
-        if not isinstance(value, list):
-            raise WireError(f"{where}: expected a list")
-        return [_build(TokenDelta, v, f"{where}[{i}]") for i, v in enumerate(value)]
-    raise WireError(f"{where}: no rule for {annotation}")  # a programming error, caught by the wire tests
+def _check_rows(delta: TokenDelta, where: str) -> None:
+    if delta.logprobs is not None and not all(map(_is_logprob_row, delta.logprobs)):
+        raise WireError(f"{where}.logprobs: expected [token_id, logprob, [[token_id, logprob], ...]] rows")
+    if delta.prompt_logprobs is not None and not all(map(_is_prompt_logprob_row, delta.prompt_logprobs)):
+        raise WireError(f"{where}.prompt_logprobs: expected [token_id, logprob, rank, [[token_id, logprob], ...]] rows")
 
 
 def _is_token_id(value: Any) -> bool:
-    return type(value) is int and 0 <= value <= _INT_MAX
+    return type(value) is int and 0 <= value <= INT64_MAX
 
 
 def _is_logprob(value: Any) -> bool:
@@ -342,50 +259,113 @@ def _is_logprob(value: Any) -> bool:
 
 
 def _is_logprob_row(row: Any) -> bool:
-    return (isinstance(row, list) and len(row) == 3 and _is_token_id(row[0]) and _is_logprob(row[1])
-            and isinstance(row[2], list) and all(isinstance(p, list) and len(p) == 2 and _is_token_id(p[0])
-                                                 and _is_logprob(p[1]) for p in row[2]))
+    return (type(row) is list and len(row) == 3 and _is_token_id(row[0]) and _is_logprob(row[1])
+            and type(row[2]) is list and all(type(p) is list and len(p) == 2 and _is_token_id(p[0])
+                                             and _is_logprob(p[1]) for p in row[2]))
 
 
 def _is_prompt_logprob_row(row: Any) -> bool:
-    return (isinstance(row, list) and len(row) == 4 and type(row[2]) is int and row[2] >= 1
+    return (type(row) is list and len(row) == 4 and type(row[2]) is int and 1 <= row[2] <= INT64_MAX
             and _is_logprob_row([row[0], row[1], row[3]]))
 
 
-def sampling_params_to_wire(params) -> dict[str, Any]:
-    """SamplingParams -> a msgpack-safe map (logit_bias keys become a list of pairs: map keys must be strings)."""
-    out = dataclasses.asdict(params)
-    out["logit_bias"] = [[k, v] for k, v in params.logit_bias.items()]
-    out["stop_token_ids"] = list(params.stop_token_ids)
-    return out
+def sampling_params_to_wire(params: SamplingParams) -> WireSamplingParams:
+    return WireSamplingParams(**{f: getattr(params, f) for f in WireSamplingParams.__struct_fields__})
 
 
-def sampling_params_from_wire(fields_: dict[str, Any]):
-    """The inverse of sampling_params_to_wire; SamplingParams' own validation runs on the result.
-
-    Every field's type is checked against SamplingParams' annotation first (so its range checks never
-    meet a string or a nested map); a field whose annotation has no rule here is left to SamplingParams.
-    """
-    from shared.sampling_params import SamplingParams
-
-    fields = {f.name: f for f in dataclasses.fields(SamplingParams)}
-    unknown = set(fields_) - set(fields)
-    if unknown:
-        raise WireError(f"unknown sampling parameters {sorted(unknown)}")
-    values = {}
-    for name, value in fields_.items():
-        annotation = fields[name].type
-        if name == "logit_bias":
-            if not isinstance(value, list) or not all(isinstance(p, list) and len(p) == 2 for p in value):
-                raise WireError("logit_bias must be a list of [token_id, bias] pairs")
-            value = {_check("int", k, "logit_bias key"): _check("float", v, "logit_bias value") for k, v in value}
-        elif annotation == "tuple[int, ...]":
-            value = tuple(_check("list[int]", value, f"SamplingParams.{name}"))
-        elif annotation.removesuffix(" | None") in ("int", "float", "str", "bool"):
-            value = _check(annotation, value, f"SamplingParams.{name}")
-        values[name] = value
+def sampling_params_from_wire(params: WireSamplingParams | dict[str, Any]) -> SamplingParams:
+    """SamplingParams from their wire form (or a map of its fields, checked as a frame's would be);
+    SamplingParams' own validation runs on the result and names the parameter it refuses."""
+    if isinstance(params, dict):
+        unknown = params.keys() - set(WireSamplingParams.__struct_fields__)
+        if unknown:
+            raise WireError(f"unknown sampling parameters {sorted(map(str, unknown))}")
+        try:
+            params = msgspec.convert(params, WireSamplingParams, strict=True)
+        except msgspec.ValidationError as e:
+            raise WireError(f"bad sampling parameters: {_explain(WireSamplingParams, str(e))}") from None
     try:
-        return SamplingParams(**values)
+        return SamplingParams(**msgspec.structs.asdict(params))
     except (TypeError, OverflowError) as e:
         raise WireError(f"bad sampling parameters: {e}") from e
 
+
+# ----- the error path: msgspec's reasons, said in the wire's words (the first field that failed) -----
+
+def _refusal(frame: bytes, allowed: tuple[type, ...], reason: str) -> WireError:
+    try:  # untyped, only to name the message and its request
+        body = msgspec.msgpack.decode(frame)
+    except Exception:  # e.g. a map key that cannot be a Python key, which the typed pass stopped before
+        return WireError(reason)
+    if not isinstance(body, dict):
+        return WireError("a frame must be a map")
+    kind = body.get("type")
+    cls = MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None or cls not in allowed:
+        return WireError(f"unexpected message type {kind!r}")
+    request_id = body.get("request_id") if cls is AddRequest else None
+    return WireError(_explain(cls, reason), request_id if isinstance(request_id, str) else None)
+
+
+def _explain(cls: type, reason: str) -> str:
+    """msgspec's "Expected `int` >= 0 - at `$.deltas[0].index`" as "StepOutputs.deltas[0].index: must not be
+    negative"; a type mismatch names the declared type of the field it happened in."""
+    text, _, at = reason.partition(" - at `")
+    key, _, path = at.rstrip("`").rpartition("$")  # key: "`key` in `" when a map's key was the problem
+    where = cls.__name__ + path + (" (a key)" if key else "")
+    if text.startswith("Object missing required field "):
+        return f"{where}: missing field {text.rpartition(' ')[2].strip('`')!r}"
+    if text.startswith("Object contains unknown field "):
+        return f"{where}: unknown fields [{text.rpartition(' ')[2].strip('`')!r}]"
+    if text.startswith("Expected `") and ", got `" in text:
+        got = text.rpartition("got ")[2].strip("`")
+        if got in ("null", "None"):
+            return f"{where}: must not be null"
+        expected = text.split("`")[1] if key else _type_name(_field_type(cls, path))
+        return f"{where}: expected {expected}, got {got}"
+    op, bound = text.rsplit(" ", 2)[-2:]
+    if text.startswith("Expected `") and op in ("<", "<=", ">", ">="):  # a bound: "Expected `float` > 0.0"
+        if bound in (str(INT64_MIN), str(INT64_MAX)):
+            return f"{where}: out of the int64 range"
+        if abs(float(bound)) == _FLOAT_MAX:
+            return f"{where}: must be finite"
+        if float(bound) == 0:
+            return f"{where}: must be positive" if op == ">" else f"{where}: must not be negative"
+        return f"{where}: must be {op} {bound}"
+    return f"{where}: {text}"
+
+
+def _field_type(cls: type, path: str) -> Any:
+    """The annotation of the innermost record field `path` ("$.deltas[0].token_ids[2]" less the "$") names."""
+    tp = found = cls
+    for part in path.replace("[", ".[").split(".")[1:]:
+        tp = _strip(tp)
+        if part.startswith("["):
+            args = typing.get_args(tp)
+            tp = args[-1] if args else Any
+        elif isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+            tp = found = typing.get_type_hints(tp, include_extras=True).get(part, Any)
+        else:
+            break
+    return found
+
+
+def _strip(tp: Any) -> Any:
+    """Int | None -> int: the annotation without its bounds and its None."""
+    if typing.get_origin(tp) is Annotated:
+        return _strip(typing.get_args(tp)[0])
+    if typing.get_origin(tp) in (Union, type(int | None)):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _strip(args[0]) if len(args) == 1 else tp
+    return tp
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Annotated:
+        return _type_name(typing.get_args(tp)[0])
+    if typing.get_origin(tp) in (Union, type(int | None)):
+        return " | ".join(_type_name(a) for a in typing.get_args(tp))
+    args = typing.get_args(tp)
+    if args:
+        return f"{typing.get_origin(tp).__name__}[{', '.join('...' if a is ... else _type_name(a) for a in args)}]"
+    return "None" if tp is type(None) else getattr(tp, "__name__", str(tp)).removeprefix("typing.")

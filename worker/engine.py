@@ -20,6 +20,7 @@ import torch
 from kernels.build.gpu_modules import GpuShape
 from shared.config import EngineConfig
 from shared.sampling_params import SamplingParams, SamplingParamsError
+from shared.wire import WorkerStats
 from worker.attention.selection import get_attention_backend
 from worker.core.block_manager import BlockManager
 from worker.core.deadlines import DeadlineQueue
@@ -32,7 +33,7 @@ from worker.runner.kv_cache import allocate_kv_caches, num_blocks_for_memory
 from worker.checkpoint.model_config import ModelConfig
 from worker.runner.model_runner import ModelRunner
 from worker.model.packed_linear import packing_supported
-from worker.outputs import Completion, EngineStats, RequestRejected, SequenceOutput
+from worker.outputs import Completion, RequestRejected, SequenceOutput
 from worker.runner.sampler import Sampler, SamplingRow, make_generator
 from worker.core.scheduler import ScheduledBatch, Scheduler
 from worker.core.sequence import Sequence
@@ -354,9 +355,9 @@ class LLMEngine:
         """Break the block accounting on purpose (--enable-debug-faults only): the audit must repair it."""
         return inject_fault(self.block_manager, kind, self._live_sequences())
 
-    def stats(self) -> EngineStats:
+    def stats(self) -> WorkerStats:
         bm, sch = self.block_manager, self.scheduler
-        return EngineStats(
+        return WorkerStats(
             num_running=len(sch.running), num_waiting=len(sch.waiting) + sum(map(len, self._forks.values())),
             kv_blocks_total=bm.num_blocks, kv_blocks_used=bm.num_used_blocks,
             prefix_cache_query_tokens=sch.prefix_query_tokens, prefix_cache_hit_tokens=sch.prefix_hit_tokens,

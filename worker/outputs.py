@@ -34,18 +34,6 @@ class SequenceOutput:
     prompt_logprobs: list[PromptTokenLogprob] | None = None
 
 
-@dataclass(frozen=True)
-class EngineStats:
-    num_running: int  # sequences
-    num_waiting: int
-    kv_blocks_total: int
-    kv_blocks_used: int  # held by live sequences; unreferenced cached blocks do not count
-    prefix_cache_query_tokens: int
-    prefix_cache_hit_tokens: int
-    num_preemptions: int
-    kv_invariant_violations: int = 0  # audits that found broken block accounting (and repaired it)
-
-
 @dataclass
 class Completion:
     """A finished request, gathered by LLMEngine.generate (offline use and tests)."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import dataclasses
 import json
 import logging
 import os
@@ -40,7 +39,7 @@ def _die_with_the_gateway() -> None:
 _die_with_the_gateway()
 
 from worker.engine import LLMEngine  # noqa: E402  (imports torch)
-from worker.outputs import EngineStats, RequestRejected, SequenceOutput  # noqa: E402
+from worker.outputs import RequestRejected, SequenceOutput  # noqa: E402
 
 log = logging.getLogger("mili.worker")
 
@@ -87,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                                 attention_backend=engine.attention_backend.name, quantization=engine.quantization,
                                 decode_graphs=engine.runner.decode_graphs_status,
                                 max_model_len=engine.max_model_len,
-                                vocab_size=mc.vocab_size, stats=_stats(engine.stats())))
+                                vocab_size=mc.vocab_size, stats=engine.stats()))
     try:
         _engine_loop(engine, inbox, outbox, args.enable_debug_faults)
     finally:
@@ -104,7 +103,7 @@ def _engine_loop(engine: LLMEngine, inbox: queue.Queue, outbox: queue.Queue, deb
                 messages.append(inbox.get(timeout=HEARTBEAT_S))
             except queue.Empty:
                 engine.check_kv()  # steps audit as they go; an idle engine is audited here
-                outbox.put(wire.Heartbeat(stats=_stats(engine.stats())))
+                outbox.put(wire.Heartbeat(stats=engine.stats()))
                 continue
         while True:
             try:
@@ -120,7 +119,7 @@ def _engine_loop(engine: LLMEngine, inbox: queue.Queue, outbox: queue.Queue, deb
                 _handle(engine, message, outbox)
         if engine.has_unfinished_requests():
             outputs = engine.step()
-            outbox.put(wire.StepOutputs(deltas=[_delta(o) for o in outputs], stats=_stats(engine.stats())))
+            outbox.put(wire.StepOutputs(deltas=[_delta(o) for o in outputs], stats=engine.stats()))
 
 
 def _handle(engine: LLMEngine, message, outbox: queue.Queue) -> None:
@@ -207,10 +206,6 @@ def _delta(out: SequenceOutput) -> wire.TokenDelta:
                            num_cached_tokens=out.num_cached_tokens, logprobs=logprobs,
                            stop_token_id=out.stop_token_id, queue_time=out.queue_time,
                            prompt_logprobs=prompt_logprobs)
-
-
-def _stats(s: EngineStats) -> wire.WorkerStats:
-    return wire.WorkerStats(**dataclasses.asdict(s))  # the same fields, by design
 
 
 if __name__ == "__main__":

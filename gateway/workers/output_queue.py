@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from dataclasses import replace
 from typing import Any
+
+import msgspec
 
 from shared import wire
 
@@ -28,11 +29,11 @@ def merged(first: wire.TokenDelta, then: wire.TokenDelta) -> wire.TokenDelta:
     logprobs = None
     if first.logprobs is not None or then.logprobs is not None:
         logprobs = [*(first.logprobs or ()), *(then.logprobs or ())]
-    return replace(first, token_ids=[*first.token_ids, *then.token_ids], finish_reason=then.finish_reason,
-                   num_cached_tokens=then.num_cached_tokens, logprobs=logprobs, stop_token_id=then.stop_token_id,
-                   queue_time=first.queue_time if first.queue_time is not None else then.queue_time,
-                   prompt_logprobs=first.prompt_logprobs if first.prompt_logprobs is not None
-                   else then.prompt_logprobs)
+    return msgspec.structs.replace(
+        first, token_ids=[*first.token_ids, *then.token_ids], finish_reason=then.finish_reason,
+        num_cached_tokens=then.num_cached_tokens, logprobs=logprobs, stop_token_id=then.stop_token_id,
+        queue_time=first.queue_time if first.queue_time is not None else then.queue_time,
+        prompt_logprobs=first.prompt_logprobs if first.prompt_logprobs is not None else then.prompt_logprobs)
 
 
 class RequestOutputQueue:

@@ -21,8 +21,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
+import msgspec
 import zmq
 import zmq.asyncio
 
@@ -380,7 +381,7 @@ class WorkerPool:
         handle.worker = slot
         # The seconds left are counted again for each send: a resubmitted request keeps its deadline.
         timeout_s = None if handle.deadline is None else max(0.0, handle.deadline - time.monotonic())
-        handle.add = replace(handle.add, request_id=handle.request_id, timeout_s=timeout_s)
+        handle.add = msgspec.structs.replace(handle.add, request_id=handle.request_id, timeout_s=timeout_s)
         slot.requests[handle.request_id] = handle
         slot.send(handle.add)
 

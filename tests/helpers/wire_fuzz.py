@@ -3,11 +3,11 @@ fields removed, added or replaced by values of the wrong type or range (nested m
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from typing import Any
 
 import msgpack
+import msgspec
 
 from shared import wire
 from shared.sampling_params import SamplingParams
@@ -48,9 +48,7 @@ def worker_to_gateway_templates() -> list[dict]:
 
 
 def _body(message) -> dict:
-    body = dataclasses.asdict(message)
-    body["type"] = message.TYPE
-    return body
+    return msgspec.to_builtins(message)  # the frame's map, "type" included
 
 
 def _pack(body: Any) -> bytes:
@@ -66,7 +64,7 @@ def _mutate(rng: random.Random, value: Any, depth: int = 0) -> Any:
         if action < 0.15:
             del value[key]
         elif action < 0.25:
-            value[rng.choice(["extra", "type", "evil", key + "_"])] = rng.choice(ODD_VALUES)
+            value[rng.choice(["extra", "type", "evil", f"{key}_"])] = rng.choice(ODD_VALUES)
         elif action < 0.6 and depth < 4:
             value[key] = _mutate(rng, value[key], depth + 1)
         else:
@@ -121,6 +119,19 @@ def delta_frames(rng: random.Random, count: int) -> list[bytes]:
             field = rng.choice([k for k in delta if k != "request_id"])
             delta[field] = _mutate(rng, delta[field]) if rng.random() < 0.7 else rng.choice(ODD_VALUES)
         frames.append(_pack({**template, "deltas": [delta]}))
+    return frames
+
+
+def params_frames(rng: random.Random, count: int) -> list[bytes]:
+    """AddRequests with one or two sampling parameters replaced by odd values: the frame refuses what is
+    ill-typed, and what is well-typed reaches SamplingParams' own range checks."""
+    template = gateway_to_worker_templates()[0]
+    frames = []
+    for _ in range(count):
+        params = dict(template["params"])
+        for _ in range(rng.randrange(1, 3)):
+            params[rng.choice(list(params))] = rng.choice(ODD_VALUES)
+        frames.append(_pack({**template, "params": params}))
     return frames
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
+import math
+import typing
 
 import msgpack
+import msgspec
 import pytest
 
 from shared import wire
@@ -26,8 +28,9 @@ MESSAGES = [
                      stats=STATS),
     wire.Heartbeat(stats=STATS),
     wire.RequestFailed(request_id="r1", message="too long", param="prompt"),
-    wire.AddRequest(request_id="r2", prompt_token_ids=[4], params={}, timeout_s=2.5),
-    wire.AddRequest(request_id="r3", prompt_token_ids=[4], params={}, tenant="team-a", tenant_weight=2.5),
+    wire.AddRequest(request_id="r2", prompt_token_ids=[4], params=wire.WireSamplingParams(), timeout_s=2.5),
+    wire.AddRequest(request_id="r3", prompt_token_ids=[4], params=wire.WireSamplingParams(), tenant="team-a",
+                    tenant_weight=2.5),
     wire.DebugQuery(token="t1", what="inject_kv_fault", arg="leak"),
     wire.DebugReply(token="t1", body={"totals": {"used": 3}, "requests": {"r1": []}}, error=None),
     wire.AbortChoices(request_id="r1", indices=[0, 2]),
@@ -105,31 +108,106 @@ def test_bad_sampling_params_are_refused_with_their_name():
     assert e.value.param == "temperature"
 
 
+def _plain(value):
+    """A message as the plain nested map msgpack would pack: a tagged message's "type" first, then its fields."""
+    if isinstance(value, msgspec.Struct):
+        tag = type(value).__struct_config__.tag
+        fields = {name: _plain(getattr(value, name)) for name in value.__struct_fields__}
+        return fields if tag is None else {"type": tag, **fields}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
 @pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
 def test_encoding_is_the_plain_field_map(message):
-    """encode's shallow field maps give the bytes of the plain deep copy (dataclasses.asdict) they replaced."""
-    plain = {**dataclasses.asdict(message), "type": message.TYPE}
-    assert wire.encode(message) == msgpack.packb(plain, use_bin_type=True)
+    """A frame is the plain msgpack map of the message's fields, every field present, as msgpack itself packs it."""
+    assert wire.encode(message) == msgpack.packb(_plain(message), use_bin_type=True)
 
 
-SAMPLES = [0, 1, -1, 2**63 - 1, 2**63, -(2**63), -(2**63) - 1, True, False, 0.0, 1.5, -2.0, float("nan"),
-           float("inf"), "", "x", None, [], [0, 5], [-1], [True], [1.0], [2**63], {}, [[1, -0.5, []]], b"x"]
+SAMPLES = [0, 1, -1, 2**63 - 1, 2**63, 2**64 - 1, -(2**63), True, False, 0.0, 1.5, -2.0, float("nan"),
+           float("inf"), float("-inf"), "", "x", None, [], [0, 5], [-1], [True], [1.0], [2**63], {}, [[1, -0.5, []]],
+           b"x"]
+ROWS = ("logprobs", "prompt_logprobs")  # positional rows, checked by shape: a logprob may be -inf
 
 
-@pytest.mark.parametrize("annotation", sorted(wire._VALID_AS_IS))
-def test_the_quick_check_accepts_only_what_the_full_check_keeps_unchanged(annotation):
-    """_build takes a value past `_check` when the annotation's quick test passes: that test must never pass
-    a value `_check` would refuse or convert (an int for a float field goes the full way and becomes a float)."""
-    quick = wire._VALID_AS_IS[annotation]
-    passed = 0
-    for value in SAMPLES:
-        if quick(value):
-            passed += 1
-            assert wire._check(annotation, value, "x") is value, (annotation, value)
-    assert passed  # each quick test takes some common case
+def _field_paths(body: dict, prefix=()):
+    """Paths to every field of a frame's map, into nested records and the first element of their lists."""
+    for key, value in body.items():
+        if key == "type" or key in ROWS:
+            continue
+        yield (*prefix, key)
+        if isinstance(value, dict) and key != "body":
+            yield from _field_paths(value, (*prefix, key))
+        elif isinstance(value, list) and value and isinstance(value[0], dict):
+            yield from _field_paths(value[0], (*prefix, key, 0))
 
 
-def test_every_quick_check_names_an_annotation_on_the_wire():
-    used = {f.type for cls in wire.MESSAGE_TYPES.values() for f in dataclasses.fields(cls)}
-    used |= {f.type for cls in (wire.TokenDelta, wire.WorkerStats) for f in dataclasses.fields(cls)}
-    assert set(wire._VALID_AS_IS) <= used
+def _replaced(body, path, value):
+    body = list(body) if isinstance(body, list) else dict(body)
+    body[path[0]] = value if len(path) == 1 else _replaced(body[path[0]], path[1:], value)
+    return body
+
+
+def _numbers(value):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _numbers(k)
+            if k not in ROWS:
+                yield from _numbers(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _numbers(v)
+    elif type(value) in (int, float):
+        yield value
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+def test_every_number_that_gets_through_is_an_int64_or_finite(message):
+    """Any value of any msgpack kind in any field: what decodes carries only int64 integers and finite floats
+    (msgspec takes NaN, infinities and integers up to 2**64 - 1 unless the field's bounds say otherwise)."""
+    body = msgspec.to_builtins(message)
+    accepted = refused = 0
+    for path in _field_paths(body):
+        for sample in SAMPLES:
+            try:
+                decoded = wire.decode(frame(_replaced(body, path, sample)), ALL)
+            except wire.WireError:
+                refused += 1
+                continue
+            accepted += 1
+            for number in _numbers(msgspec.to_builtins(decoded)):
+                assert (type(number) is int and -(2**63) <= number < 2**63) or math.isfinite(number), (path, sample)
+    assert accepted and refused
+
+
+def test_the_bounds_refuse_what_they_name():
+    add = msgspec.to_builtins(MESSAGES[0])
+    for field, value in [("timeout_s", float("nan")), ("timeout_s", float("inf")), ("tenant_weight", float("nan"))]:
+        with pytest.raises(wire.WireError, match=f"AddRequest.{field}: must be"):
+            wire.decode(frame({**add, field: value}), ALL)
+    with pytest.raises(wire.WireError, match=r"AddRequest.prompt_token_ids\[1\]: out of the int64 range"):
+        wire.decode(frame({**add, "prompt_token_ids": [1, 2**63]}), ALL)
+    with pytest.raises(wire.WireError, match=r"AddRequest.params.seed: out of the int64 range"):
+        wire.decode(frame({**add, "params": {"seed": 2**64 - 1}}), ALL)
+    with pytest.raises(wire.WireError, match=r"AddRequest.params.temperature: must be finite"):
+        wire.decode(frame({**add, "params": {"temperature": float("inf")}}), ALL)
+    stats = {**STATS_MAP, "num_waiting": -1}
+    with pytest.raises(wire.WireError, match=r"Heartbeat.stats.num_waiting: must not be negative"):
+        wire.decode(frame({"type": "heartbeat", "stats": stats}), ALL)
+
+
+def test_a_frame_without_a_type_is_refused_even_where_one_type_is_allowed():
+    with pytest.raises(wire.WireError, match="unexpected message type"):
+        wire.decode(frame({"request_ids": ["r"]}), (wire.AbortRequests,))
+
+
+def test_the_wire_sampling_parameters_are_sampling_params_fields():
+    """WireSamplingParams is derived from SamplingParams: the same names and defaults, in the same order."""
+    import dataclasses
+
+    assert wire.WireSamplingParams.__struct_fields__ == tuple(f.name for f in dataclasses.fields(SamplingParams))
+    assert wire.sampling_params_from_wire(wire.WireSamplingParams()) == SamplingParams()
+    assert typing.get_origin(typing.get_type_hints(wire.WireSamplingParams, include_extras=True)["seed"]) is not None

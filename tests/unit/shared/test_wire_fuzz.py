@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 
+import msgspec
 import pytest
 
 from gateway.streams.choice_stream import TextOptions, _Choice
@@ -16,7 +17,7 @@ from shared.config import EngineConfig
 from shared.sampling_params import SamplingParams, SamplingParamsError
 from tests.helpers.toy_tokenizers import default_tokenizer
 from tests.helpers.wire_fuzz import (delta_frames, fuzz_frames, gateway_to_worker_templates, oversized_frame,
-                                     worker_to_gateway_templates)
+                                     params_frames, worker_to_gateway_templates)
 
 FRAMES = 4000
 TO_WORKER = (wire.AddRequest, wire.AbortRequests)
@@ -38,7 +39,9 @@ def _decode_all(frames, allowed):
 
 
 def test_frames_to_the_worker(test_seed):
-    frames = fuzz_frames(random.Random(test_seed), gateway_to_worker_templates(), FRAMES)
+    rng = random.Random(test_seed)
+    frames = fuzz_frames(rng, gateway_to_worker_templates(), FRAMES)
+    frames += [("params", frame) for frame in params_frames(rng, FRAMES // 4)]
     accepted, refused = _decode_all(frames, TO_WORKER)
     params_ok = params_refused = 0
     for message in accepted:
@@ -50,7 +53,7 @@ def test_frames_to_the_worker(test_seed):
                 params_ok += 1
             except (wire.WireError, SamplingParamsError):
                 params_refused += 1
-    print(f"{FRAMES} frames: {refused} refused, {len(accepted)} accepted "
+    print(f"{len(frames)} frames: {refused} refused, {len(accepted)} accepted "
           f"({params_ok} with valid sampling parameters, {params_refused} refused by their checks)")
     # The fuzz reaches every layer: the parser, the message schema and the parameter checks.
     assert refused > FRAMES // 2 and params_ok > 0 and params_refused > 0
@@ -63,7 +66,7 @@ def test_frames_to_the_gateway(test_seed):
     accepted, refused = _decode_all(frames, TO_GATEWAY)
     for message in accepted:
         for stats in [getattr(message, "stats", None)]:
-            assert stats is None or all(v >= 0 for v in vars(stats).values())
+            assert stats is None or all(v >= 0 for v in msgspec.structs.astuple(stats))
     assert refused > FRAMES // 2 and len(accepted) > 50
     print(f"{len(frames)} frames: {refused} refused, {len(accepted)} accepted")
 
@@ -77,7 +80,7 @@ def test_frames_to_the_gateway(test_seed):
                                         max_model_len=512, vocab_size=320,
                                         stats=wire.WorkerStats(0, 0, 1, 0, 0, 0, 0)))
         tokenizer = default_tokenizer()
-        add = wire.AddRequest(request_id="fuzz-1", prompt_token_ids=[1], params={})
+        add = wire.AddRequest(request_id="fuzz-1", prompt_token_ids=[1], params=wire.WireSamplingParams())
         reached = 0
         for message in accepted:
             handle = slot.requests.get("fuzz-1")
