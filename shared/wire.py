@@ -24,13 +24,14 @@ from typing import Annotated, Any, ClassVar, Union
 
 import msgspec
 
+from shared.request_limits import INT64
 from shared.sampling_params import SamplingParams
 
 # A prompt of a million token ids packs to about 5 MB; anything far beyond is not a request.
 MAX_FRAME_BYTES = 64 << 20
 
 # msgpack carries integers up to 2**64 - 1; every integer on the wire (ids, counts, seeds) fits int64.
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT64_MIN, INT64_MAX = INT64.lo, INT64.hi
 _FLOAT_MAX = sys.float_info.max
 Int = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]  # also token ids, choice indices

@@ -23,7 +23,8 @@ from gateway.text.prompt_logprobs import PromptLogprob, from_wire
 from gateway.text.reasoning import ReasoningSplitter
 from gateway.text.stop_strings import StopStringMatcher
 from gateway.text.tool_call_parser import ToolCallDelta, ToolCallParser
-from gateway.workers.pool import RequestHandle, WorkerLost, WorkerPool
+from gateway.workers.link import RequestHandle, WorkerLost
+from gateway.workers.pool import WorkerPool
 from shared import wire
 from shared.sampling_params import SamplingParams
 

@@ -11,7 +11,7 @@ import pytest
 from gateway.server.deadlines import DeadlineExceeded
 from gateway.streams.choice_stream import TextOptions, _Choice
 from gateway.workers.output_queue import RequestOutputQueue
-from gateway.workers.pool import WorkerLost
+from gateway.workers.link import WorkerLost
 from shared import wire
 from tests.helpers.toy_tokenizers import default_tokenizer
 

@@ -11,7 +11,8 @@ import msgspec
 import pytest
 
 from gateway.streams.choice_stream import TextOptions, _Choice
-from gateway.workers.pool import RequestHandle, WorkerPool
+from gateway.workers.link import RequestHandle
+from gateway.workers.pool import WorkerPool
 from shared import wire
 from shared.config import EngineConfig
 from shared.sampling_params import SamplingParams, SamplingParamsError
