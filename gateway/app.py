@@ -16,22 +16,22 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.server import debug_routes
 from gateway import openapi
-from gateway.server.auth import ApiKey, ApiKeyMiddleware, KeyRing, load_keys
-from gateway.server.errors import ApiError
-from gateway.server.client_io import ClientDisconnected
-from gateway.server.key_limits import KeyLimits
 from gateway.metrics.mili_metrics import Metrics
-from gateway.text.served_model_text import ModelText
-from gateway.openai.routes import chat_completions, completions
 from gateway.openai.parse import Limits
-from gateway.server.request_id import RequestIdMiddleware
 from gateway.openai.response_bodies import TokenNames
-from gateway.responses_api.routes import responses
+from gateway.openai.routes import chat_completions, completions
 from gateway.openai.tokenize_routes import detokenize, tokenize
+from gateway.responses_api.routes import responses
+from gateway.server import debug_routes
+from gateway.server.auth import ApiKey, ApiKeyMiddleware, KeyRing, load_keys
+from gateway.server.client_io import ClientDisconnected
+from gateway.server.errors import ApiError
+from gateway.server.key_limits import KeyLimits
+from gateway.server.request_id import RequestIdMiddleware
 from gateway.streams.resume_buffer import StreamRegistry
 from gateway.streams.resume_routes import resume_stream
+from gateway.text.served_model_text import ModelText
 from gateway.workers.pool import WorkerPool
 from shared import wire
 from shared.config import EngineConfig

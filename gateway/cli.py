@@ -6,8 +6,8 @@ import argparse
 import logging
 import sys
 
-from gateway.server.request_id import RequestIdLogFilter
 from gateway.serve import add_arguments as add_serve_arguments
+from gateway.server.request_id import RequestIdLogFilter
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,11 +17,11 @@ from typing import Any
 
 from pydantic.json_schema import models_json_schema
 
-from gateway.server.deadlines import HEADER, MAX_TIMEOUT_S
 from gateway.openai.parse import Limits
 from gateway.openai.schema import ChatBody, CompletionBody
-from gateway.responses_api.schema import ResponsesBody
 from gateway.openai.tokenize_schema import DetokenizeBody, TokenizeChatBody, TokenizePromptBody
+from gateway.responses_api.schema import ResponsesBody
+from gateway.server.deadlines import HEADER, MAX_TIMEOUT_S
 from gateway.streams.resume_routes import MAX_EVENT_ID_DIGITS
 from shared.request_limits import TOKEN_ID_KEY_PATTERN, decimal_below
 

@@ -17,9 +17,9 @@ import uvicorn
 from sse_starlette.sse import AppStatus
 
 from gateway.app import ServerSettings, build_app
+from gateway.openai.parse import Limits
 from gateway.server.auth import load_keys
 from gateway.server.device_check import check_device
-from gateway.openai.parse import Limits
 from shared.config import ATTENTION_BACKENDS, DTYPES, QUANTIZATIONS, EngineConfig, parse_size
 
 log = logging.getLogger("mili.gateway")

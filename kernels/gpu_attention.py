@@ -22,8 +22,8 @@ from types import ModuleType
 
 import torch
 
-from kernels.build.gpu_modules import CARRIED_DIR_ENV, GPU_MODULE, PAGE_SIZE, GpuShape, find_module
 from kernels.attention import import_extension
+from kernels.build.gpu_modules import CARRIED_DIR_ENV, GPU_MODULE, PAGE_SIZE, GpuShape, find_module
 
 
 class GpuModuleUnavailable(RuntimeError):

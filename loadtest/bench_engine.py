@@ -18,8 +18,8 @@ from contextlib import contextmanager
 import torch
 
 from shared.config import EngineConfig
-from shared.sampling_params import SamplingParams
 from shared.default_model import default_model_path
+from shared.sampling_params import SamplingParams
 from worker.engine import LLMEngine
 from worker.model.packed_linear import PackedLinear
 

@@ -24,12 +24,11 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import quantize
 
-from kernels import quant_matmul
-from kernels import quant_kmatmul
-from loadtest.bench_quant import interleaved_times
-from worker.model.packed_linear import PackedLinear
+from kernels import quant_kmatmul, quant_matmul
 from kernels.formats.blocks import KERNEL_KINDS, repack
 from kernels.formats.kblocks import KQUANT_KINDS, repack_k
+from loadtest.bench_quant import interleaved_times
+from worker.model.packed_linear import PackedLinear
 from worker.quant.kencode import quantize_k
 
 # Qwen3-0.6B: hidden 1024, 16 query heads and 8 KV heads of 128, FFN 3072.

@@ -14,13 +14,13 @@ import time
 
 from loadtest.bench_engine import make_prompts
 from shared.config import EngineConfig
+from shared.default_model import default_model_path
 from shared.sampling_params import SamplingParams
 from worker.core.block_manager import BlockManager
-from shared.default_model import default_model_path
-from worker.engine import LLMEngine
 from worker.core.kv_audit import KV_AUDIT_EVERY_STEPS, KvAuditor
-from worker.runner.sampler import make_generator
 from worker.core.sequence import Sequence
+from worker.engine import LLMEngine
+from worker.runner.sampler import make_generator
 
 
 def _time_steps(engine: LLMEngine, steps: int) -> float:

@@ -32,8 +32,8 @@ from gguf import GGMLQuantizationType as QT
 from gguf.quants import quantize
 
 from kernels import quant_matmul
-from worker.model.packed_linear import PackedLinear
 from kernels.formats.blocks import KERNEL_KINDS, RECORD_BYTES, repack
+from worker.model.packed_linear import PackedLinear
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "head": (49152, 576),
           # Qwen3-0.6B: hidden 1024, fused q|k|v of 16 + 2 x 8 heads of 128, FFN 3072
@@ -70,8 +70,8 @@ def load_build(path: str):
 def engine_steps(batches: list[int], context: int, steps: int, rounds: int) -> None:
     from loadtest.bench_engine import make_prompts
     from shared.config import EngineConfig
-    from shared.sampling_params import SamplingParams
     from shared.default_model import default_model_path
+    from shared.sampling_params import SamplingParams
     from worker.engine import LLMEngine
 
     for batch in batches:

@@ -21,10 +21,10 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from gateway.serve import resolve_model
 from loadtest.bench_engine import make_prompts
 from shared.config import QUANTIZATIONS, EngineConfig
 from shared.sampling_params import SamplingParams
-from gateway.serve import resolve_model
 from worker.engine import LLMEngine
 
 

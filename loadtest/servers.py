@@ -13,8 +13,8 @@ count is the same number of bytes.
 from __future__ import annotations
 
 import os
-import socket
 import signal
+import socket
 import subprocess
 import sys
 import time

@@ -19,28 +19,28 @@ import torch
 
 from kernels.build.gpu_modules import GpuShape
 from shared.config import EngineConfig
+from shared.gguf_import.records import SOURCE_RECORD
 from shared.sampling_params import SamplingParams, SamplingParamsError
 from shared.wire import WorkerStats
 from worker.attention.selection import get_attention_backend
+from worker.checkpoint.model_config import ModelConfig
 from worker.core.block_manager import BlockManager
 from worker.core.deadlines import DeadlineQueue
-from worker.model.devices import resolve_device
-from shared.gguf_import.records import SOURCE_RECORD
-from worker.model.dtype import resolve_dtype
-from worker.model.layer_ops import get_layer_ops
 from worker.core.kv_audit import KV_AUDIT_EVERY_STEPS, KvAuditor, inject_fault
-from worker.runner.kv_cache import allocate_kv_caches, num_blocks_for_memory
-from worker.checkpoint.model_config import ModelConfig
-from worker.runner.model_runner import ModelRunner
-from worker.model.packed_linear import packing_supported
-from worker.outputs import Completion, RequestRejected, SequenceOutput
-from worker.runner.sampler import Sampler, SamplingRow, make_generator
 from worker.core.scheduler import ScheduledBatch, Scheduler
 from worker.core.sequence import Sequence
+from worker.model.devices import resolve_device
+from worker.model.dtype import resolve_dtype
+from worker.model.layer_ops import get_layer_ops
+from worker.model.packed_linear import packing_supported
+from worker.model.weight_loader import load_model
+from worker.outputs import Completion, RequestRejected, SequenceOutput
 from worker.quant.linear import kernel_module
 from worker.quant.sources import plan_quantization
+from worker.runner.kv_cache import allocate_kv_caches, num_blocks_for_memory
+from worker.runner.model_runner import ModelRunner
+from worker.runner.sampler import Sampler, SamplingRow, make_generator
 from worker.runner.structured_output import GrammarCompiler, GrammarError
-from worker.model.weight_loader import load_model
 
 log = logging.getLogger(__name__)
 

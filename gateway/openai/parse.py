@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.openai import schema
-from gateway.server.errors import ApiError, invalid
 from gateway.openai.schema import ChatBody, CompletionBody
+from gateway.openai.validation import validate as _validate
+from gateway.server.errors import ApiError, invalid
 from gateway.text.grammars import ResponseFormat, parse_response_format
 from gateway.text.tool_specs import ToolSpec, parse_tools
-from gateway.openai.validation import validate as _validate
 from shared.request_limits import (COMPLETION_MAX_TOKENS_DEFAULT, DEFAULT_MAX_N, DEFAULT_MAX_STOP,
                                    DEFAULT_MAX_STOP_LENGTH, N)
 from shared.sampling_params import SamplingParams, SamplingParamsError

@@ -9,8 +9,8 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from gateway.text.detokenizer import token_bytes, token_text
 from gateway.streams.choice_stream import ChoiceEvent, TokenLogprob, Usage
+from gateway.text.detokenizer import token_bytes, token_text
 from gateway.text.tool_call_parser import ToolCallDelta
 
 

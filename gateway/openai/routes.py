@@ -19,20 +19,20 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.openai.parse import ChatRequest, CommonFields, parse_chat, parse_completion, require_model
+from gateway.openai.response_bodies import ChatFormat, CompletionFormat
 from gateway.server.auth import ApiKey, caller
+from gateway.server.client_io import collect_unless_disconnected, read_json
 from gateway.server.deadlines import check_not_passed, request_deadline
 from gateway.server.errors import ApiError, invalid
-from gateway.streams.choice_stream import ChoiceEvent, GenerationStream, TextOptions, Usage, merge
-from gateway.server.client_io import collect_unless_disconnected, read_json
 from gateway.server.key_limits import Lease
-from gateway.text.prompt_logprobs import PromptLogprob, echo_logprobs, join_logprobs, vllm_prompt_logprobs
-from gateway.openai.parse import ChatRequest, CommonFields, parse_chat, parse_completion, require_model
-from gateway.text.grammars import build_grammar, response_format_rules
-from gateway.text.tool_call_parser import assemble
-from gateway.text.tool_specs import tool_grammar_rules
-from gateway.openai.response_bodies import ChatFormat, CompletionFormat
+from gateway.streams.choice_stream import ChoiceEvent, GenerationStream, TextOptions, Usage, merge
 from gateway.streams.resume_buffer import NamedEvent, Payload
 from gateway.streams.resume_routes import start_response as resumable_response
+from gateway.text.grammars import build_grammar, response_format_rules
+from gateway.text.prompt_logprobs import PromptLogprob, echo_logprobs, join_logprobs, vllm_prompt_logprobs
+from gateway.text.tool_call_parser import assemble
+from gateway.text.tool_specs import tool_grammar_rules
 from gateway.workers.pool import NoWorkerAvailable
 from shared.sampling_params import SamplingParams, SamplingParamsError
 

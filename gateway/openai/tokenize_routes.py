@@ -12,11 +12,11 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.server.errors import invalid
-from gateway.server.client_io import read_json
 from gateway.openai.parse import parse_chat, require_model
 from gateway.openai.tokenize_schema import DetokenizeBody, TokenizeChatBody, TokenizePromptBody
 from gateway.openai.validation import validate
+from gateway.server.client_io import read_json
+from gateway.server.errors import invalid
 
 
 async def tokenize(request: Request) -> Response:

@@ -8,8 +8,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from gateway.server.errors import ApiError, invalid
 from gateway.openai.schema import UNSUPPORTED
+from gateway.server.errors import ApiError, invalid
 
 M = TypeVar("M", bound=BaseModel)
 

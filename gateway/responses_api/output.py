@@ -16,9 +16,9 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from gateway.streams.choice_stream import ChoiceEvent, TokenLogprob, Usage
 from gateway.openai.response_bodies import TokenNames
 from gateway.responses_api.to_chat import ResponsesRequest
+from gateway.streams.choice_stream import ChoiceEvent, TokenLogprob, Usage
 
 
 def _new_id(prefix: str) -> str:

@@ -17,12 +17,12 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.openai.routes import Admitted, admit_chat, collect, sse_response
+from gateway.responses_api.output import ResponseBuilder
+from gateway.responses_api.to_chat import parse_responses, responses_names
+from gateway.server.client_io import read_json
 from gateway.server.deadlines import request_deadline
 from gateway.server.errors import ApiError
-from gateway.server.client_io import read_json
-from gateway.openai.routes import Admitted, admit_chat, collect, sse_response
-from gateway.responses_api.to_chat import parse_responses, responses_names
-from gateway.responses_api.output import ResponseBuilder
 from gateway.streams.resume_buffer import NamedEvent
 
 log = logging.getLogger("mili.gateway")

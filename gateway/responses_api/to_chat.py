@@ -15,11 +15,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.server.errors import ApiError, invalid
 from gateway.openai.parse import ChatRequest, Limits, parse_chat
-from gateway.responses_api.schema import (item_kind, LOGPROBS, UNSUPPORTED, FunctionCallItem, FunctionCallOutputItem, MessageItem,
-                                    ReasoningItem, ResponsesBody)
 from gateway.openai.validation import validate
+from gateway.responses_api.schema import (LOGPROBS, UNSUPPORTED, FunctionCallItem, FunctionCallOutputItem, MessageItem,
+                                          ReasoningItem, ResponsesBody, item_kind)
+from gateway.server.errors import ApiError, invalid
 
 # A chat field's name in a 400 -> the Responses field it came from (by prefix).
 _PARAMS = (("messages", "input"), ("max_completion_tokens", "max_output_tokens"), ("max_tokens", "max_output_tokens"),

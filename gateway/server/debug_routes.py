@@ -13,8 +13,8 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.server.errors import ApiError, invalid
 from gateway.server.client_io import read_json
+from gateway.server.errors import ApiError, invalid
 from shared.wire import KV_FAULT_KINDS
 
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 from tokenizers import Tokenizer
 
-from gateway.server.deadlines import DeadlineExceeded, exceeded
-from gateway.text.detokenizer import IncrementalDetokenizer
-from gateway.server.errors import ApiError
 from gateway.metrics.mili_metrics import Metrics
+from gateway.server.deadlines import DeadlineExceeded, exceeded
+from gateway.server.errors import ApiError
+from gateway.text.detokenizer import IncrementalDetokenizer
 from gateway.text.prompt_logprobs import PromptLogprob, from_wire
 from gateway.text.reasoning import ReasoningSplitter
 from gateway.text.stop_strings import StopStringMatcher

@@ -30,8 +30,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import NamedTuple, Union
 
-from gateway.server.errors import ApiError
 from gateway.metrics.mili_metrics import Metrics
+from gateway.server.errors import ApiError
 
 log = logging.getLogger("mili.gateway")
 

@@ -8,10 +8,10 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from gateway.text.chat_template import ChatTemplate, ChatTemplateError, NoChatTemplate
 from gateway.server.errors import invalid
-from gateway.text.reasoning import has_reasoning_tokens
+from gateway.text.chat_template import ChatTemplate, ChatTemplateError, NoChatTemplate
 from gateway.text.grammars import GrammarChecker
+from gateway.text.reasoning import has_reasoning_tokens
 from gateway.text.tool_specs import CALL_CLOSE, CALL_OPEN, ToolSpec, generic_messages
 
 

@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from kernels.build import target as build_target
+
 KERNELS_DIR = Path(__file__).resolve().parents[1]
 # Built module name -> its source file: four Mojo extension modules and a small C library (built with the
 # system C compiler) that runs kernel work on torch's OpenMP threads.

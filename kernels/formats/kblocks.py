@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QT
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as QT
 
 QK = 32  # activation block; also Q5_x's block
 QK_K = 256  # K-quant super-block

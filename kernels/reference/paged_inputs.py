@@ -9,6 +9,8 @@ import torch
 
 from kernels import attention as mojo_attention
 from kernels.reference import attention as reference
+
+
 @dataclass
 class PagedBatch:
     k_cache: torch.Tensor  # [num_blocks, block_size, kv_heads, head_dim]

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from kernels.reference.quant_matmul import quantize_activations
 from kernels.formats.kblocks import split_kblocks
+from kernels.reference.quant_matmul import quantize_activations
 
 
 def qkmatmul_blocks(x: np.ndarray, raw: np.ndarray, qtype: QT, bias: np.ndarray | None = None) -> np.ndarray:

@@ -53,8 +53,8 @@ def copy_bandwidth_gbs(device: torch.device, nbytes: int = 1 << 30) -> float:
 
 def random_step(shape: GpuShape, seqs, device: torch.device, gen: torch.Generator):
     """Caches with every sequence's pages scattered, the query, and the step's metadata (MILI's form)."""
-    from worker.attention.metadata import AttentionMetadata
     from worker.attention.cuda import scattered_pages
+    from worker.attention.metadata import AttentionMetadata
 
     tables, slots, num_blocks = scattered_pages(seqs, gen, spare_blocks=1)
     cache_shape = (num_blocks, PAGE_SIZE, shape.num_kv_heads, shape.head_dim)
@@ -80,8 +80,8 @@ def bytes_moved(shape: GpuShape, seqs) -> int:
 
 
 def run(shape: GpuShape, device: torch.device, seed: int) -> dict:
-    from worker.attention.torch_backend import TorchAttentionBackend
     from worker.attention.cuda import MojoCudaAttentionBackend
+    from worker.attention.torch_backend import TorchAttentionBackend
 
     torch_backend = TorchAttentionBackend()
     try:

@@ -35,11 +35,9 @@ from pathlib import Path
 import torch
 
 from loadtest import decode_profile
-
-from loadtest.gpu import engine_timing
-from loadtest.gpu import transformers_generate
-from loadtest.machine import device_name
 from loadtest.fixtures.random_checkpoint import QWEN3_0_6B, TINY, build_checkpoint
+from loadtest.gpu import engine_timing, transformers_generate
+from loadtest.machine import device_name
 
 
 @dataclass(frozen=True)

@@ -38,14 +38,13 @@ import httpx2
 import torch
 
 from loadtest import bench_serve
-
 from loadtest.fixtures import random_checkpoint
 from loadtest.machine import device_name
 from loadtest.servers import RunningServer, ServerSpec, cpu_seconds, free_port, metric_total
 from shared.config import EngineConfig, parse_size
 from shared.sampling_params import SamplingParams
-from worker.engine import LLMEngine
 from worker.checkpoint.model_config import ModelConfig
+from worker.engine import LLMEngine
 
 SERVED_NAME = "bench"
 UNKNOWN = "[UNK]"

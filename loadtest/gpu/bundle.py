@@ -27,6 +27,7 @@ from packaging.markers import Marker
 from packaging.requirements import Requirement
 
 from loadtest.gpu import runtime as gpu_runtime
+
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLE = ROOT / ".gpu-bundle"
 LIMIT_BYTES = 64 << 20

@@ -25,6 +25,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from loadtest.gpu import runtime
+
 ROOT = Path(__file__).resolve().parents[2]
 SITE = Path("/tmp/site")
 # The integration files whose tests all use the one shared server (tests/integration/conftest.py), which

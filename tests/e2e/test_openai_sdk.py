@@ -6,7 +6,6 @@ import asyncio
 
 import openai
 
-
 MODEL = "SmolLM2-135M-Instruct"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 

@@ -8,7 +8,6 @@ from typing import Literal
 import jsonschema
 import pydantic
 
-
 MODEL = "SmolLM2-135M-Instruct"
 
 

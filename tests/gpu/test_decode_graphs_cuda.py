@@ -20,8 +20,8 @@ from tests.gpu import DEVICE, MOJO_TINY
 from tests.helpers import parity_cases as cases
 from tests.helpers.engine_probe import make_engine, run_greedy
 from tests.helpers.tiny_models import TINY_MODELS, build_tiny_model
-from worker.runner.decode_graphs import GraphStep
 from worker.engine import LLMEngine
+from worker.runner.decode_graphs import GraphStep
 
 
 @pytest.fixture(autouse=True)

@@ -18,9 +18,9 @@ import random
 import pytest
 import torch
 
-from kernels.reference import attention as reference
 from kernels.build.gpu_modules import CARRIED_SHAPES, PAGE_SIZE, GpuShape
 from kernels.gpu_attention import GpuStepPlan, open_attention
+from kernels.reference import attention as reference
 from tests.gpu import DEVICE, MOJO_TINY
 from tests.helpers import parity_cases as cases
 from tests.helpers.engine_probe import make_engine

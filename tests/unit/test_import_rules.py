@@ -5,6 +5,7 @@ and no import circles anywhere, lazy imports inside functions and TYPE_CHECKING 
 from __future__ import annotations
 
 import ast
+import os
 import shutil
 import subprocess
 import sys
@@ -17,8 +18,10 @@ PACKAGES = ("gateway", "worker", "kernels", "shared", "loadtest")
 def test_import_linter_contracts_hold():
     lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent)) or shutil.which("lint-imports")
     assert lint, "import-linter is a test dependency (pip install -e '.[test]')"
+    # env: os.environ as Python knows it; a Mojo module loaded in this process sets PYTHONEXECUTABLE in the C
+    # environment, which would point the child outside this virtual environment.
     run = subprocess.run([lint, "--no-cache", str(ROOT / "pyproject.toml")], cwd=ROOT,
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, env=dict(os.environ))
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     assert "0 broken" in run.stdout
 

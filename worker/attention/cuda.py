@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from kernels.reference import attention as reference
 from kernels.build.gpu_modules import PAGE_SIZE, GpuShape
+from kernels.gpu_attention import GpuAttention, GpuModuleUnavailable, GpuStepPlan, open_attention, unsupported_reason
+from kernels.reference import attention as reference
 from worker.attention.torch_backend import plan_on
-from kernels.gpu_attention import (GpuAttention, GpuModuleUnavailable, GpuStepPlan, open_attention,
-                                  unsupported_reason)
 
 SELF_CHECK_TOLERANCE = 1e-2  # relative to the reference output's largest magnitude; bf16 rounding is ~4e-3
 

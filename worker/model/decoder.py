@@ -11,7 +11,6 @@ describing which sequence each token belongs to, and per-layer paged K/V caches.
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,8 +19,8 @@ from worker.attention.metadata import AttentionBackend, AttentionMetadata
 from worker.checkpoint.model_config import ModelConfig
 from worker.model.layer_ops import LayerOps, TorchLayerOps
 from worker.model.layers import RMSNorm, RotaryEmbedding
-from worker.model.step_context import StepContext
 from worker.model.packed_linear import PackedLinear, pack_linears
+from worker.model.step_context import StepContext
 from worker.quant.linear import BlockEmbedding, QuantLinear, module_for, repack_for_kernel
 from worker.quant.sources import HEAD
 

@@ -15,10 +15,9 @@ from safetensors import safe_open
 from worker.attention.metadata import AttentionBackend
 from worker.checkpoint.files import WeightLoadError, checkpoint_files
 from worker.checkpoint.model_config import ModelConfig
-from worker.model.layer_ops import LayerOps
 from worker.model.decoder import DecoderForCausalLM
+from worker.model.layer_ops import LayerOps
 from worker.quant.sources import QuantPlan
-
 
 # Checkpoint tensors that carry nothing we need: older exports store the rotary table they computed.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)

@@ -13,7 +13,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import quantize
 
-from kernels.formats.kblocks import KBlocks, QK, QK_K, pack_kblocks
+from kernels.formats.kblocks import QK, QK_K, KBlocks, pack_kblocks
 
 
 def _f16_scale(x: np.ndarray) -> np.ndarray:

@@ -21,7 +21,8 @@ from gguf.quants import dequantize
 from torch import nn
 
 from kernels.formats.blocks import KERNEL_KINDS, NAMES, repack
-from kernels.formats.kblocks import KQUANT_KINDS, NAMES as KQUANT_NAMES, repack_k
+from kernels.formats.kblocks import KQUANT_KINDS, repack_k
+from kernels.formats.kblocks import NAMES as KQUANT_NAMES
 
 log = logging.getLogger(__name__)
 

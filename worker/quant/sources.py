@@ -23,12 +23,12 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from safetensors import safe_open
 
+from kernels.formats.blocks import quantize_rows
 from shared.gguf_import.convert import unpermute_qk
 from shared.gguf_import.reader import GGUFFile
 from shared.gguf_import.records import SOURCE_RECORD
 from worker.checkpoint.files import checkpoint_files
 from worker.checkpoint.model_config import ModelConfig
-from kernels.formats.blocks import quantize_rows
 from worker.quant.linear import served_types, type_name
 
 log = logging.getLogger(__name__)

@@ -33,9 +33,9 @@ import numpy as np
 import torch
 
 from worker.attention.metadata import AttentionMetadata
+from worker.core.scheduler import ScheduledBatch
 from worker.model.decoder import DecoderForCausalLM
 from worker.runner.prompt_logprobs import prompt_rows_to_score
-from worker.core.scheduler import ScheduledBatch
 from worker.runner.step_transfer import Field, layout
 
 log = logging.getLogger(__name__)

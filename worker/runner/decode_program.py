@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import torch
 
-from kernels import layers as mojo_layers
 from kernels import attention as mojo_attention
-from kernels.quant_matmul import use_amx
+from kernels import layers as mojo_layers
 from kernels.omp_program import Program, ProgramBuilder
+from kernels.quant_matmul import use_amx
 from worker.attention.metadata import AttentionMetadata
 from worker.attention.mojo_cpu import MojoAttentionBackend
-from worker.model.layer_ops import MojoLayerOps
 from worker.model.decoder import DecoderForCausalLM
+from worker.model.layer_ops import MojoLayerOps
 from worker.quant.linear import QuantLinear
 
 # Per-step values patched into the program: rows (decode rows), items (rows x KV heads: attention's work

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import torch
 
 from worker.attention.metadata import AttentionMetadata
+from worker.core.scheduler import ScheduledBatch
+from worker.model.decoder import DecoderForCausalLM
 from worker.runner.decode_graphs import CaptureFailed, DecodeGraphs, GraphStep
 from worker.runner.decode_program import DecodeProgram, unsupported_reason
-from worker.model.decoder import DecoderForCausalLM
 from worker.runner.prompt_logprobs import PromptSpan, PromptTokenLogprob, prompt_rows_to_score, score_prompt_rows
-from worker.core.scheduler import ScheduledBatch
 from worker.runner.step_transfer import to_device
 
 log = logging.getLogger(__name__)

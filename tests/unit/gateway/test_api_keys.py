@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.server.auth import ANONYMOUS, ApiKey, KeyRing, KeysFileError, load_keys, parse_keys
 from gateway.cli import main as cli_main
+from gateway.server.auth import ANONYMOUS, ApiKey, KeyRing, KeysFileError, load_keys, parse_keys
 from gateway.server.errors import ApiError
 from gateway.server.key_limits import KeyLimits
 

@@ -7,9 +7,9 @@ import asyncio
 import json
 from types import SimpleNamespace
 
-from gateway.streams.choice_stream import ChoiceEvent, TokenLogprob
-from gateway.openai.routes import _completion_chunks
 from gateway.openai.response_bodies import CompletionFormat
+from gateway.openai.routes import _completion_chunks
+from gateway.streams.choice_stream import ChoiceEvent, TokenLogprob
 
 # Display texts of four tokens; 2 and 3 are the two halves of one character (each reads as U+FFFD).
 TEXTS = {1: "a", 2: "\ufffd", 3: "\ufffd", 4: "bc"}

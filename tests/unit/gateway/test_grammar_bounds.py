@@ -10,8 +10,8 @@ import asyncio
 import pytest
 from tokenizers import Tokenizer
 
-from gateway.text import grammars
 from gateway.server.errors import ApiError
+from gateway.text import grammars
 from gateway.text.grammars import GrammarChecker, ResponseFormat, build_grammar, response_format_rules
 from shared import grammar_limits
 from shared.default_model import default_model_path

@@ -8,8 +8,8 @@ import asyncio
 import pytest
 from starlette.requests import Request
 
-from gateway.server.errors import ApiError
 from gateway.server.client_io import ClientDisconnected, read_json
+from gateway.server.errors import ApiError
 
 
 def request_receiving(*messages: dict) -> Request:

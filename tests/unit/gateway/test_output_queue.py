@@ -10,8 +10,8 @@ import pytest
 
 from gateway.server.deadlines import DeadlineExceeded
 from gateway.streams.choice_stream import TextOptions, _Choice
-from gateway.workers.output_queue import RequestOutputQueue
 from gateway.workers.link import WorkerLost
+from gateway.workers.output_queue import RequestOutputQueue
 from shared import wire
 from tests.helpers.toy_tokenizers import default_tokenizer
 

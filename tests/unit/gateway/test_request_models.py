@@ -10,11 +10,11 @@ import re
 import jsonschema
 import pytest
 
-from gateway.server.errors import ApiError
-from gateway.openapi import ServedBounds, decimal_below, document
 from gateway.openai.parse import Limits, parse_chat, parse_completion
 from gateway.openai.schema import ChatBody, CompletionBody
 from gateway.openai.validation import validate
+from gateway.openapi import ServedBounds, decimal_below, document
+from gateway.server.errors import ApiError
 
 M = "tiny"
 LIMITS = Limits(max_n=4, max_stop=4, max_stop_length=32)

@@ -8,12 +8,12 @@ import json
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from gateway.server.errors import ApiError
-from gateway.streams.choice_stream import ChoiceEvent, TokenLogprob, Usage
 from gateway.openai.parse import Limits
-from gateway.responses_api.to_chat import parse_responses
 from gateway.openai.response_bodies import TokenNames
 from gateway.responses_api.output import ResponseBuilder
+from gateway.responses_api.to_chat import parse_responses
+from gateway.server.errors import ApiError
+from gateway.streams.choice_stream import ChoiceEvent, TokenLogprob, Usage
 from gateway.text.tool_call_parser import ToolCallDelta
 
 TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.text.chat_template import ChatTemplate
 from gateway.openai.parse import Limits, parse_chat
+from gateway.text.chat_template import ChatTemplate
 
 LIMITS = Limits(max_n=4, max_stop=4, max_stop_length=32)
 TEMPLATES = Path(__file__).resolve().parents[2] / "fixtures" / "chat_templates"

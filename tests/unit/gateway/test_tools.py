@@ -12,9 +12,9 @@ import pytest
 
 from gateway.text.grammars import ResponseFormat, build_grammar, response_format_rules
 from gateway.text.tool_call_parser import ToolCallParser, assemble
-from gateway.text.tool_specs import ToolSpec, Tool, generic_messages, parse_tools, tool_grammar_rules
-from shared.grammar_limits import build_tokenizer
+from gateway.text.tool_specs import Tool, ToolSpec, generic_messages, parse_tools, tool_grammar_rules
 from shared.default_model import default_model_path
+from shared.grammar_limits import build_tokenizer
 
 SEED = int(os.environ.get("MILI_TEST_SEED", secrets.randbits(32)))
 WEATHER = Tool("get_weather", "Weather", {"type": "object", "properties": {"city": {"type": "string"}},

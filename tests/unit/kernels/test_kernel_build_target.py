@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from kernels.build import modules
-from kernels.build import target
+from kernels.build import modules, target
+
 MITIGATIONS = "fpu sse sse2 ht syscall nx lm constant_tsc rep_good nopl xtopology cpuid pni ssse3"
 HOST = f"processor\t: 0\nflags\t\t: {MITIGATIONS} avx avx2 fma avx512f avx512bw avx512_vnni ibrs ibpb stibp\n"
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import layers as mojo_layers
 from kernels import attention as mojo_attention
+from kernels import layers as mojo_layers
 from kernels.reference import attention as reference
 from worker.model.layers import RMSNorm, RotaryEmbedding, apply_rotary
 

@@ -13,12 +13,12 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import quantize
 
-from kernels import layers as mojo_layers
 from kernels import attention as mojo_attention
+from kernels import layers as mojo_layers
 from kernels import quant_matmul
+from kernels.formats.blocks import KERNEL_KINDS, repack
 from kernels.omp_program import ProgramBuilder
 from kernels.quant_operands import OUTPUT_STRIDE_PARAM
-from kernels.formats.blocks import KERNEL_KINDS, repack
 from worker.quant.linear import QuantLinear, module_for
 
 CAPACITY, HIDDEN, INTER = 20, 64, 96

@@ -16,11 +16,11 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
 
-from kernels import quant_matmul
 from kernels import quant_kmatmul as mojo_quant_k
+from kernels import quant_matmul
+from kernels.formats.kblocks import KQUANT_KINDS, repack_k
 from kernels.reference.quant_kmatmul import qkmatmul_blocks
 from tests.unit.kernels.test_quant_kquant_kernel import extreme_blocks
-from kernels.formats.kblocks import KQUANT_KINDS, repack_k
 from worker.quant.kencode import quantize_k, random_kblocks
 
 pytestmark = pytest.mark.skipif(not quant_matmul.amx_available(),

@@ -19,9 +19,9 @@ from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize
 
 from kernels import quant_kmatmul
+from kernels.formats.kblocks import KQUANT_KINDS, pack_kblocks, repack_k, split_kblocks
 from kernels.reference.quant_kmatmul import qkmatmul_blocks
 from kernels.reference.quant_matmul import activation_error_bound, dequantized_matmul
-from kernels.formats.kblocks import KQUANT_KINDS, pack_kblocks, repack_k, split_kblocks
 from worker.quant.kencode import quantize_k, random_kblocks
 
 TYPES = [QT.Q5_0, QT.Q5_1, QT.Q4_K, QT.Q6_K]

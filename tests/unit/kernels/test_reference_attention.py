@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from kernels.reference import attention as reference
+
+
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """q: [q_len, heads, d] (the last q_len positions); k, v: [ctx, kv_heads, d]. float64, explicit softmax."""
     q_len, heads, _ = q.shape

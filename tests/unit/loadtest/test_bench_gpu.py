@@ -159,8 +159,8 @@ def test_a_run_past_its_deadline_stops_and_leaves_the_engine_clean(tmp_path):
 
     import torch
 
-    from loadtest.gpu import engine_timing
     from loadtest.fixtures.random_checkpoint import TINY, build_checkpoint
+    from loadtest.gpu import engine_timing
     from shared.config import EngineConfig
     from worker.engine import LLMEngine
 

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from loadtest.gpu.bench_serve import word_tokenizer
 from loadtest.bench_serve import WORDS
+from loadtest.gpu.bench_serve import word_tokenizer
 
 
 def test_the_word_tokenizer_covers_the_whole_vocabulary():

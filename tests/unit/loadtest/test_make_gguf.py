@@ -10,10 +10,10 @@ from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize
 
 from loadtest.fixtures.make_gguf import SHAPES, WEIGHT_SCALE, more_bits, write_model
-from tests.helpers.engine_probe import make_engine, run_greedy
 from shared.default_model import default_gguf_path
 from shared.gguf_import.convert import convert_gguf
 from shared.gguf_import.reader import GGUFFile
+from tests.helpers.engine_probe import make_engine, run_greedy
 
 
 def test_more_bits_follows_llama_cpp():

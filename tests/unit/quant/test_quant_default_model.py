@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers.engine_probe import make_engine, run_greedy
 from shared.default_model import default_model_path
+from tests.helpers.engine_probe import make_engine, run_greedy
 from worker.quant.linear import BlockEmbedding, QuantLinear
 
 # (min top-1 agreement, max mean KL) against transformers in float32 on the same weights.

@@ -50,8 +50,8 @@ def assert_same_tokens_up_to_near_ties(run, baseline, label: str) -> None:
 
 def write_kquant_model(tmp_path, seed: int):
     """The Q4_K_M-like tiny Qwen3 GGUF (TYPES, SHAPE), converted for the engine; returns the model folder."""
-    from tests.unit.shared.test_gguf_convert import tiny_model, write_gguf
     from shared.gguf_import.convert import convert_gguf
+    from tests.unit.shared.test_gguf_convert import tiny_model, write_gguf
 
     model, cfg = tiny_model("qwen3", seed % 10_000, **SHAPE)
     with torch.no_grad():  # weights of the scale a trained model has, so the 6-bit scales are used

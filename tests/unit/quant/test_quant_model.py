@@ -169,8 +169,8 @@ GGUF_CASES = [("llama", QT.Q4_1), ("qwen2", QT.Q4_0), ("qwen3", QT.Q8_0)]
 def test_gguf_blocks_served_as_they_are(tmp_path, arch, qtype, test_seed):
     from transformers import AutoModelForCausalLM
 
-    from tests.unit.shared.test_gguf_convert import VOCAB_SIZE, tiny_model, write_gguf
     from shared.gguf_import.convert import convert_gguf
+    from tests.unit.shared.test_gguf_convert import VOCAB_SIZE, tiny_model, write_gguf
 
     model, cfg = tiny_model(arch, test_seed % 10_000)
     src = write_gguf(tmp_path / "m.gguf", arch, model, cfg, qtype)

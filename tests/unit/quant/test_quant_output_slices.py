@@ -13,8 +13,7 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import quantize
 
-from kernels import quant_matmul
-from kernels import quant_kmatmul
+from kernels import quant_kmatmul, quant_matmul
 from kernels.formats.blocks import KERNEL_KINDS, repack
 from kernels.formats.kblocks import KQUANT_KINDS, repack_k
 from worker.quant.kencode import random_kblocks

@@ -32,6 +32,7 @@ from shared.gguf_import.reader import GGUFFile  # noqa: E402
 from shared.gguf_import.tokenizer import build_tokenizer  # noqa: E402
 from worker.quant.kencode import quantize_k  # noqa: E402
 
+
 @pytest.fixture(autouse=True, scope="module")
 def _one_torch_thread():
     # The test machine has 2 cores shared with other jobs; torch's OpenMP threads spin-wait and slow

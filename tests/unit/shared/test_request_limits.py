@@ -12,12 +12,12 @@ from typing import Any
 import jsonschema
 import pytest
 
-from gateway.openapi import ServedBounds, document
 from gateway.openai.parse import Limits, parse_chat, parse_completion
 from gateway.openai.schema import UNSUPPORTED as OPENAI_UNSUPPORTED
 from gateway.openai.schema import ChatBody, CompletionBody
 from gateway.openai.tokenize_schema import DetokenizeBody, TokenizeChatBody
 from gateway.openai.validation import validate
+from gateway.openapi import ServedBounds, document
 from gateway.responses_api.schema import UNSUPPORTED as RESPONSES_UNSUPPORTED
 from gateway.responses_api.schema import ResponsesBody
 from gateway.server.errors import ApiError

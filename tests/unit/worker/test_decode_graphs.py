@@ -17,8 +17,8 @@ from tests.helpers import parity_cases as cases
 from tests.helpers.engine_probe import make_engine, run_greedy
 from tests.helpers.tiny_models import TINY_MODELS, build_tiny_model
 from worker.attention.torch_backend import TorchAttentionBackend
-from worker.runner.decode_graphs import DecodeGraphs, GraphStep, batch_sizes, table_widths
 from worker.engine import LLMEngine
+from worker.runner.decode_graphs import DecodeGraphs, GraphStep, batch_sizes, table_widths
 
 
 @pytest.fixture

@@ -49,8 +49,8 @@ class Tiny:
 def tiny(request, tmp_path, test_seed):
     overrides, quantization = MODELS[request.param]
     if request.param == "qwen3-q4_k_m":
-        from tests.unit.shared.test_gguf_convert import VOCAB_SIZE
         from tests.unit.quant.test_quant_kquant_model import write_kquant_model
+        from tests.unit.shared.test_gguf_convert import VOCAB_SIZE
 
         return Tiny(write_kquant_model(tmp_path, test_seed), quantization, VOCAB_SIZE)
     build_tiny_model(request.param, test_seed, tmp_path / request.param, vocab_size=VOCAB, **overrides)
@@ -125,9 +125,9 @@ def test_decode_steps_are_bit_identical_to_the_modules(tiny, dtype, test_seed):
 def gguf_model(kind: str, tmp_path, seed: int):
     """kind "q4_1": a tiny Llama GGUF in Q4_1 (the default model's type); "q4_k_m": the Q4_K_M-like Qwen3,
     whose layer-0 q|k|v runs as two segments (Q4_K, Q6_K). Returns the model folder."""
-    from tests.unit.shared.test_gguf_convert import tiny_model, write_gguf
-    from tests.unit.quant.test_quant_kquant_model import write_kquant_model
     from shared.gguf_import.convert import convert_gguf
+    from tests.unit.quant.test_quant_kquant_model import write_kquant_model
+    from tests.unit.shared.test_gguf_convert import tiny_model, write_gguf
 
     if kind == "q4_k_m":
         return write_kquant_model(tmp_path, seed)
@@ -140,8 +140,8 @@ def test_greedy_tokens_are_the_same_with_the_program_on_and_off(kind, types, tmp
     """A GGUF served in its own types, in bfloat16, requests arriving one every two steps: decode-only
     steps run as the program, steps with a prefill in them through the modules, and every token and
     every sampled row's logits equal those of the modules alone."""
-    from tests.unit.shared.test_gguf_convert import VOCAB_SIZE
     from tests.unit.quant.test_quant_model import random_prompts
+    from tests.unit.shared.test_gguf_convert import VOCAB_SIZE
 
     model_dir = gguf_model(kind, tmp_path, test_seed)
     prompts = random_prompts(test_seed, [1 + (13 * i) % 47 for i in range(20)], VOCAB_SIZE)

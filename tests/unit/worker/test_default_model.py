@@ -7,8 +7,8 @@ import torch
 from tokenizers import Tokenizer
 
 from shared.config import EngineConfig
-from shared.sampling_params import SamplingParams
 from shared.default_model import default_model_path
+from shared.sampling_params import SamplingParams
 from worker.engine import LLMEngine
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]

@@ -140,8 +140,8 @@ def test_the_forward_keeps_to_the_model_device(tmp_path, arch, test_seed):
     sampling rows' logits run there, so no tensor the engine makes per step (attention plan, masks, rotary
     tables, indices) is left on the CPU; torch refuses to mix the two devices. Values are not computed."""
     from worker.attention.torch_backend import TorchAttentionBackend
-    from worker.runner.kv_cache import allocate_kv_caches
     from worker.model.weight_loader import load_model
+    from worker.runner.kv_cache import allocate_kv_caches
 
     build_tiny_model(arch, test_seed, tmp_path / arch, vocab_size=320)
     engine = make_engine(tmp_path / arch, block_size=8, max_num_batched_tokens=40)

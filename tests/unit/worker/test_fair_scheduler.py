@@ -9,9 +9,9 @@ import pytest
 from shared.sampling_params import SamplingParams
 from tests.helpers import scheduler_workload as workload
 from worker.core.block_manager import BlockManager
-from worker.runner.sampler import make_generator
 from worker.core.scheduler import Scheduler
 from worker.core.sequence import Sequence
+from worker.runner.sampler import make_generator
 
 BS = 4
 

@@ -11,8 +11,8 @@ import pytest
 from shared.sampling_params import SamplingParams
 from worker.core.block_manager import BlockManager
 from worker.core.kv_audit import FAULT_KINDS, KvAuditor, inject_fault
-from worker.runner.sampler import make_generator
 from worker.core.sequence import Sequence
+from worker.runner.sampler import make_generator
 
 BS = 4
 

@@ -13,10 +13,10 @@ from shared.config import EngineConfig, parse_size
 from tests.helpers.engine_probe import assert_matches_reference, make_engine, run_greedy
 from tests.helpers.tiny_models import build_tiny_model
 from worker.attention.torch_backend import TorchAttentionBackend
-from worker.model.dtype import resolve_dtype
-from worker.runner.kv_cache import bytes_per_block
 from worker.checkpoint.model_config import ModelConfig, UnsupportedModelError
+from worker.model.dtype import resolve_dtype
 from worker.model.weight_loader import WeightLoadError, load_model
+from worker.runner.kv_cache import bytes_per_block
 
 
 @pytest.fixture
