@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 
 from loadtest import bench_serve
-from loadtest.servers import ROOT, RunningServer, ServerSpec, cpu_seconds, free_port
+from loadtest.fixtures.probes import cpu_seconds, free_port
+from loadtest.servers import ROOT, RunningServer, ServerSpec
 from shared import wire as new_wire
 from shared.sampling_params import SamplingParams
 

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loadtest import bench_serve
-from loadtest.servers import RunningServer, ServerSpec, peak_rss_mib
+from loadtest.fixtures.probes import peak_rss_mib
+from loadtest.servers import RunningServer, ServerSpec
 from shared.default_model import DEFAULT_SERVED_NAME
 
 LOGS = Path(__file__).resolve().parent.parent / "build" / "bench-logs"

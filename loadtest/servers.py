@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx2
+
+from loadtest.fixtures.probes import all_pids, parent_pid
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,13 +38,6 @@ class ServerSpec:
     fallback: "ServerSpec | None" = None  # started instead if this one exits before it is ready
     config: str = ""  # how it runs, for the results
     context: str = ""  # its KV capacity and per-sequence limit, for the results
-
-
-def free_port() -> int:
-    """A local TCP port nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 MILI_BLOCK_SIZE = 16  # `mili serve`'s default --block-size
@@ -132,7 +126,7 @@ class RunningServer:
         """Role -> pid of every process the server runs: itself, or a gateway and its workers."""
         if self.spec.model_processes == "self":
             return {self.spec.name: self.proc.pid}
-        workers = sorted(pid for pid in _all_pids() if _parent_pid(pid) == self.proc.pid)
+        workers = sorted(pid for pid in all_pids() if parent_pid(pid) == self.proc.pid)
         names = ["worker"] if len(workers) == 1 else [f"worker-{i}" for i in range(len(workers))]
         return {"gateway": self.proc.pid, **dict(zip(names, workers))}
 
@@ -145,45 +139,3 @@ class RunningServer:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self.log.close()
-
-
-def peak_rss_mib(pid: int) -> float | None:
-    """The process's peak resident set (VmHWM) so far, in MiB; None if it is gone."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
-
-
-def metric_total(metrics_text: str, name: str, **labels: str) -> float:
-    """The sum of a metric's samples in a Prometheus text page that carry the given labels (0 when none)."""
-    wanted = [f'{k}="{v}"' for k, v in labels.items()]
-    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics_text.splitlines()
-               if line.startswith(name) and line[len(name)] in " {" and all(w in line for w in wanted))
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    """/proc/<pid>/stat from its 3rd field (state) on, after the command name; None if the process is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rindex(")") + 2:].split()
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User plus system CPU time the process has used so far; None if it is gone."""
-    fields = _stat_fields(pid)
-    return None if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
-
-
-def _all_pids() -> list[int]:
-    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
-
-
-def _parent_pid(pid: int) -> int | None:
-    fields = _stat_fields(pid)
-    return None if fields is None else int(fields[1])

@@ -37,8 +37,9 @@ from pathlib import Path
 import torch
 
 from loadtest import bench_serve, report
+from loadtest.fixtures.probes import peak_rss_mib
 from loadtest.machine import cpu_name
-from loadtest.servers import RunningServer, ServerSpec, llama_server_spec, mili_spec, peak_rss_mib, transformers_spec
+from loadtest.servers import RunningServer, ServerSpec, llama_server_spec, mili_spec, transformers_spec
 from shared.default_model import DEFAULT_SERVED_NAME, converted_gguf, default_gguf_path
 
 RESULTS = Path(__file__).resolve().parent / "results"

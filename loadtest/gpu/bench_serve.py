@@ -39,8 +39,9 @@ import torch
 
 from loadtest import bench_serve
 from loadtest.fixtures import random_checkpoint
+from loadtest.fixtures.probes import cpu_seconds, free_port, metric_total
 from loadtest.machine import device_name
-from loadtest.servers import RunningServer, ServerSpec, cpu_seconds, free_port, metric_total
+from loadtest.servers import RunningServer, ServerSpec
 from shared.config import EngineConfig, parse_size
 from shared.sampling_params import SamplingParams
 from worker.checkpoint.model_config import ModelConfig

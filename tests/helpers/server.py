@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx2
 
-from loadtest.servers import free_port, metric_total
+from loadtest.fixtures.probes import free_port, metric_total
 from tests.helpers.tiny_models import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]

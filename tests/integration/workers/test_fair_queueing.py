@@ -16,7 +16,7 @@ import httpx2
 import openai
 import pytest
 
-from loadtest.servers import metric_total
+from loadtest.fixtures.probes import metric_total
 from tests.helpers.server import Server
 from tests.integration.conftest import SERVED_NAME
 
