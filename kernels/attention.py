@@ -21,7 +21,7 @@ from types import ModuleType
 import numpy as np
 import torch
 
-from kernels.build.modules import KernelBuildError, build
+from kernels.builder.modules import KernelBuildError, build
 
 log = logging.getLogger(__name__)
 

@@ -2,9 +2,9 @@
 # separate K/V caches) and MILI's own KV write kernel. COMPILED FOR nvidia:sm_90a, NOT YET RUN ON A GPU.
 #
 # One build per model shape: the head counts and head_dim are compile-time constants, given at build time as
-# `-D MILI_NQ=.. -D MILI_NKV=.. -D MILI_HD=..` (kernels/build/gpu_modules.py); pages are 16 tokens. Only bfloat16.
+# `-D MILI_NQ=.. -D MILI_NKV=.. -D MILI_HD=..` (kernels/builder/gpu_modules.py); pages are 16 tokens. Only bfloat16.
 #
-# Streams (see kernels/build/gpu_modules.py's docstring for the research behind this):
+# Streams (see kernels/builder/gpu_modules.py's docstring for the research behind this):
 # - `write_kv` is enqueued directly on the caller's CUDA stream (torch's current stream), wrapped with
 #   `DeviceContext.create_external_stream`: ordered with torch's work, no synchronisation, capturable.
 # - Modular's flash attention takes a `DeviceContext` and enqueues on that context's own stream; the 26.7 API

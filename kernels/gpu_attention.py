@@ -9,7 +9,7 @@ here: dtypes, shapes, strides, devices, and the step's lengths (from AttentionMe
 only on the device (slots, block ids) comes from the engine's block manager; the KV write skips a slot outside
 the cache rather than write elsewhere.
 
-Every call enqueues on torch's current CUDA stream of the tensors' device (see kernels/build/gpu_modules.py for how; on
+Every call enqueues on torch's current CUDA stream of the tensors' device (see kernels/builder/gpu_modules.py for how; on
 torch's legacy default stream, through a side stream joined by events: GpuAttention._stream) and returns without
 waiting; nothing here synchronises.
 """
@@ -23,7 +23,7 @@ from types import ModuleType
 import torch
 
 from kernels.attention import import_extension
-from kernels.build.gpu_modules import CARRIED_DIR_ENV, GPU_MODULE, PAGE_SIZE, GpuShape, find_module
+from kernels.builder.gpu_modules import CARRIED_DIR_ENV, GPU_MODULE, PAGE_SIZE, GpuShape, find_module
 
 
 class GpuModuleUnavailable(RuntimeError):
@@ -49,7 +49,7 @@ def load_module(shape: GpuShape) -> ModuleType:
     path = find_module(shape)
     if path is None:
         raise GpuModuleUnavailable(f"no GPU attention module built for {shape} (`make gpu-bundle` builds the carried "
-                                   f"shapes; `python -m kernels.build.gpu_modules Q KV D` any other; ${CARRIED_DIR_ENV} "
+                                   f"shapes; `python -m kernels.builder.gpu_modules Q KV D` any other; ${CARRIED_DIR_ENV} "
                                    f"names a carried build)")
     try:
         module = import_extension(GPU_MODULE, path)

@@ -13,7 +13,7 @@ from types import ModuleType
 import torch
 
 from kernels.attention import (DTYPE_CODES, THREADINGS, StepPlan, _check_cache, _require, check_slots, float_bits,
-                              kernel_params, launch, load_module)
+                               kernel_params, launch, load_module)
 
 MODULE = "mili_layers"
 

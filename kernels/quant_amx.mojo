@@ -1,7 +1,7 @@
 # Intel AMX (TMUL) tile instructions for the quantized matmuls' many-row paths (kernels/quant_matmul.mojo,
 # kernels/quant_kmatmul.mojo).
 #
-# The modules are built with `--target-features +amx-tile,+amx-int8` (kernels/build/modules.py) so these intrinsics
+# The modules are built with `--target-features +amx-tile,+amx-int8` (kernels/builder/modules.py) so these intrinsics
 # compile everywhere; they run only where the CPU has amx_int8 and the process was granted the tile data
 # state (Linux: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), done once from Python,
 # kernels/quant_matmul.py). Tile numbers are immediates, so they are compile-time parameters here.

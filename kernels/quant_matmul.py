@@ -17,7 +17,7 @@ import torch
 
 from kernels.attention import DTYPE_CODES, THREADINGS, kernel_params, load_module, omp_team
 from kernels.quant_operands import (QK, TILE, activation_addresses, activation_scratch_bytes, check_scratch,
-                                     checked_output)
+                                    checked_output)
 
 MODULE = "mili_quant"
 # Kernel kind code -> tile record bytes (see quant_matmul.mojo).

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from kernels.build.gpu_modules import GpuShape
+from kernels.builder.gpu_modules import GpuShape
 from shared.config import EngineConfig
 from shared.gguf_import.records import SOURCE_RECORD
 from shared.sampling_params import SamplingParams, SamplingParamsError

@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator
 
 from gateway.openai.schema import (FunctionCall, JsonObjectFormat, Logprobs, MaxCompletionTokens, MinP,
-                                    RepetitionPenalty, Seed, Temperature, TextFormat, TopK, TopP, _limit, _Model,
-                                    _needs, _when)
+                                   RepetitionPenalty, Seed, Temperature, TextFormat, TopK, TopP, _limit, _Model,
+                                   _needs, _when)
 from shared.request_limits import MAX_TOOLS, NAME_PATTERN
 
 

@@ -1,1 +1,2 @@
-"""The served model's text side: chat template, detokenizer, stop strings, reasoning split, tools and their calls, grammars, prompt logprobs."""
+"""The served model's text side: chat template, detokenizer, stop strings, reasoning split, tools and their calls,
+grammars, prompt logprobs."""

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from kernels.build.gpu_modules import PAGE_SIZE, GpuShape
+from kernels.builder.gpu_modules import PAGE_SIZE, GpuShape
 
 DECODE = [(batch, context) for batch in (1, 32, 128) for context in (128, 1024, 4096)]
 PREFILL = [1024, 4096]

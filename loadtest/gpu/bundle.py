@@ -6,7 +6,7 @@ CPython 3.12 on manylinux x86-64, one wheel per package it lacks: the runtime an
 imports (pyproject's pins) and their own dependencies (at the versions installed here), and copies the default
 model's tokenizer files, which the served tiny test models use (the default model itself, 93 MB, cannot travel).
 It also builds MILI's GPU attention module (kernels/gpu_attention.mojo) for the shapes the GPU tests and benchmarks
-use (kernels.build.gpu_modules.CARRIED_SHAPES) and carries the modules with the Mojo runtime libraries they load
+use (kernels.builder.gpu_modules.CARRIED_SHAPES) and carries the modules with the Mojo runtime libraries they load
 (loadtest/gpu/runtime.py). torch, the Mojo compiler and the CPU kernels stay behind.
 
 Everything that travels (the repository's files and this folder) must stay under 64 MiB; the total is printed.

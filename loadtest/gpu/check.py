@@ -43,7 +43,7 @@ PARTS = ("modules", "tests/gpu", "integration", "bench", "engine-bench", "serve-
 # Each carried module: does it import here, and (with CUDA) does it open the device and agree with the reference?
 MODULE_CHECK = """
 import json, torch
-from kernels.build import gpu_modules
+from kernels.builder import gpu_modules
 from kernels import gpu_attention
 report = []
 for shape in gpu_modules.CARRIED_SHAPES:

@@ -1,6 +1,6 @@
 """The GPU attention modules and the Mojo runtime libraries they load, carried to a GPU machine without Mojo.
 
-Here (`make gpu-bundle`): builds kernels/gpu_attention.mojo for kernels.build.gpu_modules.CARRIED_SHAPES, copies the
+Here (`make gpu-bundle`): builds kernels/gpu_attention.mojo for kernels.builder.gpu_modules.CARRIED_SHAPES, copies the
 modules into .gpu-bundle/kernels/gpu/<build key>/ and the runtime libraries into .gpu-bundle/mojo-runtime/, checks
 with `readelf -d` that every library a carried file needs is carried or a system library, and imports every
 carried module with the carried libraries first on the library path.
@@ -29,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kernels.build.gpu_modules import CARRIED_DIR_ENV, CARRIED_SHAPES, build_module, module_path
+from kernels.builder.gpu_modules import CARRIED_DIR_ENV, CARRIED_SHAPES, build_module, module_path
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME_LIBS = ("libKGENCompilerRTShared.so", "libAsyncRTMojoBindings.so", "libAsyncRTRuntimeGlobals.so",
@@ -98,7 +98,7 @@ def bundle_gpu_modules(bundle: Path) -> list[str]:
 
 # Imports every carried module from the bundle (not the build folder) and checks the shape it was built for.
 IMPORT_CHECK = """
-from kernels.build import gpu_modules as gpu_build
+from kernels.builder import gpu_modules as gpu_build
 from kernels import gpu_attention
 for shape in gpu_build.CARRIED_SHAPES:
     assert str(gpu_attention.load_module(shape).__file__).startswith(gpu_build.search_roots()[0].as_posix())

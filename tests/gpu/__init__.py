@@ -8,6 +8,6 @@ import os
 
 DEVICE = os.environ.get("MILI_GPU_TESTS_DEVICE", "cuda")
 
-# Tiny-model overrides whose attention shapes have carried GPU attention modules (kernels.build.gpu_modules.CARRIED_SHAPES:
+# Tiny-model overrides whose attention shapes have carried GPU attention modules (kernels.builder.gpu_modules.CARRIED_SHAPES:
 # GQA 2 at head_dim 64, GQA 4 at 64, GQA 1 at 128), so that the mojo backend can serve them.
 MOJO_TINY = {"qwen3": dict(head_dim=64), "qwen2": dict(hidden_size=512), "llama": dict(hidden_size=512)}

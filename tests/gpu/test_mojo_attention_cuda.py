@@ -6,7 +6,7 @@ Nothing synchronises between the calls and the comparisons: the comparisons are 
 which is what checks the stream ordering. bf16 outputs must be within 1e-2 of the float32 reference (max error
 relative to the reference's largest magnitude); KV writes must be exact.
 
-The module is built for kernels.build.gpu_modules.CARRIED_SHAPES only (`make gpu-bundle`), and these tests use exactly
+The module is built for kernels.builder.gpu_modules.CARRIED_SHAPES only (`make gpu-bundle`), and these tests use exactly
 those shapes. MILI_GPU_TESTS_DEVICE=cpu rehearses the tests' own code with a torch stand-in for the module,
 driven by the same step plan (it shows nothing about the module or CUDA).
 """
@@ -18,7 +18,7 @@ import random
 import pytest
 import torch
 
-from kernels.build.gpu_modules import CARRIED_SHAPES, PAGE_SIZE, GpuShape
+from kernels.builder.gpu_modules import CARRIED_SHAPES, PAGE_SIZE, GpuShape
 from kernels.gpu_attention import GpuStepPlan, open_attention
 from kernels.reference import attention as reference
 from tests.gpu import DEVICE, MOJO_TINY

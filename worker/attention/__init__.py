@@ -1,1 +1,2 @@
-"""Attention backends behind one interface (torch reference, Mojo on the CPU, Mojo on CUDA) and their per-step metadata."""
+"""Attention backends behind one interface (torch reference, Mojo on the CPU, Mojo on CUDA) and their per-step
+metadata."""

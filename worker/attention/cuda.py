@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.build.gpu_modules import PAGE_SIZE, GpuShape
+from kernels.builder.gpu_modules import PAGE_SIZE, GpuShape
 from kernels.gpu_attention import GpuAttention, GpuModuleUnavailable, GpuStepPlan, open_attention, unsupported_reason
 from kernels.reference import attention as reference
 from worker.attention.torch_backend import plan_on

@@ -19,7 +19,7 @@ def get_attention_backend(name: str, device: str | torch.device = "cpu", shape: 
     """`auto` takes the Mojo kernels where they build and load, and says loudly when it falls back.
 
     On CUDA the Mojo backend is MILI's GPU module (worker/attention/cuda.py) for the model's attention shape
-    (a kernels.build.gpu_modules.GpuShape), bfloat16 and 16-token blocks; `mojo` there fails with the reason when it
+    (a kernels.builder.gpu_modules.GpuShape), bfloat16 and 16-token blocks; `mojo` there fails with the reason when it
     cannot serve."""
     if name not in ("auto", "mojo", "torch"):
         raise ValueError(f"unknown attention backend {name!r} (choose auto, mojo or torch)")

@@ -1,1 +1,2 @@
-"""The model body: the decoder, its layers and the operations around its matmuls, packed linears, dtype and device choice, weight loading."""
+"""The model body: the decoder, its layers and the operations around its matmuls, packed linears, dtype and device
+choice, weight loading."""

@@ -42,7 +42,7 @@ def kernel_module() -> ModuleType | None:
         log.warning("quantized weights need CPU features %s, which this CPU lacks", ", ".join(missing))
         return None
     from kernels import quant_matmul
-    from kernels.build.modules import KernelBuildError
+    from kernels.builder.modules import KernelBuildError
 
     try:
         module = quant_matmul.load()
@@ -60,7 +60,7 @@ def kquant_module() -> ModuleType | None:
     if kernel_module() is None:
         return None
     from kernels import quant_kmatmul
-    from kernels.build.modules import KernelBuildError
+    from kernels.builder.modules import KernelBuildError
 
     try:
         return quant_kmatmul.load()

@@ -1,1 +1,2 @@
-"""One engine step's execution: the model runner, decode graphs and programs, the sampler, prompt logprobs, grammar masks, the KV cache tensors."""
+"""One engine step's execution: the model runner, decode graphs and programs, the sampler, prompt logprobs, grammar
+masks, the KV cache tensors."""

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from kernels import gpu_attention as gpu_mojo_ops
-from kernels.build import gpu_modules as gpu_build
-from kernels.build.gpu_modules import CARRIED_SHAPES, GpuShape
+from kernels.builder import gpu_modules as gpu_build
+from kernels.builder.gpu_modules import CARRIED_SHAPES, GpuShape
 from kernels.gpu_attention import GpuModuleUnavailable, GpuStepPlan
 from worker.attention.selection import get_attention_backend
 

@@ -1,4 +1,4 @@
-"""The kernels' build key and target CPU (kernels/build/modules.py, kernels/build/target.py), without compiling kernels:
+"""The kernels' build key and target CPU (kernels/builder/modules.py, kernels/builder/target.py), without compiling kernels:
 kernels built for one kind of CPU are never found, or never loaded, on another; MILI_KERNEL_TARGET_CPU reaches
 `mojo build --target-cpu`; the host default compiles exactly as before; a read-only build root falls back to the
 cache. The compiler is asked only for `--print-effective-target` (milliseconds)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernels.build import modules, target
+from kernels.builder import modules, target
 
 MITIGATIONS = "fpu sse sse2 ht syscall nx lm constant_tsc rep_good nopl xtopology cpuid pni ssse3"
 HOST = f"processor\t: 0\nflags\t\t: {MITIGATIONS} avx avx2 fma avx512f avx512bw avx512_vnni ibrs ibpb stibp\n"
@@ -138,7 +138,7 @@ def test_read_only_build_root_falls_back_to_the_cache(monkeypatch, tmp_path, hos
 
 
 def test_load_checks_an_explicit_target_but_building_does_not(monkeypatch, tmp_path):
-    """`python -m kernels.build` may build an image's kernels on a CPU older than their target; handing a
+    """`python -m kernels.builder` may build an image's kernels on a CPU older than their target; handing a
     module out to be loaded checks the target against this CPU."""
     monkeypatch.setenv(target.TARGET_CPU_ENV, "x86-64-v4")
     monkeypatch.setattr(modules, "BUILD_ROOT", tmp_path)

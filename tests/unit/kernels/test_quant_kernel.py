@@ -19,7 +19,7 @@ from gguf.quants import dequantize, quantize
 from kernels import quant_matmul
 from kernels.formats.blocks import KERNEL_KINDS, repack, split_blocks
 from kernels.reference.quant_matmul import (activation_error_bound, dequantized_matmul, qmatmul_blocks,
-                                     quantize_activations, split_activations)
+                                            quantize_activations, split_activations)
 
 TYPES = [QT.Q4_0, QT.Q4_1, QT.Q8_0]
 # (M, N, K): decode rows, odd row counts around the 4-row groups, N not a multiple of the 16-row tile,

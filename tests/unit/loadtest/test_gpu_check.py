@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from kernels.build.gpu_modules import CARRIED_SHAPES
+from kernels.builder.gpu_modules import CARRIED_SHAPES
 from loadtest.gpu.bundle import ON_DEVICE, closure, pinned_roots
 
 

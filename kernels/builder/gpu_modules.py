@@ -1,10 +1,10 @@
 """Builds MILI's GPU attention module (kernels/gpu_attention.mojo) for one model shape, cached by hash.
 
 Modular's flash attention needs the head counts and head_dim at compile time, so there is one module per model
-shape: `python -m kernels.build.gpu_modules 16 8 128` (or `make gpu-bundle`, for the shapes the GPU tests and benchmarks
+shape: `python -m kernels.builder.gpu_modules 16 8 128` (or `make gpu-bundle`, for the shapes the GPU tests and benchmarks
 use) compiles it for the H100 (`--target-accelerator nvidia:sm_90a`; plain `nvidia:90` selects an older kernel set
 that rejects 16-token pages) into build/kernels/gpu/<hash of source, shape, target>/ in about 30-60 s. The same
-lock-and-rename discipline as kernels/build/modules.py keeps concurrent builds and readers safe. A GPU machine has no Mojo
+lock-and-rename discipline as kernels/builder/modules.py keeps concurrent builds and readers safe. A GPU machine has no Mojo
 compiler: there the module is only looked up (find_module), in $MILI_GPU_KERNEL_DIR (the carried bundle) first.
 The CPU test suite never builds it (too slow); its unit tests cover the Python logic around it.
 
@@ -55,7 +55,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernels.build.modules import BUILD_ROOT, KERNELS_DIR, KernelBuildError, _compile
+from kernels.builder.modules import BUILD_ROOT, KERNELS_DIR, KernelBuildError, _compile
 
 GPU_SOURCE = KERNELS_DIR / "gpu_attention.mojo"
 GPU_MODULE = "mili_gpu_attention"

@@ -1,9 +1,9 @@
 """Builds the Mojo kernels into Python extension modules, cached by a key of the sources and the target CPU.
 
-`python -m kernels.build` (what `make kernels` runs) compiles each kernels/*.mojo module with the `mojo`
+`python -m kernels.builder` (what `make kernels` runs) compiles each kernels/*.mojo module with the `mojo`
 compiler installed beside this Python into build/kernels/<build key>/ (MILI_KERNEL_BUILD_DIR moves that root).
 The key hashes the sources, the compiler flags and the target: this host's instruction-set flags, or the CPU
-named by MILI_KERNEL_TARGET_CPU (kernels/build/target.py), so kernels built for one kind of CPU are never
+named by MILI_KERNEL_TARGET_CPU (kernels/builder/target.py), so kernels built for one kind of CPU are never
 loaded on another. Where that root is not writable (a read-only image) and holds no build for this key, the
 kernels are built under $MILI_CACHE_DIR/kernels (~/.cache/mili/kernels). A file lock serialises concurrent
 builds (tests start several servers at once) and each module is renamed into place, so a reader never loads
@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from kernels.build import target as build_target
+from kernels.builder import target as build_target
 
 KERNELS_DIR = Path(__file__).resolve().parents[1]
 # Built module name -> its source file: four Mojo extension modules and a small C library (built with the
@@ -95,7 +95,7 @@ def build_dir(key: str | None = None) -> Path:
             return root / key
     raise KernelBuildError(f"no kernels built for this CPU (build key {key}) under {BUILD_ROOT}, and neither it nor "
                            f"{cache_root()} is writable to build them: make one writable (MILI_CACHE_DIR, "
-                           f"MILI_KERNEL_BUILD_DIR) or build the kernels for this CPU's kind (python -m kernels.build, "
+                           f"MILI_KERNEL_BUILD_DIR) or build the kernels for this CPU's kind (python -m kernels.builder, "
                            f"{build_target.TARGET_CPU_ENV})")
 
 
@@ -197,7 +197,7 @@ def _compile(source: Path, target: Path, flags: tuple[str, ...] = ()) -> None:
 
 
 def main() -> None:
-    """Builds every module for the target CPU (`python -m kernels.build`, what `make kernels` runs)."""
+    """Builds every module for the target CPU (`python -m kernels.builder`, what `make kernels` runs)."""
     print(f"target: {build_target.target_cpu() or 'this host'} (build key {build_key()})", file=sys.stderr)
     for module in MODULES:
         try:
