@@ -13,6 +13,7 @@ Integral bounds are written as ints (0, not 0.0): the OpenAPI document shows the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 Number = int | float
@@ -116,3 +117,28 @@ def decimal_below(n: int) -> str:
 
 # JSON object keys are strings: logit_bias maps a token id written in decimal to a bias.
 TOKEN_ID_KEY_PATTERN = decimal_below(TOKEN_ID.hi + 1)
+
+
+# ----- bounds that depend on the served model -----
+class OutOfBounds(ValueError):
+    """A request outside a bound of the served model; `param` names the field to blame."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+def check_prompt_fits(prompt: Sequence[int], max_tokens: int | None, vocab_size: int, context_len: int) -> None:
+    """A non-empty prompt's ids are in the vocabulary, and it leaves the context room for max_tokens (None: for
+    at least one token). max_tokens 0 (scoring alone) may fill the whole context. The gateway checks this before
+    a request is sent, the engine again when it is added."""
+    bad = next((t for t in prompt if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise OutOfBounds(f"prompt token id {bad} is outside the vocabulary (size {vocab_size})", "prompt")
+    if len(prompt) > context_len or (len(prompt) == context_len and max_tokens != 0):
+        raise OutOfBounds(f"the prompt has {len(prompt)} tokens, but this model's context length is {context_len} "
+                          "tokens, which leaves no room for output", "prompt")
+    if max_tokens is not None and len(prompt) + max_tokens > context_len:
+        raise OutOfBounds(f"the prompt ({len(prompt)} tokens) plus max_tokens ({max_tokens}) asks for "
+                          f"{len(prompt) + max_tokens} tokens, but this model's context length is {context_len} tokens",
+                          "max_tokens")

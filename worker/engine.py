@@ -20,6 +20,7 @@ import torch
 from kernels.builder.gpu_modules import GpuShape
 from shared.config import EngineConfig
 from shared.gguf_import.records import SOURCE_RECORD
+from shared.request_limits import OutOfBounds, check_prompt_fits
 from shared.sampling_params import SamplingParams, SamplingParamsError
 from shared.wire import WorkerStats
 from worker.attention.selection import get_attention_backend
@@ -182,22 +183,12 @@ class LLMEngine:
         if not prompt:
             raise RequestRejected("the prompt is empty", "prompt")
         vocab = self.model_config.vocab_size
-        bad = next((t for t in prompt if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise RequestRejected(f"prompt token id {bad} is outside the vocabulary (size {vocab})", "prompt")
         try:
             params.check_token_ids(vocab)
-        except SamplingParamsError as e:
+            check_prompt_fits(prompt, params.max_tokens, vocab, self.max_model_len)
+        except (OutOfBounds, SamplingParamsError) as e:
             raise RequestRejected(str(e), e.param) from e
-        limit = self.max_model_len
-        # Scoring alone (max_tokens 0) may fill the whole context.
-        if len(prompt) > limit or (len(prompt) == limit and params.max_tokens != 0):
-            raise RequestRejected(f"the prompt has {len(prompt)} tokens; this model's context length is {limit}, "
-                                  "which leaves no room for output", "prompt")
-        max_tokens = params.max_tokens if params.max_tokens is not None else limit - len(prompt)
-        if len(prompt) + max_tokens > limit:
-            raise RequestRejected(f"the prompt ({len(prompt)} tokens) plus max_tokens ({max_tokens}) exceeds "
-                                  f"this model's context length of {limit} tokens", "max_tokens")
+        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - len(prompt)
         # No check against the cache size is needed: __init__ made sure one max_model_len sequence fits.
         return max_tokens
 

@@ -34,6 +34,7 @@ from gateway.text.prompt_logprobs import PromptLogprob, echo_logprobs, join_logp
 from gateway.text.tool_call_parser import assemble
 from gateway.text.tool_specs import tool_grammar_rules
 from gateway.workers.pool import NoWorkerAvailable
+from shared.request_limits import OutOfBounds, check_prompt_fits
 from shared.sampling_params import SamplingParams, SamplingParamsError
 
 log = logging.getLogger("mili.gateway")
@@ -203,16 +204,10 @@ def _check_tokens(params: SamplingParams, prompts: list[list[int]], vocab: int, 
     for prompt in prompts:
         if not prompt:
             raise invalid("the prompt is empty after tokenization", "prompt")
-        bad = next((t for t in prompt if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise invalid(f"prompt token id {bad} is outside the vocabulary (size {vocab})", "prompt")
-        if len(prompt) > context or (len(prompt) == context and params.max_tokens != 0):
-            raise invalid(f"the prompt has {len(prompt)} tokens, but this model's context length is {context} "
-                          "tokens, which leaves no room for output", "prompt")
-        if params.max_tokens is not None and len(prompt) + params.max_tokens > context:
-            raise invalid(f"this model's context length is {context} tokens, but the prompt ({len(prompt)} tokens) "
-                          f"plus max_tokens ({params.max_tokens}) asks for {len(prompt) + params.max_tokens}",
-                          "max_tokens")
+        try:
+            check_prompt_fits(prompt, params.max_tokens, vocab, context)
+        except OutOfBounds as e:
+            raise invalid(str(e), e.param) from None
 
 
 # ----- non-streaming -----

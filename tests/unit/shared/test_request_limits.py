@@ -234,3 +234,15 @@ def test_range_contains():
     assert not r.contains(0) and r.contains(1) and r.contains(0.5) and not r.contains(float("nan"))
     assert Range(1).contains(10**30) and not Range(1).contains(0)
     assert Range(hi=1, hi_open=True).field_kwargs() == {"lt": 1}
+
+
+def test_a_prompt_fits_the_context_up_to_its_edge():
+    """The one check of a prompt against the served model (gateway and engine both run it) at its edges."""
+    rl.check_prompt_fits([1] * 8, 0, 10, 8)  # scoring alone may fill the context
+    rl.check_prompt_fits([1] * 5, 3, 10, 8)  # prompt + max_tokens == context
+    rl.check_prompt_fits([1] * 7, None, 10, 8)  # room for one token
+    for prompt, max_tokens, param in (([1] * 8, None, "prompt"), ([1] * 8, 1, "prompt"), ([1] * 9, 0, "prompt"),
+                                      ([1] * 5, 4, "max_tokens"), ([1, 10], 1, "prompt"), ([-1], 1, "prompt")):
+        with pytest.raises(rl.OutOfBounds) as refused:
+            rl.check_prompt_fits(prompt, max_tokens, 10, 8)
+        assert refused.value.param == param
