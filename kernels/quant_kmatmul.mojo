@@ -20,7 +20,7 @@
 #      128 * 16 * 32 * 32258 < 2^31) but their sum may not be, so they meet in float32. Blocks are added
 #      in order; every output element is computed by the same instructions whatever the batch, the row's
 #      place in it or the thread, as in quant_matmul.mojo.
-#      From 16 rows (parameter 15, kernels/mojo_quant.use_amx), AMX int8 tiles compute the same integers
+#      From 16 rows (parameter 15, kernels/quant_matmul.py's use_amx), AMX int8 tiles compute the same integers
 #      for whole groups of 16 rows (tdpbsud sums exactly; kernels/quant_amx.mojo): per block, C1 and C2 =
 #      the 16 rows' dots with q1 and q2 over all 32 K-steps (Q5_0, Q5_1, Q4_K need only lo + hi), or for
 #      Q6_K over each half apart, on tiles 16 K-steps wide, so that lo and hi are the same two int32s. The

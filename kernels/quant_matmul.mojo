@@ -11,7 +11,7 @@
 #      columns, combined exactly as 254 * dot1 + dot2 in int32; the float epilogue then adds
 #      d_w * d_a * (dot - offset * sum) (+ m_w * d_a * sum for Q4_1), blocks in order. Decode reads each
 #      weight byte once for both parts, so the second vpdpbusd costs little where weight bytes bound the time.
-#      From 16 rows (parameter 15, kernels/mojo_quant.use_amx), AMX int8 tiles compute the same integers
+#      From 16 rows (parameter 15, kernels/quant_matmul.py's use_amx), AMX int8 tiles compute the same integers
 #      for whole groups of 16 rows (kernels/quant_amx.mojo), which then go through the same epilogue.
 #      Rows run in chunks whose q1 and q2 stay in cache; Q4_0 / Q4_1 tiles are unpacked into the B-tile
 #      layout once per chunk (Q8_0's records are that layout already).
