@@ -13,12 +13,9 @@ from shared.request_limits import (FREQUENCY_PENALTY, LOGIT_BIAS, LOGPROBS, MAX_
                                    MIN_TOKENS, N, PRESENCE_PENALTY, REPETITION_PENALTY, SEED, TEMPERATURE, TOKEN_ID,
                                    TOP_K, TOP_P)
 
-MAX_LOGPROBS = LOGPROBS.hi
 # Temperatures below this sample greedily (as vLLM's _SAMPLING_EPS): dividing float32 logits by, say, 1e-45
 # overflows to inf, and inf - inf would make every probability NaN.
 GREEDY_BELOW_TEMPERATURE = 1e-5
-MIN_REPETITION_PENALTY = REPETITION_PENALTY.lo  # why it is not 0: shared/request_limits.py
-MAX_N = N.hi
 
 
 class SamplingParamsError(ValueError):

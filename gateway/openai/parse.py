@@ -1,6 +1,6 @@
 """OpenAI request bodies into the typed requests the gateway serves.
 
-A body is validated against its model (gateway/schema.py: types, ranges, shapes, unknown fields);
+A body is validated against its model (gateway/openai/schema.py: types, ranges, shapes, unknown fields);
 then the checks no schema can hold run here (the server's limits, the rules between fields), before
 anything reaches a worker. A field we do not know or do not support is a 400 that names it (a silently
 ignored `tools` or `response_format` would give a client answers it did not ask for).

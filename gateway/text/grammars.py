@@ -33,6 +33,11 @@ JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separa
 _NAME = re.compile(NAME_PATTERN)
 
 
+def is_valid_name(name: object) -> bool:
+    """A function's or a JSON schema's name as OpenAI allows it (shared/request_limits.py's NAME_PATTERN)."""
+    return isinstance(name, str) and _NAME.match(name) is not None
+
+
 @dataclass(frozen=True)
 class ResponseFormat:
     """A JSON answer: any object (json_object) or one that validates against `schema`."""
@@ -62,7 +67,7 @@ def parse_response_format(value: Any) -> ResponseFormat | None:
     if not isinstance(spec, dict):
         raise invalid("response_format.json_schema must be an object", "response_format.json_schema")
     name = spec.get("name")
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not is_valid_name(name):
         raise invalid(f"response_format.json_schema.name must be {NAME_RULE}", "response_format.json_schema.name")
     unknown = sorted(set(spec) - {"name", "description", "schema", "strict"})
     if unknown:

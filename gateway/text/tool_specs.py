@@ -28,12 +28,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.server.errors import invalid
-from gateway.text.grammars import ResponseFormat, check_schema, schema_lark
-from shared.request_limits import MAX_TOOLS, NAME_PATTERN, NAME_RULE
+from gateway.text.grammars import ResponseFormat, check_schema, is_valid_name, schema_lark
+from shared.request_limits import MAX_TOOLS, NAME_RULE
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
-_NAME = re.compile(NAME_PATTERN)
 EMPTY_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
@@ -105,7 +104,7 @@ def _tools(tools: Any) -> tuple[Tool, ...]:
         if unknown:
             raise invalid(f"{where}.function.{unknown[0]} is not supported", f"{where}.function.{unknown[0]}")
         name = fn.get("name")
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not is_valid_name(name):
             raise invalid(f"{where}.function.name must be {NAME_RULE}", f"{where}.function.name")
         if any(t.name == name for t in out):
             raise invalid(f"{where}.function.name {name!r} is declared twice", f"{where}.function.name")

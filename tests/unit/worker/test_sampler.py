@@ -14,7 +14,8 @@ import secrets
 import pytest
 import torch
 
-from shared.sampling_params import MIN_REPETITION_PENALTY, SamplingParams, SamplingParamsError
+from shared.request_limits import REPETITION_PENALTY
+from shared.sampling_params import SamplingParams, SamplingParamsError
 from worker.runner.sampler import Sampler, SamplingRow, apply_logit_processors, make_generator
 
 SEED = int(os.environ.get("MILI_TEST_SEED", secrets.randbits(32)))
@@ -113,8 +114,8 @@ def test_smallest_repetition_penalty_keeps_the_draw_in_the_vocabulary(seed: int)
     with pytest.raises(SamplingParamsError):
         SamplingParams(repetition_penalty=5e-324)
     logits = torch.tensor([[30.0, -30.0, 20.0, 5.0]] * 2)
-    rows = [make_row(repetition_penalty=MIN_REPETITION_PENALTY, temperature=1e-5 * 1.01, prompt=(0, 1, 2), seed=seed),
-            make_row(repetition_penalty=MIN_REPETITION_PENALTY, temperature=0.0, prompt=(2, 3))]
+    rows = [make_row(repetition_penalty=REPETITION_PENALTY.lo, temperature=1e-5 * 1.01, prompt=(0, 1, 2), seed=seed),
+            make_row(repetition_penalty=REPETITION_PENALTY.lo, temperature=0.0, prompt=(2, 3))]
     assert Sampler(4, [])(logits, rows).token_ids == [0, 2]
 
 
