@@ -32,6 +32,7 @@ from gateway.server.request_id import RequestIdMiddleware
 from gateway.streams.resume_buffer import StreamRegistry
 from gateway.streams.resume_routes import resume_stream
 from gateway.text.served_model_text import ModelText
+from gateway.web_ui import routes as web_ui
 from gateway.workers.pool import WorkerPool
 from shared import wire
 from shared.config import EngineConfig
@@ -56,6 +57,7 @@ class ServerSettings:
     enable_debug_faults: bool = False  # POST /debug/kv/fault (drills and tests only)
     stream_resume_ttl: float = 0.0  # seconds a disconnected stream waits to be resumed; 0: abort at once
     stream_resume_max_bytes: int = 64 << 20  # all resumable streams' buffered events together
+    web_ui: bool = True  # the chat page at / (gateway/web_ui/)
 
 
 class GatewayState:
@@ -193,9 +195,11 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
         Route("/debug/kv", _api(debug_routes.kv_ledger), methods=["GET"]),
         *([Route("/debug/kv/fault", _api(debug_routes.inject_kv_fault), methods=["POST"])]
           if settings.enable_debug_faults else []),
+        *(web_ui.routes(thinking=state.text.split_reasoning) if settings.web_ui else []),
     ], exception_handlers={HTTPException: _http_error}, lifespan=lifespan)
     app.state.mili = state
-    app.add_middleware(ApiKeyMiddleware, keyring=state.keyring, on_refused=state.metrics.unauthorized)
+    app.add_middleware(ApiKeyMiddleware, keyring=state.keyring, on_refused=state.metrics.unauthorized,
+                       is_public=web_ui.is_public if settings.web_ui else None)
     # Outermost: a refused request gets its id too, and is counted.
     app.add_middleware(RequestIdMiddleware, on_api_response=state.metrics.http_response)
     return app

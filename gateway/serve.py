@@ -97,6 +97,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "reads are dropped first, the one idle longest first")
     p.add_argument("--enable-debug-faults", action="store_true",
                    help="add POST /debug/kv/fault, which breaks the KV block accounting on purpose (drills, tests)")
+    p.add_argument("--no-web-ui", action="store_true",
+                   help="do not serve the chat page at / (and its assets under /web-ui/)")
     p.add_argument("--log-level", default="info")
 
 
@@ -157,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         sse_ping_s=args.sse_ping_interval, num_workers=args.workers, worker_threads=args.worker_threads,
         worker_tcp_host=tcp_host, worker_tcp_port=tcp_port, request_timeout=args.request_timeout or None,
         enable_debug_faults=args.enable_debug_faults, stream_resume_ttl=args.stream_resume_ttl,
-        stream_resume_max_bytes=args.stream_resume_buffer)
+        stream_resume_max_bytes=args.stream_resume_buffer, web_ui=not args.no_web_ui)
     app = build_app(settings, engine_config)
     # Running streams finish during the drain; sse-starlette would otherwise end them at the first SIGTERM.
     AppStatus.disable_automatic_graceful_drain()
@@ -166,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
                             timeout_graceful_shutdown=args.drain_timeout, access_log=False,
                             loop="uvloop", http="httptools")
     server = _DrainingServer(config, app.state.mili)
-    log.info("serving %s as %r on http://%s:%d", model_dir, settings.served_model_name, args.host, args.port)
+    log.info("serving %s as %r on http://%s:%d%s", model_dir, settings.served_model_name, args.host, args.port,
+             " (chat page at /)" if settings.web_ui else "")
     server.run()
     return 0

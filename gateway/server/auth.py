@@ -158,21 +158,23 @@ def route_label(path: str) -> str:
 
 
 class ApiKeyMiddleware:
-    """Every route but /health needs `Authorization: Bearer KEY` with a known key (when any is configured);
-    the caller's ApiKey is left in the scope for the routes (`caller`). Each refusal is reported with its
-    route (`on_refused`)."""
+    """Every route but /health (and the paths `is_public` names: the chat page and its assets) needs
+    `Authorization: Bearer KEY` with a known key (when any is configured); the caller's ApiKey is left in the
+    scope for the routes (`caller`). Each refusal is reported with its route (`on_refused`)."""
 
-    def __init__(self, app, keyring: KeyRing, on_refused: Callable[[str], None] | None = None):
+    def __init__(self, app, keyring: KeyRing, on_refused: Callable[[str], None] | None = None,
+                 is_public: Callable[[str], bool] | None = None):
         self.app = app
         self.keyring = keyring
         self.on_refused = on_refused
+        self.is_public = is_public
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         if not self.keyring.required:
             scope[SCOPE_KEY] = ANONYMOUS
-        elif scope["path"] != "/health":
+        elif scope["path"] != "/health" and not (self.is_public and self.is_public(scope["path"])):
             key = self.keyring.lookup(dict(scope["headers"]).get(b"authorization", b""))
             if key is None:
                 if self.on_refused is not None:
