@@ -1,0 +1,315 @@
+"""MILI's chat page as a person uses it: headless chromium against the real server (gateway and worker
+processes) on the default model, with an API key, one server and one browser for the module.
+
+The tests run in order: the first gives the page its key, the others use the page with it."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import httpx2
+import pytest
+
+from tests.helpers.server import ROOT, Server
+from tests.web_ui.browser import console_errors, local_storage, start_chromium
+
+KEY = "sk-web-ui-test"
+DOCS = ROOT / "docs"
+REFUSED = ("401",)  # the console's line for each call the server refused
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = Server("default", "--dtype", "auto", log_path=tmp_path_factory.mktemp("web_ui") / "server.log",
+                 env={"MILI_API_KEY": KEY}).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    driver = start_chromium(tmp_path_factory.mktemp("chromium"))
+    yield driver
+    driver.quit()
+
+
+def wait(driver, condition, timeout: float = 60, what: str = ""):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(lambda d: condition(d), what)
+
+
+def by_id(driver, element_id: str):
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.ID, element_id)
+
+
+def text_of(driver, element_id: str) -> str:
+    return by_id(driver, element_id).text
+
+
+def answers(driver) -> list:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_elements(By.CSS_SELECTOR, "#messages .message.assistant")
+
+
+def last_answer(driver, part: str = ".content") -> str | None:
+    """The last answer's text (its `part`), read in one step in the page: while it streams the page redraws it
+    every frame, so an element found a moment ago may already be replaced."""
+    return driver.execute_script(
+        "const all = document.querySelectorAll('#messages .message.assistant');"
+        "const node = all.length ? all[all.length - 1].querySelector(arguments[0]) : null;"
+        "return node ? node.innerText.replace('\u258d', '').trim() : null;", part)
+
+
+def fill(driver, element_id: str, value: str) -> None:
+    """Sets a settings field as typing would, and tells the page (its change event)."""
+    field = by_id(driver, element_id)
+    field.clear()
+    if value:
+        field.send_keys(value)
+    driver.execute_script("arguments[0].dispatchEvent(new Event('change'))", field)
+
+
+def open_page(driver, server) -> None:
+    """A fresh load of the page with the key already given (the first test gives it)."""
+    driver.get(server.url + "/")
+    wait(driver, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "true",
+         what="the page started")
+    assert not by_id(driver, "key-dialog").is_displayed()
+
+
+def new_chat(driver, *, max_tokens: int, schema: str = "", temperature: str = "0") -> None:
+    by_id(driver, "new-chat").click()
+    fill(driver, "temperature", temperature)
+    fill(driver, "max-tokens", str(max_tokens))
+    fill(driver, "json-schema", schema)
+
+
+def ask(driver, question: str) -> None:
+    box = by_id(driver, "prompt")
+    box.send_keys(question)
+    by_id(driver, "send").click()
+
+
+def finished(driver) -> bool:
+    return by_id(driver, "send").is_displayed() and not by_id(driver, "stop").is_displayed()
+
+
+def test_the_key_server_serves_the_page_but_refuses_its_calls_until_the_key_is_given(server, browser):
+    # Without a key: the page and its assets load, the API (the metrics too) does not, /health does.
+    for path in ("/", "/web-ui/app.js", "/web-ui/style.css", "/health"):
+        assert httpx2.get(server.url + path, timeout=10).status_code == 200, path
+    for path in ("/v1/models", "/metrics"):
+        assert httpx2.get(server.url + path, timeout=10).status_code == 401, path
+    refused_before = server.metric("mili_http_unauthorized_total")
+
+    browser.get(server.url + "/")
+    browser.execute_script("localStorage.clear()")
+    browser.refresh()
+    dialog = wait(browser, lambda d: by_id(d, "key-dialog") if by_id(d, "key-dialog").is_displayed() else None,
+                  what="the key dialog")
+    assert "needs an API key" in text_of(browser, "key-reason")
+    assert text_of(browser, "srv-running") == "–"  # the metrics were refused
+    assert text_of(browser, "model-name") == "…"
+    assert server.metric("mili_http_unauthorized_total") > refused_before
+
+    by_id(browser, "key-input").send_keys("sk-wrong")
+    by_id(browser, "key-submit").click()
+    wait(browser, lambda d: "refused" in text_of(d, "key-reason"), what="the wrong key refused")
+    assert dialog.is_displayed() and "invalid or missing API key" in text_of(browser, "key-error")
+
+    by_id(browser, "key-input").clear()
+    by_id(browser, "key-input").send_keys(KEY)
+    by_id(browser, "key-submit").click()
+    wait(browser, lambda d: not by_id(d, "key-dialog").is_displayed(), what="the dialog closed")
+    assert text_of(browser, "model-name").startswith("SmolLM2-135M-Instruct")
+    wait(browser, lambda d: text_of(d, "srv-running") == "0" and text_of(d, "srv-device") == "cpu",
+         what="the server panel filled")
+    assert text_of(browser, "srv-backend") in ("mojo", "torch")
+    assert text_of(browser, "srv-quant") == "q4_1"  # the default model's GGUF blocks
+    assert re.fullmatch(r"\d+\.\d% of \d+ blocks", text_of(browser, "srv-kv"))
+    assert browser.execute_script("return localStorage.getItem('mili.apiKey')") == KEY
+    assert not console_errors(browser, allowed=REFUSED)
+
+
+def test_a_question_streams_an_answer_with_its_numbers(server, browser):
+    open_page(browser, server)
+    new_chat(browser, max_tokens=80)
+    prompt_before = server.metric("mili_prompt_tokens_total")
+    generated_before = server.metric("mili_generation_tokens_total")
+    ask(browser, "Write a Python function that reverses a string. Answer with a code block.")
+
+    # The answer grows while it streams: several different partial texts before the end.
+    seen = set()
+    deadline = time.monotonic() + 120
+    while not finished(browser) and time.monotonic() < deadline:
+        text = last_answer(browser)
+        if text:
+            seen.add(text)
+        time.sleep(0.1)
+    assert finished(browser), "the answer did not end"
+    assert len(seen) >= 2, seen
+
+    content = last_answer(browser)
+    assert content and content not in seen  # the last partial text seen was not yet the whole answer
+    stats = last_answer(browser, ".stats")
+    match = re.fullmatch(r"TTFT (\d+) ms · ([\d.]+) tokens/s · (\d+) tokens in · (\d+) out(?: · \d+ cached)? · (\w+)",
+                         stats)
+    assert match, stats
+    tokens_in, tokens_out = int(match[3]), int(match[4])
+    # The page's numbers are the stream's usage, which is what the server counted.
+    assert tokens_in == server.metric("mili_prompt_tokens_total") - prompt_before
+    assert tokens_out == server.metric("mili_generation_tokens_total") - generated_before
+    assert 0 < tokens_out <= 80 and match[5] in ("stop", "length")
+
+    # Kept in local storage: a reload shows the conversation again.
+    saved = local_storage(browser, "mili.conversations")
+    assert saved[0]["messages"][0]["content"].startswith("Write a Python function")
+    wait(browser, lambda d: text_of(d, "srv-running") == "0", timeout=10, what="the panel shows none running")
+    DOCS.mkdir(exist_ok=True)
+    browser.save_screenshot(str(DOCS / "web_ui_chat.png"))
+    open_page(browser, server)
+    assert "reverses a string" in by_id(browser, "conversation-list").text
+    assert last_answer(browser) == content
+    assert not console_errors(browser)
+
+
+def test_stop_ends_a_long_answer_and_frees_its_request(server, browser):
+    open_page(browser, server)
+    new_chat(browser, max_tokens=2000)
+    aborted_before = server.metric("mili_requests_total", finish_reason="abort")
+    ask(browser, "Count from 1 to 1000, one number per line.")
+    wait(browser, lambda d: server.metric("mili_requests_running") >= 1 and last_answer(d),
+         timeout=120, what="the answer started")
+    # The server panel sees the request running.
+    wait(browser, lambda d: text_of(d, "srv-running") == "1", timeout=10, what="the panel shows it running")
+    # A few lines in (the request still running: the page has not seen its end), for the picture.
+    wait(browser, lambda d: len(last_answer(d).splitlines()) >= 4 or finished(d), timeout=30, what="a few lines")
+    assert not finished(browser) and server.metric("mili_requests_running") >= 1
+    browser.save_screenshot(str(DOCS / "web_ui_panel.png"))
+
+    by_id(browser, "stop").click()
+    wait(browser, lambda d: finished(d), timeout=10, what="the page stopped")
+    wait(browser, lambda d: server.metric("mili_requests_running") == 0, timeout=30, what="the request freed")
+    assert server.metric("mili_requests_total", finish_reason="abort") == aborted_before + 1
+    assert last_answer(browser, ".stats").endswith("stopped")
+    wait(browser, lambda d: text_of(d, "srv-running") == "0", timeout=10, what="the panel shows none running")
+    frozen = last_answer(browser)
+    time.sleep(1.0)
+    assert last_answer(browser) == frozen
+    assert not console_errors(browser)
+
+
+# The model is made to write markup through the page's own JSON-schema setting: each string a `const`, so the
+# grammar forces the server's output to hold it exactly.
+MARKUP = {
+    "img": "<img src=x onerror='window.__pwned=1'>",
+    "script": "<script>window.__pwned=2</script>",
+    "link": "[click me](javascript:window.__pwned=3)",
+    "svg": "<svg onload='window.__pwned=4'></svg>",
+}
+MARKUP_SCHEMA = ('{"type": "object", "properties": {'
+                 + ", ".join(f'"{k}": {{"const": "{v}"}}' for k, v in MARKUP.items())
+                 + '}, "required": [' + ", ".join(f'"{k}"' for k in MARKUP) + '], "additionalProperties": false}')
+
+
+def test_markup_in_the_models_output_runs_nothing(server, browser):
+    open_page(browser, server)
+    new_chat(browser, max_tokens=200, schema=MARKUP_SCHEMA)
+    ask(browser, "Answer in JSON.")
+    wait(browser, finished, timeout=120, what="the answer ended")
+    answer = answers(browser)[-1]
+    content = answer.find_element("css selector", ".content")
+    for text in MARKUP.values():
+        assert text in content.text, (text, content.text)
+    assert not content.find_elements("css selector", "img, script, svg, iframe, object")
+    assert all(not (a.get_attribute("href") or "").startswith("javascript")
+               for a in content.find_elements("css selector", "a"))
+    time.sleep(0.5)  # an image's error event would have fired by now
+    assert browser.execute_script("return window.__pwned") is None
+    by_id(browser, "json-schema").clear()
+    fill(browser, "json-schema", "")
+    assert not console_errors(browser)
+
+
+def test_edit_resend_and_regenerate(server, browser):
+    open_page(browser, server)
+    new_chat(browser, max_tokens=8, temperature="1.0")
+    ask(browser, "Name a colour.")
+    wait(browser, finished, timeout=120, what="the first answer")
+
+    from selenium.webdriver.common.by import By
+
+    browser.find_element(By.CSS_SELECTOR, "#messages .message.user .edit").click()
+    editor = browser.find_element(By.CSS_SELECTOR, "#messages .edit-box")
+    editor.clear()
+    editor.send_keys("Name a fruit.")
+    browser.find_element(By.CSS_SELECTOR, "#messages .editing .save").click()
+    wait(browser, finished, timeout=120, what="the edited question's answer")
+    users = browser.find_elements(By.CSS_SELECTOR, "#messages .message.user")
+    assert [u.find_element(By.CSS_SELECTOR, ".content").text for u in users] == ["Name a fruit."]
+    assert len(answers(browser)) == 1
+
+    prompt_before = server.metric("mili_requests_total")
+    answers(browser)[-1].find_element(By.CSS_SELECTOR, ".regenerate").click()
+    wait(browser, lambda d: finished(d) and server.metric("mili_requests_total") == prompt_before + 1,
+         timeout=120, what="the regenerated answer")
+    assert len(answers(browser)) == 1  # replaced, not added
+    saved = local_storage(browser, "mili.conversations")[0]["messages"]
+    assert [m["role"] for m in saved] == ["user", "assistant"] and saved[0]["content"] == "Name a fruit."
+    assert not console_errors(browser)
+
+
+# The renderer on its own, in the page's browser: (Markdown, the HTML it must build). Every < and > of the input
+# comes out as text (&lt; &gt;); only http(s) and mailto links become links.
+RENDERED = [
+    ("**bold [link](https://example.com/a?b=1) `code`** and *it*",
+     '<p><strong>bold <a href="https://example.com/a?b=1" rel="noopener noreferrer nofollow" target="_blank">link</a>'
+     ' <code>code</code></strong> and <em>it</em></p>'),
+    ("[x](javascript:alert(1)) [y](data:text/html,hi) <b onclick=x>b</b>",
+     "<p>[x](javascript:alert(1)) [y](data:text/html,hi) &lt;b onclick=x&gt;b&lt;/b&gt;</p>"),
+    ("a snake_case_name b my__var__x __c__", "<p>a snake_case_name b my__var__x <strong>c</strong></p>"),
+    ("```html\n<script>alert(1)</script>\n```",
+     '<div class="code-block"><div class="code-bar"><span>html</span><button class="copy" type="button">Copy</button>'
+     "</div><pre><code>&lt;script&gt;alert(1)&lt;/script&gt;</code></pre></div>"),
+    ("```py\nunclosed = 1", '<div class="code-block"><div class="code-bar"><span>py</span><button class="copy" '
+     'type="button">Copy</button></div><pre><code>unclosed = 1</code></pre></div>'),
+    ("# Title\n- one\n- **two**\n\n1. first\n2. second\n> quoted <i>\n\n---",
+     "<h3>Title</h3><ul><li>one</li><li><strong>two</strong></li></ul><ol start=\"1\"><li>first</li><li>second</li>"
+     "</ol><blockquote><p>quoted &lt;i&gt;</p></blockquote><hr>"),
+    ("| a | b |\n|---|:-:|\n| <img> | 2 |",
+     '<div class="table-wrap"><table><thead><tr><th>a</th><th>b</th></tr></thead><tbody><tr><td>&lt;img&gt;</td>'
+     "<td>2</td></tr></tbody></table></div>"),
+    ("line one\nline two", "<p>line one<br>line two</p>"),
+]
+
+
+def test_the_markdown_renderer_builds_only_safe_nodes(server, browser):
+    open_page(browser, server)
+    html = browser.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "import('/web-ui/markdown.js').then((md) => done(arguments[0].map((text) => {"
+        "  const box = document.createElement('div'); box.append(md.renderMarkdown(text)); return box.innerHTML;"
+        "})), (e) => done(String(e)));", [markdown for markdown, _ in RENDERED])
+    assert html == [expected for _, expected in RENDERED]
+
+
+def test_reasoning_shows_apart_from_the_answer_and_folded(server, browser):
+    """A Qwen3 answer's reasoning, as reasoning_content or as a leading <think> block, in a folded <details>."""
+    open_page(browser, server)
+    views = browser.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "import('/web-ui/chat_view.js').then((v) => done([arguments[0], arguments[1]].map((m) => {"
+        "  const node = v.messageView(m, 1, {isLast: true, busy: false, handlers: {}});"
+        "  const d = node.querySelector('details.reasoning');"
+        "  return [d && d.open, d && d.querySelector('.reasoning-text').textContent,"
+        "          node.querySelector('.content').textContent];"
+        "})), (e) => done(String(e)));",
+        {"role": "assistant", "content": "The answer.", "reasoning": "Let me think <b>."},
+        {"role": "assistant", "content": "<think>\nhmm\n</think>\n\nThe answer."})
+    assert views == [[False, "Let me think <b>.", "The answer."], [False, "hmm", "The answer."]]
