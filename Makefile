@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup kernels serve test deploy-tools bench-engine bench-kernels bench-quant bench-serve bench-compare \
+.PHONY: setup kernels serve test deploy-tools browser-tools bench-engine bench-kernels bench-quant bench-serve bench-compare \
 	bench-compare-0.6b bench-structured gpu-bundle gpu-check clean
 
 setup: $(STAMP)
@@ -38,6 +38,16 @@ deploy-tools:
 	elif command -v apt-get >/dev/null && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	    apt-get install -y -qq --no-install-recommends prometheus >/dev/null); then echo "installed prometheus"; \
 	else echo "WARNING: could not install Debian's prometheus package (promtool); tests/deploy needs it" >&2; fi
+
+# Debian's chromium and its chromedriver for tests/web_ui (the chat page in a real browser, driven by Selenium).
+# Needs apt and root; where they cannot be had, those tests skip with the reason (and fail under CI, which runs
+# this first).
+browser-tools:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif command -v apt-get >/dev/null && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null); then \
+	    echo "installed chromium and chromium-driver"; \
+	else echo "WARNING: could not install Debian's chromium and chromium-driver; tests/web_ui needs them" >&2; fi
 
 bench-engine: kernels
 	$(PY) -m loadtest.bench_engine

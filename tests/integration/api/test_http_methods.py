@@ -10,7 +10,8 @@ ROUTES = {"/v1/completions": {"POST"}, "/v1/chat/completions": {"POST"}, "/v1/re
           "/tokenize": {"POST"}, "/detokenize": {"POST"}, "/v1/models": {"GET", "HEAD"},
           "/health": {"GET", "HEAD"}, "/metrics": {"GET", "HEAD"}, "/openapi.json": {"GET", "HEAD"},
           "/version": {"GET", "HEAD"}, "/debug/kv": {"GET", "HEAD"},
-          "/v1/streams/{stream_id}": {"GET", "HEAD"}}  # resumable streams (404 for an unknown id)
+          "/v1/streams/{stream_id}": {"GET", "HEAD"},  # resumable streams (404 for an unknown id)
+          "/": {"GET", "HEAD"}, "/web-ui/{name}": {"GET", "HEAD"}}  # the chat page and its assets
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
