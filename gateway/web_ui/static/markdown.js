@@ -28,13 +28,15 @@ function safeHref(url) {
   return null;
 }
 
-// Inline spans, earliest match first; the text between matches is text nodes.
-const INLINE = /(`+)([\s\S]*?[^`])\1(?!`)|\[([^\]\n]+)\]\(([^)\s]+)\)|\*\*([^*\n][\s\S]*?)\*\*|__([^_\n][\s\S]*?)__|~~([^~\n][\s\S]*?)~~|\*([^*\s][^*\n]*?)\*|(?<![A-Za-z0-9])_([^_\s][^_\n]*?)_(?![A-Za-z0-9])/g;
+// Inline spans, earliest match first; the text between matches is text nodes. Underscores inside a word
+// (snake_case, __dunder__ names) stay text.
+const INLINE_SOURCE = /(`+)([\s\S]*?[^`])\1(?!`)|\[([^\]\n]+)\]\(([^)\s]+)\)|\*\*([^*\s][^*\n]*?)\*\*|(?<![A-Za-z0-9_])__([^_\s][^_\n]*?)__(?![A-Za-z0-9_])|~~([^~\s][^~\n]*?)~~|\*([^*\s][^*\n]*?)\*|(?<![A-Za-z0-9_])_([^_\s][^_\n]*?)_(?![A-Za-z0-9_])/.source;
 
 export function renderInline(text, parent) {
+  // A regex of its own per call: the spans nest (a link inside bold), and a shared one's lastIndex would not.
+  const inline = new RegExp(INLINE_SOURCE, "g");
   let last = 0;
-  INLINE.lastIndex = 0;
-  for (let m = INLINE.exec(text); m !== null; m = INLINE.exec(text)) {
+  for (let m = inline.exec(text); m !== null; m = inline.exec(text)) {
     if (m.index > last) parent.append(document.createTextNode(text.slice(last, m.index)));
     if (m[1] !== undefined) {
       const code = el("code");
@@ -59,7 +61,7 @@ export function renderInline(text, parent) {
       renderInline(inner, node);
       parent.append(node);
     }
-    last = INLINE.lastIndex;
+    last = inline.lastIndex;
   }
   if (last < text.length) parent.append(document.createTextNode(text.slice(last)));
 }
