@@ -5,6 +5,7 @@ The tests run in order: the first gives the page its key, the others use the pag
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -262,6 +263,29 @@ def test_edit_resend_and_regenerate(server, browser):
     assert len(answers(browser)) == 1  # replaced, not added
     saved = local_storage(browser, "mili.conversations")[0]["messages"]
     assert [m["role"] for m in saved] == ["user", "assistant"] and saved[0]["content"] == "Name a fruit."
+    assert not console_errors(browser)
+
+
+WEATHER_TOOL = ('[{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", '
+                '"parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, '
+                '"required": ["city"]}}}]')
+
+
+def test_a_tool_call_shows_when_the_request_carries_tools(server, browser):
+    from selenium.webdriver.support.ui import Select
+
+    open_page(browser, server)
+    new_chat(browser, max_tokens=100)
+    fill(browser, "tools", WEATHER_TOOL)
+    Select(by_id(browser, "tool-choice")).select_by_value("required")  # the grammar makes the model call it
+    browser.execute_script("arguments[0].dispatchEvent(new Event('change'))", by_id(browser, "tool-choice"))
+    ask(browser, "What is the weather in Paris?")
+    wait(browser, finished, timeout=120, what="the tool call")
+    assert last_answer(browser, ".tool-call .tool-name") == "Tool call: get_weather"
+    arguments = json.loads(last_answer(browser, ".tool-call pre"))
+    assert set(arguments) == {"city"} and isinstance(arguments["city"], str)
+    assert last_answer(browser, ".stats").endswith("tool_calls")
+    fill(browser, "tools", "")
     assert not console_errors(browser)
 
 

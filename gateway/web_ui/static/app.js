@@ -68,7 +68,7 @@ async function loadModel() {
 // ---- settings -----------------------------------------------------------------------------------------------
 
 const SETTING_FIELDS = { "system-prompt": "value", temperature: "value", "top-p": "value", "max-tokens": "value",
-  thinking: "checked", "json-schema": "value", tools: "value" };
+  thinking: "checked", "json-schema": "value", tools: "value", "tool-choice": "value" };
 
 function restoreSettings() {
   const saved = loadSettings();
@@ -104,9 +104,9 @@ function requestBody(messages) {
   const system = $("system-prompt").value.trim();
   if (system) history.push({ role: "system", content: system });
   for (const m of messages) {
-    const entry = { role: m.role, content: m.content || "" };
-    if (m.role === "assistant" && m.toolCalls && m.toolCalls.length) entry.tool_calls = m.toolCalls;
-    history.push(entry);
+    // The page runs no tools, so an earlier answer's tool calls have no results to send back with them: the
+    // history carries each answer's text only.
+    history.push({ role: m.role, content: m.content || "" });
   }
   const body = { model: modelName || undefined, messages: history, stream: true,
     stream_options: { include_usage: true }, temperature: number("temperature"), top_p: number("top-p"),
@@ -119,7 +119,10 @@ function requestBody(messages) {
   const tools = parseJsonSetting("tools", "Tools");
   if (tools !== undefined) {
     if (!Array.isArray(tools)) throw new Error("Tools must be a JSON array of {type: 'function', function: {...}}");
-    if (tools.length) body.tools = tools;
+    if (tools.length) {
+      body.tools = tools;
+      body.tool_choice = $("tool-choice").value;
+    }
   }
   return body;
 }
