@@ -206,6 +206,23 @@ def test_stop_ends_a_long_answer_and_frees_its_request(server, browser):
     assert not console_errors(browser)
 
 
+def test_a_refused_question_asks_for_the_key_and_is_answered_once_it_is_given(server, browser):
+    open_page(browser, server)
+    new_chat(browser, max_tokens=8)
+    browser.execute_script("localStorage.setItem('mili.apiKey', 'sk-revoked')")  # as if the key were changed
+    refused_before = server.metric("mili_http_unauthorized_total", route="/v1/chat/completions")
+    ask(browser, "Say hello.")
+    wait(browser, lambda d: by_id(d, "key-dialog").is_displayed(), timeout=30, what="the key dialog")
+    assert "refused" in text_of(browser, "key-reason") and not answers(browser)
+    assert server.metric("mili_http_unauthorized_total", route="/v1/chat/completions") == refused_before + 1
+    by_id(browser, "key-input").send_keys(KEY)
+    by_id(browser, "key-submit").click()
+    wait(browser, lambda d: not by_id(d, "key-dialog").is_displayed() and answers(d) and finished(d), timeout=120,
+         what="the question answered with the key")
+    assert last_answer(browser, ".stats").startswith("TTFT")
+    assert not console_errors(browser, allowed=REFUSED)
+
+
 # The model is made to write markup through the page's own JSON-schema setting: each string a `const`, so the
 # grammar forces the server's output to hold it exactly.
 MARKUP = {

@@ -70,8 +70,11 @@ export function messageView(message, index, { isLast, busy, handlers }) {
     : splitThink(message.content || "");
   if (split.reasoning) {
     const details = el("details", "reasoning");
-    // Open while only reasoning has come, folded once the answer starts.
-    details.open = Boolean(message.streaming && !split.content.trim());
+    // Open while only reasoning has come, folded once the answer starts; as the reader left it once they
+    // opened or closed it (the view is redrawn as the answer streams).
+    const thinkingNow = Boolean(message.streaming && !split.content.trim());
+    details.open = message.reasoningOpen ?? thinkingNow;
+    details.addEventListener("toggle", () => { if (details.open !== thinkingNow) message.reasoningOpen = details.open; });
     details.append(el("summary", "", message.streaming && !split.content.trim() ? "Thinking…" : "Reasoning"));
     details.append(el("div", "reasoning-text", split.reasoning));
     node.append(details);
