@@ -65,3 +65,18 @@ def test_no_web_ui_leaves_the_root_a_404():
         assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", path
     # With a key the page is no longer public either: it does not exist.
     assert client(web_ui=False, api_key=KEY).get("/").status_code == 401
+
+
+def test_the_thinking_switch_is_offered_where_the_model_has_think_tokens(tmp_path):
+    import shutil
+
+    from tokenizers import AddedToken, Tokenizer
+
+    source = default_model_path()
+    for name in ("config.json", "tokenizer_config.json"):
+        shutil.copy(source / name, tmp_path / name)
+    tokenizer = Tokenizer.from_file(str(source / "tokenizer.json"))
+    tokenizer.add_tokens([AddedToken("<think>", special=False), AddedToken("</think>", special=False)])
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    app = build_app(ServerSettings("qwen3-like"), EngineConfig(model=str(tmp_path)))
+    assert 'data-thinking="true"' in TestClient(app).get("/").text
