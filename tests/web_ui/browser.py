@@ -19,13 +19,17 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 HOW = "make browser-tools: apt-get install chromium chromium-driver"
 
 
-def start_chromium(profile: Path):
+def browser_paths() -> tuple[str, str]:
+    """chromium's and chromedriver's paths, and selenium importable; else skip (fail under CI)."""
     pytest.importorskip("selenium", reason="selenium is a test dependency (pip install -e '.[test]')")
+    return tool("chromium", HOW), tool("chromedriver", HOW)
+
+
+def start_chromium(profile: Path):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
-    binary = tool("chromium", HOW)
-    driver_path = tool("chromedriver", HOW)
+    binary, driver_path = browser_paths()
     options = webdriver.ChromeOptions()
     options.binary_location = binary
     for flag in (*FLAGS, f"--user-data-dir={profile}"):
