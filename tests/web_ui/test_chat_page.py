@@ -14,7 +14,8 @@ import httpx2
 import pytest
 
 from tests.helpers.server import ROOT, Server
-from tests.web_ui.browser import console_errors, local_storage, start_chromium
+from tests.web_ui.browser import (answers, ask, by_id, console_errors, fill, finished, last_answer, local_storage,
+                                  new_chat, open_page, start_chromium, text_of, wait)
 
 KEY = "sk-web-ui-test"
 DOCS = ROOT / "docs"
@@ -34,71 +35,6 @@ def browser(tmp_path_factory):
     driver = start_chromium(tmp_path_factory.mktemp("chromium"))
     yield driver
     driver.quit()
-
-
-def wait(driver, condition, timeout: float = 60, what: str = ""):
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(lambda d: condition(d), what)
-
-
-def by_id(driver, element_id: str):
-    from selenium.webdriver.common.by import By
-
-    return driver.find_element(By.ID, element_id)
-
-
-def text_of(driver, element_id: str) -> str:
-    return by_id(driver, element_id).text
-
-
-def answers(driver) -> list:
-    from selenium.webdriver.common.by import By
-
-    return driver.find_elements(By.CSS_SELECTOR, "#messages .message.assistant")
-
-
-def last_answer(driver, part: str = ".content") -> str | None:
-    """The last answer's text (its `part`), read in one step in the page: while it streams the page redraws it
-    every frame, so an element found a moment ago may already be replaced."""
-    return driver.execute_script(
-        "const all = document.querySelectorAll('#messages .message.assistant');"
-        "const node = all.length ? all[all.length - 1].querySelector(arguments[0]) : null;"
-        "return node ? node.innerText.replace('\u258d', '').trim() : null;", part)
-
-
-def fill(driver, element_id: str, value: str) -> None:
-    """Sets a settings field as typing would, and tells the page (its change event)."""
-    field = by_id(driver, element_id)
-    field.clear()
-    if value:
-        field.send_keys(value)
-    driver.execute_script("arguments[0].dispatchEvent(new Event('change'))", field)
-
-
-def open_page(driver, server) -> None:
-    """A fresh load of the page with the key already given (the first test gives it)."""
-    driver.get(server.url + "/")
-    wait(driver, lambda d: d.find_element("css selector", "body").get_attribute("data-ready") == "true",
-         what="the page started")
-    assert not by_id(driver, "key-dialog").is_displayed()
-
-
-def new_chat(driver, *, max_tokens: int, schema: str = "", temperature: str = "0") -> None:
-    by_id(driver, "new-chat").click()
-    fill(driver, "temperature", temperature)
-    fill(driver, "max-tokens", str(max_tokens))
-    fill(driver, "json-schema", schema)
-
-
-def ask(driver, question: str) -> None:
-    box = by_id(driver, "prompt")
-    box.send_keys(question)
-    by_id(driver, "send").click()
-
-
-def finished(driver) -> bool:
-    return by_id(driver, "send").is_displayed() and not by_id(driver, "stop").is_displayed()
 
 
 def test_the_key_server_serves_the_page_but_refuses_its_calls_until_the_key_is_given(server, browser):
@@ -157,7 +93,7 @@ def test_a_question_streams_an_answer_with_its_numbers(server, browser):
     assert len(seen) >= 2, seen
 
     content = last_answer(browser)
-    assert content and content not in seen  # the last partial text seen was not yet the whole answer
+    assert content and min(map(len, seen)) < len(content)  # it came in pieces, the first ones shorter
     stats = last_answer(browser, ".stats")
     match = re.fullmatch(r"TTFT (\d+) ms · ([\d.]+) tokens/s · (\d+) tokens in · (\d+) out(?: · \d+ cached)? · (\w+)",
                          stats)
@@ -177,6 +113,9 @@ def test_a_question_streams_an_answer_with_its_numbers(server, browser):
     open_page(browser, server)
     assert "reverses a string" in by_id(browser, "conversation-list").text
     assert last_answer(browser) == content
+    # Everything the page loaded came from this server (it works offline: no CDN, no web fonts).
+    loaded = browser.execute_script("return performance.getEntriesByType('resource').map((e) => e.name)")
+    assert loaded and all(url.startswith(server.url + "/") for url in loaded), loaded
     assert not console_errors(browser)
 
 

@@ -1,13 +1,14 @@
 // MILI's chat page: wires the composer, the settings, the conversation list, the key dialog and the server
 // panel to the public API. Conversations live in local storage (store.js); nothing is kept on the server.
 
-import { getJson, streamChat, apiKey, setApiKey, Unauthorized } from "./api.js";
+import { getJson, streamChat, Unauthorized } from "./api.js";
 import { messageView, editorView } from "./chat_view.js";
+import { KeyDialog } from "./key_dialog.js";
 import { ServerPanel } from "./panel.js";
-import { loadConversations, saveConversations, newConversation, loadSettings, saveSettings } from "./store.js";
+import { restoreSettings, requestBody } from "./settings.js";
+import { loadConversations, saveConversations, newConversation } from "./store.js";
 
 const $ = (id) => document.getElementById(id);
-const thinkingModel = document.body.dataset.thinking === "true";
 
 let conversations = loadConversations();
 let current = conversations[0] || newConversation();
@@ -18,113 +19,17 @@ let frame = 0;
 
 // ---- the API key --------------------------------------------------------------------------------------------
 
-let keyWaiters = [];
-
-function askForKey(reason) {
-  const dialog = $("key-dialog");
-  panel.pause();
-  $("key-reason").textContent = apiKey() ? "The server refused this key." : "This server needs an API key.";
-  const error = $("key-error");
-  error.hidden = !reason;
-  error.textContent = reason || "";
-  $("key-button").hidden = false;
-  if (!dialog.open) dialog.showModal();
-  $("key-input").focus();
-  return new Promise((resolve) => keyWaiters.push(resolve));
-}
-
-$("key-form").addEventListener("submit", async (event) => {
-  event.preventDefault();
-  setApiKey($("key-input").value.trim());
-  try {
-    await loadModel();
-  } catch (e) {
-    const error = $("key-error");
-    error.hidden = false;
-    error.textContent = e.message;
-    $("key-reason").textContent = e instanceof Unauthorized ? "The server refused this key." : "The server did not answer.";
-    return;
-  }
-  $("key-dialog").close();
-  $("key-input").value = "";
-  panel.resume();
-  const waiters = keyWaiters;
-  keyWaiters = [];
-  waiters.forEach((resolve) => resolve());
-});
-
-$("key-button").addEventListener("click", () => askForKey(""));
+const keyDialog = new KeyDialog(loadModel, { pause: () => panel.pause(), resume: () => panel.resume() });
+const askForKey = (reason) => keyDialog.ask(reason);
 
 // ---- the model ----------------------------------------------------------------------------------------------
 
-async function loadModel() {
+async function loadModel() { // also the key dialog's check of a key
   const models = await getJson("/v1/models");
   const card = models.data && models.data[0];
   modelName = card ? card.id : null;
   $("model-name").textContent = modelName
     ? modelName + (card.max_model_len ? ` · ${card.max_model_len} tokens of context` : "") : "no model";
-}
-
-// ---- settings -----------------------------------------------------------------------------------------------
-
-const SETTING_FIELDS = { "system-prompt": "value", temperature: "value", "top-p": "value", "max-tokens": "value",
-  thinking: "checked", "json-schema": "value", tools: "value", "tool-choice": "value" };
-
-function restoreSettings() {
-  const saved = loadSettings();
-  for (const [id, prop] of Object.entries(SETTING_FIELDS)) {
-    if (saved[id] !== undefined) $(id)[prop] = saved[id];
-    $(id).addEventListener("change", () => {
-      const now = loadSettings();
-      now[id] = $(id)[prop];
-      saveSettings(now);
-    });
-  }
-  $("thinking-row").hidden = !thinkingModel;
-}
-
-function parseJsonSetting(id, what) {
-  const text = $(id).value.trim();
-  if (!text) return undefined;
-  try {
-    return JSON.parse(text);
-  } catch (e) {
-    throw new Error(`${what} is not valid JSON: ${e.message}`);
-  }
-}
-
-function number(id) {
-  const text = $(id).value.trim();
-  return text === "" ? undefined : Number(text);
-}
-
-// The request the settings make for these messages.
-function requestBody(messages) {
-  const history = [];
-  const system = $("system-prompt").value.trim();
-  if (system) history.push({ role: "system", content: system });
-  for (const m of messages) {
-    // The page runs no tools, so an earlier answer's tool calls have no results to send back with them: the
-    // history carries each answer's text only.
-    history.push({ role: m.role, content: m.content || "" });
-  }
-  const body = { model: modelName || undefined, messages: history, stream: true,
-    stream_options: { include_usage: true }, temperature: number("temperature"), top_p: number("top-p"),
-    max_tokens: number("max-tokens") };
-  if (thinkingModel) body.chat_template_kwargs = { enable_thinking: $("thinking").checked };
-  const schema = parseJsonSetting("json-schema", "The JSON schema");
-  if (schema !== undefined) {
-    body.response_format = { type: "json_schema", json_schema: { name: "answer", schema, strict: true } };
-  }
-  const tools = parseJsonSetting("tools", "Tools");
-  if (tools !== undefined) {
-    if (!Array.isArray(tools)) throw new Error("Tools must be a JSON array of {type: 'function', function: {...}}");
-    if (tools.length) {
-      body.tools = tools;
-      body.tool_choice = $("tool-choice").value;
-    }
-  }
-  return body;
 }
 
 // ---- the conversation list ----------------------------------------------------------------------------------
@@ -219,7 +124,7 @@ function showSettingsError(message) {
 async function answer() {
   let body;
   try {
-    body = requestBody(current.messages);
+    body = requestBody(current.messages, modelName);
     showSettingsError("");
   } catch (e) {
     showSettingsError(e.message);
