@@ -129,7 +129,7 @@ def test_stop_ends_a_long_answer_and_frees_its_request(server, browser):
     # The server panel sees the request running.
     wait(browser, lambda d: text_of(d, "srv-running") == "1", timeout=10, what="the panel shows it running")
     # A few lines in (the request still running: the page has not seen its end), for the picture.
-    wait(browser, lambda d: len(last_answer(d).splitlines()) >= 4 or finished(d), timeout=30, what="a few lines")
+    wait(browser, lambda d: len(last_answer(d).splitlines()) >= 8 or finished(d), timeout=60, what="a few lines")
     assert not finished(browser) and server.metric("mili_requests_running") >= 1
     browser.save_screenshot(str(DOCS / "web_ui_panel.png"))
 
