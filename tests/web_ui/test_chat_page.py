@@ -148,9 +148,11 @@ def test_stop_ends_a_long_answer_and_frees_its_request(server, browser):
 def test_a_refused_question_asks_for_the_key_and_is_answered_once_it_is_given(server, browser):
     open_page(browser, server)
     new_chat(browser, max_tokens=8)
-    browser.execute_script("localStorage.setItem('mili.apiKey', 'sk-revoked')")  # as if the key were changed
     refused_before = server.metric("mili_http_unauthorized_total", route="/v1/chat/completions")
-    ask(browser, "Say hello.")
+    # The key changes just as the question is sent (one script: the panel's next poll cannot come between).
+    browser.execute_script("localStorage.setItem('mili.apiKey', 'sk-revoked');"
+                           "document.getElementById('prompt').value = 'Say hello.';"
+                           "document.getElementById('send').click();")
     wait(browser, lambda d: by_id(d, "key-dialog").is_displayed(), timeout=30, what="the key dialog")
     assert "refused" in text_of(browser, "key-reason") and not answers(browser)
     assert server.metric("mili_http_unauthorized_total", route="/v1/chat/completions") == refused_before + 1
