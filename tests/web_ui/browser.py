@@ -16,7 +16,8 @@ from tests.deploy.tools import tool
 # This machine's network is closed: without the background-networking flags chromium's own calls home stall it.
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--window-size=1400,1000", "--force-device-scale-factor=1", "--lang=en-US")
+         "--window-size=1400,1000", "--force-device-scale-factor=1", "--lang=en-US",
+         "--disable-dev-shm-usage")  # containers' /dev/shm is often too small for chromium
 HOW = "make browser-tools: apt-get install chromium chromium-driver"
 
 
