@@ -6,6 +6,7 @@ The tests run in order: the first gives the page its key, the others use the pag
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -18,7 +19,9 @@ from tests.web_ui.browser import (answers, ask, by_id, console_errors, fill, fin
                                   new_chat, open_page, start_chromium, text_of, wait)
 
 KEY = "sk-web-ui-test"
-DOCS = ROOT / "docs"
+# Screenshots land in build/screenshots/; MILI_UPDATE_SCREENSHOTS=1 writes them over the README's copies in docs/
+# (a test run never edits tracked files unasked).
+SCREENSHOTS = ROOT / ("docs" if os.environ.get("MILI_UPDATE_SCREENSHOTS") == "1" else "build/screenshots")
 REFUSED = ("401",)  # the console's line for each call the server refused
 
 
@@ -108,8 +111,8 @@ def test_a_question_streams_an_answer_with_its_numbers(server, browser):
     saved = local_storage(browser, "mili.conversations")
     assert saved[0]["messages"][0]["content"].startswith("Write a Python function")
     wait(browser, lambda d: text_of(d, "srv-running") == "0", timeout=10, what="the panel shows none running")
-    DOCS.mkdir(exist_ok=True)
-    browser.save_screenshot(str(DOCS / "web_ui_chat.png"))
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(SCREENSHOTS / "web_ui_chat.png"))
     open_page(browser, server)
     assert "reverses a string" in by_id(browser, "conversation-list").text
     assert last_answer(browser) == content
@@ -131,7 +134,7 @@ def test_stop_ends_a_long_answer_and_frees_its_request(server, browser):
     # A few lines in (the request still running: the page has not seen its end), for the picture.
     wait(browser, lambda d: len(last_answer(d).splitlines()) >= 8 or finished(d), timeout=60, what="a few lines")
     assert not finished(browser) and server.metric("mili_requests_running") >= 1
-    browser.save_screenshot(str(DOCS / "web_ui_panel.png"))
+    browser.save_screenshot(str(SCREENSHOTS / "web_ui_panel.png"))
 
     by_id(browser, "stop").click()
     wait(browser, lambda d: finished(d), timeout=10, what="the page stopped")
