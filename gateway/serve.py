@@ -20,6 +20,7 @@ from gateway.app import ServerSettings, build_app
 from gateway.openai.parse import Limits
 from gateway.server.auth import load_keys
 from gateway.server.device_check import check_device
+from gateway.text.chat_template import parse_template_kwargs, read_template_file
 from shared.config import ATTENTION_BACKENDS, DTYPES, QUANTIZATIONS, EngineConfig, parse_size
 
 log = logging.getLogger("mili.gateway")
@@ -97,6 +98,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "reads are dropped first, the one idle longest first")
     p.add_argument("--enable-debug-faults", action="store_true",
                    help="add POST /debug/kv/fault, which breaks the KV block accounting on purpose (drills, tests)")
+    p.add_argument("--chat-template", metavar="FILE",
+                   help="a Jinja chat template file that replaces the model's own")
+    p.add_argument("--default-chat-template-kwargs", metavar="JSON", default=None,
+                   help="template variables every chat request gets, as a JSON object (e.g. "
+                        "'{\"enable_thinking\": false}'); a request's chat_template_kwargs win")
     p.add_argument("--log-level", default="info")
 
 
@@ -135,6 +141,9 @@ def run(args: argparse.Namespace) -> int:
     if args.stream_resume_buffer <= 0:
         raise ValueError(f"--stream-resume-buffer must be above 0, got {args.stream_resume_buffer}")
     api_keys = load_keys(args.api_key, args.api_keys_file)  # a bad keys file fails before the model loads
+    chat_template = read_template_file(args.chat_template) if args.chat_template else None
+    template_kwargs = (parse_template_kwargs(args.default_chat_template_kwargs)
+                       if args.default_chat_template_kwargs is not None else {})
     EngineConfig(model="", device=args.device, attention_backend=args.attention_backend,
                  quantization=args.quantization)  # the device flags' combinations, before anything slow
     if args.device.startswith("cuda"):
@@ -157,7 +166,8 @@ def run(args: argparse.Namespace) -> int:
         sse_ping_s=args.sse_ping_interval, num_workers=args.workers, worker_threads=args.worker_threads,
         worker_tcp_host=tcp_host, worker_tcp_port=tcp_port, request_timeout=args.request_timeout or None,
         enable_debug_faults=args.enable_debug_faults, stream_resume_ttl=args.stream_resume_ttl,
-        stream_resume_max_bytes=args.stream_resume_buffer)
+        stream_resume_max_bytes=args.stream_resume_buffer, chat_template=chat_template,
+        default_chat_template_kwargs=template_kwargs)
     app = build_app(settings, engine_config)
     # Running streams finish during the drain; sse-starlette would otherwise end them at the first SIGTERM.
     AppStatus.disable_automatic_graceful_drain()

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.openai import schema
-from gateway.openai.schema import ChatBody, CompletionBody
+from gateway.openai.schema import CHAT_UNSUPPORTED, ChatBody, CompletionBody
 from gateway.openai.validation import validate as _validate
 from gateway.server.errors import ApiError, invalid
 from gateway.text.grammars import ResponseFormat, parse_response_format
+from gateway.text.reasoning_effort import effort_template_kwargs
 from gateway.text.tool_specs import ToolSpec, parse_tools
 from shared.request_limits import (COMPLETION_MAX_TOKENS_DEFAULT, DEFAULT_MAX_N, DEFAULT_MAX_STOP,
                                    DEFAULT_MAX_STOP_LENGTH, N)
@@ -83,7 +84,7 @@ def parse_completion(raw: Any, limits: Limits) -> CompletionRequest:
 
 
 def parse_chat(raw: Any, limits: Limits) -> ChatRequest:
-    body = _validate(ChatBody, raw)
+    body = _validate(ChatBody, raw, CHAT_UNSUPPORTED)
     top = body.top_logprobs
     if top is not None and not body.logprobs:
         raise invalid("top_logprobs requires logprobs to be true", "top_logprobs")
@@ -97,7 +98,8 @@ def parse_chat(raw: Any, limits: Limits) -> ChatRequest:
     response_format = parse_response_format(raw.get("response_format"))
     tools = parse_tools(raw.get("tools"), raw.get("tool_choice"), raw.get("parallel_tool_calls"))
     return ChatRequest(**common, messages=tuple(map(_message, body.messages)),
-                       template_kwargs=body.chat_template_kwargs or {}, top_logprobs=logprobs,
+                       template_kwargs={**effort_template_kwargs(body.reasoning_effort),
+                                        **(body.chat_template_kwargs or {})}, top_logprobs=logprobs,
                        prompt_logprobs=prompt_logprobs, tools=tools, response_format=response_format)
 
 

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
+from gateway.text.reasoning_effort import EFFORTS
 from shared.request_limits import (COMPLETION_MAX_TOKENS_DEFAULT, FREQUENCY_PENALTY, LOGIT_BIAS, LOGPROBS,
                                    MAX_COMPLETION_TOKENS, MAX_TOKENS, MAX_TOOLS, MIN_P, MIN_TOKENS, N, NAME_PATTERN,
                                    PRESENCE_PENALTY, REPETITION_PENALTY, SEED, TEMPERATURE, TOKEN_ID,
@@ -134,6 +135,8 @@ _COMMON_RULES = [
 
 UNSUPPORTED = ("best_of", "suffix", "functions", "function_call", "audio", "prediction", "modalities",
                "web_search_options", "reasoning_effort")
+CHAT_UNSUPPORTED = tuple(name for name in UNSUPPORTED if name != "reasoning_effort")
+ReasoningEffort = Literal[EFFORTS]
 
 
 Prompt = Union[
@@ -286,3 +289,6 @@ class ChatBody(CommonBody):
         None, description="required needs tools; a named function must be one of tools")
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = Field(None, description="passed to the chat template")
+    reasoning_effort: ReasoningEffort | None = Field(
+        None, description="none/minimal: thinking off, low/medium/high: on (the template's enable_thinking; "
+                          "chat_template_kwargs win); a model without a thinking switch ignores it")
