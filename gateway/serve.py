@@ -21,7 +21,7 @@ from gateway.openai.parse import Limits
 from gateway.server.auth import load_keys
 from gateway.server.device_check import check_device
 from gateway.text.chat_template import parse_template_kwargs, read_template_file
-from shared.config import ATTENTION_BACKENDS, DTYPES, QUANTIZATIONS, EngineConfig, parse_size
+from shared.config import ATTENTION_BACKENDS, DTYPES, QUANTIZATIONS, SCHEDULING_POLICIES, EngineConfig, parse_size
 
 log = logging.getLogger("mili.gateway")
 
@@ -71,6 +71,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(none for safetensors); "
                         "q8_0/q4_0 quantize a checkpoint at load; none = the model dtype")
     p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs",
+                   help="fcfs: waiting requests in arrival order (fair between API keys); priority: by each "
+                        "request's priority (lower first; fair between keys within one priority), and the lowest "
+                        "priority is preempted first. Under fcfs a request's priority other than 0 is a 400")
     p.add_argument("--enforce-eager", action="store_true",
                    help="on CUDA, run decode steps eagerly instead of replaying CUDA graphs")
     p.add_argument("--workers", type=int, default=1, help="engine processes behind this gateway")
@@ -154,14 +158,16 @@ def run(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
         attention_backend=args.attention_backend, quantization=args.quantization,
-        enable_prefix_caching=not args.no_prefix_caching, enforce_eager=args.enforce_eager)
+        enable_prefix_caching=not args.no_prefix_caching, enforce_eager=args.enforce_eager,
+        scheduling_policy=args.scheduling_policy)
     tcp_host, tcp_port = None, 0
     if args.worker_tcp:
         tcp_host, _, port = args.worker_tcp.rpartition(":")
         tcp_port = int(port)
     settings = ServerSettings(
         served_model_name=args.served_model_name or default_name, api_key=args.api_key, api_keys=api_keys,
-        limits=Limits(max_n=args.max_n, max_stop=args.max_stop_strings, max_stop_length=args.max_stop_length),
+        limits=Limits(max_n=args.max_n, max_stop=args.max_stop_strings, max_stop_length=args.max_stop_length,
+                      priorities=args.scheduling_policy == "priority"),
         max_body_bytes=args.max_body_size, max_waiting_requests=args.max_waiting_requests,
         sse_ping_s=args.sse_ping_interval, num_workers=args.workers, worker_threads=args.worker_threads,
         worker_tcp_host=tcp_host, worker_tcp_port=tcp_port, request_timeout=args.request_timeout or None,

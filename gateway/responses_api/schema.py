@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator
 
-from gateway.openai.schema import (FunctionCall, JsonObjectFormat, Logprobs, MaxCompletionTokens, MinP,
-                                   ReasoningEffort, RepetitionPenalty, Seed, Temperature, TextFormat, TopK, TopP, _limit, _Model,
+from gateway.openai.schema import (PRIORITY_DESCRIPTION, FunctionCall, JsonObjectFormat, Logprobs,
+                                   MaxCompletionTokens, MinP, Priority, ReasoningEffort, RepetitionPenalty, Seed, Temperature, TextFormat, TopK, TopP, _limit, _Model,
                                    _needs, _when)
 from shared.request_limits import MAX_TOOLS, NAME_PATTERN
 
@@ -170,6 +170,7 @@ class ResponsesBody(_Model):
     repetition_penalty: RepetitionPenalty | None = None
     ignore_eos: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = Field(None, description="passed to the chat template")
+    priority: Priority | None = Field(None, description=PRIORITY_DESCRIPTION)
     # Accepted, no effect (metadata is echoed in the response).
     user: str | None = None
     safety_identifier: str | None = None

@@ -57,7 +57,7 @@ def responses_names() -> Iterator[None]:
 def chat_body(body: ResponsesBody) -> dict[str, Any]:
     chat: dict[str, Any] = {"model": body.model, "messages": _messages(body), "stream": bool(body.stream)}
     for name in ("temperature", "top_p", "parallel_tool_calls", "seed", "top_k", "min_p", "repetition_penalty",
-                 "ignore_eos", "chat_template_kwargs"):
+                 "ignore_eos", "chat_template_kwargs", "priority"):
         value = getattr(body, name)
         if value is not None:
             chat[name] = value
