@@ -147,17 +147,22 @@ async def _constrained(state, req: ChatRequest | CompletionRequest, reasoning: s
     call for (compiled and checked here, so a bad schema or grammar is a 400 before anything runs).
     `reasoning`: where the output's reasoning stands (grammars.build_grammar)."""
     tools, response_format = getattr(req, "tools", None), getattr(req, "response_format", None)
-    grammars: dict[str, str] = {}
     if tools is not None and tools.calls_possible:
-        rules = tool_grammar_rules(tools, response_format, state.text.tool_tags_are_tokens())
         param = "tools"
     elif response_format is not None:
-        rules, param = response_format_rules(response_format), "response_format"
+        param = "response_format"
     elif req.constraint is not None:
-        (rules, grammars), param = constraint_rules(req.constraint), req.constraint.param
+        param = req.constraint.param
     else:
         return req.params
     try:
+        grammars: dict[str, str] = {}
+        if param == "tools":
+            rules = tool_grammar_rules(tools, response_format, state.text.tool_tags_are_tokens())
+        elif param == "response_format":
+            rules = response_format_rules(response_format)
+        else:
+            rules, grammars = constraint_rules(req.constraint)
         grammar = build_grammar(rules, reasoning, grammars)
     except UnicodeEncodeError:  # JSON's "\ud800" escapes decode to text that llguidance (UTF-8) cannot take
         raise invalid(f"{param} holds a lone surrogate (\\ud800-\\udfff), which no output can match", param) from None

@@ -97,7 +97,9 @@ def test_every_output_keeps_the_constraint(server, constraint, holds, endpoint, 
 def test_a_bad_constraint_is_a_400_naming_the_field_before_the_stream(server, endpoint, extra, param, says):
     body = {"model": SERVED_NAME, "max_tokens": 4, "stream": True, **extra}
     body |= {"prompt": "x"} if endpoint == "completions" else {"messages": [{"role": "user", "content": "x"}]}
-    r = httpx2.post(f"{server.url}/v1/{endpoint.replace('chat', 'chat/completions')}", json=body, timeout=60)
+    # As JSON text with ASCII escapes: a lone surrogate travels as "\\ud800", as a client's JSON library writes it.
+    r = httpx2.post(f"{server.url}/v1/{endpoint.replace('chat', 'chat/completions')}", content=json.dumps(body),
+                    headers={"Content-Type": "application/json"}, timeout=60)
     assert r.status_code == 400 and r.headers["content-type"].startswith("application/json"), r.text
     error = r.json()["error"]
     assert error["param"] == param and says in error["message"], error
