@@ -12,13 +12,12 @@ thinking off the template closed the block already and every </think> is content
 from __future__ import annotations
 
 import json
-import random
 
 import httpx2
 import openai
 import pytest
 
-from tests.helpers.server import Server, build_tagged_qwen3
+from tests.helpers.server import start_tagged_qwen3
 from tests.helpers.sse import chunks, stream_lines
 from tests.integration.conftest import SERVED_NAME
 
@@ -35,16 +34,12 @@ THINKING_ON, THINKING_OFF = ("", "</think></think>"), ("", "</think></think></th
 
 @pytest.fixture(scope="module")
 def thinking_server(tmp_path_factory):
-    out = tmp_path_factory.mktemp("controls") / "tiny-think"
-    out.mkdir()
-    seed = random.randrange(2**31)
-    print(f"\n[thinking controls model] seed={seed}")
-    ids = build_tagged_qwen3(seed, out, ["<think>", "</think>"], MODEL_TEMPLATE)
-    template_file = out.parent / "thinking.jinja"
+    template_file = tmp_path_factory.mktemp("templates") / "thinking.jinja"
     template_file.write_text(FILE_TEMPLATE)
-    srv = Server(out, "--served-model-name", "think", "--num-kv-blocks", "64", "--chat-template", str(template_file),
-                 "--default-chat-template-kwargs", json.dumps({"marker": "server default"}),
-                 log_path=tmp_path_factory.mktemp("logs") / "server.log").start()
+    srv, ids = start_tagged_qwen3(tmp_path_factory, "thinking-controls", ["<think>", "</think>"], MODEL_TEMPLATE,
+                                  "--served-model-name", "think", "--num-kv-blocks", "64",
+                                  "--chat-template", str(template_file),
+                                  "--default-chat-template-kwargs", json.dumps({"marker": "server default"}))
     yield srv, ids["</think>"]
     srv.stop()
 
