@@ -123,3 +123,18 @@ def test_bad_reasoning_effort_is_a_400_naming_it(server, body, param):
     r = httpx2.post(f"{server.url}/v1/completions", json={"model": SERVED_NAME, "prompt": "hi", "reasoning_effort": "low"},
                     timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning_effort", r.text
+
+
+@pytest.mark.parametrize("effort", ["none", "high"])
+def test_a_constraint_applies_after_the_reasoning(thinking_server, effort):
+    """guided_choice on a thinking model: with thinking on, the grammar leaves the reasoning free and constrains
+    what follows </think> (steered to come at once); with thinking off, the answer starts at once."""
+    server, close_id = thinking_server
+    choices = ["alpha", "beta", "gamma delta"]
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+    for _ in range(3):
+        choice = client.chat.completions.create(
+            model="think", messages=ASK, max_tokens=24, temperature=1.0, reasoning_effort=effort,
+            extra_body={"guided_choice": choices, "logit_bias": {str(close_id): 100}}).choices[0]
+        assert choice.finish_reason == "stop" and choice.message.content in choices, choice
+        assert not choice.message.model_extra.get("reasoning_content")
