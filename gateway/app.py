@@ -58,13 +58,15 @@ class ServerSettings:
     stream_resume_ttl: float = 0.0  # seconds a disconnected stream waits to be resumed; 0: abort at once
     stream_resume_max_bytes: int = 64 << 20  # all resumable streams' buffered events together
     web_ui: bool = True  # the chat page at / (gateway/web_ui/)
+    chat_template: str | None = None  # --chat-template's source, replacing the model's template
+    default_chat_template_kwargs: dict | None = None  # under every request's chat_template_kwargs
 
 
 class GatewayState:
     def __init__(self, settings: ServerSettings, engine_config: EngineConfig):
         self.settings = settings
         self.engine_config = engine_config
-        self.text = ModelText(engine_config.model)
+        self.text = ModelText(engine_config.model, settings.chat_template, settings.default_chat_template_kwargs)
         self.token_names = TokenNames(self.text.tokenizer)
         self.metrics = Metrics(settings.served_model_name, engine_config.block_size)
         keys = settings.api_keys if settings.api_keys is not None else load_keys(settings.api_key, None)

@@ -76,6 +76,8 @@ def _fill_limits(node: Any, bounds: ServedBounds) -> None:
         node["maxLength"] = bounds.limits.max_stop_length
     elif limit == "stop_count":
         node["maxItems"] = bounds.limits.max_stop
+    elif limit == "priority" and not bounds.limits.priorities:
+        node["minimum"] = node["maximum"] = 0  # first come, first served: only the default
     for value in node.values():
         _fill_limits(value, bounds)
 

@@ -20,7 +20,8 @@ from gateway.app import ServerSettings, build_app
 from gateway.openai.parse import Limits
 from gateway.server.auth import load_keys
 from gateway.server.device_check import check_device
-from shared.config import ATTENTION_BACKENDS, DTYPES, QUANTIZATIONS, EngineConfig, parse_size
+from gateway.text.chat_template import parse_template_kwargs, read_template_file
+from shared.config import ATTENTION_BACKENDS, DTYPES, QUANTIZATIONS, SCHEDULING_POLICIES, EngineConfig, parse_size
 
 log = logging.getLogger("mili.gateway")
 
@@ -70,6 +71,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(none for safetensors); "
                         "q8_0/q4_0 quantize a checkpoint at load; none = the model dtype")
     p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs",
+                   help="fcfs: waiting requests in arrival order (fair between API keys); priority: by each "
+                        "request's priority (lower first; fair between keys within one priority), and the lowest "
+                        "priority is preempted first. Under fcfs a request's priority other than 0 is a 400")
     p.add_argument("--enforce-eager", action="store_true",
                    help="on CUDA, run decode steps eagerly instead of replaying CUDA graphs")
     p.add_argument("--workers", type=int, default=1, help="engine processes behind this gateway")
@@ -99,6 +104,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="add POST /debug/kv/fault, which breaks the KV block accounting on purpose (drills, tests)")
     p.add_argument("--no-web-ui", action="store_true",
                    help="do not serve the chat page at / (and its assets under /web-ui/)")
+    p.add_argument("--chat-template", metavar="FILE",
+                   help="a Jinja chat template file that replaces the model's own")
+    p.add_argument("--default-chat-template-kwargs", metavar="JSON", default=None,
+                   help="template variables every chat request gets, as a JSON object (e.g. "
+                        "'{\"enable_thinking\": false}'); a request's chat_template_kwargs win")
     p.add_argument("--log-level", default="info")
 
 
@@ -137,6 +147,9 @@ def run(args: argparse.Namespace) -> int:
     if args.stream_resume_buffer <= 0:
         raise ValueError(f"--stream-resume-buffer must be above 0, got {args.stream_resume_buffer}")
     api_keys = load_keys(args.api_key, args.api_keys_file)  # a bad keys file fails before the model loads
+    chat_template = read_template_file(args.chat_template) if args.chat_template else None
+    template_kwargs = (parse_template_kwargs(args.default_chat_template_kwargs)
+                       if args.default_chat_template_kwargs is not None else {})
     EngineConfig(model="", device=args.device, attention_backend=args.attention_backend,
                  quantization=args.quantization)  # the device flags' combinations, before anything slow
     if args.device.startswith("cuda"):
@@ -147,19 +160,22 @@ def run(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
         attention_backend=args.attention_backend, quantization=args.quantization,
-        enable_prefix_caching=not args.no_prefix_caching, enforce_eager=args.enforce_eager)
+        enable_prefix_caching=not args.no_prefix_caching, enforce_eager=args.enforce_eager,
+        scheduling_policy=args.scheduling_policy)
     tcp_host, tcp_port = None, 0
     if args.worker_tcp:
         tcp_host, _, port = args.worker_tcp.rpartition(":")
         tcp_port = int(port)
     settings = ServerSettings(
         served_model_name=args.served_model_name or default_name, api_key=args.api_key, api_keys=api_keys,
-        limits=Limits(max_n=args.max_n, max_stop=args.max_stop_strings, max_stop_length=args.max_stop_length),
+        limits=Limits(max_n=args.max_n, max_stop=args.max_stop_strings, max_stop_length=args.max_stop_length,
+                      priorities=args.scheduling_policy == "priority"),
         max_body_bytes=args.max_body_size, max_waiting_requests=args.max_waiting_requests,
         sse_ping_s=args.sse_ping_interval, num_workers=args.workers, worker_threads=args.worker_threads,
         worker_tcp_host=tcp_host, worker_tcp_port=tcp_port, request_timeout=args.request_timeout or None,
         enable_debug_faults=args.enable_debug_faults, stream_resume_ttl=args.stream_resume_ttl,
-        stream_resume_max_bytes=args.stream_resume_buffer, web_ui=not args.no_web_ui)
+        stream_resume_max_bytes=args.stream_resume_buffer, web_ui=not args.no_web_ui, chat_template=chat_template,
+        default_chat_template_kwargs=template_kwargs)
     app = build_app(settings, engine_config)
     # Running streams finish during the drain; sse-starlette would otherwise end them at the first SIGTERM.
     AppStatus.disable_automatic_graceful_drain()

@@ -12,6 +12,9 @@ QUANTIZATIONS = ("auto", "none", "q8_0", "q4_0")
 # auto: cuda where torch sees a CUDA device, else cpu (resolved by the worker, which imports torch).
 # "cuda:N" names one GPU of several.
 DEVICES = ("auto", "cpu", "cuda")
+# fcfs: waiting requests are admitted in arrival order (fair between API keys); priority: by their priority
+# first (lower first), and the lowest priority is preempted first (worker/core/scheduler.py).
+SCHEDULING_POLICIES = ("fcfs", "priority")
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
@@ -35,6 +38,7 @@ class EngineConfig:
     # On CUDA, decode steps replay CUDA graphs (worker/runner/decode_graphs.py); True runs every step eagerly (vLLM's
     # name for the same switch).
     enforce_eager: bool = False
+    scheduling_policy: str = "fcfs"  # one of SCHEDULING_POLICIES
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -44,6 +48,9 @@ class EngineConfig:
                              f"got {self.attention_backend!r}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
+                             f"got {self.scheduling_policy!r}")
         if not _DEVICE.match(self.device):
             raise ValueError(f"device must be one of {', '.join(DEVICES)} (or cuda:N), got {self.device!r}")
         if self.device.startswith("cuda"):

@@ -61,6 +61,8 @@ FREQUENCY_PENALTY = Range(-2, 2)
 REPETITION_PENALTY = Range(0.01, 10)
 LOGIT_BIAS = Range(-100, 100)  # each value of logit_bias
 SEED = INT64
+# vLLM's request priority under --scheduling-policy priority: lower runs first, 0 by default.
+PRIORITY = Range(-COUNT_MAX - 1, COUNT_MAX)
 
 # ----- token ids -----
 # A token id given by the client (prompt, logit_bias key, stop_token_ids, /detokenize); below the served

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from shared.request_limits import (FREQUENCY_PENALTY, LOGIT_BIAS, LOGPROBS, MAX_GRAMMAR_CHARS, MAX_TOKENS, MIN_P,
-                                   MIN_TOKENS, N, PRESENCE_PENALTY, REPETITION_PENALTY, SEED, TEMPERATURE, TOKEN_ID,
-                                   TOP_K, TOP_P)
+                                   MIN_TOKENS, N, PRESENCE_PENALTY, PRIORITY, REPETITION_PENALTY, SEED, TEMPERATURE,
+                                   TOKEN_ID, TOP_K, TOP_P)
 
 # Temperatures below this sample greedily (as vLLM's _SAMPLING_EPS): dividing float32 logits by, say, 1e-45
 # overflows to inf, and inf - inf would make every probability NaN.
@@ -49,6 +49,9 @@ class SamplingParams:
     # Structured output: an llguidance grammar (the serialized form `llguidance.LLMatcher` takes) that
     # every output token must follow; None: unconstrained.
     grammar: str | None = None
+    # vLLM's request priority: under --scheduling-policy priority, lower is admitted first and preempted last
+    # (worker/core/scheduler.py); under fcfs the gateway accepts only the default, 0.
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if self.top_k == -1:
@@ -99,6 +102,8 @@ class SamplingParams:
               f"logprobs must be between {LOGPROBS.lo} and {LOGPROBS.hi}, got {self.logprobs}")
         check(self.prompt_logprobs is None or LOGPROBS.contains(self.prompt_logprobs), "prompt_logprobs",
               f"prompt_logprobs must be between {LOGPROBS.lo} and {LOGPROBS.hi}, got {self.prompt_logprobs}")
+        check(PRIORITY.contains(self.priority), "priority",
+              f"priority must be an integer between {PRIORITY.lo} and {PRIORITY.hi}, got {self.priority}")
         check(self.grammar is None or (isinstance(self.grammar, str) and 0 < len(self.grammar) <= MAX_GRAMMAR_CHARS),
               "response_format", f"a grammar must be a non-empty string of at most {MAX_GRAMMAR_CHARS} characters")
 

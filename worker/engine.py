@@ -71,7 +71,8 @@ class LLMEngine:
                                                                     config.kv_cache_memory)
         self.max_model_len = self._fit_context_to_cache(num_blocks * config.block_size)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
+                                   config.scheduling_policy)
         graphs_off = self._graphs_off_reason()
         # With decode graphs, one block more than the block manager hands out: the scratch block, where the
         # padded rows of a graph step write (worker/runner/decode_graphs.py).

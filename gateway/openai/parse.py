@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.openai import schema
-from gateway.openai.schema import ChatBody, CompletionBody
+from gateway.openai.schema import CHAT_UNSUPPORTED, ChatBody, CompletionBody
 from gateway.openai.validation import validate as _validate
 from gateway.server.errors import ApiError, invalid
 from gateway.text.grammars import ResponseFormat, parse_response_format
+from gateway.text.output_constraints import OutputConstraint, parse_output_constraint
+from gateway.text.reasoning_effort import effort_template_kwargs
 from gateway.text.tool_specs import ToolSpec, parse_tools
 from shared.request_limits import (COMPLETION_MAX_TOKENS_DEFAULT, DEFAULT_MAX_N, DEFAULT_MAX_STOP,
                                    DEFAULT_MAX_STOP_LENGTH, N)
@@ -31,6 +33,7 @@ class Limits:
     max_n: int = DEFAULT_MAX_N  # within shared/request_limits.py's N, which SamplingParams checks
     max_stop: int = DEFAULT_MAX_STOP  # stop strings per request
     max_stop_length: int = DEFAULT_MAX_STOP_LENGTH  # characters per stop string
+    priorities: bool = False  # --scheduling-policy priority: requests may carry a priority other than 0
 
     def __post_init__(self) -> None:
         if not N.contains(self.max_n):
@@ -51,6 +54,7 @@ class CompletionRequest(CommonFields):
     prompts: tuple[str | tuple[int, ...], ...]  # text, or token ids
     echo: bool
     prompt_logprobs: int | None  # vLLM's extension, as asked (params.prompt_logprobs also covers echo)
+    constraint: OutputConstraint | None = None  # None: unconstrained
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,7 @@ class ChatRequest(CommonFields):
     prompt_logprobs: int | None  # vLLM's extension
     tools: ToolSpec | None = None  # None: no tools declared
     response_format: ResponseFormat | None = None  # None: text
+    constraint: OutputConstraint | None = None  # beyond response_format (never with it, nor with tool calls)
 
 
 def parse_completion(raw: Any, limits: Limits) -> CompletionRequest:
@@ -79,11 +84,12 @@ def parse_completion(raw: Any, limits: Limits) -> CompletionRequest:
     wanted = [k for k in (prompt_logprobs, body.logprobs if echo else None) if k is not None]
     if wanted:
         common["params"] = dataclasses.replace(common["params"], prompt_logprobs=max(wanted))
-    return CompletionRequest(**common, prompts=_prompts(body.prompt), echo=echo, prompt_logprobs=prompt_logprobs)
+    return CompletionRequest(**common, prompts=_prompts(body.prompt), echo=echo, prompt_logprobs=prompt_logprobs,
+                             constraint=parse_output_constraint(raw))
 
 
 def parse_chat(raw: Any, limits: Limits) -> ChatRequest:
-    body = _validate(ChatBody, raw)
+    body = _validate(ChatBody, raw, CHAT_UNSUPPORTED)
     top = body.top_logprobs
     if top is not None and not body.logprobs:
         raise invalid("top_logprobs requires logprobs to be true", "top_logprobs")
@@ -96,9 +102,14 @@ def parse_chat(raw: Any, limits: Limits) -> ChatRequest:
     # The shapes are valid here; these check what a schema cannot (names declared twice, schema sizes).
     response_format = parse_response_format(raw.get("response_format"))
     tools = parse_tools(raw.get("tools"), raw.get("tool_choice"), raw.get("parallel_tool_calls"))
+    others = (("response_format",) if response_format is not None else ()) + (
+        ("tools",) if tools is not None and tools.calls_possible else ())
+    constraint = parse_output_constraint(raw, others)
     return ChatRequest(**common, messages=tuple(map(_message, body.messages)),
-                       template_kwargs=body.chat_template_kwargs or {}, top_logprobs=logprobs,
-                       prompt_logprobs=prompt_logprobs, tools=tools, response_format=response_format)
+                       template_kwargs={**effort_template_kwargs(body.reasoning_effort),
+                                        **(body.chat_template_kwargs or {})}, top_logprobs=logprobs,
+                       prompt_logprobs=prompt_logprobs, tools=tools, response_format=response_format,
+                       constraint=constraint)
 
 
 def _common(body: schema.CommonBody, limits: Limits, max_tokens: int | None, logprobs: int | None,
@@ -115,6 +126,9 @@ def _common(body: schema.CommonBody, limits: Limits, max_tokens: int | None, log
     if body.stream_options is not None and not stream:
         raise invalid("stream_options is only allowed when stream is true", "stream_options")
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    if body.priority and not limits.priorities:  # as vLLM: a priority the scheduler would ignore is refused
+        raise invalid("priority is served only with --scheduling-policy priority; this server schedules first come, "
+                      "first served (send 0 or leave it out)", "priority")
     # A field the body leaves out takes SamplingParams' default.
     given = {name: getattr(body, name) for name in _SAMPLING_FIELDS if getattr(body, name) is not None}
     try:
@@ -130,7 +144,7 @@ def _common(body: schema.CommonBody, limits: Limits, max_tokens: int | None, log
 
 # The body's fields that SamplingParams takes as they are.
 _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-                    "repetition_penalty", "min_tokens")
+                    "repetition_penalty", "min_tokens", "priority")
 
 
 def _prompt_logprobs(k: int | None, stream: bool) -> int | None:

@@ -19,7 +19,8 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.openai.parse import ChatRequest, CommonFields, parse_chat, parse_completion, require_model
+from gateway.openai.parse import (ChatRequest, CommonFields, CompletionRequest, parse_chat, parse_completion,
+                                  require_model)
 from gateway.openai.response_bodies import ChatFormat, CompletionFormat
 from gateway.server.auth import ApiKey, caller
 from gateway.server.client_io import collect_unless_disconnected, read_json
@@ -30,6 +31,7 @@ from gateway.streams.choice_stream import ChoiceEvent, GenerationStream, TextOpt
 from gateway.streams.resume_buffer import NamedEvent, Payload
 from gateway.streams.resume_routes import start_response as resumable_response
 from gateway.text.grammars import build_grammar, response_format_rules
+from gateway.text.output_constraints import constraint_rules
 from gateway.text.prompt_logprobs import PromptLogprob, echo_logprobs, join_logprobs, vllm_prompt_logprobs
 from gateway.text.tool_call_parser import assemble
 from gateway.text.tool_specs import tool_grammar_rules
@@ -74,7 +76,8 @@ async def completions(request: Request) -> Response:
     req = parse_completion(await read_json(request, state.settings.max_body_bytes), state.settings.limits)
     _check_served(state, req)
     prompts = [state.text.encode_prompt(p) for p in req.prompts]
-    admitted = _admit(state, req, prompts, TextOptions(stop=req.stop), caller(request), deadline)
+    params = await _constrained(state, req, "none")  # completions split no reasoning off
+    admitted = _admit(state, req, prompts, TextOptions(stop=req.stop), caller(request), deadline, params)
     fmt = CompletionFormat(req.model, state.token_names)
     echo = [state.text.decode(p) if req.echo else "" for p in prompts]
     if req.stream:
@@ -132,24 +135,37 @@ async def admit_chat(request: Request, req: ChatRequest, deadline: float | None)
     state = request.app.state.mili
     _check_served(state, req)
     rendered, prompt = state.text.render_chat(list(req.messages), req.template_kwargs, req.tools)
-    params = await _constrained(state, req, rendered)
+    params = await _constrained(state, req, state.text.reasoning_mode(rendered))
     calls = req.tools is not None and req.tools.calls_possible
     options = TextOptions(stop=req.stop, split_reasoning=state.text.split_reasoning,
                           starts_in_reasoning=state.text.starts_in_reasoning(rendered), parse_tool_calls=calls)
     return _admit(state, req, [prompt], options, caller(request), deadline, params), options
 
 
-async def _constrained(state, req: ChatRequest, rendered: str) -> SamplingParams:
-    """The request's sampling parameters with the grammar its tools or response_format call for
-    (compiled and checked here, so a bad schema is a 400 before anything runs)."""
-    if req.tools is not None and req.tools.calls_possible:
-        rules = tool_grammar_rules(req.tools, req.response_format, state.text.tool_tags_are_tokens())
+async def _constrained(state, req: ChatRequest | CompletionRequest, reasoning: str) -> SamplingParams:
+    """The request's sampling parameters with the grammar its tools, response_format or other constraint
+    call for (compiled and checked here, so a bad schema or grammar is a 400 before anything runs).
+    `reasoning`: where the output's reasoning stands (grammars.build_grammar)."""
+    tools, response_format = getattr(req, "tools", None), getattr(req, "response_format", None)
+    if tools is not None and tools.calls_possible:
         param = "tools"
-    elif req.response_format is not None:
-        rules, param = response_format_rules(req.response_format), "response_format"
+    elif response_format is not None:
+        param = "response_format"
+    elif req.constraint is not None:
+        param = req.constraint.param
     else:
         return req.params
-    grammar = build_grammar(rules, state.text.reasoning_mode(rendered))
+    try:
+        grammars: dict[str, str] = {}
+        if param == "tools":
+            rules = tool_grammar_rules(tools, response_format, state.text.tool_tags_are_tokens())
+        elif param == "response_format":
+            rules = response_format_rules(response_format)
+        else:
+            rules, grammars = constraint_rules(req.constraint)
+        grammar = build_grammar(rules, reasoning, grammars)
+    except UnicodeEncodeError:  # JSON's "\ud800" escapes decode to text that llguidance (UTF-8) cannot take
+        raise invalid(f"{param} holds a lone surrogate (\\ud800-\\udfff), which no output can match", param) from None
     try:  # SamplingParams bounds the grammar's size (request_limits.MAX_GRAMMAR_CHARS): many large tools pass it
         constrained = dataclasses.replace(req.params, grammar=grammar)
     except SamplingParamsError as e:

@@ -17,9 +17,10 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
+from gateway.text.reasoning_effort import EFFORTS
 from shared.request_limits import (COMPLETION_MAX_TOKENS_DEFAULT, FREQUENCY_PENALTY, LOGIT_BIAS, LOGPROBS,
                                    MAX_COMPLETION_TOKENS, MAX_TOKENS, MAX_TOOLS, MIN_P, MIN_TOKENS, N, NAME_PATTERN,
-                                   PRESENCE_PENALTY, REPETITION_PENALTY, SEED, TEMPERATURE, TOKEN_ID,
+                                   PRESENCE_PENALTY, PRIORITY, REPETITION_PENALTY, SEED, TEMPERATURE, TOKEN_ID,
                                    TOKEN_ID_KEY_PATTERN, TOP_K, TOP_P, Range)
 
 
@@ -67,11 +68,32 @@ Seed = _int(SEED)
 # The most tokens to generate (chat's max_completion_tokens and max_tokens, the Responses API's
 # max_output_tokens): within the context, filled in per server.
 MaxCompletionTokens = _int(MAX_COMPLETION_TOKENS, json_schema_extra=_limit("context"))
+# vLLM's request priority; a server scheduling first-come-first-served takes only 0 (gateway/openai/parse.py).
+Priority = _int(PRIORITY, json_schema_extra=_limit("priority"))
+PRIORITY_DESCRIPTION = ("lower runs first (default 0), with --scheduling-policy priority; "
+                        "other values are a 400 on a first-come-first-served server")
 
 
 class StreamOptions(_Model):
     include_usage: bool | None = None
     include_obfuscation: bool | None = Field(None, description="accepted; MILI's chunks are not padded")
+
+
+JsonSchemaValue = Union[dict[str, Any], str]
+Choices = Annotated[list[str], Field(min_length=1)]
+_REGEX = "the whole output matches it (Rust regex syntax; \\d is [0-9])"
+_GRAMMAR = "a Lark grammar (with a start rule) or a GBNF one (with root) the whole output follows"
+_ONE = "; one output constraint per request"
+
+
+class StructuredOutputs(_Model):
+    """vLLM's structured_outputs: one of its fields."""
+
+    json_: JsonSchemaValue | None = Field(None, alias="json", description="a JSON schema (or its JSON text)")
+    regex: str | None = Field(None, description=_REGEX)
+    choice: Choices | None = Field(None, description="the output is exactly one of these")
+    grammar: str | None = Field(None, description=_GRAMMAR)
+    json_object: bool | None = Field(None, description="true: any JSON object")
 
 
 class CommonBody(_Model):
@@ -100,6 +122,15 @@ class CommonBody(_Model):
     prompt_logprobs: Logprobs | None = Field(
         None, description="per prompt token (the first null): {token id: {logprob, rank, decoded_token}}; "
                           "not with stream")
+    priority: Priority | None = Field(None, description=PRIORITY_DESCRIPTION)
+    # Output constraints beyond response_format (gateway/text/output_constraints.py): vLLM's, then llama.cpp's.
+    structured_outputs: StructuredOutputs | None = Field(None, description="vLLM's constraints" + _ONE)
+    guided_json: JsonSchemaValue | None = Field(None, description="a JSON schema (or its JSON text)" + _ONE)
+    guided_regex: str | None = Field(None, description=_REGEX + _ONE)
+    guided_choice: Choices | None = Field(None, description="the output is exactly one of these" + _ONE)
+    guided_grammar: str | None = Field(None, description=_GRAMMAR + _ONE)
+    grammar: str | None = Field(None, description="llama.cpp's: " + _GRAMMAR + _ONE)
+    json_schema: dict[str, Any] | None = Field(None, description="llama.cpp's: a JSON schema" + _ONE)
     # Accepted, no effect.
     user: str | None = None
     store: bool | None = None
@@ -134,6 +165,8 @@ _COMMON_RULES = [
 
 UNSUPPORTED = ("best_of", "suffix", "functions", "function_call", "audio", "prediction", "modalities",
                "web_search_options", "reasoning_effort")
+CHAT_UNSUPPORTED = tuple(name for name in UNSUPPORTED if name != "reasoning_effort")
+ReasoningEffort = Literal[EFFORTS]
 
 
 Prompt = Union[
@@ -286,3 +319,6 @@ class ChatBody(CommonBody):
         None, description="required needs tools; a named function must be one of tools")
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = Field(None, description="passed to the chat template")
+    reasoning_effort: ReasoningEffort | None = Field(
+        None, description="none/minimal: thinking off, low/medium/high: on (the template's enable_thinking; "
+                          "chat_template_kwargs win); a model without a thinking switch ignores it")

@@ -111,6 +111,7 @@ class ResponseBuilder:
                      else {"type": "text"}},
             "truncation": "disabled", "store": False, "background": False, "metadata": body.metadata or {},
             "user": body.user, "usage": self._usage(usage) if usage is not None else None,
+            "reasoning": {"effort": body.reasoning.effort if body.reasoning else None, "summary": None},
         }
 
     def _usage(self, usage: Usage) -> dict[str, Any]:

@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator
 
-from gateway.openai.schema import (FunctionCall, JsonObjectFormat, Logprobs, MaxCompletionTokens, MinP,
-                                   RepetitionPenalty, Seed, Temperature, TextFormat, TopK, TopP, _limit, _Model,
+from gateway.openai.schema import (PRIORITY_DESCRIPTION, FunctionCall, JsonObjectFormat, Logprobs,
+                                   MaxCompletionTokens, MinP, Priority, ReasoningEffort, RepetitionPenalty, Seed, Temperature, TextFormat, TopK, TopP, _limit, _Model,
                                    _needs, _when)
 from shared.request_limits import MAX_TOOLS, NAME_PATTERN
 
@@ -135,6 +135,13 @@ class TextConfig(_Model):
     verbosity: Literal["medium"] | None = Field(None, description="only the default is served")
 
 
+class ReasoningConfig(_Model):
+    effort: ReasoningEffort | None = Field(
+        None, description="none/minimal: thinking off, low/medium/high: on (as chat's reasoning_effort)")
+    summary: Literal["auto", "concise", "detailed"] | None = Field(
+        None, description="accepted; the reasoning comes whole as reasoning_text, never summarized")
+
+
 class ResponsesBody(_Model):
     model_config = ConfigDict(json_schema_extra={"allOf": [
         _when("tool_choice", {"anyOf": [{"const": "required"}, {"type": "object"}]},
@@ -163,6 +170,7 @@ class ResponsesBody(_Model):
     repetition_penalty: RepetitionPenalty | None = None
     ignore_eos: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = Field(None, description="passed to the chat template")
+    priority: Priority | None = Field(None, description=PRIORITY_DESCRIPTION)
     # Accepted, no effect (metadata is echoed in the response).
     user: str | None = None
     safety_identifier: str | None = None
@@ -175,7 +183,7 @@ class ResponsesBody(_Model):
     previous_response_id: None = None
     conversation: None = None
     background: Literal[False] | None = None
-    reasoning: None = None
+    reasoning: ReasoningConfig | None = None
     prompt: None = None
     max_tool_calls: None = None
     stream_options: None = None
@@ -186,6 +194,6 @@ class ResponsesBody(_Model):
                                                             "include: [message.output_text.logprobs]")
 
 
-UNSUPPORTED = ("previous_response_id", "conversation", "background", "reasoning", "prompt", "max_tool_calls",
+UNSUPPORTED = ("previous_response_id", "conversation", "background", "prompt", "max_tool_calls",
                "stream_options")
 LOGPROBS = "message.output_text.logprobs"

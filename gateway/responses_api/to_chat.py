@@ -24,7 +24,8 @@ from gateway.server.errors import ApiError, invalid
 # A chat field's name in a 400 -> the Responses field it came from (by prefix).
 _PARAMS = (("messages", "input"), ("max_completion_tokens", "max_output_tokens"), ("max_tokens", "max_output_tokens"),
            ("response_format.json_schema.schema", "text.format.schema"), ("response_format", "text.format"),
-           ("tool_choice.function.name", "tool_choice.name"), ("logprobs", "include"))
+           ("tool_choice.function.name", "tool_choice.name"), ("logprobs", "include"),
+           ("reasoning_effort", "reasoning.effort"))
 
 
 @dataclass(frozen=True)
@@ -56,10 +57,12 @@ def responses_names() -> Iterator[None]:
 def chat_body(body: ResponsesBody) -> dict[str, Any]:
     chat: dict[str, Any] = {"model": body.model, "messages": _messages(body), "stream": bool(body.stream)}
     for name in ("temperature", "top_p", "parallel_tool_calls", "seed", "top_k", "min_p", "repetition_penalty",
-                 "ignore_eos", "chat_template_kwargs"):
+                 "ignore_eos", "chat_template_kwargs", "priority"):
         value = getattr(body, name)
         if value is not None:
             chat[name] = value
+    if body.reasoning is not None and body.reasoning.effort is not None:
+        chat["reasoning_effort"] = body.reasoning.effort
     if LOGPROBS in (body.include or ()):
         chat["logprobs"] = True
         chat["top_logprobs"] = body.top_logprobs or 0

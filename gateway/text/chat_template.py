@@ -2,8 +2,9 @@
 
 Rendering follows transformers' `apply_chat_template` (trim_blocks, lstrip_blocks, loop controls,
 `raise_exception`, `strftime_now`, a `tojson` that keeps non-ASCII and does not HTML-escape) so
-templates written for it work unchanged. Only the model's own template is used; a request can pass
-variables (chat_template_kwargs) but never a template, and never replace the conversation.
+templates written for it work unchanged. Only the model's own template is used, or the one the server was
+started with (--chat-template); a request can pass variables (chat_template_kwargs) but never a template,
+and never replace the conversation.
 """
 
 from __future__ import annotations
@@ -65,12 +66,13 @@ class ChatTemplate:
             try:
                 self._template = _compile(source)
             except TemplateError as e:
-                raise ChatTemplateError(f"the model's chat template does not compile: {e}") from e
+                raise ChatTemplateError(f"the chat template does not compile: {e}") from e
 
     @classmethod
-    def from_model_dir(cls, model_dir: str | Path) -> ChatTemplate:
+    def from_model_dir(cls, model_dir: str | Path, replacement: str | None = None) -> ChatTemplate:
         """The template as transformers would pick it: `chat_template.jinja` if present, else
-        tokenizer_config.json's `chat_template` (a string, or named templates of which "default")."""
+        tokenizer_config.json's `chat_template` (a string, or named templates of which "default").
+        `replacement` (--chat-template's file) replaces it; the special tokens still come from the model."""
         model_dir = Path(model_dir)
         config_path = model_dir / "tokenizer_config.json"
         config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
@@ -80,6 +82,8 @@ class ChatTemplate:
         jinja_file = model_dir / "chat_template.jinja"
         if jinja_file.is_file():
             source = jinja_file.read_text(encoding="utf-8")
+        if replacement is not None:
+            source = replacement
         return cls(source if isinstance(source, str) else None,
                    _token_string(config.get("bos_token")), _token_string(config.get("eos_token")))
 
@@ -109,3 +113,28 @@ class ChatTemplate:
             # The template is the model's code; whatever it raises on this conversation (a bad index,
             # a division, a method on a missing field) means this request cannot be rendered.
             raise ChatTemplateError(f"{type(e).__name__}: {e}") from e
+
+
+def read_template_file(path: str | Path) -> str:
+    """--chat-template's file, read and compiled once at startup: a missing file or a template that does not
+    compile is a ValueError naming the flag, before the model loads."""
+    try:
+        source = Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"--chat-template {path}: cannot read the file: {e}") from None
+    try:
+        ChatTemplate(source)
+    except ChatTemplateError as e:
+        raise ValueError(f"--chat-template {path}: {e}") from None
+    return source
+
+
+def parse_template_kwargs(text: str) -> dict[str, Any]:
+    """--default-chat-template-kwargs: a JSON object of template variables (ValueError naming the flag)."""
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"--default-chat-template-kwargs: not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError("--default-chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'")
+    return value

@@ -130,15 +130,21 @@ _REASONING_START = {"none": "start: answer", "open": "start: think answer",
                     "optional": "start: (<think> think)? answer"}
 
 
-def build_grammar(answer_rules: list[str], reasoning: str) -> str:
+def build_grammar(answer_rules: list[str], reasoning: str, grammars: dict[str, str] | None = None) -> str:
     """The llguidance grammar for a request: reasoning (free text, which cannot contain </think>: it is
-    matched as the token) first where the model thinks, then the rules' `answer`."""
+    matched as the token) first where the model thinks, then the rules' `answer`. `grammars`: Lark grammars
+    the rules reference by name (`@name`), each compiled on its own, so its rule names are its own."""
     rules = ["%llguidance {}", _REASONING_START[reasoning], *answer_rules]
     if reasoning != "none":
         # At most a few blanks between the reasoning and the answer (Qwen3 writes "\n\n"): unbounded,
         # a model could fill max_tokens with them.
         rules += ["think: THINK </think> /[ \\n]{0,4}/", "THINK: /(.|\\n)*/"]
-    return llguidance.LLMatcher.grammar_from_lark("\n".join(rules) + "\n")
+    main = llguidance.LLMatcher.grammar_from_lark("\n".join(rules) + "\n")
+    if not grammars:
+        return main
+    return json.dumps({"grammars": [{"lark_grammar": main},
+                                    *({"name": name, "lark_grammar": text} for name, text in grammars.items())]},
+                      ensure_ascii=False)
 
 
 class GrammarChecker:
@@ -176,6 +182,9 @@ MAX_ERROR_CHARS = 500
 
 def _first_line(message: str) -> str:
     """llguidance's error, less the grammar listing it may append (the whole schema again, which a client
-    sent and does not need back), and bounded."""
-    line = message.strip().split("\n", 1)[0]
+    sent and does not need back), and bounded. A regex error's reason comes on a line of its own
+    ("error: look-around ... is not supported"), which is kept."""
+    lines = message.strip().split("\n")
+    reason = next((f" ({line.strip()})" for line in lines[1:] if line.strip().startswith("error:")), "")
+    line = lines[0] + reason
     return line if len(line) <= MAX_ERROR_CHARS else line[:MAX_ERROR_CHARS] + "..."

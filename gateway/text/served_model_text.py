@@ -16,10 +16,15 @@ from gateway.text.tool_specs import CALL_CLOSE, CALL_OPEN, ToolSpec, generic_mes
 
 
 class ModelText:
-    def __init__(self, model_dir: str | Path):
+    def __init__(self, model_dir: str | Path, chat_template: str | None = None,
+                 default_template_kwargs: dict[str, Any] | None = None):
+        """`chat_template`: a template replacing the model's (--chat-template); `default_template_kwargs`:
+        template variables every request gets unless its own chat_template_kwargs set them
+        (--default-chat-template-kwargs)."""
         model_dir = Path(model_dir)
         self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        self.template = ChatTemplate.from_model_dir(model_dir)
+        self.template = ChatTemplate.from_model_dir(model_dir, chat_template)
+        self.default_template_kwargs = dict(default_template_kwargs or {})
         self.split_reasoning = has_reasoning_tokens(self.tokenizer)
         self.grammars = GrammarChecker(self.tokenizer)
 
@@ -42,7 +47,8 @@ class ModelText:
             messages = generic_messages(messages, tools)
         try:
             text = self.template.render(messages, add_generation_prompt=add_generation_prompt,
-                                        template_kwargs=template_kwargs, tools=template_tools)
+                                        template_kwargs={**self.default_template_kwargs, **template_kwargs},
+                                        tools=template_tools)
         except NoChatTemplate as e:
             raise invalid(str(e), "messages") from None
         except ChatTemplateError as e:

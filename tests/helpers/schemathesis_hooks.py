@@ -60,9 +60,10 @@ def filter_case(context, case) -> bool:
         rules = (_tool_declared_twice, _call_arguments_not_json) if "messages" in body else ()
     elif path.endswith(("/chat/completions", "/responses")):
         rules = (_min_tokens_above_max, _chat_beyond_context, _unknown_named_tool, _tool_declared_twice,
-                 _call_arguments_not_json)
+                 _call_arguments_not_json, _constraints_beyond_one, _constraint_not_compiling)
     elif path.endswith("/completions"):
-        rules = (_min_tokens_above_max, _prompt_beyond_context, _prompt_without_tokens)
+        rules = (_min_tokens_above_max, _prompt_beyond_context, _prompt_without_tokens, _constraints_beyond_one,
+                 _constraint_not_compiling)
     else:
         rules = ()
     for broken in rules:
@@ -219,3 +220,70 @@ def _as_chat(body: dict) -> dict:
     choice = body.get("tool_choice")
     chat["tool_choice"] = {"function": {"name": choice.get("name")}} if isinstance(choice, dict) else choice
     return chat
+
+
+# Output constraints (gateway/text/output_constraints.py): top-level fields and structured_outputs' keys.
+CONSTRAINT_FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
+                     "guided_grammar": "grammar", "grammar": "grammar", "json_schema": "json"}
+
+
+def _constraints(body: dict) -> list[tuple[str, Any]]:
+    """(kind, value) of each output constraint the body gives."""
+    given = [(kind, body[name]) for name, kind in CONSTRAINT_FIELDS.items() if body.get(name) is not None]
+    nested = body.get("structured_outputs")
+    if isinstance(nested, dict):
+        given += [(kind, nested[kind]) for kind in ("json", "regex", "choice", "grammar", "json_object")
+                  if nested.get(kind) not in (None, False)]
+    return given
+
+
+def _constraints_beyond_one(body: dict) -> bool:
+    """One constraint per request: response_format (other than text) and tools the model may call count too."""
+    fmt = body.get("response_format")
+    others = int(isinstance(fmt, dict) and fmt.get("type") not in (None, "text"))
+    others += int(bool(body.get("tools")) and body.get("tool_choice") != "none")
+    return len(_constraints(body)) + others > 1
+
+
+def _constraint_not_compiling(body: dict) -> bool:
+    """A regex or grammar llguidance does not compile, text that no output can match (lone surrogates), or a
+    JSON schema given as text that is not a JSON object."""
+    import llguidance
+
+    for kind, value in _constraints(body):
+        if not _encodes(json.dumps(value, ensure_ascii=False)):
+            return True
+        if kind == "json" and isinstance(value, str):
+            try:
+                if not isinstance(json.loads(value), dict):
+                    return True
+            except ValueError:
+                return True
+        if kind in ("regex", "grammar") and isinstance(value, str):
+            try:
+                grammar = llguidance.grammar_from(kind, value)
+            except Exception:  # the GBNF converter raises several types
+                return True
+            if llguidance.LLMatcher.validate_grammar_with_warnings(grammar, _ll_tokenizer())[0]:
+                return True
+    return False
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+_LL_TOKENIZER = []
+
+
+def _ll_tokenizer():
+    if not _LL_TOKENIZER:
+        import llguidance
+
+        tok = _tokenizer()
+        _LL_TOKENIZER.append(llguidance.LLTokenizer(tok.to_str(), n_vocab=tok.get_vocab_size()))
+    return _LL_TOKENIZER[0]

@@ -125,3 +125,17 @@ class Server:
             return self.proc.wait()
         finally:
             self._log.close()
+
+
+def start_tagged_qwen3(tmp_path_factory, label: str, tags: list[str], chat_template: str,
+                       *flags: str) -> tuple[Server, dict[str, int]]:
+    """`mili serve` on a fresh random tiny Qwen3 with `tags` as added tokens (build_tagged_qwen3), under `flags`;
+    the started server and the tags' ids. The model's seed is printed, to rerun a failure."""
+    import random
+
+    out = tmp_path_factory.mktemp(label) / f"tiny-{label}"
+    out.mkdir()
+    seed = random.randrange(2**31)
+    print(f"\n[{label} model] seed={seed}")
+    ids = build_tagged_qwen3(seed, out, tags, chat_template)
+    return Server(out, *flags, log_path=tmp_path_factory.mktemp("logs") / "server.log").start(), ids

@@ -14,6 +14,13 @@ to the smallest counter among the active tenants. When no tenant has work, the c
 
 With one tenant there is one deque, and the order is exactly FCFS (preempted sequences back at the
 head, as before).
+
+Under the priority policy (`by_priority`), priority comes first: the next sequence is taken from the lowest
+priority value that has anything waiting, and fairness between tenants applies among the sequences of that
+one priority (each tenant has a deque per priority; the service counters are the tenants' own, whatever
+priority their tokens were served at). A tenant cannot jump the queue by sending everything at a high
+priority relative to another tenant's equal priority, but any tenant's priority-0 request goes before every
+priority-1 one, as vLLM's priority policy has it.
 """
 
 from __future__ import annotations
@@ -25,8 +32,11 @@ from worker.core.sequence import Sequence
 
 
 class FairQueue:
-    def __init__(self) -> None:
-        self._queues: dict[str, deque[Sequence]] = {}  # only tenants with waiting sequences
+    def __init__(self, by_priority: bool = False) -> None:
+        self.by_priority = by_priority
+        # (priority level, tenant) -> its FCFS deque; only those with waiting sequences. The level is 0 for
+        # every sequence unless by_priority.
+        self._queues: dict[tuple[int, str], deque[Sequence]] = {}
         self._service: dict[str, float] = {}  # weighted tokens served, per tenant active in this busy period
         self._arrivals = 0
 
@@ -42,7 +52,7 @@ class FairQueue:
             yield from q
 
     def __contains__(self, seq: object) -> bool:
-        q = self._queues.get(getattr(seq, "tenant", None))
+        q = self._queues.get(self._key(seq)) if isinstance(seq, Sequence) else None
         return q is not None and seq in q
 
     def append(self, seq: Sequence, running: Iterable[Sequence] = ()) -> None:
@@ -52,7 +62,7 @@ class FairQueue:
             self._arrivals += 1
             seq.arrival_order = self._arrivals
         self._activate(seq.tenant, running)
-        self._queues.setdefault(seq.tenant, deque()).append(seq)
+        self._queues.setdefault(self._key(seq), deque()).append(seq)
 
     def appendleft(self, seq: Sequence) -> None:
         """Back to the head of its tenant's queue (preempted, or a choice released after its prompt's
@@ -61,19 +71,24 @@ class FairQueue:
             self._arrivals += 1
             seq.arrival_order = self._arrivals
         self._service.setdefault(seq.tenant, 0.0)
-        self._queues.setdefault(seq.tenant, deque()).appendleft(seq)
+        self._queues.setdefault(self._key(seq), deque()).appendleft(seq)
 
     def remove(self, seq: Sequence) -> None:
-        q = self._queues[seq.tenant]
+        key = self._key(seq)
+        q = self._queues[key]
         q.remove(seq)
         if not q:
-            del self._queues[seq.tenant]
+            del self._queues[key]
+
+    def _key(self, seq: Sequence) -> tuple[int, str]:
+        return (seq.params.priority if self.by_priority else 0), seq.tenant
 
     # ----- fairness -----
     def peek(self) -> Sequence:
-        """The sequence to admit next: the head of the waiting tenant that was served least (weighted)."""
+        """The sequence to admit next: among the heads of the lowest priority level waiting, the head of the
+        tenant that was served least (weighted)."""
         return min((q[0] for q in self._queues.values()),
-                   key=lambda s: (self._service.get(s.tenant, 0.0), s.arrival_order))
+                   key=lambda s: (self._key(s)[0], self._service.get(s.tenant, 0.0), s.arrival_order))
 
     def charge(self, seq: Sequence, num_tokens: int) -> None:
         """Count tokens computed for seq's tenant, divided by its weight."""
@@ -83,7 +98,7 @@ class FairQueue:
         return self._service.get(tenant)
 
     def _activate(self, tenant: str, running: Iterable[Sequence]) -> None:
-        active = set(self._queues) | {s.tenant for s in running}
+        active = {t for _, t in self._queues} | {s.tenant for s in running}
         if tenant in active:
             return
         if not active:  # nothing runs or waits: everyone starts over at 0

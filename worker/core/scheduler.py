@@ -7,10 +7,17 @@ first-come-first-served within each (worker/core/fair_queue.py; with one tenant,
 scheduled is charged to its tenant. When a running sequence needs a block and none is free, the most
 recently admitted running sequence is preempted: its blocks are freed and it goes back to the head of
 its tenant's queue, to be recomputed (its full blocks usually come back as prefix-cache hits).
+
+Under `--scheduling-policy priority` (vLLM's), waiting sequences are admitted by priority first (lower
+first; fair between tenants within one priority), and the running ones are kept in priority order (then
+arrival): they get the step's budget and blocks in that order, and the one preempted when blocks run out is
+the lowest priority (highest number), the latest arrival among equals. Admission never preempts, as in
+vLLM: a waiting high-priority sequence takes the next blocks that come free.
 """
 
 from __future__ import annotations
 
+import bisect
 import time
 from dataclasses import dataclass, field
 
@@ -33,11 +40,13 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 policy: str = "fcfs"):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.waiting = FairQueue()
+        self.by_priority = policy == "priority"  # shared/config.py's SCHEDULING_POLICIES
+        self.waiting = FairQueue(self.by_priority)
         self.running: list[Sequence] = []
         # Counters the engine reports as metrics.
         self.num_preemptions = 0
@@ -103,7 +112,10 @@ class Scheduler:
                 self.prefix_query_tokens += seq.num_tokens
                 self.prefix_hit_tokens += seq.num_computed_tokens
             seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
+            if self.by_priority:  # kept in (priority, arrival) order: the last is the one to preempt first
+                bisect.insort(self.running, seq, key=_priority_rank)
+            else:
+                self.running.append(seq)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(num_new)
             budget -= num_new
@@ -126,3 +138,7 @@ class Scheduler:
         self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
+
+
+def _priority_rank(seq: Sequence) -> tuple[int, int]:
+    return seq.params.priority, seq.arrival_order or 0

@@ -8,12 +8,10 @@ with thinking off, the template closed an empty think block already and everythi
 
 from __future__ import annotations
 
-import random
-
 import openai
 import pytest
 
-from tests.helpers.server import Server, build_tagged_qwen3
+from tests.helpers.server import start_tagged_qwen3
 from tests.helpers.sse import chunks, stream_lines
 
 TEMPLATE = (
@@ -24,13 +22,8 @@ TEMPLATE = (
 
 @pytest.fixture(scope="module")
 def thinking_server(tmp_path_factory):
-    out = tmp_path_factory.mktemp("thinking") / "tiny-think"
-    out.mkdir()
-    seed = random.randrange(2**31)
-    print(f"\n[thinking model] seed={seed}")
-    ids = build_tagged_qwen3(seed, out, ["<think>", "</think>"], TEMPLATE)
-    srv = Server(out, "--served-model-name", "think", "--num-kv-blocks", "64",
-                 log_path=tmp_path_factory.mktemp("logs") / "server.log").start()
+    srv, ids = start_tagged_qwen3(tmp_path_factory, "thinking", ["<think>", "</think>"], TEMPLATE,
+                                  "--served-model-name", "think", "--num-kv-blocks", "64")
     yield srv, ids["</think>"]
     srv.stop()
 

@@ -40,3 +40,18 @@ def test_convert_gguf_errors_are_one_line_not_tracebacks(tmp_path):
     bad = mili("convert-gguf", str(junk), str(tmp_path / "out"))
     assert bad.returncode == 2 and "not a GGUF file" in bad.stderr and "Traceback" not in bad.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_serve_refuses_a_bad_chat_template_or_template_kwargs_at_startup(tmp_path):
+    """Before any model loads: one line naming the flag, exit status 2."""
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for m in messages %}never closed")
+    cases = [(("--chat-template", str(tmp_path / "missing.jinja")), "--chat-template", "cannot read"),
+             (("--chat-template", str(broken)), "--chat-template", "does not compile"),
+             (("--default-chat-template-kwargs", "{enable_thinking: false}"), "--default-chat-template-kwargs",
+              "not valid JSON"),
+             (("--default-chat-template-kwargs", "[1]"), "--default-chat-template-kwargs", "must be a JSON object")]
+    for flags, flag, words in cases:
+        result = mili("serve", "--model", str(tmp_path / "no-model-here"), *flags)
+        assert result.returncode == 2, (flags, result.stderr)
+        assert flag in result.stderr and words in result.stderr and "Traceback" not in result.stderr, result.stderr
