@@ -12,6 +12,7 @@ QUANTIZATIONS = ("auto", "none", "q8_0", "q4_0")
 # auto: cuda where torch sees a CUDA device, else cpu (resolved by the worker, which imports torch).
 # "cuda:N" names one GPU of several.
 DEVICES = ("auto", "cpu", "cuda")
+RESOLVED_TASKS = ("generate", "embed", "score")
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
@@ -35,8 +36,13 @@ class EngineConfig:
     # On CUDA, decode steps replay CUDA graphs (worker/runner/decode_graphs.py); True runs every step eagerly (vLLM's
     # name for the same switch).
     enforce_eager: bool = False
+    # What every request computes: generate (tokens), or embed / score (one pooled vector per prompt, prefill only;
+    # shared/pooling_config.py). `--task auto` is resolved before the config is built.
+    task: str = "generate"
 
     def __post_init__(self) -> None:
+        if self.task not in RESOLVED_TASKS:
+            raise ValueError(f"task must be one of {', '.join(RESOLVED_TASKS)}, got {self.task!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:

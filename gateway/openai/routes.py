@@ -26,6 +26,7 @@ from gateway.server.client_io import collect_unless_disconnected, read_json
 from gateway.server.deadlines import check_not_passed, request_deadline
 from gateway.server.errors import ApiError, invalid
 from gateway.server.key_limits import Lease
+from gateway.server.task_guard import require_task
 from gateway.streams.choice_stream import ChoiceEvent, GenerationStream, TextOptions, Usage, merge
 from gateway.streams.resume_buffer import NamedEvent, Payload
 from gateway.streams.resume_routes import start_response as resumable_response
@@ -70,6 +71,7 @@ class Admitted:
 
 async def completions(request: Request) -> Response:
     state = request.app.state.mili
+    require_task(state.engine_config.task, "generate")  # before the body: its shape is another task's
     deadline = request_deadline(request, state.settings.request_timeout)
     req = parse_completion(await read_json(request, state.settings.max_body_bytes), state.settings.limits)
     _check_served(state, req)
@@ -100,6 +102,7 @@ async def completions(request: Request) -> Response:
 
 async def chat_completions(request: Request) -> Response:
     state = request.app.state.mili
+    require_task(state.engine_config.task, "generate")
     deadline = request_deadline(request, state.settings.request_timeout)
     req = parse_chat(await read_json(request, state.settings.max_body_bytes), state.settings.limits)
     admitted, options = await admit_chat(request, req, deadline)
@@ -160,6 +163,7 @@ async def _constrained(state, req: ChatRequest, rendered: str) -> SamplingParams
 
 # ----- admission -----
 def _check_served(state, req: CommonFields) -> None:
+    require_task(state.engine_config.task, "generate")
     require_model(req.model, state.settings.served_model_name)
     if state.draining:
         raise ApiError(503, "the server is shutting down", code="draining")

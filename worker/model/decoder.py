@@ -103,7 +103,9 @@ class DecoderForCausalLM(nn.Module):
                                          _weight=torch.empty(cfg.vocab_size, cfg.hidden_size, **factory))
         self.layers = nn.ModuleList(DecoderLayer(cfg, backend, ops, **factory) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
-        if not cfg.tie_word_embeddings:
+        if cfg.num_labels:  # a sequence classifier: its head scores the last token; it has no LM head
+            self.score = nn.Linear(cfg.hidden_size, cfg.num_labels, bias=False, **factory)
+        elif not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, **factory)
         self._packed_head: PackedLinear | None = None
         self._quant_head: QuantLinear | None = None
@@ -154,7 +156,7 @@ class DecoderForCausalLM(nn.Module):
         """Reorders every projection, and the output head, into oneDNN's layout (see packed_linear).
         A tied head gets its own packed copy: the embedding lookup still needs the plain rows.
         Quantized projections and heads are not nn.Linear and stay as they are."""
-        if self._quant_head is None:
+        if self._quant_head is None and not self.config.num_labels:
             weight = self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
             self._packed_head = PackedLinear(weight, None, batch_hint)
         pack_linears(self.layers, batch_hint)

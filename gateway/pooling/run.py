@@ -1,0 +1,97 @@
+"""Pooling prompts through the workers: the same admission as generation (a ready worker, queue capacity, the
+deadline, the API key's concurrency), each prompt one prefill-only request, their vectors gathered in order.
+
+A client that leaves, a deadline that passes or one prompt that fails aborts the request's other prompts, so
+their KV blocks are freed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from starlette.requests import Request
+
+from gateway.server.auth import caller
+from gateway.server.client_io import collect_unless_disconnected
+from gateway.server.deadlines import DeadlineExceeded, check_not_passed, exceeded
+from gateway.server.errors import ApiError
+from gateway.workers.link import RequestHandle, WorkerLost
+from gateway.workers.pool import NoWorkerAvailable
+from shared import wire
+from shared.sampling_params import SamplingParams
+
+_PREFILL_ONLY = SamplingParams(max_tokens=0)
+
+
+async def pool_prompts(request: Request, prompts: list[list[int]], deadline: float | None) -> list[list[float]]:
+    """Each prompt's pooled vector (an embedding, or [score]), in the prompts' order."""
+    state = request.app.state.mili
+    if state.pool.info is None:
+        raise ApiError(503, "no worker is ready: " + ("; ".join(state.pool.down_reasons()) or "starting"),
+                       code="worker_unavailable", headers={"Retry-After": "5"})
+    if state.pool.num_in_flight() + len(prompts) > state.capacity:
+        raise ApiError(503, "the server's request queue is full; retry later", code="queue_full",
+                       headers={"Retry-After": "1"})
+    num_tokens = sum(map(len, prompts))
+    try:
+        check_not_passed(deadline)
+    except ApiError:
+        state.metrics.finished("deadline", num_tokens)
+        raise
+    key = caller(request)
+    arrival = time.monotonic()
+    lease = state.key_limits.acquire(key, arrival)
+    handles: list[RequestHandle] = []
+    reason = "abort"
+    try:
+        try:
+            for prompt in prompts:
+                handles.append(state.pool.submit(prompt, _PREFILL_ONLY, deadline, key.name, key.weight))
+        except NoWorkerAvailable as e:
+            raise ApiError(503, f"no worker is ready: {e}", code="worker_unavailable") from None
+        results = await collect_unless_disconnected(request, _results(handles, state.metrics))
+        reason = "stop"
+        state.metrics.e2e.labels(*state.metrics.labels).observe(time.monotonic() - arrival)
+        return results
+    except ApiError as e:
+        reason = "deadline" if e.code == "deadline_exceeded" else reason
+        raise
+    finally:
+        for handle in handles:
+            state.pool.abort(handle)  # a no-op for those that finished
+        lease.release()
+        state.metrics.finished(reason, num_tokens)
+
+
+async def _results(handles: list[RequestHandle], metrics):
+    """The handles' vectors in order; each waits on its own queue, all at once, and the first failure ends them."""
+    tasks = [asyncio.ensure_future(_one(h, metrics)) for h in handles]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        failed = next((t for t in tasks if t.done() and t.exception() is not None), None)
+        if failed is not None:
+            raise failed.exception()
+        for task in tasks:
+            yield task.result()
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def _one(handle: RequestHandle, metrics) -> list[float]:
+    while True:
+        item = await handle.queue.get()
+        if isinstance(item, WorkerLost):
+            raise ApiError(503, item.message, code="worker_lost")
+        if isinstance(item, wire.RequestFailed):
+            raise ApiError(400, item.message, item.param)
+        if isinstance(item, DeadlineExceeded) or item.finish_reason == "deadline":
+            raise exceeded()
+        if item.queue_time is not None:
+            metrics.queue_time.labels(*metrics.labels).observe(item.queue_time)
+        if item.pooled is not None:
+            return item.pooled
+        if item.finish_reason is not None:
+            raise ApiError(503, f"the worker ended the request without a result ({item.finish_reason})",
+                           code="worker_lost")
