@@ -20,7 +20,8 @@ TASKS = ("auto", "generate", "embed", "score")
 POOLING_TASKS = ("embed", "score")
 POOLING_METHODS = ("last", "mean", "cls")
 # sentence-transformers' Pooling config keys -> our names (the first one set wins, in this order).
-_ST_MODES = (("pooling_mode_lasttoken", "last"), ("pooling_mode_mean_tokens", "mean"), ("pooling_mode_cls_token", "cls"))
+_ST_MODES = (("pooling_mode_lasttoken", "last"), ("pooling_mode_mean_tokens", "mean"),
+             ("pooling_mode_cls_token", "cls"))
 _ST_UNSUPPORTED = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens")
 _ST_POOLING = "sentence_transformers.models.Pooling"
 _ST_NORMALIZE = "sentence_transformers.models.Normalize"

@@ -58,6 +58,9 @@ class LLMEngine:
         # Everything the engine allocates goes to this device; config.device may say "auto".
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device.type)
+        if mc.num_labels and config.task == "generate":
+            raise ValueError(f"{mc.architecture.replace('ForCausalLM', 'ForSequenceClassification')} has no LM head to "
+                             "generate with; serve it with --task score")
         self.max_model_len = config.max_model_len or mc.max_position_embeddings
         if self.max_model_len > mc.max_position_embeddings:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's "

@@ -36,6 +36,7 @@ from gateway.text.tool_call_parser import assemble
 from gateway.text.tool_specs import tool_grammar_rules
 from gateway.workers.pool import NoWorkerAvailable
 from shared.request_limits import OutOfBounds, check_prompt_fits
+from shared.wire import WorkerReady
 from shared.sampling_params import SamplingParams, SamplingParamsError
 
 log = logging.getLogger("mili.gateway")
@@ -169,14 +170,18 @@ def _check_served(state, req: CommonFields) -> None:
         raise ApiError(503, "the server is shutting down", code="draining")
 
 
-def _admit(state, req: CommonFields, prompts: list[list[int]], options: TextOptions, key: ApiKey,
-           deadline: float | None = None, params: SamplingParams | None = None) -> Admitted:
-    params = params or req.params
+def ready_info(state) -> WorkerReady:
+    """What the ready workers serve (vocabulary, context); a 503 while none is ready."""
     info = state.pool.info
     if info is None:
         raise ApiError(503, "no worker is ready: " + ("; ".join(state.pool.down_reasons()) or "starting"),
                        code="worker_unavailable", headers={"Retry-After": "5"})
-    _check_tokens(params, prompts, info.vocab_size, info.max_model_len)
+    return info
+
+
+def take_place(state, prompts: list[list[int]], key: ApiKey, deadline: float | None) -> tuple[Lease, float]:
+    """Room in the queue for the prompts, a deadline not yet passed, and a place under the key's max_concurrent
+    (429 when it is full): the lease that holds it, and the request's arrival time."""
     if state.pool.num_in_flight() + len(prompts) > state.capacity:
         raise ApiError(503, "the server's request queue is full; retry later", code="queue_full",
                        headers={"Retry-After": "1"})
@@ -186,7 +191,15 @@ def _admit(state, req: CommonFields, prompts: list[list[int]], options: TextOpti
         state.metrics.finished("deadline", sum(map(len, prompts)))
         raise
     arrival = time.monotonic()
-    lease = state.key_limits.acquire(key, arrival)  # 429 when the key is at its max_concurrent
+    return state.key_limits.acquire(key, arrival), arrival
+
+
+def _admit(state, req: CommonFields, prompts: list[list[int]], options: TextOptions, key: ApiKey,
+           deadline: float | None = None, params: SamplingParams | None = None) -> Admitted:
+    params = params or req.params
+    info = ready_info(state)
+    _check_tokens(params, prompts, info.vocab_size, info.max_model_len)
+    lease, arrival = take_place(state, prompts, key, deadline)
     streams: list[GenerationStream] = []
     try:
         for prompt in prompts:

@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.openai.parse import require_model
+from gateway.openai.routes import ready_info
 from gateway.openai.validation import validate
 from gateway.pooling.output import embeddings_body, encode_embedding, matryoshka, rerank_body, score_body
 from gateway.pooling.prompts import PromptBuilder
@@ -33,10 +34,7 @@ async def _body(request: Request, task: str, model_cls):
 
 
 def _prompts(state) -> PromptBuilder:
-    info = state.pool.info
-    if info is None:
-        raise ApiError(503, "no worker is ready: " + ("; ".join(state.pool.down_reasons()) or "starting"),
-                       code="worker_unavailable", headers={"Retry-After": "5"})
+    info = ready_info(state)
     return PromptBuilder(state.text.tokenizer, state.pooling, info.vocab_size, info.max_model_len)
 
 

@@ -12,9 +12,10 @@ import time
 
 from starlette.requests import Request
 
+from gateway.openai.routes import take_place
 from gateway.server.auth import caller
 from gateway.server.client_io import collect_unless_disconnected
-from gateway.server.deadlines import DeadlineExceeded, check_not_passed, exceeded
+from gateway.server.deadlines import DeadlineExceeded, exceeded
 from gateway.server.errors import ApiError
 from gateway.workers.link import RequestHandle, WorkerLost
 from gateway.workers.pool import NoWorkerAvailable
@@ -27,21 +28,9 @@ _PREFILL_ONLY = SamplingParams(max_tokens=0)
 async def pool_prompts(request: Request, prompts: list[list[int]], deadline: float | None) -> list[list[float]]:
     """Each prompt's pooled vector (an embedding, or [score]), in the prompts' order."""
     state = request.app.state.mili
-    if state.pool.info is None:
-        raise ApiError(503, "no worker is ready: " + ("; ".join(state.pool.down_reasons()) or "starting"),
-                       code="worker_unavailable", headers={"Retry-After": "5"})
-    if state.pool.num_in_flight() + len(prompts) > state.capacity:
-        raise ApiError(503, "the server's request queue is full; retry later", code="queue_full",
-                       headers={"Retry-After": "1"})
-    num_tokens = sum(map(len, prompts))
-    try:
-        check_not_passed(deadline)
-    except ApiError:
-        state.metrics.finished("deadline", num_tokens)
-        raise
     key = caller(request)
-    arrival = time.monotonic()
-    lease = state.key_limits.acquire(key, arrival)
+    lease, arrival = take_place(state, prompts, key, deadline)
+    num_tokens = sum(map(len, prompts))
     handles: list[RequestHandle] = []
     reason = "abort"
     try:

@@ -1,6 +1,6 @@
 """Random tiny pooling checkpoints made at test time: a sentence-transformers embedding directory (its modules.json,
-1_Pooling/config.json and optional Normalize written by loadtest/fixtures/pooling_checkpoint.py), a Qwen3-Reranker-style causal model, and a Qwen3
-sequence classifier; each with the default model's tokenizer."""
+1_Pooling/config.json and optional Normalize written by loadtest/fixtures/pooling_checkpoint.py), a
+Qwen3-Reranker-style causal model, and a Qwen3 sequence classifier; each with the default model's tokenizer."""
 
 from __future__ import annotations
 
