@@ -159,7 +159,8 @@ async def openapi_json(request: Request) -> Response:
     state: GatewayState = request.app.state.mili
     info = state.pool.info
     return JSONResponse(openapi.document(openapi.ServedBounds(
-        state.settings.served_model_name, state.settings.limits, info and info.vocab_size, info and info.max_model_len)))
+        state.settings.served_model_name, state.settings.limits, info and info.vocab_size, info and info.max_model_len,
+        state.engine_config.task)))
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
@@ -191,6 +192,7 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
         Route("/v1/embeddings", _api(pooling.embeddings), methods=["POST"]),
         Route("/v1/rerank", _api(pooling.rerank), methods=["POST"]),
         Route("/rerank", _api(pooling.rerank), methods=["POST"]),
+        Route("/v2/rerank", _api(pooling.rerank), methods=["POST"]),  # vLLM's alias for Cohere's v2 clients
         Route("/score", _api(pooling.score), methods=["POST"]),
         Route("/v1/score", _api(pooling.score), methods=["POST"]),
         Route("/tokenize", _api(tokenize), methods=["POST"]),

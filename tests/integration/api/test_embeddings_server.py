@@ -62,6 +62,8 @@ def test_task_is_read_from_the_checkpoint(embed_server):
     assert httpx2.get(f"{embed_server.url}/health").json()["task"] == "embed"
     assert httpx2.get(f"{embed_server.url}/v1/models").json()["data"][0]["task"] == "embed"
     assert "task embed, from the checkpoint" in embed_server.log_path.read_text()
+    paths = httpx2.get(f"{embed_server.url}/openapi.json").json()["paths"]
+    assert "/v1/embeddings" in paths and "/v1/chat/completions" not in paths
 
 
 def test_embeddings_match_sentence_transformers(embed_server, st):
