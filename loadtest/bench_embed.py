@@ -4,7 +4,8 @@ one random Qwen3-shaped embedding checkpoint (last-token pooling, Normalize, EOS
     python -m loadtest.bench_embed [--shape small|qwen3-0.6b] [--threads 2] [--requests 64]
 
 For 64- and 512-token inputs: MILI's texts/s and tokens/s at concurrency 1 and 32 (each request one text, over
-HTTP), sentence-transformers' `encode` at batch 32 in a process of its own, the ratios, and each side's peak RSS.
+HTTP), sentence-transformers' `encode` at batch 32 in a process of its own and, in turn with it in that process on
+the same texts, MILI's engine without HTTP; the ratios, and peak RSS.
 Every text is distinct from its first words on, so no request reads another's prefix-cache blocks. Nothing here
 asserts; it measures, and on a shared machine the numbers are indicative only.
 """
@@ -126,17 +127,39 @@ def mili_peak_rss(proc: subprocess.Popen) -> float:
 
 # ----- sentence-transformers in a process of its own (its RSS is its own) -----
 def st_encode(model_dir: str, texts_file: str, threads: int) -> None:
+    """Seconds for sentence-transformers' encode of each length's texts, and, in turn with it on the same texts, for
+    MILI's engine in the same process (no HTTP, prefix caching off: each text computed whole, as encode does)."""
     import torch
     from sentence_transformers import SentenceTransformer
+    from tokenizers import Tokenizer
+
+    from shared.config import EngineConfig
+    from shared.sampling_params import SamplingParams
+    from worker.engine import LLMEngine
 
     torch.set_num_threads(threads)
     model = SentenceTransformer(model_dir, device="cpu", local_files_only=True, model_kwargs={"dtype": torch.bfloat16})
-    results = {}
+    tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+    engine = LLMEngine(EngineConfig(model=model_dir, task="embed", max_num_seqs=64, max_num_batched_tokens=4096,
+                                    enable_prefix_caching=False))
+
+    def run_engine(texts: list[str]) -> None:
+        for text in texts:
+            engine.add_request(f"r{id(texts)}-{len(text)}-{hash(text)}", tok.encode(text).ids,
+                               SamplingParams(max_tokens=0))
+        while engine.has_unfinished_requests():
+            engine.step()
+
+    results: dict = {"st": {}, "engine": {}}
     for length, texts in json.loads(Path(texts_file).read_text()).items():
         model.encode(texts[:32], batch_size=32)  # warm-up
+        run_engine(texts[:32])
         start = time.perf_counter()
         model.encode(texts, batch_size=32)
-        results[length] = time.perf_counter() - start
+        results["st"][length] = time.perf_counter() - start
+        start = time.perf_counter()
+        run_engine(texts)
+        results["engine"][length] = time.perf_counter() - start
     results["peak_rss_mib"] = peak_rss_mib(os.getpid())
     print(json.dumps(results))
 
@@ -179,14 +202,18 @@ def main(argv: list[str] | None = None) -> None:
         print("| input tokens | server | concurrency | texts/s | tokens/s | vs sentence-transformers |")
         print("|---:|---|---:|---:|---:|---:|")
         for n in LENGTHS:
-            st_rate = len(texts[n]) / st[str(n)]
+            st_rate = len(texts[n]) / st["st"][str(n)]
+            engine_rate = len(texts[n]) / st["engine"][str(n)]
             print(f"| {n} | sentence-transformers encode (in process) | batch 32 | {st_rate:.1f} | "
                   f"{st_rate * n:.0f} | 1.00 |")
+            print(f"| {n} | MILI engine (in process, no HTTP) | all at once | {engine_rate:.1f} | "
+                  f"{engine_rate * n:.0f} | {engine_rate / st_rate:.2f} |")
             for c in CONCURRENCY:
                 seconds, tokens, count = mili[(n, c)]
                 print(f"| {n} | MILI /v1/embeddings (HTTP) | {c} | {count / seconds:.1f} | {tokens / seconds:.0f} | "
                       f"{count / seconds / st_rate:.2f} |")
-        print(f"\npeak RSS: MILI gateway + worker {rss:.0f} MiB, sentence-transformers {st['peak_rss_mib']:.0f} MiB")
+        print(f"\npeak RSS: MILI gateway + worker {rss:.0f} MiB; sentence-transformers' process (with an engine "
+              f"beside it) {st['peak_rss_mib']:.0f} MiB")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

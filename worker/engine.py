@@ -74,7 +74,8 @@ class LLMEngine:
         model = load_model(config.model, mc, self.attention_backend, self.dtype, self.max_model_len,
                            device=self.device, ops=self.layer_ops, quant=quant)
         if packing_supported(self.dtype, self.device):
-            model.pack_linear_weights(batch_hint=config.max_num_seqs)
+            # An embedding model never computes logits: no packed head (vocab x hidden, 300 MB for Qwen3-0.6B).
+            model.pack_linear_weights(batch_hint=config.max_num_seqs, head=config.task != "embed")
         self.pooler = None if config.task == "generate" else Pooler(read_pooling_config(config.model, config.task),
                                                                       model)
         num_blocks = config.num_kv_blocks or num_blocks_for_memory(mc, config.block_size, self.dtype,
@@ -87,9 +88,10 @@ class LLMEngine:
         # padded rows of a graph step write (worker/runner/decode_graphs.py).
         spare = 1 if graphs_off is None else 0
         kv_caches = allocate_kv_caches(mc, num_blocks + spare, config.block_size, self.dtype, self.device)
+        # Pooling runs prefill only: no decode step ever comes for the decode program or graphs to serve.
         self.runner = ModelRunner(model, kv_caches, config.block_size, self.device,
-                                  decode_program=config.decode_program and self.pooler is None, max_num_seqs=config.max_num_seqs,
-                                  max_model_len=self.max_model_len)
+                                  decode_program=config.decode_program and self.pooler is None,
+                                  max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len)
         if graphs_off is None:
             self.runner.use_decode_graphs(scratch_block=num_blocks, max_rows=config.max_num_seqs,
                                           max_model_len=self.max_model_len, capture=self.device.type == "cuda")
