@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
 
 from starlette.requests import Request
 
@@ -26,20 +28,30 @@ _PREFILL_ONLY = SamplingParams(max_tokens=0)
 
 
 async def pool_prompts(request: Request, prompts: list[list[int]], deadline: float | None) -> list[list[float]]:
-    """Each prompt's pooled vector (an embedding, or [score]), in the prompts' order."""
+    """Each prompt's pooled vector (an embedding, or [score]), in the prompts' order.
+
+    At most as many prompts are in the workers at once as they run sequences at once (the rest follow as those
+    finish), so a request of 2048 inputs neither needs that much queue room nor crowds out the requests behind it."""
     state = request.app.state.mili
     key = caller(request)
-    lease, arrival = take_place(state, prompts, key, deadline)
+    window = state.settings.num_workers * state.engine_config.max_num_seqs
+    lease, arrival = take_place(state, prompts[:window], key, deadline)
     num_tokens = sum(map(len, prompts))
     handles: list[RequestHandle] = []
+    room = asyncio.Semaphore(window)
+
+    async def pooled(prompt: list[int]) -> list[float]:
+        async with room:
+            try:
+                handle = state.pool.submit(prompt, _PREFILL_ONLY, deadline, key.name, key.weight)
+            except NoWorkerAvailable as e:
+                raise ApiError(503, f"no worker is ready: {e}", code="worker_unavailable") from None
+            handles.append(handle)
+            return await _result(handle, state.metrics)
+
     reason = "abort"
     try:
-        try:
-            for prompt in prompts:
-                handles.append(state.pool.submit(prompt, _PREFILL_ONLY, deadline, key.name, key.weight))
-        except NoWorkerAvailable as e:
-            raise ApiError(503, f"no worker is ready: {e}", code="worker_unavailable") from None
-        results = await collect_unless_disconnected(request, _results(handles, state.metrics))
+        results = await collect_unless_disconnected(request, _in_order([pooled(p) for p in prompts]))
         reason = "stop"
         state.metrics.e2e.labels(*state.metrics.labels).observe(time.monotonic() - arrival)
         return results
@@ -53,9 +65,9 @@ async def pool_prompts(request: Request, prompts: list[list[int]], deadline: flo
         state.metrics.finished(reason, num_tokens)
 
 
-async def _results(handles: list[RequestHandle], metrics):
-    """The handles' vectors in order; each waits on its own queue, all at once, and the first failure ends them."""
-    tasks = [asyncio.ensure_future(_one(h, metrics)) for h in handles]
+async def _in_order(coroutines: list[Coroutine[Any, Any, list[float]]]) -> AsyncIterator[list[float]]:
+    """The coroutines' results in order; they run at once, and the first failure ends them all."""
+    tasks = [asyncio.ensure_future(c) for c in coroutines]
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         failed = next((t for t in tasks if t.done() and t.exception() is not None), None)
@@ -68,7 +80,7 @@ async def _results(handles: list[RequestHandle], metrics):
             task.cancel()
 
 
-async def _one(handle: RequestHandle, metrics) -> list[float]:
+async def _result(handle: RequestHandle, metrics) -> list[float]:
     while True:
         item = await handle.queue.get()
         if isinstance(item, WorkerLost):

@@ -179,3 +179,32 @@ def test_generation_server_refuses_embeddings(server):
     r = httpx2.post(f"{server.url}/v1/embeddings", json={"input": "hi"}, headers=server.auth_headers(), timeout=30)
     assert r.status_code == 400 and "--task generate" in r.json()["error"]["message"], r.text
     assert httpx2.get(f"{server.url}/health").json()["task"] == "generate"
+
+
+def test_a_client_that_leaves_aborts_its_inputs_and_frees_their_blocks(embed_server):
+    """2048 long inputs take a while: the client gives up once they run, and every one of them is dropped."""
+    from tests.integration.streams.test_disconnect import wait_idle
+
+    body = {"input": [f"{i} {TEXTS[3]} {TEXTS[1]}" for i in range(2048)]}
+    aborted = embed_server.metric("mili_requests_total", task="embed", finish_reason="abort")
+
+    async def run() -> None:
+        async with httpx2.AsyncClient(base_url=embed_server.url, timeout=120) as client:
+            request = asyncio.create_task(client.post("/v1/embeddings", json=body))
+            deadline = asyncio.get_running_loop().time() + 30
+            while await asyncio.to_thread(embed_server.metric, "mili_requests_running") == 0:
+                assert asyncio.get_running_loop().time() < deadline, "the inputs never ran"
+                await asyncio.sleep(0.02)
+            request.cancel()
+            await asyncio.gather(request, return_exceptions=True)
+
+    asyncio.run(run())
+    wait_idle(embed_server, timeout=30)
+    assert embed_server.metric("mili_requests_total", task="embed", finish_reason="abort") == aborted + 1
+
+
+def test_deadline_passed_is_a_504(embed_server):
+    r = httpx2.post(f"{embed_server.url}/v1/embeddings", json={"input": TEXTS}, timeout=30,
+                    headers={"X-Request-Timeout": "0.000001"})
+    assert r.status_code == 504 and r.json()["error"]["code"] == "deadline_exceeded", r.text
+    assert embed_server.metric("mili_requests_total", task="embed", finish_reason="deadline") >= 1
