@@ -90,10 +90,12 @@ def test_last_token_pooling_takes_prefix_hits_and_survives_preemption(tmp_path):
     assert engine.block_manager.num_used_blocks == 0 and small.block_manager.num_used_blocks == 0
 
 
-def test_classifier_scores_match_transformers(tmp_path):
+@pytest.mark.parametrize("num_labels", [1, 2])
+def test_classifier_scores_match_transformers(tmp_path, num_labels):
+    """One label: the sigmoid of its logit; two: the second label's softmax probability (vLLM's activations)."""
     import transformers
 
-    model_dir = build_classifier_model(tmp_path / "cls", seed=11)
+    model_dir = build_classifier_model(tmp_path / "cls", seed=11, num_labels=num_labels)
     hf = transformers.Qwen3ForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32).eval()
     from tokenizers import Tokenizer
 
@@ -102,8 +104,9 @@ def test_classifier_scores_match_transformers(tmp_path):
     got = _pool(_engine(model_dir, "score"), prompts)
     for prompt, (score,) in zip(prompts, got):
         with torch.no_grad():
-            logit = hf(torch.tensor([prompt])).logits[0, 0]
-        assert abs(score - torch.sigmoid(logit).item()) < 1e-5
+            logits = hf(torch.tensor([prompt])).logits[0]
+        expected = torch.sigmoid(logits[0]) if num_labels == 1 else torch.softmax(logits, dim=0)[1]
+        assert abs(score - expected.item()) < 1e-5
 
 
 def test_pooling_engine_refuses_generation(tmp_path):
