@@ -22,6 +22,7 @@ from gateway.openai.parse import Limits
 from gateway.openai.response_bodies import TokenNames
 from gateway.openai.routes import chat_completions, completions
 from gateway.openai.tokenize_routes import detokenize, tokenize
+from gateway.pooling import routes as pooling
 from gateway.responses_api.routes import responses
 from gateway.server import debug_routes
 from gateway.server.auth import ApiKey, ApiKeyMiddleware, KeyRing, load_keys
@@ -36,6 +37,7 @@ from gateway.web_ui import routes as web_ui
 from gateway.workers.pool import WorkerPool
 from shared import wire
 from shared.config import EngineConfig
+from shared.pooling_config import read_pooling_config
 
 log = logging.getLogger("mili.gateway")
 
@@ -68,7 +70,10 @@ class GatewayState:
         self.engine_config = engine_config
         self.text = ModelText(engine_config.model, settings.chat_template, settings.default_chat_template_kwargs)
         self.token_names = TokenNames(self.text.tokenizer)
-        self.metrics = Metrics(settings.served_model_name, engine_config.block_size)
+        self.metrics = Metrics(settings.served_model_name, engine_config.block_size, engine_config.task)
+        # --task embed|score: how the checkpoint pools (its embedding size, its scorer); None when generating.
+        self.pooling = None if engine_config.task == "generate" else read_pooling_config(engine_config.model,
+                                                                                           engine_config.task)
         keys = settings.api_keys if settings.api_keys is not None else load_keys(settings.api_key, None)
         self.keyring = KeyRing(keys)
         self.key_limits = KeyLimits(self.keyring.keys, self.metrics.registry, settings.served_model_name)
@@ -120,7 +125,8 @@ async def health(request: Request) -> Response:
         reason = "; ".join(pool.down_reasons()) or "starting"
         return JSONResponse({"status": "unavailable", "reason": reason}, status_code=503)
     return JSONResponse({
-        "status": "ok", "model": state.settings.served_model_name, "device": info.device,
+        "status": "ok", "model": state.settings.served_model_name, "task": state.engine_config.task,
+        "device": info.device,
         "attention_backend": info.attention_backend, "decode_graphs": info.decode_graphs,
         "quantization": info.quantization,
         "dtype": info.dtype, "architecture": info.architecture, "max_model_len": info.max_model_len,
@@ -131,7 +137,7 @@ async def models(request: Request) -> Response:
     state: GatewayState = request.app.state.mili
     info = state.pool.info
     card = {"id": state.settings.served_model_name, "object": "model", "created": state.started, "owned_by": "mili",
-            "root": state.engine_config.model}
+            "root": state.engine_config.model, "task": state.engine_config.task}
     if info is not None:
         card["max_model_len"] = info.max_model_len
     return JSONResponse({"object": "list", "data": [card]})
@@ -157,7 +163,8 @@ async def openapi_json(request: Request) -> Response:
     state: GatewayState = request.app.state.mili
     info = state.pool.info
     return JSONResponse(openapi.document(openapi.ServedBounds(
-        state.settings.served_model_name, state.settings.limits, info and info.vocab_size, info and info.max_model_len)))
+        state.settings.served_model_name, state.settings.limits, info and info.vocab_size, info and info.max_model_len,
+        state.engine_config.task)))
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
@@ -186,6 +193,12 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
         Route("/v1/completions", _api(completions), methods=["POST"]),
         Route("/v1/chat/completions", _api(chat_completions), methods=["POST"]),
         Route("/v1/responses", _api(responses), methods=["POST"]),
+        Route("/v1/embeddings", _api(pooling.embeddings), methods=["POST"]),
+        Route("/v1/rerank", _api(pooling.rerank), methods=["POST"]),
+        Route("/rerank", _api(pooling.rerank), methods=["POST"]),
+        Route("/v2/rerank", _api(pooling.rerank), methods=["POST"]),  # vLLM's alias for Cohere's v2 clients
+        Route("/score", _api(pooling.score), methods=["POST"]),
+        Route("/v1/score", _api(pooling.score), methods=["POST"]),
         Route("/tokenize", _api(tokenize), methods=["POST"]),
         Route("/detokenize", _api(detokenize), methods=["POST"]),
         Route("/v1/streams/{stream_id}", _api(resume_stream), methods=["GET"]),

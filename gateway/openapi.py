@@ -20,6 +20,7 @@ from pydantic.json_schema import models_json_schema
 from gateway.openai.parse import Limits
 from gateway.openai.schema import ChatBody, CompletionBody
 from gateway.openai.tokenize_schema import DetokenizeBody, TokenizeChatBody, TokenizePromptBody
+from gateway.pooling.schema import EmbeddingRequest, RerankRequest, ScoreRequest
 from gateway.responses_api.schema import ResponsesBody
 from gateway.server.deadlines import HEADER, MAX_TIMEOUT_S
 from gateway.streams.resume_routes import MAX_EVENT_ID_DIGITS
@@ -37,6 +38,7 @@ class ServedBounds:
     limits: Limits
     vocab_size: int | None = None
     max_model_len: int | None = None
+    task: str = "generate"  # --task: which routes the server answers (the others are 400s, not listed)
 
 
 @lru_cache(maxsize=1)
@@ -44,7 +46,9 @@ def _request_schemas() -> tuple[dict[str, dict], dict[str, Any]]:
     """(path's model name -> its $ref, every schema definition), as pydantic generates them."""
     refs, top = models_json_schema([(CompletionBody, "validation"), (ChatBody, "validation"),
                                     (ResponsesBody, "validation"), (TokenizePromptBody, "validation"),
-                                    (TokenizeChatBody, "validation"), (DetokenizeBody, "validation")],
+                                    (TokenizeChatBody, "validation"), (DetokenizeBody, "validation"),
+                                    (EmbeddingRequest, "validation"), (RerankRequest, "validation"),
+                                    (ScoreRequest, "validation")],
                                    ref_template=_REF)
     return {model.__name__: ref for (model, _), ref in refs.items()}, top["$defs"]
 
@@ -162,6 +166,49 @@ _TOKENIZED = {"type": "object", "required": ["count", "max_model_len", "tokens",
 _DETOKENIZED = {"type": "object", "required": ["prompt"], "properties": {"prompt": {"type": "string"}}}
 
 
+_USAGE_ONLY = {"type": "object", "required": ["prompt_tokens", "total_tokens"],
+               "properties": {"prompt_tokens": {"type": "integer"}, "total_tokens": {"type": "integer"}}}
+_EMBEDDINGS = {"type": "object", "required": ["object", "data", "model", "usage"], "properties": {
+    "object": {"const": "list"}, "model": {"type": "string"}, "usage": _USAGE_ONLY,
+    "data": {"type": "array", "items": {"type": "object", "required": ["object", "index", "embedding"], "properties": {
+        "object": {"const": "embedding"}, "index": {"type": "integer"},
+        "embedding": {"oneOf": [{"type": "array", "items": {"type": "number"}},
+                                {"type": "string", "description": "base64 of little-endian float32"}]}}}}}}
+_RERANKED = {"type": "object", "required": ["id", "model", "usage", "results"], "properties": {
+    "id": {"type": "string"}, "model": {"type": "string"}, "usage": _USAGE_ONLY,
+    "results": {"type": "array", "items": {"type": "object", "required": ["index", "relevance_score"], "properties": {
+        "index": {"type": "integer"}, "relevance_score": {"type": "number"},
+        "document": {"type": "object", "properties": {"text": {"type": "string"}}}}}}}}
+_SCORES = {"type": "object", "required": ["id", "object", "created", "model", "data", "usage"], "properties": {
+    "id": {"type": "string"}, "object": {"const": "list"}, "created": {"type": "integer"}, "model": {"type": "string"},
+    "usage": _USAGE_ONLY, "data": {"type": "array", "items": {"type": "object", "required": ["index", "score"],
+                                                               "properties": {"index": {"type": "integer"},
+                                                                              "score": {"type": "number"}}}}}}
+
+
+def _pooling_route(summary: str, body: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    return {"post": {"summary": summary, "requestBody": {"required": True, "content": {_JSON: {"schema": body}}},
+                     "responses": {"200": {"description": "the result", "content": {_JSON: {"schema": result}}},
+                                   **_errors(400, 401, 404, 413, 429, 503, 504)}}}
+
+
+def _task_paths(task: str, refs: dict[str, dict]) -> dict[str, Any]:
+    """The routes a --task answers beside the common ones."""
+    if task == "embed":
+        return {"/v1/embeddings": _pooling_route("Embeddings (OpenAI's shape)", refs["EmbeddingRequest"], _EMBEDDINGS)}
+    if task == "score":
+        rerank = _pooling_route("Rerank documents by relevance to a query (Jina's and Cohere's shape)",
+                                refs["RerankRequest"], _RERANKED)
+        score = _pooling_route("Score text pairs (vLLM's route)", refs["ScoreRequest"], _SCORES)
+        return {"/v1/rerank": rerank, "/rerank": rerank, "/v2/rerank": rerank, "/score": score, "/v1/score": score}
+    return {
+        "/v1/completions": _post("Text completion", refs["CompletionBody"], _result("text_completion"), _CHUNKS),
+        "/v1/chat/completions": _post("Chat completion", refs["ChatBody"], _result("chat.completion"), _CHUNKS),
+        "/v1/responses": _post("Response (OpenAI's Responses API, stateless)", refs["ResponsesBody"],
+                               _response_object(), _TYPED_EVENTS),
+    }
+
+
 def _get(description: str, media: str = _JSON, *extra: int) -> dict[str, Any]:
     schema = {"type": "object"} if media == _JSON else {"type": "string"}
     return {"get": {"responses": {"200": {"description": description, "content": {media: {"schema": schema}}},
@@ -201,10 +248,7 @@ def document(bounds: ServedBounds) -> dict[str, Any]:
         "info": {"title": "MILI", "version": "0.1.0",
                  "description": f"OpenAI-compatible API serving {bounds.model}"},
         "paths": {
-            "/v1/completions": _post("Text completion", refs["CompletionBody"], _result("text_completion"), _CHUNKS),
-            "/v1/chat/completions": _post("Chat completion", refs["ChatBody"], _result("chat.completion"), _CHUNKS),
-            "/v1/responses": _post("Response (OpenAI's Responses API, stateless)", refs["ResponsesBody"],
-                                   _response_object(), _TYPED_EVENTS),
+            **_task_paths(bounds.task, refs),
             "/tokenize": _token_route("Count a prompt's or a conversation's tokens (vLLM's route)",
                                       {"oneOf": [refs["TokenizePromptBody"], refs["TokenizeChatBody"]]}, _TOKENIZED),
             "/detokenize": _token_route("Token ids back to text (vLLM's route)", refs["DetokenizeBody"],

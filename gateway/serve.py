@@ -22,6 +22,7 @@ from gateway.server.auth import load_keys
 from gateway.server.device_check import check_device
 from gateway.text.chat_template import parse_template_kwargs, read_template_file
 from shared.config import ATTENTION_BACKENDS, DTYPES, QUANTIZATIONS, SCHEDULING_POLICIES, EngineConfig, parse_size
+from shared.pooling_config import TASKS, resolve_task
 
 log = logging.getLogger("mili.gateway")
 
@@ -70,6 +71,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="linear weights: auto = a GGUF's own Q4_0/Q4_1/Q8_0 and Q4_K/Q6_K/Q5_0/Q5_1 blocks "
                         "(none for safetensors); "
                         "q8_0/q4_0 quantize a checkpoint at load; none = the model dtype")
+    p.add_argument("--task", choices=TASKS, default="auto",
+                   help="what the model serves: generate (chat and completions), embed (/v1/embeddings) or score "
+                        "(/v1/rerank, /score); auto reads the checkpoint: sentence-transformers files mean embed, a "
+                        "sequence-classification head or a Qwen3-Reranker mean score, anything else generate")
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fcfs",
                    help="fcfs: waiting requests in arrival order (fair between API keys); priority: by each "
@@ -155,13 +160,14 @@ def run(args: argparse.Namespace) -> int:
     if args.device.startswith("cuda"):
         check_device(args.device)
     model_dir, default_name = resolve_model(args.model)
+    task = resolve_task(args.task, model_dir)
     engine_config = EngineConfig(
         model=str(model_dir), device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
         attention_backend=args.attention_backend, quantization=args.quantization,
         enable_prefix_caching=not args.no_prefix_caching, enforce_eager=args.enforce_eager,
-        scheduling_policy=args.scheduling_policy)
+        scheduling_policy=args.scheduling_policy, task=task)
     tcp_host, tcp_port = None, 0
     if args.worker_tcp:
         tcp_host, _, port = args.worker_tcp.rpartition(":")
@@ -184,7 +190,8 @@ def run(args: argparse.Namespace) -> int:
                             timeout_graceful_shutdown=args.drain_timeout, access_log=False,
                             loop="uvloop", http="httptools")
     server = _DrainingServer(config, app.state.mili)
-    log.info("serving %s as %r on http://%s:%d%s", model_dir, settings.served_model_name, args.host, args.port,
-             " (chat page at /)" if settings.web_ui else "")
+    log.info("serving %s as %r (task %s%s) on http://%s:%d%s", model_dir, settings.served_model_name, task,
+             ", from the checkpoint" if args.task == "auto" else "", args.host, args.port,
+             " (chat page at /)" if settings.web_ui and task == "generate" else "")
     server.run()
     return 0

@@ -15,6 +15,7 @@ DEVICES = ("auto", "cpu", "cuda")
 # fcfs: waiting requests are admitted in arrival order (fair between API keys); priority: by their priority
 # first (lower first), and the lowest priority is preempted first (worker/core/scheduler.py).
 SCHEDULING_POLICIES = ("fcfs", "priority")
+RESOLVED_TASKS = ("generate", "embed", "score")
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
@@ -39,8 +40,13 @@ class EngineConfig:
     # name for the same switch).
     enforce_eager: bool = False
     scheduling_policy: str = "fcfs"  # one of SCHEDULING_POLICIES
+    # What every request computes: generate (tokens), or embed / score (one pooled vector per prompt, prefill only;
+    # shared/pooling_config.py). `--task auto` is resolved before the config is built.
+    task: str = "generate"
 
     def __post_init__(self) -> None:
+        if self.task not in RESOLVED_TASKS:
+            raise ValueError(f"task must be one of {', '.join(RESOLVED_TASKS)}, got {self.task!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:

@@ -121,6 +121,14 @@ def decimal_below(n: int) -> str:
 TOKEN_ID_KEY_PATTERN = decimal_below(TOKEN_ID.hi + 1)
 
 
+# ----- pooling: embeddings, rerank, score -----
+MAX_EMBEDDING_INPUTS = 2048  # items of an embeddings request's input (OpenAI's bound)
+MAX_SCORE_DOCUMENTS = 1000  # documents of one rerank or score request (Cohere's recommended ceiling)
+DIMENSIONS = Range(1, COUNT_MAX)  # Matryoshka: at most the model's embedding size, checked against it
+TOP_N = Range(0, COUNT_MAX)  # 0: every document (vLLM)
+TRUNCATE_PROMPT_TOKENS = Range(-1, COUNT_MAX)  # vLLM's: keep the last N tokens; -1: the context length
+
+
 # ----- bounds that depend on the served model -----
 class OutOfBounds(ValueError):
     """A request outside a bound of the served model; `param` names the field to blame."""

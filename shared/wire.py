@@ -164,6 +164,8 @@ class TokenDelta(_Record, frozen=True):
     stop_token_id: Int | None = None
     queue_time: Seconds | None = None  # seconds waited before first scheduled, on a choice's first delta
     prompt_logprobs: list[PromptLogprobRow] | None = None
+    # A pooling request's result (--task embed|score), on its finishing delta: the embedding, or [score].
+    pooled: list[Float] | None = None
 
 
 class StepOutputs(_Message, frozen=True, tag="outputs"):

@@ -5,6 +5,9 @@ Everything here speaks token ids; text belongs to the gateway.
 
 `max_tokens=0` scores a prompt without generating: the request finishes with "length" once its prompt
 is computed (at once when it asked for no prompt logprobs).
+
+Under --task embed|score every request is such a prefill-only sequence, and finishes ("stop") with its pooled
+vector (worker/runner/pooler.py) once its prompt is computed.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 from kernels.builder.gpu_modules import GpuShape
 from shared.config import EngineConfig
 from shared.gguf_import.records import SOURCE_RECORD
+from shared.pooling_config import read_pooling_config
 from shared.request_limits import OutOfBounds, check_prompt_fits
 from shared.sampling_params import SamplingParams, SamplingParamsError
 from shared.wire import WorkerStats
@@ -40,6 +44,7 @@ from worker.quant.linear import kernel_module
 from worker.quant.sources import plan_quantization
 from worker.runner.kv_cache import allocate_kv_caches, num_blocks_for_memory
 from worker.runner.model_runner import ModelRunner
+from worker.runner.pooler import Pooler
 from worker.runner.sampler import Sampler, SamplingRow, make_generator
 from worker.runner.structured_output import GrammarCompiler, GrammarError
 
@@ -53,6 +58,9 @@ class LLMEngine:
         # Everything the engine allocates goes to this device; config.device may say "auto".
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device.type)
+        if mc.num_labels and config.task == "generate":
+            raise ValueError(f"{mc.architecture.replace('ForCausalLM', 'ForSequenceClassification')} has no LM head to "
+                             "generate with; serve it with --task score")
         self.max_model_len = config.max_model_len or mc.max_position_embeddings
         if self.max_model_len > mc.max_position_embeddings:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's "
@@ -66,7 +74,10 @@ class LLMEngine:
         model = load_model(config.model, mc, self.attention_backend, self.dtype, self.max_model_len,
                            device=self.device, ops=self.layer_ops, quant=quant)
         if packing_supported(self.dtype, self.device):
-            model.pack_linear_weights(batch_hint=config.max_num_seqs)
+            # An embedding model never computes logits: no packed head (vocab x hidden, 300 MB for Qwen3-0.6B).
+            model.pack_linear_weights(batch_hint=config.max_num_seqs, head=config.task != "embed")
+        self.pooler = None if config.task == "generate" else Pooler(read_pooling_config(config.model, config.task),
+                                                                      model)
         num_blocks = config.num_kv_blocks or num_blocks_for_memory(mc, config.block_size, self.dtype,
                                                                     config.kv_cache_memory)
         self.max_model_len = self._fit_context_to_cache(num_blocks * config.block_size)
@@ -78,9 +89,10 @@ class LLMEngine:
         # padded rows of a graph step write (worker/runner/decode_graphs.py).
         spare = 1 if graphs_off is None else 0
         kv_caches = allocate_kv_caches(mc, num_blocks + spare, config.block_size, self.dtype, self.device)
+        # Pooling runs prefill only: no decode step ever comes for the decode program or graphs to serve.
         self.runner = ModelRunner(model, kv_caches, config.block_size, self.device,
-                                  decode_program=config.decode_program, max_num_seqs=config.max_num_seqs,
-                                  max_model_len=self.max_model_len)
+                                  decode_program=config.decode_program and self.pooler is None,
+                                  max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len)
         if graphs_off is None:
             self.runner.use_decode_graphs(scratch_block=num_blocks, max_rows=config.max_num_seqs,
                                           max_model_len=self.max_model_len, capture=self.device.type == "cuda")
@@ -106,6 +118,8 @@ class LLMEngine:
         """Why decode steps do not replay CUDA graphs here, or None when they do."""
         if self.device.type != "cuda":
             return "not on a CUDA device"
+        if self.pooler is not None:
+            return f"--task {self.config.task} runs prefill only"
         return "enforce_eager is set" if self.config.enforce_eager else None
 
     def _quant_plan(self):
@@ -168,7 +182,9 @@ class LLMEngine:
                 seq.deadline = deadline
             self._deadlines.add(request_id, deadline)
         self._requests[request_id] = seqs
-        if max_tokens == 0 and params.prompt_logprobs is None:
+        if self.pooler is not None:
+            self.pooler.prepare(seqs[0])
+        elif max_tokens == 0 and params.prompt_logprobs is None:
             for seq in seqs:  # nothing to compute
                 self.scheduler.finish(seq, "length")
                 self._pending.append(self._output(seq, [], None))
@@ -183,6 +199,9 @@ class LLMEngine:
             raise RequestRejected(f"request id {request_id!r} is already in use")
         if not prompt:
             raise RequestRejected("the prompt is empty", "prompt")
+        if self.pooler is not None and (params.max_tokens != 0 or params.n != 1 or params.prompt_logprobs is not None):
+            raise RequestRejected(f"this worker runs --task {self.config.task}: a request computes its prompt only "
+                                  "(max_tokens 0, n 1, no prompt logprobs)")
         vocab = self.model_config.vocab_size
         try:
             params.check_token_ids(vocab)
@@ -255,6 +274,8 @@ class LLMEngine:
         sampled = self.sampler(result.logits, [_sampling_row(seq) for seq in sampling_seqs])
         for i, entries in result.prompt_logprobs.items():
             batch.seqs[i].prompt_logprobs.extend(entries)
+        if self.pooler is not None:
+            self.pooler.collect(batch, result.hidden)
         self._advance(batch)
         for seq, token, logprobs in zip(sampling_seqs, sampled.token_ids, sampled.logprobs):
             seq.token_ids.append(token)
@@ -279,7 +300,7 @@ class LLMEngine:
             if seq.max_tokens == 0 and not seq.is_finished and seq.num_computed_tokens >= seq.num_prompt_tokens:
                 for s in self._requests[seq.request_id]:
                     if not s.is_finished:
-                        self.scheduler.finish(s, "length")
+                        self.scheduler.finish(s, "length" if self.pooler is None else "stop")
                         outputs.append(self._output(s, [], None))
                 self._forks.pop(seq.request_id, None)
                 del self._requests[seq.request_id]
@@ -329,7 +350,7 @@ class LLMEngine:
             request_id=seq.request_id, index=seq.index, new_token_ids=tokens, logprobs=logprobs,
             finish_reason=seq.finish_reason, num_prompt_tokens=seq.num_prompt_tokens,
             num_cached_tokens=seq.num_cached_prompt_tokens or 0, stop_token_id=seq.stop_token_id,
-            queue_time=seq.queue_time, prompt_logprobs=prompt_logprobs)
+            queue_time=seq.queue_time, prompt_logprobs=prompt_logprobs, pooled=seq.pooled)
 
     # ----- observability -----
     def _live_sequences(self) -> Iterable[Sequence]:

@@ -32,6 +32,7 @@ class SequenceOutput:
     queue_time: float | None = None  # seconds from arrival to first admission (None before admission)
     # Once per request when asked for, on the output that completes the prompt: entry i scores prompt token i + 1.
     prompt_logprobs: list[PromptTokenLogprob] | None = None
+    pooled: list[float] | None = None  # --task embed|score: the prompt's vector (or [score]), on its last output
 
 
 @dataclass

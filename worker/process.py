@@ -205,7 +205,7 @@ def _delta(out: SequenceOutput) -> wire.TokenDelta:
                            finish_reason=out.finish_reason, num_prompt_tokens=out.num_prompt_tokens,
                            num_cached_tokens=out.num_cached_tokens, logprobs=logprobs,
                            stop_token_id=out.stop_token_id, queue_time=out.queue_time,
-                           prompt_logprobs=prompt_logprobs)
+                           prompt_logprobs=prompt_logprobs, pooled=out.pooled)
 
 
 if __name__ == "__main__":

@@ -22,18 +22,21 @@ _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0
 class Metrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, model: str, block_size: int = 16):
+    def __init__(self, model: str, block_size: int = 16, task: str = "generate"):
         disable_created_metrics()  # the *_created series only double the output
         self.registry = r = CollectorRegistry()
         labels = ["model"]
         self.model = model
+        # The series every request feeds, generation and pooling alike (--task), carry the server's task too.
+        by_task = ["model", "task"]
+        self.labels = (model, task)
         self.requests_running = Gauge("mili_requests_running", "Sequences running in the workers", labels, registry=r)
         self.requests_waiting = Gauge("mili_requests_waiting", "Sequences waiting in the workers", labels, registry=r)
         self.kv_blocks_total = Gauge("mili_kv_blocks_total", "KV cache blocks in the workers", labels, registry=r)
         self.kv_blocks_used = Gauge("mili_kv_blocks_used", "KV cache blocks held by live requests", labels,
                                     registry=r)
         self.worker_up = Gauge("mili_worker_up", "Workers ready to serve", labels, registry=r)
-        self.prompt_tokens = Counter("mili_prompt_tokens", "Prompt tokens of requests that ended", labels, registry=r)
+        self.prompt_tokens = Counter("mili_prompt_tokens", "Prompt tokens of requests that ended", by_task, registry=r)
         self.generation_tokens = Counter("mili_generation_tokens", "Generated tokens", labels, registry=r)
         self.prefix_queries = Counter("mili_prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
                                       labels, registry=r)
@@ -43,7 +46,7 @@ class Metrics:
         self.kv_invariant_violations = Counter(
             "mili_kv_invariant_violations", "KV block accounting found broken by a worker's audit (and repaired)",
             labels, registry=r)
-        self.requests = Counter("mili_requests", "Finished requests", labels + ["finish_reason"], registry=r)
+        self.requests = Counter("mili_requests", "Finished requests", by_task + ["finish_reason"], registry=r)
         self.http_responses = Counter("mili_http_responses", "Responses of the /v1 API by status class (2xx, 4xx, 5xx)",
                                       labels + ["status"], registry=r)
         for status in ("2xx", "4xx", "5xx"):
@@ -58,10 +61,10 @@ class Metrics:
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.itl = Histogram("mili_inter_token_latency_seconds", "Time between streamed tokens", labels,
                              buckets=_ITL_BUCKETS, registry=r)
-        self.e2e = Histogram("mili_e2e_request_latency_seconds", "Request latency, arrival to last token", labels,
+        self.e2e = Histogram("mili_e2e_request_latency_seconds", "Request latency, arrival to last token", by_task,
                              buckets=_LATENCY_BUCKETS, registry=r)
         self.queue_time = Histogram("mili_request_queue_time_seconds", "Time a request waited in a worker's queue",
-                                    labels, buckets=_LATENCY_BUCKETS, registry=r)
+                                    by_task, buckets=_LATENCY_BUCKETS, registry=r)
         # A stream that falls behind its worker sends the steps that piled up as one event (gateway/workers/output_queue.py):
         # a rate above zero says the gateway, not the engine, is the limit.
         self.stream_merged_deltas = Counter(
@@ -82,11 +85,13 @@ class Metrics:
             self.stream_resume_aborted.labels(model, reason)
         # Every series exists from the start (at 0), so dashboards and rate() see it before the first event.
         for metric in (self.requests_running, self.requests_waiting, self.kv_blocks_total, self.kv_blocks_used,
-                       self.worker_up, self.prompt_tokens, self.generation_tokens, self.prefix_queries,
-                       self.prefix_hits, self.preemptions, self.ttft, self.itl, self.e2e, self.queue_time,
+                       self.worker_up, self.generation_tokens, self.prefix_queries,
+                       self.prefix_hits, self.preemptions, self.ttft, self.itl,
                        self.kv_invariant_violations, self.stream_merged_deltas, self.stream_resume_buffered_bytes, self.stream_resumes,
                        self.stream_resume_evicted):
             metric.labels(model)
+        for metric in (self.prompt_tokens, self.e2e, self.queue_time):
+            metric.labels(*self.labels)
         # vLLM-named aliases of the series above, for the load-aware routers (gateway/metrics/router_metrics.py).
         self.router_contract = RouterContract(model, block_size)
         r.register(self.router_contract)
@@ -116,8 +121,8 @@ class Metrics:
         self.router_contract.add_prefix_cache(max(queries, 0), max(hits, 0))
 
     def finished(self, finish_reason: str, prompt_tokens: int) -> None:
-        self.requests.labels(self.model, finish_reason).inc()
-        self.prompt_tokens.labels(self.model).inc(prompt_tokens)
+        self.requests.labels(*self.labels, finish_reason).inc()
+        self.prompt_tokens.labels(*self.labels).inc(prompt_tokens)
 
     def http_response(self, status: int) -> None:
         self.http_responses.labels(self.model, f"{status // 100}xx").inc()

@@ -27,6 +27,7 @@ from gateway.server.client_io import collect_unless_disconnected, read_json
 from gateway.server.deadlines import check_not_passed, request_deadline
 from gateway.server.errors import ApiError, invalid
 from gateway.server.key_limits import Lease
+from gateway.server.task_guard import require_task
 from gateway.streams.choice_stream import ChoiceEvent, GenerationStream, TextOptions, Usage, merge
 from gateway.streams.resume_buffer import NamedEvent, Payload
 from gateway.streams.resume_routes import start_response as resumable_response
@@ -37,6 +38,7 @@ from gateway.text.tool_call_parser import assemble
 from gateway.text.tool_specs import tool_grammar_rules
 from gateway.workers.pool import NoWorkerAvailable
 from shared.request_limits import OutOfBounds, check_prompt_fits
+from shared.wire import WorkerReady
 from shared.sampling_params import SamplingParams, SamplingParamsError
 
 log = logging.getLogger("mili.gateway")
@@ -72,6 +74,7 @@ class Admitted:
 
 async def completions(request: Request) -> Response:
     state = request.app.state.mili
+    require_task(state.engine_config.task, "generate")  # before the body: its shape is another task's
     deadline = request_deadline(request, state.settings.request_timeout)
     req = parse_completion(await read_json(request, state.settings.max_body_bytes), state.settings.limits)
     _check_served(state, req)
@@ -103,6 +106,7 @@ async def completions(request: Request) -> Response:
 
 async def chat_completions(request: Request) -> Response:
     state = request.app.state.mili
+    require_task(state.engine_config.task, "generate")
     deadline = request_deadline(request, state.settings.request_timeout)
     req = parse_chat(await read_json(request, state.settings.max_body_bytes), state.settings.limits)
     admitted, options = await admit_chat(request, req, deadline)
@@ -176,19 +180,24 @@ async def _constrained(state, req: ChatRequest | CompletionRequest, reasoning: s
 
 # ----- admission -----
 def _check_served(state, req: CommonFields) -> None:
+    require_task(state.engine_config.task, "generate")
     require_model(req.model, state.settings.served_model_name)
     if state.draining:
         raise ApiError(503, "the server is shutting down", code="draining")
 
 
-def _admit(state, req: CommonFields, prompts: list[list[int]], options: TextOptions, key: ApiKey,
-           deadline: float | None = None, params: SamplingParams | None = None) -> Admitted:
-    params = params or req.params
+def ready_info(state) -> WorkerReady:
+    """What the ready workers serve (vocabulary, context); a 503 while none is ready."""
     info = state.pool.info
     if info is None:
         raise ApiError(503, "no worker is ready: " + ("; ".join(state.pool.down_reasons()) or "starting"),
                        code="worker_unavailable", headers={"Retry-After": "5"})
-    _check_tokens(params, prompts, info.vocab_size, info.max_model_len)
+    return info
+
+
+def take_place(state, prompts: list[list[int]], key: ApiKey, deadline: float | None) -> tuple[Lease, float]:
+    """Room in the queue for the prompts, a deadline not yet passed, and a place under the key's max_concurrent
+    (429 when it is full): the lease that holds it, and the request's arrival time."""
     if state.pool.num_in_flight() + len(prompts) > state.capacity:
         raise ApiError(503, "the server's request queue is full; retry later", code="queue_full",
                        headers={"Retry-After": "1"})
@@ -198,7 +207,15 @@ def _admit(state, req: CommonFields, prompts: list[list[int]], options: TextOpti
         state.metrics.finished("deadline", sum(map(len, prompts)))
         raise
     arrival = time.monotonic()
-    lease = state.key_limits.acquire(key, arrival)  # 429 when the key is at its max_concurrent
+    return state.key_limits.acquire(key, arrival), arrival
+
+
+def _admit(state, req: CommonFields, prompts: list[list[int]], options: TextOptions, key: ApiKey,
+           deadline: float | None = None, params: SamplingParams | None = None) -> Admitted:
+    params = params or req.params
+    info = ready_info(state)
+    _check_tokens(params, prompts, info.vocab_size, info.max_model_len)
+    lease, arrival = take_place(state, prompts, key, deadline)
     streams: list[GenerationStream] = []
     try:
         for prompt in prompts:

@@ -160,7 +160,7 @@ class GenerationStream:
                 now = time.monotonic()
                 if item.queue_time is not None and not queue_time_seen:
                     queue_time_seen = True
-                    self.metrics.queue_time.labels(self.metrics.model).observe(item.queue_time)
+                    self.metrics.queue_time.labels(*self.metrics.labels).observe(item.queue_time)
                 self.usage.cached_tokens = item.num_cached_tokens
                 if item.token_ids:
                     if not first_token_seen:
@@ -181,7 +181,7 @@ class GenerationStream:
                         # A stop string ended this choice; free its blocks now, not when the last one ends.
                         self.pool.abort_choice(self.handle, choice.index)
                 yield event
-            self.metrics.e2e.labels(self.metrics.model).observe(time.monotonic() - self.arrival)
+            self.metrics.e2e.labels(*self.metrics.labels).observe(time.monotonic() - self.arrival)
         finally:
             self.usage.completion_tokens = sum(c.num_tokens for c in self.choices)
             if self.handle.queue.merges:

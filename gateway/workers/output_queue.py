@@ -33,7 +33,8 @@ def merged(first: wire.TokenDelta, then: wire.TokenDelta) -> wire.TokenDelta:
         first, token_ids=[*first.token_ids, *then.token_ids], finish_reason=then.finish_reason,
         num_cached_tokens=then.num_cached_tokens, logprobs=logprobs, stop_token_id=then.stop_token_id,
         queue_time=first.queue_time if first.queue_time is not None else then.queue_time,
-        prompt_logprobs=first.prompt_logprobs if first.prompt_logprobs is not None else then.prompt_logprobs)
+        prompt_logprobs=first.prompt_logprobs if first.prompt_logprobs is not None else then.prompt_logprobs,
+        pooled=first.pooled if first.pooled is not None else then.pooled)
 
 
 class RequestOutputQueue:

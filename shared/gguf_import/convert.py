@@ -28,6 +28,7 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize
 
+from shared.gguf_import.pooling import RANK, pooling_type, write_pooling_files
 from shared.gguf_import.reader import GGUFFile, TensorInfo
 from shared.gguf_import.records import SOURCE_RECORD
 from shared.gguf_import.rope import RopeScalingError, llama3_scaling_from_factors
@@ -106,6 +107,9 @@ def _plan(gguf: GGUFFile) -> dict[str, Any]:
     if arch not in ARCHITECTURES:
         raise GGUFImportError(
             f"unsupported general.architecture {arch!r}; supported: {', '.join(sorted(ARCHITECTURES))}")
+    if pooling_type(meta, arch) == RANK:
+        raise GGUFImportError(f"{arch}.pooling_type RANK (a reranker GGUF) is not supported; serve the reranker's "
+                              "safetensors checkpoint with --task score")
     names = _tensor_names(gguf, arch)
     config = _config(gguf, arch, names)
     try:
@@ -260,6 +264,7 @@ def _write(gguf: GGUFFile, plan: dict[str, Any], out: Path) -> None:
     _write_json(out / "config.json", config)
     _write_json(out / "tokenizer_config.json", plan["tokenizer_config"])
     _write_json(out / "generation_config.json", plan["generation_config"])
+    write_pooling_files(gguf.metadata, plan["arch"], config["hidden_size"], out)
     stat = gguf.path.stat()
     _write_json(out / SOURCE_RECORD, {"path": str(gguf.path.resolve()), "size": stat.st_size,
                                       "mtime_ns": stat.st_mtime_ns})

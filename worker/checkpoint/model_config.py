@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM")
+# The same decoders with a sequence-classification head (`score`, on the last token) instead of the LM head.
+CLASSIFIER_ARCHITECTURES = {a.replace("ForCausalLM", "ForSequenceClassification"): a for a in SUPPORTED_ARCHITECTURES}
 
 
 class UnsupportedModelError(ValueError):
@@ -47,6 +49,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
     torch_dtype: str | None
+    num_labels: int = 0  # a sequence classifier's outputs; 0: a causal LM
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ModelConfig:
@@ -62,9 +65,14 @@ class ModelConfig:
         gen = gen or {}
         archs = cfg.get("architectures") or []
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        classifier = next((a for a in archs if a in CLASSIFIER_ARCHITECTURES), None)
+        num_labels = 0
+        if arch is None and classifier is not None:
+            arch, num_labels = CLASSIFIER_ARCHITECTURES[classifier], _num_labels(cfg)
         if arch is None:
             raise UnsupportedModelError(
-                f"unsupported architecture {archs!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+                f"unsupported architecture {archs!r}; supported: "
+                f"{', '.join([*SUPPORTED_ARCHITECTURES, *CLASSIFIER_ARCHITECTURES])}")
         _refuse_unsupported_settings(cfg)
         num_heads = cfg["num_attention_heads"]
         hidden = cfg["hidden_size"]
@@ -91,7 +99,13 @@ class ModelConfig:
             eos_token_ids=_eos_ids(gen.get("eos_token_id", cfg.get("eos_token_id"))),
             bos_token_id=gen.get("bos_token_id", cfg.get("bos_token_id")),
             torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
+            num_labels=num_labels,
         )
+
+
+def _num_labels(cfg: dict) -> int:
+    """transformers writes id2label (one entry per label); num_labels is its constructor's name."""
+    return len(cfg.get("id2label") or {}) or int(cfg.get("num_labels", 2))
 
 
 def _read_json(path: Path) -> dict | None:

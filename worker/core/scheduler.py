@@ -96,8 +96,8 @@ class Scheduler:
     def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> int:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting.peek()
-            # A prompt being scored must be computed whole; it neither looks up nor counts as a query.
-            looks_up = not seq.needs_prompt_logprobs
+            # A prompt being scored or pooled over must be computed whole; it neither looks up nor counts as a query.
+            looks_up = not seq.computes_whole_prompt
             hits = self.block_manager.match_prefix(seq) if looks_up else []
             num_new = min(seq.num_tokens - len(hits) * self.block_manager.block_size, budget)
             if not self.block_manager.can_allocate(seq, num_new, hits):

@@ -48,6 +48,17 @@ class Sequence:
         # logprob of prompt token i + 1. None when not asked for, and again once sent.
         self.prompt_logprobs: list | None = [] if params.prompt_logprobs is not None and index == 0 else None
         self.grammar = None  # worker.runner.structured_output.SequenceGrammar for structured output
+        # Pooling requests (--task embed|score; worker/runner/pooler.py): the state gathered over the prompt's
+        # chunks, and the result once the prompt is computed. Mean and CLS pooling read every position.
+        self.pools_every_position = False
+        self.pooling_state = None  # torch.Tensor [hidden] float32
+        self.pooled: list[float] | None = None
+
+    @property
+    def computes_whole_prompt(self) -> bool:
+        """Every prompt position must run through the model (scored, or pooled over), so the sequence takes
+        no prefix-cache hits (its blocks are still shared with later requests)."""
+        return self.needs_prompt_logprobs or self.pools_every_position
 
     @property
     def num_tokens(self) -> int:

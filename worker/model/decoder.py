@@ -103,7 +103,9 @@ class DecoderForCausalLM(nn.Module):
                                          _weight=torch.empty(cfg.vocab_size, cfg.hidden_size, **factory))
         self.layers = nn.ModuleList(DecoderLayer(cfg, backend, ops, **factory) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **factory)
-        if not cfg.tie_word_embeddings:
+        if cfg.num_labels:  # a sequence classifier: its head scores the last token; it has no LM head
+            self.score = nn.Linear(cfg.hidden_size, cfg.num_labels, bias=False, **factory)
+        elif not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, **factory)
         self._packed_head: PackedLinear | None = None
         self._quant_head: QuantLinear | None = None
@@ -150,11 +152,12 @@ class DecoderForCausalLM(nn.Module):
             target.set_segments(segments)  # checks that the rows add up
             target.finish_loading()
 
-    def pack_linear_weights(self, batch_hint: int) -> None:
+    def pack_linear_weights(self, batch_hint: int, head: bool = True) -> None:
         """Reorders every projection, and the output head, into oneDNN's layout (see packed_linear).
         A tied head gets its own packed copy: the embedding lookup still needs the plain rows.
-        Quantized projections and heads are not nn.Linear and stay as they are."""
-        if self._quant_head is None:
+        Quantized projections and heads are not nn.Linear and stay as they are. head=False: the model never
+        computes logits (an embedding model), so it gets no packed copy and an untied head is dropped."""
+        if head and self._quant_head is None and not self.config.num_labels:
             weight = self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
             self._packed_head = PackedLinear(weight, None, batch_hint)
         pack_linears(self.layers, batch_hint)

@@ -40,6 +40,7 @@ class StepInputs:
 class ModelOutput:
     logits: torch.Tensor  # [num_sampling, vocab] float32
     prompt_logprobs: dict[int, list[PromptTokenLogprob]]  # batch index -> this step's new prompt entries
+    hidden: torch.Tensor | None = None  # [num_tokens, hidden]: every row's final hidden state (pooling reads it)
 
 
 class ModelRunner:
@@ -176,7 +177,7 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden[inputs.logits_indices])
         else:
             logits = hidden.new_empty((0, vocab), dtype=torch.float32)
-        return ModelOutput(logits, self._prompt_logprobs(hidden, inputs) if inputs.prompt_spans else {})
+        return ModelOutput(logits, self._prompt_logprobs(hidden, inputs) if inputs.prompt_spans else {}, hidden)
 
     def _program_hidden(self, inputs: StepInputs) -> torch.Tensor | None:
         """The final hidden states through the decode program, or None where the step is not one for it."""

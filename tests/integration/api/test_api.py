@@ -144,7 +144,7 @@ def test_metrics_names(server, client):
                  "mili_request_queue_time_seconds_bucket", "mili_stream_resume_buffered_bytes",
                  "mili_stream_resumes_total", "mili_stream_resume_aborted_total", "mili_stream_resume_evicted_total", "mili_stream_merged_deltas_total"):
         assert f"\n{name}" in text, name
-    assert 'mili_requests_total{finish_reason="length",model="tiny-qwen3"}' in text
+    assert 'mili_requests_total{finish_reason="length",model="tiny-qwen3",task="generate"}' in text
     assert server.metric("mili_worker_up") == 1
     assert server.metric("mili_kv_blocks_total") == 512
 

@@ -155,7 +155,12 @@ def write_gguf(path: Path, arch: str, model, cfg, qtype: QT = QT.F32, *, pre: st
     w.add_pad_token_id(tokens.index("<|endoftext|>"))
     w.add_chat_template(CHAT_TEMPLATE)
     for key, value in (extra_kv or {}).items():
-        w.add_string(key, value) if isinstance(value, str) else w.add_float32(key, value)
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        else:
+            w.add_string(key, value) if isinstance(value, str) else w.add_float32(key, value)
     for name, t in gguf_tensors(model, cfg, arch).items():
         data = t.float().numpy()
         ty = (override_types or {}).get(name, qtype if data.ndim == 2 else QT.F32)  # 1-D stays F32, as llama.cpp does

@@ -1,0 +1,55 @@
+"""Response bodies: OpenAI's embeddings list, the Jina/Cohere rerank results, vLLM's score list."""
+
+from __future__ import annotations
+
+import base64
+import math
+import struct
+import time
+import uuid
+
+
+def matryoshka(vector: list[float], dimensions: int | None) -> list[float]:
+    """The first `dimensions` values, re-normalized to unit length (OpenAI's `dimensions`); all of them when None."""
+    if dimensions is None or dimensions == len(vector):
+        return vector
+    head = vector[:dimensions]
+    norm = math.sqrt(math.fsum(v * v for v in head))
+    return [v / norm for v in head] if norm > 0 else head
+
+
+def encode_embedding(vector: list[float], encoding_format: str) -> list[float] | str:
+    """base64: the little-endian float32 bytes, which the openai SDK decodes (and asks for by default)."""
+    if encoding_format == "base64":
+        return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+    return vector
+
+
+def _usage(num_tokens: int) -> dict:
+    return {"prompt_tokens": num_tokens, "total_tokens": num_tokens}
+
+
+def embeddings_body(model: str, vectors: list[list[float] | str], num_tokens: int) -> dict:
+    return {"object": "list", "model": model, "usage": _usage(num_tokens),
+            "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)]}
+
+
+def rerank_body(model: str, documents: list[str], scores: list[float], top_n: int | None, return_documents: bool,
+                num_tokens: int) -> dict:
+    """Results sorted by relevance, highest first (ties in the documents' order), cut to top_n (None or 0: all)."""
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])
+    if top_n:
+        order = order[:top_n]
+    results = []
+    for i in order:
+        result = {"index": i, "relevance_score": scores[i]}
+        if return_documents:
+            result["document"] = {"text": documents[i]}
+        results.append(result)
+    return {"id": f"rerank-{uuid.uuid4().hex}", "model": model, "usage": _usage(num_tokens), "results": results}
+
+
+def score_body(model: str, scores: list[float], num_tokens: int) -> dict:
+    return {"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()), "model": model,
+            "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)],
+            "usage": _usage(num_tokens)}

@@ -1,0 +1,99 @@
+"""The token ids each pooling request runs: embedding inputs, and (query, document) pairs for scoring.
+
+Texts are tokenized with the tokenizer's own special tokens (`add_special_tokens`, default on): Qwen3-Embedding's
+tokenizer appends <|endoftext|>, on which its last-token pooling reads the vector. Token-id inputs run as given.
+
+Past the context an input is a 400 naming its field, unless the client asked for vLLM's `truncate_prompt_tokens`
+(-1: the context length): then it keeps its first N tokens, its special tokens added again after the cut, as a
+Hugging Face tokenizer's truncation (and so sentence-transformers') does. A pair keeps its query and cuts its
+document.
+"""
+
+from __future__ import annotations
+
+from tokenizers import Tokenizer
+
+from gateway.server.errors import invalid
+from shared.pooling_config import PoolingConfig
+from shared.request_limits import OutOfBounds, check_prompt_fits
+
+# Qwen3-Reranker's documented prompt (its model card's transformers example), byte for byte.
+RERANKER_PREFIX = ("<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the "
+                   'Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n')
+RERANKER_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+RERANKER_DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+
+
+def reranker_body(instruction: str, query: str, document: str) -> str:
+    return f"<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}"
+
+
+class PromptBuilder:
+    def __init__(self, tokenizer: Tokenizer, config: PoolingConfig, vocab_size: int, context_len: int):
+        self.tok = tokenizer
+        self.config = config
+        self.vocab_size = vocab_size
+        self.context_len = context_len
+
+    def _limit(self, truncate: int | None) -> int | None:
+        if truncate is None:
+            return None
+        if truncate > self.context_len:
+            raise invalid(f"truncate_prompt_tokens ({truncate}) exceeds this model's context length "
+                          f"({self.context_len} tokens)", "truncate_prompt_tokens")
+        return self.context_len if truncate == -1 else truncate
+
+    def _checked(self, ids: list[int], param: str) -> list[int]:
+        if not ids:
+            raise invalid(f"{param}: an input is empty after tokenization", param)
+        if len(ids) > self.context_len:
+            raise invalid(f"{param}: an input has {len(ids)} tokens, over this model's context length of "
+                          f"{self.context_len} tokens (truncate_prompt_tokens cuts it)", param)
+        try:
+            check_prompt_fits(ids, 0, self.vocab_size, self.context_len)  # the ids' range
+        except OutOfBounds as e:
+            raise invalid(f"{param}: {e}", param) from None
+        return ids
+
+    # ----- embeddings -----
+    def embedding_inputs(self, inputs: list[str] | list[list[int]], truncate: int | None,
+                         add_special_tokens: bool) -> list[list[int]]:
+        limit = self._limit(truncate)
+        prompts = []
+        for item in inputs:
+            if isinstance(item, str):
+                enc = self.tok.encode(item, add_special_tokens=False)
+                if limit is not None:
+                    room = limit - (self.tok.num_special_tokens_to_add(False) if add_special_tokens else 0)
+                    enc.truncate(max(room, 0))
+                ids = self.tok.post_process(enc, None, True).ids if add_special_tokens else enc.ids
+            else:
+                ids = list(item[:limit]) if limit is not None else list(item)
+            prompts.append(self._checked(ids, "input"))
+        return prompts
+
+    # ----- scoring -----
+    def pairs(self, queries: list[str], documents: list[str], truncate: int | None,
+              instruction: str | None) -> list[list[int]]:
+        """One prompt per (queries[i], documents[i])."""
+        limit = self._limit(truncate)
+        build = self._reranker_pair if self.config.scorer == "yes_no" else self._classifier_pair
+        return [self._checked(build(q, d, limit, instruction), "documents") for q, d in zip(queries, documents)]
+
+    def _reranker_pair(self, query: str, document: str, limit: int | None, instruction: str | None) -> list[int]:
+        """Prefix, body and suffix tokenized apart and joined, as the reference does; the body is what is cut."""
+        prefix = self.tok.encode(RERANKER_PREFIX, add_special_tokens=False).ids
+        suffix = self.tok.encode(RERANKER_SUFFIX, add_special_tokens=False).ids
+        body = self.tok.encode(reranker_body(instruction or RERANKER_DEFAULT_INSTRUCTION, query, document),
+                               add_special_tokens=False)
+        if limit is not None:
+            body.truncate(max(limit - len(prefix) - len(suffix), 0))
+        return prefix + body.ids + suffix
+
+    def _classifier_pair(self, query: str, document: str, limit: int | None, instruction: str | None) -> list[int]:
+        """The tokenizer's own pair encoding (a cross-encoder's input); the document is what is cut."""
+        q = self.tok.encode(query, add_special_tokens=False)
+        d = self.tok.encode(document, add_special_tokens=False)
+        if limit is not None:
+            d.truncate(max(limit - len(q.ids) - self.tok.num_special_tokens_to_add(True), 0))
+        return self.tok.post_process(q, d, True).ids

@@ -1,0 +1,77 @@
+"""POST /v1/embeddings (--task embed), POST /v1/rerank, /rerank and /score (--task score).
+
+Every check runs before anything is submitted: the task, the body, the model, each input against the vocabulary
+and the context. Then each input (or query-document pair) is one prefill-only request in the workers' batches.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gateway.openai.parse import require_model
+from gateway.openai.routes import ready_info
+from gateway.openai.validation import validate
+from gateway.pooling.output import embeddings_body, encode_embedding, matryoshka, rerank_body, score_body
+from gateway.pooling.prompts import PromptBuilder
+from gateway.pooling.run import pool_prompts
+from gateway.pooling.schema import EmbeddingRequest, RerankRequest, ScoreRequest
+from gateway.server.client_io import read_json
+from gateway.server.deadlines import request_deadline
+from gateway.server.errors import ApiError, invalid
+from gateway.server.task_guard import require_task
+
+
+async def _body(request: Request, task: str, model_cls):
+    state = request.app.state.mili
+    require_task(state.engine_config.task, task)
+    req = validate(model_cls, await read_json(request, state.settings.max_body_bytes), unsupported=())
+    if req.model is not None:
+        require_model(req.model, state.settings.served_model_name)
+    if state.draining:
+        raise ApiError(503, "the server is shutting down", code="draining")
+    return state, req
+
+
+def _prompts(state) -> PromptBuilder:
+    info = ready_info(state)
+    return PromptBuilder(state.text.tokenizer, state.pooling, info.vocab_size, info.max_model_len)
+
+
+async def embeddings(request: Request) -> Response:
+    state, req = await _body(request, "embed", EmbeddingRequest)
+    deadline = request_deadline(request, state.settings.request_timeout)
+    size = state.pooling.dimensions
+    if req.dimensions is not None and size and req.dimensions > size:
+        raise invalid(f"dimensions ({req.dimensions}) exceeds this model's embedding size ({size})", "dimensions")
+    single = isinstance(req.input, str) or isinstance(req.input[0], int)
+    inputs = [req.input] if single else req.input
+    prompts = _prompts(state).embedding_inputs(inputs, req.truncate_prompt_tokens, req.add_special_tokens)
+    vectors = await pool_prompts(request, prompts, deadline)
+    data = [encode_embedding(matryoshka(v, req.dimensions), req.encoding_format) for v in vectors]
+    return JSONResponse(embeddings_body(state.settings.served_model_name, data, sum(map(len, prompts))))
+
+
+async def rerank(request: Request) -> Response:
+    state, req = await _body(request, "score", RerankRequest)
+    deadline = request_deadline(request, state.settings.request_timeout)
+    prompts = _prompts(state).pairs([req.query] * len(req.documents), req.documents, req.truncate_prompt_tokens,
+                                    req.instruction)
+    scores = [v[0] for v in await pool_prompts(request, prompts, deadline)]
+    return JSONResponse(rerank_body(state.settings.served_model_name, req.documents, scores, req.top_n,
+                                    req.return_documents, sum(map(len, prompts))))
+
+
+async def score(request: Request) -> Response:
+    state, req = await _body(request, "score", ScoreRequest)
+    deadline = request_deadline(request, state.settings.request_timeout)
+    firsts = [req.text_1] if isinstance(req.text_1, str) else req.text_1
+    seconds = [req.text_2] if isinstance(req.text_2, str) else req.text_2
+    if len(firsts) == 1:
+        firsts = firsts * len(seconds)
+    elif len(firsts) != len(seconds):
+        raise invalid(f"text_1 has {len(firsts)} texts and text_2 {len(seconds)}: a list of text_1 pairs with "
+                      "text_2 one to one", "text_2")
+    prompts = _prompts(state).pairs(firsts, seconds, req.truncate_prompt_tokens, req.instruction)
+    scores = [v[0] for v in await pool_prompts(request, prompts, deadline)]
+    return JSONResponse(score_body(state.settings.served_model_name, scores, sum(map(len, prompts))))

@@ -1,0 +1,57 @@
+"""The request bodies of POST /v1/embeddings (OpenAI's), /v1/rerank and /rerank (Jina's and Cohere's, as vLLM and
+llama.cpp serve them) and /score (vLLM's), as typed models: strict, unknown fields refused, bounds from
+shared/request_limits.py. What depends on the served model (vocabulary, context, embedding size) is checked once
+the texts are tokens (gateway/pooling/prompts.py)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import Field
+
+from gateway.openai.schema import TokenId, _int, _Model
+from shared.request_limits import DIMENSIONS, MAX_EMBEDDING_INPUTS, MAX_SCORE_DOCUMENTS, TOP_N, TRUNCATE_PROMPT_TOKENS
+
+Text = Annotated[str, Field(min_length=1)]
+TokenIdList = Annotated[list[TokenId], Field(min_length=1)]
+# OpenAI's four shapes of `input`; none may be empty, nor hold an empty string or an empty list of ids.
+EmbeddingInput = Union[
+    Text,
+    Annotated[list[Text], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)],
+    TokenIdList,
+    Annotated[list[TokenIdList], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)],
+]
+Documents = Annotated[list[Text], Field(min_length=1, max_length=MAX_SCORE_DOCUMENTS)]
+TruncatePromptTokens = _int(TRUNCATE_PROMPT_TOKENS)
+
+
+class EmbeddingRequest(_Model):
+    input: EmbeddingInput
+    model: str | None = None  # None: the served model
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: _int(DIMENSIONS) | None = None
+    user: str | None = None
+    # vLLM's extensions.
+    truncate_prompt_tokens: TruncatePromptTokens | None = None
+    add_special_tokens: bool = True
+
+
+class RerankRequest(_Model):
+    query: Text
+    documents: Documents
+    model: str | None = None
+    top_n: _int(TOP_N) | None = None  # None or 0: every document
+    return_documents: bool = True
+    truncate_prompt_tokens: TruncatePromptTokens | None = None
+    # A Qwen3-Reranker's task instruction (its prompt's <Instruct>); vLLM's reranker template takes it by this name.
+    instruction: Text | None = None
+
+
+class ScoreRequest(_Model):
+    """vLLM's /score: text_1 against each text_2 (one to one, one to many, or pairwise when both are lists)."""
+
+    text_1: Union[Text, Documents]
+    text_2: Union[Text, Documents]
+    model: str | None = None
+    truncate_prompt_tokens: TruncatePromptTokens | None = None
+    instruction: Text | None = None

@@ -1,0 +1,210 @@
+"""`mili serve` on a tiny sentence-transformers checkpoint laid out as Qwen3-Embedding's is (last-token pooling,
+Normalize, the tokenizer appending <|endoftext|>), found by `--task auto`: /v1/embeddings against
+sentence-transformers, through raw HTTP and the openai SDK, and every bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import random
+import struct
+
+import httpx2
+import pytest
+import torch
+
+from tests.helpers.pooling_models import build_embedding_model
+from tests.helpers.server import Server
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+NAME = "tiny-embed"
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "Instruct: Given a web search query, retrieve relevant "
+         "passages that answer the query\nQuery: what is an embedding?", "short", "Embeddings turn text into "
+         "vectors, one vector per text, whose cosine says how alike two texts are."]
+CONTEXT = 128
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    seed = int(os.environ.get("MILI_TEST_SEED", random.randrange(2**31)))
+    print(f"\n[tiny embedding model] MILI_TEST_SEED={seed}")
+    return build_embedding_model(tmp_path_factory.mktemp("embed") / NAME, seed, "last", normalize=True)
+
+
+@pytest.fixture(scope="module")
+def st(model_dir):
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
+
+
+@pytest.fixture(scope="module")
+def embed_server(model_dir, tmp_path_factory):
+    srv = Server(model_dir, "--served-model-name", NAME, "--num-kv-blocks", "128", "--max-num-batched-tokens", "64",
+                 "--max-model-len", str(CONTEXT), log_path=tmp_path_factory.mktemp("logs") / "embed.log").start()
+    yield srv
+    srv.stop()
+
+
+def _post(server: Server, path: str, body: dict) -> httpx2.Response:
+    return httpx2.post(f"{server.url}{path}", json=body, timeout=60)
+
+
+def _vectors(response: httpx2.Response) -> list[torch.Tensor]:
+    assert response.status_code == 200, response.text
+    data = response.json()["data"]
+    assert [d["index"] for d in data] == list(range(len(data))) and all(d["object"] == "embedding" for d in data)
+    return [torch.tensor(d["embedding"]) for d in data]
+
+
+def test_task_is_read_from_the_checkpoint(embed_server):
+    assert httpx2.get(f"{embed_server.url}/health").json()["task"] == "embed"
+    assert httpx2.get(f"{embed_server.url}/v1/models").json()["data"][0]["task"] == "embed"
+    assert "task embed, from the checkpoint" in embed_server.log_path.read_text()
+    paths = httpx2.get(f"{embed_server.url}/openapi.json").json()["paths"]
+    assert "/v1/embeddings" in paths and "/v1/chat/completions" not in paths
+
+
+def test_embeddings_match_sentence_transformers(embed_server, st):
+    r = _post(embed_server, "/v1/embeddings", {"model": NAME, "input": TEXTS})
+    expected = st.encode(TEXTS, batch_size=1, convert_to_tensor=True)
+    for got, want in zip(_vectors(r), expected):
+        torch.testing.assert_close(got, want.float(), atol=1e-4, rtol=1e-4)
+    tokens = sum(len(st.tokenizer(t)["input_ids"]) for t in TEXTS)  # the appended EOS counts
+    assert r.json()["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
+    assert r.json()["model"] == NAME and r.json()["object"] == "list"
+    one = _vectors(_post(embed_server, "/v1/embeddings", {"input": TEXTS[1]}))  # a string; model may be left out
+    torch.testing.assert_close(one[0], expected[1].float(), atol=1e-4, rtol=1e-4)
+
+
+def test_token_ids_base64_and_dimensions(embed_server, st):
+    ids = [st.tokenizer(t)["input_ids"] for t in TEXTS[:2]]
+    as_text = _vectors(_post(embed_server, "/v1/embeddings", {"input": TEXTS[:2]}))
+    as_ids = _vectors(_post(embed_server, "/v1/embeddings", {"input": ids}))
+    single = _vectors(_post(embed_server, "/v1/embeddings", {"input": ids[0]}))
+    torch.testing.assert_close(as_ids[0], as_text[0], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(as_ids[1], as_text[1], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(single[0], as_text[0], atol=1e-6, rtol=1e-6)
+    r = _post(embed_server, "/v1/embeddings", {"input": TEXTS[:2], "encoding_format": "base64"})
+    assert r.status_code == 200, r.text
+    for item, want in zip(r.json()["data"], as_text):
+        raw = base64.b64decode(item["embedding"])
+        torch.testing.assert_close(torch.tensor(struct.unpack(f"<{len(raw) // 4}f", raw)), want)
+    # Matryoshka: the first d values, re-normalized (sentence-transformers' truncate_dim with normalization).
+    r = _post(embed_server, "/v1/embeddings", {"input": TEXTS, "dimensions": 16})
+    want = st.encode(TEXTS, batch_size=1, convert_to_tensor=True, truncate_dim=16, normalize_embeddings=True)
+    for got, w in zip(_vectors(r), want):
+        assert got.shape == (16,)
+        torch.testing.assert_close(got, w.float(), atol=1e-4, rtol=1e-4)
+
+
+def test_openai_sdk_end_to_end(embed_server, st):
+    import openai
+
+    client = openai.OpenAI(base_url=f"{embed_server.url}/v1", api_key="unused")
+    result = client.embeddings.create(model=NAME, input=TEXTS)  # the SDK asks for base64 and decodes it
+    expected = st.encode(TEXTS, batch_size=1, convert_to_tensor=True)
+    for item, want in zip(result.data, expected):
+        torch.testing.assert_close(torch.tensor(item.embedding), want.float(), atol=1e-4, rtol=1e-4)
+    assert result.usage.prompt_tokens == result.usage.total_tokens > len(TEXTS)
+    floats = client.embeddings.create(model=NAME, input="short", encoding_format="float", dimensions=8, user="me")
+    assert len(floats.data[0].embedding) == 8
+
+
+def test_concurrent_requests_get_their_own_vectors(embed_server):
+    """Under load the engine batches requests together; each vector is still the one it gets alone."""
+    texts = [f"{TEXTS[i % len(TEXTS)]} #{i}" for i in range(24)]
+    alone = [_vectors(_post(embed_server, "/v1/embeddings", {"input": t}))[0] for t in texts[:4]]
+
+    async def run() -> list[httpx2.Response]:
+        async with httpx2.AsyncClient(timeout=120) as client:
+            return await asyncio.gather(*(client.post(f"{embed_server.url}/v1/embeddings", json={"input": t})
+                                          for t in texts))
+
+    together = [_vectors(r)[0] for r in asyncio.run(run())]
+    for i in range(4):
+        torch.testing.assert_close(together[i], alone[i], atol=1e-6, rtol=1e-5)
+    assert embed_server.metric("mili_requests_total", task="embed", finish_reason="stop") >= 24
+    assert embed_server.metric("mili_prompt_tokens_total", task="embed") > 0
+
+
+def test_truncate_prompt_tokens_keeps_the_first_tokens_and_the_eos(embed_server, st):
+    long_text = " ".join(TEXTS * 6)
+    ids = st.tokenizer(long_text)["input_ids"]
+    assert len(ids) > CONTEXT
+    r = _post(embed_server, "/v1/embeddings", {"input": long_text})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input", r.text
+    assert "context length" in r.json()["error"]["message"]
+    cut = _vectors(_post(embed_server, "/v1/embeddings", {"input": long_text, "truncate_prompt_tokens": 20}))[0]
+    by_ids = _vectors(_post(embed_server, "/v1/embeddings", {"input": ids[:19] + ids[-1:]}))[0]
+    torch.testing.assert_close(cut, by_ids, atol=1e-6, rtol=1e-6)
+    whole = _post(embed_server, "/v1/embeddings", {"input": long_text, "truncate_prompt_tokens": -1})
+    assert whole.status_code == 200 and whole.json()["usage"]["prompt_tokens"] == CONTEXT
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"input": ""}, "input"),
+    ({"input": []}, "input"),
+    ({"input": ["fine", ""]}, "input"),
+    ({"input": [[]]}, "input"),
+    ({"input": [5, 10**9]}, "input"),
+    ({"input": [[1, 2], [3, 49152 * 4]]}, "input"),
+    ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
+    ({"input": "x", "dimensions": 0}, "dimensions"),
+    ({"input": "x", "dimensions": 65}, "dimensions"),
+    ({"input": "x", "truncate_prompt_tokens": CONTEXT + 1}, "truncate_prompt_tokens"),
+    ({"input": "x", "model": "other"}, "model"),
+    ({"input": "x", "temperature": 1}, "temperature"),
+    ({"input": ["x"] * 2049}, "input"),
+])
+def test_bad_inputs_are_400s_naming_the_field(embed_server, body, param):
+    r = _post(embed_server, "/v1/embeddings", body)
+    assert r.status_code in (400, 404), r.text
+    assert r.json()["error"]["param"] == param, r.text
+    assert httpx2.get(f"{embed_server.url}/health").status_code == 200
+
+
+def test_other_tasks_routes_name_the_task(embed_server):
+    for path, body in (("/v1/chat/completions", {"model": NAME, "messages": [{"role": "user", "content": "hi"}]}),
+                       ("/v1/completions", {"model": NAME, "prompt": "hi"}),
+                       ("/v1/rerank", {"query": "q", "documents": ["d"]}),
+                       ("/score", {"text_1": "q", "text_2": "d"})):
+        r = _post(embed_server, path, body)
+        assert r.status_code == 400, (path, r.text)
+        assert r.json()["error"]["code"] == "wrong_task" and "--task embed" in r.json()["error"]["message"]
+
+
+def test_generation_server_refuses_embeddings(server):
+    r = httpx2.post(f"{server.url}/v1/embeddings", json={"input": "hi"}, headers=server.auth_headers(), timeout=30)
+    assert r.status_code == 400 and "--task generate" in r.json()["error"]["message"], r.text
+    assert httpx2.get(f"{server.url}/health").json()["task"] == "generate"
+
+
+def test_a_client_that_leaves_aborts_its_inputs_and_frees_their_blocks(embed_server):
+    """2048 long inputs take a while: the client gives up once they run, and every one of them is dropped."""
+    from tests.integration.streams.test_disconnect import wait_idle
+
+    body = {"input": [f"{i} {TEXTS[3]} {TEXTS[1]}" for i in range(2048)]}
+    aborted = embed_server.metric("mili_requests_total", task="embed", finish_reason="abort")
+
+    async def run() -> None:
+        async with httpx2.AsyncClient(base_url=embed_server.url, timeout=120) as client:
+            request = asyncio.create_task(client.post("/v1/embeddings", json=body))
+            deadline = asyncio.get_running_loop().time() + 30
+            while await asyncio.to_thread(embed_server.metric, "mili_requests_running") == 0:
+                assert asyncio.get_running_loop().time() < deadline, "the inputs never ran"
+                await asyncio.sleep(0.02)
+            request.cancel()
+            await asyncio.gather(request, return_exceptions=True)
+
+    asyncio.run(run())
+    wait_idle(embed_server, timeout=30)
+    assert embed_server.metric("mili_requests_total", task="embed", finish_reason="abort") == aborted + 1
+
+
+def test_deadline_passed_is_a_504(embed_server):
+    r = httpx2.post(f"{embed_server.url}/v1/embeddings", json={"input": TEXTS}, timeout=30,
+                    headers={"X-Request-Timeout": "0.000001"})
+    assert r.status_code == 504 and r.json()["error"]["code"] == "deadline_exceeded", r.text
+    assert embed_server.metric("mili_requests_total", task="embed", finish_reason="deadline") >= 1

@@ -1,0 +1,143 @@
+"""`mili serve --task auto` on a tiny Qwen3-Reranker-style causal model and on a tiny Qwen3ForSequenceClassification:
+/v1/rerank, /rerank and /score against the computation done with transformers, and bad inputs."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import httpx2
+import pytest
+import torch
+
+from tests.helpers.pooling_models import build_classifier_model, build_reranker_model
+from tests.helpers.server import Server
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+QUERY = "what does a reranker do?"
+DOCS = ["A reranker scores how well a document answers a query.", "Bananas are yellow.",
+        "Cross-encoders read the query and the document together.", "The weather is fine today, thanks."]
+# Qwen3-Reranker's model card, byte for byte (the oracle's own copy of the prompt).
+PREFIX = ('<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct '
+          'provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n')
+SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+
+
+def _seed() -> int:
+    return int(os.environ.get("MILI_TEST_SEED", random.randrange(2**31)))
+
+
+@pytest.fixture(scope="module")
+def reranker_dir(tmp_path_factory):
+    return build_reranker_model(tmp_path_factory.mktemp("rerank") / "tiny-Qwen3-Reranker", _seed())
+
+
+@pytest.fixture(scope="module")
+def reranker(reranker_dir, tmp_path_factory):
+    srv = Server(reranker_dir, "--num-kv-blocks", "128", "--max-model-len", "256",
+                 log_path=tmp_path_factory.mktemp("logs") / "rerank.log").start()
+    yield srv
+    srv.stop()
+
+
+def _same(results: list[dict], expected: list[dict]) -> bool:
+    """The same documents in the same order, with scores equal to float32 rounding."""
+    return len(results) == len(expected) and all(
+        r.keys() == e.keys() and r["index"] == e["index"] and abs(r["relevance_score"] - e["relevance_score"]) < 1e-6
+        and r.get("document") == e.get("document") for r, e in zip(results, expected))
+
+
+def _yes_probabilities(model_dir, query: str, docs: list[str], instruction: str = DEFAULT_INSTRUCTION) -> list[float]:
+    """The model card's computation: prefix + body + suffix tokens, log_softmax over [no, yes] at the last position."""
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    yes, no = tok.convert_tokens_to_ids("yes"), tok.convert_tokens_to_ids("no")
+    prefix, suffix = tok.encode(PREFIX, add_special_tokens=False), tok.encode(SUFFIX, add_special_tokens=False)
+    scores = []
+    for doc in docs:
+        body = tok.encode(f"<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {doc}", add_special_tokens=False)
+        with torch.no_grad():
+            logits = model(torch.tensor([prefix + body + suffix])).logits[0, -1]
+        scores.append(torch.log_softmax(logits[[no, yes]], dim=0).exp()[1].item())
+    return scores
+
+
+def test_rerank_matches_the_yes_no_computation(reranker, reranker_dir):
+    assert httpx2.get(f"{reranker.url}/health").json()["task"] == "score"
+    expected = _yes_probabilities(reranker_dir, QUERY, DOCS)
+    r = httpx2.post(f"{reranker.url}/v1/rerank", json={"query": QUERY, "documents": DOCS}, timeout=60)
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert [x["relevance_score"] for x in results] == sorted((x["relevance_score"] for x in results), reverse=True)
+    for x in results:
+        assert abs(x["relevance_score"] - expected[x["index"]]) < 1e-5
+        assert x["document"] == {"text": DOCS[x["index"]]}
+    assert r.json()["usage"]["prompt_tokens"] == r.json()["usage"]["total_tokens"] > 0
+    # The second request reads the first's prompt blocks from the prefix cache: the same scores, to float rounding.
+    v2 = httpx2.post(f"{reranker.url}/v2/rerank", json={"query": QUERY, "documents": DOCS}, timeout=60)
+    assert _same(v2.json()["results"], results)
+    top = httpx2.post(f"{reranker.url}/rerank", json={"query": QUERY, "documents": DOCS, "top_n": 2,
+                                                      "return_documents": False}, timeout=60).json()["results"]
+    assert _same(top, [{"index": x["index"], "relevance_score": x["relevance_score"]} for x in results[:2]])
+
+
+def test_instruction_and_score_route(reranker, reranker_dir):
+    instruction = "Judge whether the passage is about fruit"
+    expected = _yes_probabilities(reranker_dir, QUERY, DOCS, instruction)
+    r = httpx2.post(f"{reranker.url}/score", json={"text_1": QUERY, "text_2": DOCS, "instruction": instruction},
+                    timeout=60)
+    assert r.status_code == 200, r.text
+    data = r.json()["data"]
+    assert [d["index"] for d in data] == list(range(len(DOCS))) and all(d["object"] == "score" for d in data)
+    for d, want in zip(data, expected):
+        assert abs(d["score"] - want) < 1e-5
+    pairwise = httpx2.post(f"{reranker.url}/v1/score", json={"text_1": [QUERY, QUERY], "text_2": DOCS[:2],
+                                                             "instruction": instruction}, timeout=60).json()
+    for d, want in zip(pairwise["data"], data[:2]):
+        assert abs(d["score"] - want["score"]) < 1e-6
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/rerank", {"query": QUERY, "documents": []}, "documents"),
+    ("/v1/rerank", {"query": "", "documents": ["d"]}, "query"),
+    ("/v1/rerank", {"query": QUERY, "documents": ["d", ""]}, "documents"),
+    ("/v1/rerank", {"query": QUERY, "documents": ["d"], "top_n": -1}, "top_n"),
+    ("/v1/rerank", {"query": QUERY * 40, "documents": ["d"]}, "documents"),
+    ("/score", {"text_1": [QUERY, QUERY], "text_2": DOCS}, "text_2"),
+    ("/v1/embeddings", {"input": "x"}, None),
+])
+def test_bad_inputs(reranker, path, body, param):
+    r = httpx2.post(f"{reranker.url}{path}", json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.text
+    if param is None:
+        assert "--task score" in r.json()["error"]["message"]
+
+
+def test_truncated_pair_keeps_the_prompt_frame(reranker):
+    r = httpx2.post(f"{reranker.url}/v1/rerank", json={"query": QUERY * 40, "documents": ["d"],
+                                                       "truncate_prompt_tokens": 200}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == 200
+
+
+def test_sequence_classifier_head(tmp_path_factory):
+    import transformers
+    from tokenizers import Tokenizer
+
+    model_dir = build_classifier_model(tmp_path_factory.mktemp("cls") / "tiny-cls", _seed())
+    srv = Server(model_dir, "--num-kv-blocks", "64", log_path=tmp_path_factory.mktemp("logs") / "cls.log").start()
+    try:
+        r = httpx2.post(f"{srv.url}/v1/rerank", json={"query": QUERY, "documents": DOCS}, timeout=60)
+        assert r.status_code == 200, r.text
+    finally:
+        srv.stop()
+    hf = transformers.Qwen3ForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    for x in r.json()["results"]:
+        with torch.no_grad():
+            logit = hf(torch.tensor([tok.encode(QUERY, DOCS[x["index"]]).ids])).logits[0, 0]
+        assert abs(x["relevance_score"] - torch.sigmoid(logit).item()) < 1e-5

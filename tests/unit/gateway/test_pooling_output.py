@@ -1,0 +1,35 @@
+"""Response bodies of the pooling routes (gateway/pooling/output.py): Matryoshka truncation, base64 as the openai SDK
+decodes it, and rerank ordering."""
+
+from __future__ import annotations
+
+import base64
+import math
+
+import numpy as np
+
+from gateway.pooling.output import encode_embedding, matryoshka, rerank_body
+
+
+def test_matryoshka_keeps_the_first_values_at_unit_length():
+    vector = [0.6, 0.8, 3.0, -4.0]
+    assert matryoshka(vector, None) == vector and matryoshka(vector, 4) == vector
+    head = matryoshka(vector, 2)
+    assert head == [0.6 / 1.0, 0.8 / 1.0]
+    assert math.isclose(math.hypot(*matryoshka([3.0, 4.0, 1.0], 2)), 1.0)
+
+
+def test_base64_is_little_endian_float32_as_the_sdk_reads_it():
+    vector = [0.1, -2.5, 3.25e-8]
+    decoded = np.frombuffer(base64.b64decode(encode_embedding(vector, "base64")), dtype="<f4")  # the SDK's own decode
+    assert decoded.tolist() == np.array(vector, dtype=np.float32).tolist()
+    assert encode_embedding(vector, "float") is vector
+
+
+def test_rerank_sorts_cuts_and_drops_documents_when_asked():
+    body = rerank_body("m", ["a", "b", "c"], [0.2, 0.9, 0.2], top_n=2, return_documents=True, num_tokens=9)
+    assert [(r["index"], r["document"]["text"]) for r in body["results"]] == [(1, "b"), (0, "a")]
+    assert body["usage"] == {"prompt_tokens": 9, "total_tokens": 9}
+    every = rerank_body("m", ["a", "b", "c"], [0.2, 0.9, 0.3], top_n=0, return_documents=False, num_tokens=9)
+    assert every["results"] == [{"index": 1, "relevance_score": 0.9}, {"index": 2, "relevance_score": 0.3},
+                                {"index": 0, "relevance_score": 0.2}]

@@ -1,0 +1,53 @@
+"""A GGUF of an embedding model (`qwen3.pooling_type`, `tokenizer.ggml.add_eos_token`) converts into a
+sentence-transformers directory that `--task auto` serves as embed, with the vectors sentence-transformers computes
+from the same directory; a reranker GGUF (RANK) is refused with the reason."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from shared.config import EngineConfig
+from shared.gguf_import.convert import GGUFImportError, convert_gguf
+from shared.pooling_config import read_pooling_config, resolve_task
+from shared.sampling_params import SamplingParams
+from tests.unit.shared.test_gguf_convert import tiny_model, write_gguf
+from worker.engine import LLMEngine
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.mark.parametrize("pooling_type,method", [(3, "last"), (1, "mean")])
+def test_embedding_gguf_serves_like_its_sentence_transformers_directory(tmp_path, pooling_type, method):
+    from sentence_transformers import SentenceTransformer
+
+    model, cfg = tiny_model("qwen3", 4242)
+    src = write_gguf(tmp_path / "e.gguf", "qwen3", model, cfg,
+                     extra_kv={"qwen3.pooling_type": pooling_type, "tokenizer.ggml.add_eos_token": True})
+    out = convert_gguf(src, tmp_path / "hf")
+    assert resolve_task("auto", out) == "embed"
+    config = read_pooling_config(out, "embed")
+    assert (config.method, config.normalize) == (method, True)
+    st = SentenceTransformer(str(out), device="cpu", local_files_only=True)
+    texts = ["hello world", "an embedding model in a GGUF"]
+    prompts = [st.tokenizer(t)["input_ids"] for t in texts]
+    assert all(p[-1] == cfg.eos_token_id for p in prompts)  # add_eos_token survives the conversion
+    engine = LLMEngine(EngineConfig(model=str(out), dtype="float32", task="embed", num_kv_blocks=16,
+                                    quantization="none"))
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, SamplingParams(max_tokens=0))
+    got = {}
+    while engine.has_unfinished_requests():
+        got.update({o.request_id: o.pooled for o in engine.step() if o.pooled is not None})
+    for i, text in enumerate(texts):
+        torch.testing.assert_close(torch.tensor(got[str(i)]), st.encode(text, convert_to_tensor=True).float(),
+                                   atol=1e-4, rtol=1e-4)
+
+
+def test_reranker_gguf_is_refused(tmp_path):
+    model, cfg = tiny_model("qwen3", 4243)
+    src = write_gguf(tmp_path / "r.gguf", "qwen3", model, cfg, extra_kv={"qwen3.pooling_type": 4})
+    with pytest.raises(GGUFImportError, match="RANK"):
+        convert_gguf(src, tmp_path / "hf")
