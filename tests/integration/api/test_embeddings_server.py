@@ -17,7 +17,6 @@ import torch
 from tests.helpers.pooling_models import build_embedding_model
 from tests.helpers.server import Server
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 NAME = "tiny-embed"
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Instruct: Given a web search query, retrieve relevant "
          "passages that answer the query\nQuery: what is an embedding?", "short", "Embeddings turn text into "

@@ -13,7 +13,6 @@ import torch
 from tests.helpers.pooling_models import build_classifier_model, build_reranker_model
 from tests.helpers.server import Server
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 QUERY = "what does a reranker do?"
 DOCS = ["A reranker scores how well a document answers a query.", "Bananas are yellow.",
         "Cross-encoders read the query and the document together.", "The weather is fine today, thanks."]

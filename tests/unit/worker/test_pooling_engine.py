@@ -4,7 +4,6 @@ prefix-cache hits, and a vector that does not depend on its batch."""
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -15,7 +14,6 @@ from tests.helpers.pooling_models import build_classifier_model, build_embedding
 from worker.engine import LLMEngine
 from worker.outputs import RequestRejected
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 TEXTS = ["The quick brown fox jumps over the lazy dog, again and again, until the dog finally wakes up.",
          "Embeddings turn text into vectors.", "a", "Qwen3 is a family of language models; "

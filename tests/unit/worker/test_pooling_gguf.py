@@ -4,7 +4,6 @@ from the same directory; a reranker GGUF (RANK) is refused with the reason."""
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -16,7 +15,6 @@ from shared.sampling_params import SamplingParams
 from tests.unit.shared.test_gguf_convert import tiny_model, write_gguf
 from worker.engine import LLMEngine
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 @pytest.mark.parametrize("pooling_type,method", [(3, "last"), (1, "mean")])
