@@ -37,6 +37,9 @@ class ServerSpec:
     model_processes: str = "self"  # "self": one process; "children": a gateway whose children (workers) hold the model
     fallback: "ServerSpec | None" = None  # started instead if this one exits before it is ready
     config: str = ""  # how it runs, for the results
+    # False: not the peer at its best (a fallback after its default failed, or a slower setting forced); the
+    # report prints no speed ratio against it (loadtest/report.py).
+    best: bool = True
     context: str = ""  # its KV capacity and per-sequence limit, for the results
 
 
@@ -78,7 +81,7 @@ def llama_server_spec(binary: Path, gguf: Path, served_name: str, threads: int, 
             str(binary), "-m", str(gguf), "--alias", served_name, "--host", "127.0.0.1", "--port", str(port),
             "-np", str(c), "-c", str(context(c)), "-t", str(threads), "-tb", str(threads), "--no-webui",
             *([] if with_repack else ["--no-repack"])],
-            restart_per_level=True, fallback=fallback,
+            restart_per_level=True, fallback=fallback, best=with_repack,
             config="default weight buffers (repack)" if with_repack else
             "--no-repack" + (" (the default exited before it was ready)" if repack == "auto" else ""),
             context="-c 1024 x concurrency (its KV grows with the level)" if kv_tokens is None else

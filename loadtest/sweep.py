@@ -110,6 +110,7 @@ def sweep_server(spec: ServerSpec, args, log_dir: Path) -> dict:
     out["peak_rss_by_process_mib"] = peaks
     out["peak_rss_mib"] = sum(peaks.values())  # each process's peak, summed
     out["config"] = spec.config
+    out["best_configuration"] = spec.best
     out["context"] = spec.context
     return out
 
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     if "llama-server" in names:
         from loadtest.peers.llama_server import version
 
-        results["machine"]["llama_server"] = version()
+        results["machine"]["llama_server"] = version()  # its build and the compiler it was built with
     for spec in specs:
         print(f"{spec.name}:", flush=True)
         results["servers"][spec.name] = sweep_server(spec, args, LOGS)
