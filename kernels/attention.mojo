@@ -181,8 +181,8 @@ def _attend_rows_fixed[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int,
     """The same computation as _attend_rows for a head_dim known at compile time. The query heads that
     share a KV head go through the pages together, up to 4 at a time with their queries and
     accumulators in registers, so each K and V row is loaded and widened to float32 once per pass
-    instead of once per head; each page's weights are exponentiated 8 at a time. An int8 row is scaled
-    as it is widened, so the rest is the float path's."""
+    instead of once per head; each page's weights are exponentiated 8 at a time. An int8 row's scale
+    multiplies its dot products (K) or its weights (V), scalars, not the widened row."""
     comptime RW = row_width[cdt](HD)
     var out = param_ptr[dt](args, 0)
     var query = param_ptr[dt](args, 1)
@@ -272,20 +272,22 @@ def _attend_rows_fixed[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int,
                         s2[unsafe_offset=j] = Float32(-3.0e38)
                         s3[unsafe_offset=j] = Float32(-3.0e38)
                     for j in range(n):
-                        var k = _widen_row[cdt, HD](k_cache.unsafe_offset(base + j * row_stride))
-                        var x0 = (q0 * k).reduce_add()
+                        var k_row = k_cache.unsafe_offset(base + j * row_stride)
+                        var k = k_row.unsafe_load[width=HD]().cast[F32]()
+                        var ks = row_scale[cdt](k_row, HD)  # an int8 row's scale goes on the dot products
+                        var x0 = _scaled[cdt]((q0 * k).reduce_add(), ks)
                         s0[unsafe_offset=j] = x0
                         b0 = max(b0, x0)
                         if ng > 1:
-                            var x1 = (q1 * k).reduce_add()
+                            var x1 = _scaled[cdt]((q1 * k).reduce_add(), ks)
                             s1[unsafe_offset=j] = x1
                             b1 = max(b1, x1)
                         if ng > 2:
-                            var x2 = (q2 * k).reduce_add()
+                            var x2 = _scaled[cdt]((q2 * k).reduce_add(), ks)
                             s2[unsafe_offset=j] = x2
                             b2 = max(b2, x2)
                         if ng > 3:
-                            var x3 = (q3 * k).reduce_add()
+                            var x3 = _scaled[cdt]((q3 * k).reduce_add(), ks)
                             s3[unsafe_offset=j] = x3
                             b3 = max(b3, x3)
                     var n0 = max(m0, b0)
@@ -312,14 +314,16 @@ def _attend_rows_fixed[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int,
                         l3 = l3 * c3 + _exp_row(s3, padded, n3)
                         m3 = n3
                     for j in range(n):
-                        var v = _widen_row[cdt, HD](v_cache.unsafe_offset(base + j * row_stride))
-                        a0 += v * s0[unsafe_offset=j]
+                        var v_row = v_cache.unsafe_offset(base + j * row_stride)
+                        var v = v_row.unsafe_load[width=HD]().cast[F32]()
+                        var vs = row_scale[cdt](v_row, HD)  # and an int8 V row's on its weights
+                        a0 += v * _scaled[cdt](s0[unsafe_offset=j], vs)
                         if ng > 1:
-                            a1 += v * s1[unsafe_offset=j]
+                            a1 += v * _scaled[cdt](s1[unsafe_offset=j], vs)
                         if ng > 2:
-                            a2 += v * s2[unsafe_offset=j]
+                            a2 += v * _scaled[cdt](s2[unsafe_offset=j], vs)
                         if ng > 3:
-                            a3 += v * s3[unsafe_offset=j]
+                            a3 += v * _scaled[cdt](s3[unsafe_offset=j], vs)
                 var op = out.unsafe_offset(token * out_stride + head * HD)
                 op.unsafe_store(narrow[dt, HD](a0 / l0))
                 if ng > 1:
@@ -335,11 +339,10 @@ def _attend_rows_fixed[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int,
 
 
 @always_inline
-def _widen_row[cdt: DType, HD: Int](row: Pointer[Scalar[cdt], MutAnyOrigin]) -> SIMD[F32, HD]:
-    """One cache row as float32 values (an int8 row times its scale)."""
-    var x = row.unsafe_load[width=HD]().cast[F32]()
+def _scaled[cdt: DType](x: Float32, scale: Float32) -> Float32:
+    """x times an int8 row's scale; a float cache's rows have none (no multiply, the float path's bits)."""
     comptime if cdt == I8:
-        return x * row_scale[cdt](row, HD)
+        return x * scale
     else:
         return x
 

@@ -5,8 +5,9 @@ kernel over the same pages in each dtype, and (with --engine) decode steps of th
 
 Capacity comes from the block manager: the blocks a --kv-cache-memory budget buys for the default model's
 shape, and the sequences of --context tokens they hold. The kernel comparison quantizes one random bfloat16
-cache (kernels/kv_int8.py) and times paged_attention on torch's OpenMP team over both, in alternating
-rounds, so a shared machine's noise falls on both sides; the ratio is what to read. --engine does the same
+cache (kernels/kv_int8.py) and times paged_attention over both on the calling thread, in alternating rounds,
+by that thread's CPU time (time.thread_time): on a shared machine wall time mostly measures the other
+processes, CPU time much less so; the ratio is what to read. --engine does the same
 with two engines (the default model, --kv-cache-dtype auto and int8) prefilled to --context tokens per
 sequence and stepping --batch decodes. Numbers are printed, never asserted.
 """
@@ -23,7 +24,7 @@ import torch
 from kernels import attention as mojo_attention
 from kernels import kv_int8
 from kernels.reference.paged_inputs import random_paged_batch
-from loadtest.bench_kernels import copy_bandwidth, timed
+from loadtest.bench_kernels import copy_bandwidth
 from loadtest.machine import cpu_name
 from shared.default_model import default_model_path
 from worker.checkpoint.model_config import ModelConfig
@@ -42,12 +43,17 @@ def capacity(cfg: ModelConfig, budget: int, context: int, block_size: int = 16) 
         print(f"  {name:<8} {manager.num_blocks:>7} blocks of {block_size} tokens -> {seqs:>4} sequences")
 
 
-def paired(fns: dict[str, callable], rounds: int) -> dict[str, float]:
-    """Median seconds per call of each function, measured in alternating rounds."""
+def paired(fns: dict[str, callable], rounds: int, calls: int = 3) -> dict[str, float]:
+    """Median CPU seconds of this thread per call of each function, measured in alternating rounds."""
     times: dict[str, list[float]] = {k: [] for k in fns}
+    for name, fn in fns.items():
+        fn()  # warm-up
     for _ in range(rounds):
         for name, fn in fns.items():
-            times[name].append(timed(fn, min_time=0.2, min_runs=3))
+            t0 = time.thread_time()
+            for _ in range(calls):
+                fn()
+            times[name].append((time.thread_time() - t0) / calls)
     return {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -59,14 +65,12 @@ def kernel(cfg: ModelConfig, batch: int, context: int, rounds: int) -> None:
     b = random_paged_batch(rng, [(context, 1)] * batch, 16, kv_heads, head_dim, torch.bfloat16)
     caches = {"bfloat16": (b.k_cache, b.v_cache), "int8": (kv_int8.quantize(b.k_cache), kv_int8.quantize(b.v_cache))}
     query = torch.randn(batch, heads, head_dim).to(torch.bfloat16)
-    fns = {name: (lambda k=k, v=v: mojo_attention.paged_attention(module, query, k, v, b.plan, head_dim ** -0.5,
-                                                                  threading="omp"))
+    fns = {name: (lambda k=k, v=v: mojo_attention.paged_attention(module, query, k, v, b.plan, head_dim ** -0.5))
            for name, (k, v) in caches.items()}
     median = paired(fns, rounds)
     bandwidth = copy_bandwidth()
     print(f"\ndecode attention, one layer: batch {batch} x context {context}, {heads} query heads over {kv_heads} KV "
-          f"heads x {head_dim}, on torch's {torch.get_num_threads()} threads (copy bandwidth "
-          f"{bandwidth / 1e9:.1f} GB/s)")
+          f"heads x {head_dim}, one thread, CPU time per call (copy bandwidth {bandwidth / 1e9:.1f} GB/s)")
     for name, (k, _) in caches.items():
         read = 2 * batch * context * kv_heads * kv_int8.row_width(head_dim, k.dtype) * k.element_size()
         print(f"  {name:<8} {median[name] * 1e3:8.3f} ms  {read / 2**20:7.1f} MiB read  "
