@@ -92,3 +92,17 @@ def test_llama_server_builds_with_clang_19_where_installed(monkeypatch):
     assert llama_server.build_dir().name.endswith("-clang-19")
     monkeypatch.setattr(llama_server.shutil, "which", lambda name: None if "clang" in name else f"/usr/bin/{name}")
     assert llama_server.compiler_args() == [] and llama_server.build_dir().name.endswith("-cc")
+
+
+def test_eight_bit_kv_peers_pass_their_cache_flags(tmp_path):
+    from loadtest.servers import llama_server_spec, mili_spec
+
+    mili = mili_spec(2, "m.gguf", "m", name="mili-kv-int8", kv_tokens=4096, kv_cache_dtype="int8")
+    assert mili.name == "mili-kv-int8"
+    argv = mili.command(8000, 1)
+    assert argv[argv.index("--kv-cache-dtype") + 1] == "int8"
+    llama = llama_server_spec(tmp_path / "llama-server", tmp_path / "m.gguf", "m", 2, kv_tokens=4096,
+                              kv_cache_type="q8_0", name="llama-server-kv-q8")
+    argv = llama.command(8000, 4)
+    assert llama.name == "llama-server-kv-q8" and llama.fallback.name == "llama-server-kv-q8"
+    assert argv[argv.index("-ctk") + 1] == "q8_0" and argv[argv.index("-ctv") + 1] == "q8_0"
