@@ -21,11 +21,13 @@ from types import ModuleType
 import numpy as np
 import torch
 
+from kernels import kv_int8
 from kernels.builder.modules import KernelBuildError, build
 
 log = logging.getLogger(__name__)
 
-DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}  # activations (queries, new K/V rows) and float caches
+CACHE_DTYPES = (*DTYPE_CODES, torch.int8)  # int8: rows of values and a scale (kernels/kv_int8.py)
 MAX_HEAD_DIM = 256
 # Query rows per work item in prefill chunks: small enough to spread a chunk over the cores.
 ROWS_PER_ITEM = 16
@@ -119,33 +121,43 @@ def check_block_ids(plan: StepPlan, k_cache: torch.Tensor) -> None:
              "a block table entry lies outside the cache")
 
 
-def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-    _require(k_cache.dim() == 4 and k_cache.shape == v_cache.shape, "caches must be [blocks, block_size, kv_heads, dim]")
-    _require(k_cache.dtype == v_cache.dtype and k_cache.dtype in DTYPE_CODES, f"unsupported cache dtype {k_cache.dtype}")
+def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> int:
+    """Returns the caches' head_dim."""
+    _require(k_cache.dim() == 4 and k_cache.shape == v_cache.shape, "caches must be [blocks, block_size, kv_heads, row]")
+    _require(k_cache.dtype == v_cache.dtype and k_cache.dtype in CACHE_DTYPES, f"unsupported cache dtype {k_cache.dtype}")
     _require(k_cache.is_contiguous() and v_cache.is_contiguous(), "caches must be contiguous")
-    head_dim = k_cache.shape[3]
-    _require(head_dim % 8 == 0 and head_dim <= MAX_HEAD_DIM, f"head_dim {head_dim} must be a multiple of 8 up to 256")
+    head_dim = kv_int8.head_dim_of(k_cache)
+    _require(head_dim % 8 == 0 and 0 < head_dim <= MAX_HEAD_DIM, f"head_dim {head_dim} must be a multiple of 8 up to 256")
+    return head_dim
 
 
-def _check_rows(x: torch.Tensor, name: str, tokens: int, heads: int, head_dim: int, dtype: torch.dtype) -> None:
+def _check_activation_dtype(dtype: torch.dtype, k_cache: torch.Tensor, name: str) -> None:
+    """Queries and new K/V rows are the cache's dtype, or float32/bfloat16 beside an int8 cache."""
+    ok = dtype in DTYPE_CODES and (dtype == k_cache.dtype or kv_int8.is_int8(k_cache))
+    _require(ok, f"{name} is {dtype}, which a {k_cache.dtype} cache does not take")
+
+
+def _check_rows(x: torch.Tensor, name: str, tokens: int, heads: int, head_dim: int, k_cache: torch.Tensor) -> None:
     """x: [tokens, heads, head_dim] with each token's heads contiguous (the token stride may be larger)."""
     _require(x.dim() == 3 and tuple(x.shape) == (tokens, heads, head_dim), f"{name} must be [{tokens}, {heads}, "
              f"{head_dim}], got {list(x.shape)}")
-    _require(x.dtype == dtype, f"{name} must be {dtype}, got {x.dtype}")
+    _check_activation_dtype(x.dtype, k_cache, name)
     _require(x.stride(2) == 1 and x.stride(1) == head_dim, f"{name}'s heads must be contiguous within a token")
 
 
 def write_kv(module: ModuleType, k_cache: torch.Tensor, v_cache: torch.Tensor, key: torch.Tensor,
              value: torch.Tensor, plan: StepPlan) -> None:
-    """key/value: [num_tokens, kv_heads, head_dim] -> the cache slots of plan.slot_mapping."""
-    _check_cache(k_cache, v_cache)
-    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
+    """key/value: [num_tokens, kv_heads, head_dim] -> the cache slots of plan.slot_mapping (quantized
+    there when the cache is int8)."""
+    head_dim = _check_cache(k_cache, v_cache)
+    kv_heads = k_cache.shape[2]
     for x, name in ((key, "key"), (value, "value")):
-        _check_rows(x, name, plan.num_tokens, kv_heads, head_dim, k_cache.dtype)
+        _check_rows(x, name, plan.num_tokens, kv_heads, head_dim, k_cache)
+    _require(key.dtype == value.dtype, "key and value must share a dtype")
     check_slots(plan, k_cache)
     params = kernel_params(k_cache.data_ptr(), v_cache.data_ptr(), key.data_ptr(), value.data_ptr(),
                            plan.slot_mapping.data_ptr(), plan.num_tokens, kv_heads * head_dim, key.stride(0),
-                           value.stride(0), DTYPE_CODES[k_cache.dtype])
+                           value.stride(0), DTYPE_CODES[key.dtype], int(kv_int8.is_int8(k_cache)), head_dim)
     module.write_kv((params.buffer_info()[0],))
 
 
@@ -183,7 +195,7 @@ def attention_scratch(n_items: int, k_cache: torch.Tensor) -> torch.Tensor:
 
 def _scratch_width(k_cache: torch.Tensor) -> int:
     """Per work item: two head_dim vectors and four heads' page of scores (see attention.mojo)."""
-    block_size, head_dim = k_cache.shape[1], k_cache.shape[3]
+    block_size, head_dim = k_cache.shape[1], kv_int8.head_dim_of(k_cache)
     return 2 * head_dim + 4 * max(block_size, 8)
 
 
@@ -198,11 +210,11 @@ def attention_params(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 def _checked_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                        plan: StepPlan) -> torch.Tensor:
     """Checks everything but the output; returns the [n_items, 4] work items."""
-    _check_cache(k_cache, v_cache)
-    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
+    head_dim = _check_cache(k_cache, v_cache)
+    kv_heads = k_cache.shape[2]
     num_heads = query.shape[1] if query.dim() == 3 else -1
     _require(num_heads > 0 and num_heads % kv_heads == 0, f"{num_heads} query heads do not group over {kv_heads}")
-    _check_rows(query, "query", plan.num_tokens, num_heads, head_dim, k_cache.dtype)
+    _check_rows(query, "query", plan.num_tokens, num_heads, head_dim, k_cache)
     check_block_ids(plan, k_cache)
     return plan.items(kv_heads)
 
@@ -214,12 +226,12 @@ def _attention_params(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     _require(scratch.dtype == torch.float32 and scratch.is_contiguous() and scratch.dim() == 2
              and scratch.shape[0] >= items.shape[0] and scratch.shape[1] == expected,
              f"scratch must be contiguous float32 [>= {items.shape[0]}, {expected}]")
-    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
+    num_blocks, block_size, kv_heads = k_cache.shape[:3]
     return kernel_params(
         out.data_ptr(), query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), plan.block_tables.data_ptr(),
         plan.context_lens.data_ptr(), plan.query_start.data_ptr(), items.data_ptr(), items.shape[0], query.shape[1],
-        kv_heads, head_dim, block_size, plan.block_tables.shape[1], query.stride(0), out.stride(0),
-        float_bits(scale), scratch.data_ptr(), DTYPE_CODES[k_cache.dtype])
+        kv_heads, kv_int8.head_dim_of(k_cache), block_size, plan.block_tables.shape[1], query.stride(0),
+        out.stride(0), float_bits(scale), scratch.data_ptr(), DTYPE_CODES[query.dtype], int(kv_int8.is_int8(k_cache)))
 
 
 def float_bits(x: float) -> int:

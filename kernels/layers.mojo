@@ -19,6 +19,7 @@ from std.math import exp, sqrt
 from std.sys import simd_width_of
 from numerics import narrow, round_to
 from params import Params, param_int, param_ptr, param_float
+from kv_int8 import I8, quantize_row, row_width
 
 comptime F32 = DType.float32
 comptime BF16 = DType.bfloat16
@@ -132,12 +133,14 @@ def mili_rms_norm_range(params: Int, begin: Int, end: Int) abi("C"):
     _rms_norm_any(Params(unsafe_from_address=params), begin, end)
 
 
-def _rope_head[dt: DType](dst: Pointer[Scalar[dt], MutAnyOrigin], src: Pointer[Scalar[dt], MutAnyOrigin],
-                          norm_w: Pointer[Scalar[dt], MutAnyOrigin], has_norm: Bool, eps: Float32,
-                          cos: Pointer[Scalar[F32], MutAnyOrigin], sin_signed: Pointer[Scalar[F32], MutAnyOrigin],
-                          tmp: Pointer[Scalar[F32], MutAnyOrigin], head_dim: Int):
+def _rope_head[dt: DType, ot: DType](dst: Pointer[Scalar[ot], MutAnyOrigin], src: Pointer[Scalar[dt], MutAnyOrigin],
+                                     norm_w: Pointer[Scalar[dt], MutAnyOrigin], has_norm: Bool, eps: Float32,
+                                     cos: Pointer[Scalar[F32], MutAnyOrigin],
+                                     sin_signed: Pointer[Scalar[F32], MutAnyOrigin],
+                                     tmp: Pointer[Scalar[F32], MutAnyOrigin], head_dim: Int):
     """dst = rope(norm(src)) for one head. NeoX rotary: x * cos + roll(x, half) * sin_signed, with the tables
-    rounded to dt first and every product and the sum rounded to dt (transformers' order)."""
+    rounded to dt first and every product and the sum rounded to dt (transformers' order). dst is dt, or
+    float32 holding the same dt-rounded values (what an int8 cache row is quantized from)."""
     var half = head_dim // 2
     if has_norm:
         var inv = Float32(1) / sqrt(_sum_squares[dt](src, head_dim) / Float32(head_dim) + eps)
@@ -157,15 +160,15 @@ def _rope_head[dt: DType](dst: Pointer[Scalar[dt], MutAnyOrigin], src: Pointer[S
         var rolled = tmp.unsafe_offset((d + half) % head_dim).unsafe_load[width=W8]()
         var c = _round[dt, W8](cos.unsafe_offset(d).unsafe_load[width=W8]())
         var s = _round[dt, W8](sin_signed.unsafe_offset(d).unsafe_load[width=W8]())
-        _store[dt, W8](dst, d, _round[dt, W8](x * c) + _round[dt, W8](rolled * s))
+        _store[ot, W8](dst, d, _round[dt, W8](_round[dt, W8](x * c) + _round[dt, W8](rolled * s)))
         d += W8
 
 
-def _rope_write_kv[dt: DType](args: Params, begin: Int, end: Int):
+def _rope_write_kv[dt: DType, cdt: DType](args: Params, begin: Int, end: Int):
+    """cdt: the cache's dtype, dt or int8 (then each K and V row is quantized as it is written)."""
     var q_out = param_ptr[dt](args, 0)  # [tokens, heads, head_dim] contiguous
     var qkv = param_ptr[dt](args, 1)  # [tokens, qkv_stride]: q heads, k heads, v heads
-    var k_cache = param_ptr[dt](args, 2)  # [slots, kv_heads, head_dim]
-    var v_cache = param_ptr[dt](args, 3)
+    # K and V caches: params 2 and 3, [slots, kv_heads, row] in cdt (read below in the dtype of each path).
     var slots = param_ptr[DType.int64](args, 4)
     var positions = param_ptr[DType.int64](args, 5)
     var cos = param_ptr[F32](args, 6)  # [max_positions, head_dim] float32
@@ -178,42 +181,62 @@ def _rope_write_kv[dt: DType](args: Params, begin: Int, end: Int):
     var head_dim = param_int(args, 13)
     var qkv_stride = param_int(args, 14)
     var eps = param_float(args, 15)
-    var scratch = param_ptr[F32](args, 16)  # [tokens, head_dim] float32
+    var scratch = param_ptr[F32](args, 16)  # [tokens, 2 * head_dim] float32
     var has_norm = param_int(args, 8) != 0
-    var kv_row = kv_heads * head_dim
+    var rw = row_width[cdt](head_dim)
+    var kv_row = kv_heads * rw
 
-    def token(t: Int) {imm q_out, imm qkv, imm k_cache, imm v_cache, imm slots, imm positions, imm cos,
+    def token(t: Int) {imm args, imm q_out, imm qkv, imm slots, imm positions, imm cos,
                        imm sin_signed, imm q_norm, imm k_norm, imm heads, imm kv_heads, imm head_dim,
-                       imm qkv_stride, imm eps, imm scratch, imm has_norm, imm kv_row}:
+                       imm qkv_stride, imm eps, imm scratch, imm has_norm, imm rw, imm kv_row}:
         var src = qkv.unsafe_offset(t * qkv_stride)
         var pos = Int(positions[unsafe_offset=t])
         var c = cos.unsafe_offset(pos * head_dim)
         var s = sin_signed.unsafe_offset(pos * head_dim)
-        var tmp = scratch.unsafe_offset(t * head_dim)
+        var tmp = scratch.unsafe_offset(2 * t * head_dim)
+        var rotated = tmp.unsafe_offset(head_dim)  # an int8 cache's K row before quantization
         for h in range(heads):
-            _rope_head[dt](q_out.unsafe_offset((t * heads + h) * head_dim), src.unsafe_offset(h * head_dim),
-                           q_norm, has_norm, eps, c, s, tmp, head_dim)
+            _rope_head[dt, dt](q_out.unsafe_offset((t * heads + h) * head_dim), src.unsafe_offset(h * head_dim),
+                               q_norm, has_norm, eps, c, s, tmp, head_dim)
         var slot = Int(slots[unsafe_offset=t])
         var k_src = src.unsafe_offset(heads * head_dim)
-        for h in range(kv_heads):
-            _rope_head[dt](k_cache.unsafe_offset(slot * kv_row + h * head_dim), k_src.unsafe_offset(h * head_dim),
-                           k_norm, has_norm, eps, c, s, tmp, head_dim)
-        var v_src = k_src.unsafe_offset(kv_row)
-        var v_dst = v_cache.unsafe_offset(slot * kv_row)
-        var d = 0
-        while d < kv_row:
-            v_dst.unsafe_offset(d).unsafe_store(v_src.unsafe_offset(d).unsafe_load[width=W8]())
-            d += W8
+        var v_src = k_src.unsafe_offset(kv_heads * head_dim)
+        comptime if cdt == I8:
+            var k_i8 = param_ptr[I8](args, 2)
+            var v_i8 = param_ptr[I8](args, 3)
+            for h in range(kv_heads):
+                _rope_head[dt, F32](rotated, k_src.unsafe_offset(h * head_dim), k_norm, has_norm, eps, c, s, tmp,
+                                    head_dim)
+                quantize_row[F32](k_i8.unsafe_offset(slot * kv_row + h * rw), rotated, head_dim)
+                quantize_row[dt](v_i8.unsafe_offset(slot * kv_row + h * rw), v_src.unsafe_offset(h * head_dim),
+                                 head_dim)
+        else:
+            var k_dst = param_ptr[dt](args, 2)
+            var v_dst = param_ptr[dt](args, 3).unsafe_offset(slot * kv_row)
+            for h in range(kv_heads):
+                _rope_head[dt, dt](k_dst.unsafe_offset(slot * kv_row + h * head_dim),
+                                   k_src.unsafe_offset(h * head_dim), k_norm, has_norm, eps, c, s, tmp, head_dim)
+            var d = 0
+            while d < kv_row:
+                v_dst.unsafe_offset(d).unsafe_store(v_src.unsafe_offset(d).unsafe_load[width=W8]())
+                d += W8
 
     for t in range(begin, end):
         token(t)
 
 
 def _rope_write_kv_any(p: Params, begin: Int, end: Int):
+    var int8_cache = param_int(p, 18) != 0
     if param_int(p, 17) == DTYPE_BF16:
-        _rope_write_kv[BF16](p, begin, end)
+        if int8_cache:
+            _rope_write_kv[BF16, I8](p, begin, end)
+        else:
+            _rope_write_kv[BF16, BF16](p, begin, end)
     else:
-        _rope_write_kv[F32](p, begin, end)
+        if int8_cache:
+            _rope_write_kv[F32, I8](p, begin, end)
+        else:
+            _rope_write_kv[F32, F32](p, begin, end)
 
 
 def rope_write_kv(args: PythonObject) raises -> PythonObject:

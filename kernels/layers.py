@@ -12,8 +12,9 @@ from types import ModuleType
 
 import torch
 
-from kernels.attention import (DTYPE_CODES, THREADINGS, StepPlan, _check_cache, _require, check_slots, float_bits,
-                               kernel_params, launch, load_module)
+from kernels import kv_int8
+from kernels.attention import (DTYPE_CODES, THREADINGS, StepPlan, _check_activation_dtype, _check_cache, _require,
+                               check_slots, float_bits, kernel_params, launch, load_module)
 
 MODULE = "mili_layers"
 
@@ -95,10 +96,9 @@ def rope_write_kv(module: ModuleType, qkv: torch.Tensor, positions: torch.Tensor
     cos, sin_signed: [max_positions, head_dim] float32 (sin with its first half negated)."""
     _require(threading in THREADINGS, f"threading must be one of {THREADINGS}")
     _check_rows(qkv, "qkv")
-    _check_cache(k_cache, v_cache)
-    head_dim = k_cache.shape[3]
+    head_dim = _check_cache(k_cache, v_cache)
     q = torch.empty(qkv.shape[0], num_heads, head_dim, dtype=qkv.dtype)
-    scratch = torch.empty(qkv.shape[0], head_dim, dtype=torch.float32)
+    scratch = rope_scratch(qkv.shape[0], head_dim)
     params = rope_write_kv_params(qkv, positions, cos, sin_signed, k_cache, v_cache, plan, num_heads, q_norm,
                                   k_norm, eps, q, scratch)
     launch(module, "rope_write_kv", params, qkv.shape[0], threading)
@@ -110,12 +110,12 @@ def rope_write_kv_params(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.
                          q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, eps: float, q: torch.Tensor,
                          scratch: torch.Tensor) -> array.array:
     """The checked parameters of rope_write_kv writing q into `q` ([tokens, num_heads, head_dim],
-    contiguous), with `scratch` float32 [tokens, head_dim]."""
-    _check_cache(k_cache, v_cache)
-    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
+    contiguous), with `scratch` from rope_scratch."""
+    head_dim = _check_cache(k_cache, v_cache)
+    kv_heads = k_cache.shape[2]
     _check_rows(qkv, "qkv")
     tokens = qkv.shape[0]
-    _require(qkv.dtype == k_cache.dtype, "qkv and the cache must share a dtype")
+    _check_activation_dtype(qkv.dtype, k_cache, "qkv")
     _require(qkv.shape[1] == (num_heads + 2 * kv_heads) * head_dim, "qkv width does not match the heads")
     _require(head_dim % 16 == 0, "rotary halves must be multiples of 8")
     _require(tokens == plan.num_tokens and positions.shape == (tokens,), "one position and slot per token")
@@ -129,10 +129,16 @@ def rope_write_kv_params(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.
             _require(w.shape == (head_dim,) and w.dtype == qkv.dtype and w.is_contiguous(), "bad q/k norm weight")
     _require(q.shape == (tokens, num_heads, head_dim) and q.dtype == qkv.dtype and q.is_contiguous(),
              "bad q output tensor")
-    _require(scratch.dtype == torch.float32 and scratch.shape == (tokens, head_dim) and scratch.is_contiguous(),
-             f"scratch must be contiguous float32 [{tokens}, {head_dim}]")
+    _require(scratch.dtype == torch.float32 and scratch.shape == (tokens, 2 * head_dim) and scratch.is_contiguous(),
+             f"scratch must be contiguous float32 [{tokens}, {2 * head_dim}]")
     return kernel_params(q.data_ptr(), qkv.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
                          plan.slot_mapping.data_ptr(), positions.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(),
                          0 if q_norm is None else q_norm.data_ptr(), 0 if k_norm is None else k_norm.data_ptr(),
                          tokens, num_heads, kv_heads, head_dim, qkv.shape[1], float_bits(eps), scratch.data_ptr(),
-                         DTYPE_CODES[qkv.dtype])
+                         DTYPE_CODES[qkv.dtype], int(kv_int8.is_int8(k_cache)))
+
+
+def rope_scratch(tokens: int, head_dim: int) -> torch.Tensor:
+    """rope_write_kv's float32 scratch: per token, a head's normed input and (for an int8 cache) its
+    rotated K row before quantization."""
+    return torch.empty(tokens, 2 * head_dim, dtype=torch.float32)

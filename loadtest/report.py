@@ -1,6 +1,8 @@
 """Turns a sweep's results into the markdown table and the PNG plot committed under loadtest/results/.
 
-The first server in the results is the one the ratios are about (MILI); every other server is a peer.
+The first server in the results is the one the ratios are about (MILI); every other server is a peer. A peer
+that ran a fallback configuration (`best_configuration` false: not the peer at its best) gets no speed ratio,
+only its numbers and a note saying why: a ratio against a crippled peer would overstate MILI.
 """
 
 from __future__ import annotations
@@ -21,9 +23,20 @@ def _ratio(a: float | None, b: float | None) -> str:
     return "—" if a is None or not b else f"{a / b:.2f}x"
 
 
+FALLBACK = "no ratio (fallback)"
+
+
+def at_its_best(results: dict, server: str) -> bool:
+    return results["servers"][server].get("best_configuration", True)
+
+
 def markdown(results: dict) -> str:
     servers = list(results["servers"])
     main, peers = servers[0], servers[1:]
+
+    def ratio(server: str, a: float | None, b: float | None) -> str:
+        return _ratio(a, b) if at_its_best(results, server) else FALLBACK
+
     m, s = results["machine"], results["settings"]
     lines = [
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, {' '.join(m['isa'])}; "
@@ -46,7 +59,7 @@ def markdown(results: dict) -> str:
 
     for level in _levels(results):
         row = [level] + [_fmt(throughput(x, level)) for x in servers]
-        row += [_ratio(throughput(main, level), throughput(p, level)) for p in peers]
+        row += [ratio(p, throughput(main, level), throughput(p, level)) for p in peers]
         lines.append("| " + " | ".join(row) + " |")
 
     lines += ["", "Latency (median / p99, ms):", "",
@@ -62,7 +75,7 @@ def markdown(results: dict) -> str:
     ttft = {x: results["servers"][x]["ttft_long_prompt"]["ttft"]["median_ms"] for x in servers}
     lines += ["", "Time to first token for 512-token prompts at concurrency 1, median: "
               + ", ".join(f"{x} {ttft[x]:.1f} ms" for x in servers)
-              + "".join(f"; {main} / {p} {_ratio(ttft[main], ttft[p])}" for p in peers) + ".",
+              + "".join(f"; {main} / {p} {ratio(p, ttft[main], ttft[p])}" for p in peers) + ".",
               "", "Peak resident memory (VmHWM; for servers of several processes, each one's peak, summed): "
               + ", ".join(f"{x} {_rss(results['servers'][x])}" for x in servers)
               + "".join(f"; {main} / {p} {_ratio(results['servers'][main]['peak_rss_mib'], results['servers'][p]['peak_rss_mib'])}"
@@ -70,6 +83,11 @@ def markdown(results: dict) -> str:
     configs = [f"{x}: {results['servers'][x]['config']}" for x in servers if results["servers"][x].get("config")]
     if configs:
         lines += ["", "Configurations: " + "; ".join(configs) + "."]
+    crippled = [p for p in peers if not at_its_best(results, p)]
+    if crippled:
+        lines += ["", "Not at their best: " + ", ".join(crippled) + " ran a fallback configuration (see "
+                  "Configurations), so no speed ratio is given against them; their numbers are shown for reference "
+                  "only."]
     contexts = [f"{x}: {results['servers'][x]['context']}" for x in servers if results["servers"][x].get("context")]
     if contexts:
         lines += ["", "Context: " + "; ".join(contexts) + "."]

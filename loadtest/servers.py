@@ -6,8 +6,9 @@ equal it, so it restarts per level), and which processes it runs as (each one's 
 Equal context: given `kv_tokens`, MILI's paged KV cache holds exactly that many tokens (`--num-kv-blocks`
 kv_tokens / 16, one pool every sequence draws from, a sequence up to the whole pool or the model's context
 length, whichever is less) and llama-server gets `-c kv_tokens` (its total context; with `-np N` slots and
-no unified cache, each slot may hold kv_tokens / N). Both keep K and V in 16-bit floats, so the same token
-count is the same number of bytes.
+no unified cache, each slot may hold kv_tokens / N). By default both keep K and V in 16-bit floats, so the
+same token count is the same number of bytes; their 8-bit caches (MILI's --kv-cache-dtype int8, llama-server's
+-ctk/-ctv q8_0) hold the same tokens in about half.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ class ServerSpec:
     model_processes: str = "self"  # "self": one process; "children": a gateway whose children (workers) hold the model
     fallback: "ServerSpec | None" = None  # started instead if this one exits before it is ready
     config: str = ""  # how it runs, for the results
+    # False: not the peer at its best (a fallback after its default failed, or a slower setting forced); the
+    # report prints no speed ratio against it (loadtest/report.py).
+    best: bool = True
     context: str = ""  # its KV capacity and per-sequence limit, for the results
 
 
@@ -44,11 +48,13 @@ MILI_BLOCK_SIZE = 16  # `mili serve`'s default --block-size
 
 
 def mili_spec(threads: int, model: str = "default", served_name: str | None = None,
-              quantization: str = "auto", name: str = "mili", kv_tokens: int | None = None) -> ServerSpec:
+              quantization: str = "auto", name: str = "mili", kv_tokens: int | None = None,
+              kv_cache_dtype: str = "auto") -> ServerSpec:
     """MILI serving `model` (a .gguf, an HF directory or "default"); quantization "auto" serves a GGUF's
     quantized blocks as they are, "none" the model dtype (bfloat16 here). kv_tokens: the KV cache's size in
     tokens (None: its default, --kv-cache-memory 1GiB)."""
     extra = ["--served-model-name", served_name] if served_name else []
+    extra += ["--kv-cache-dtype", kv_cache_dtype]
     if kv_tokens is not None:
         if kv_tokens <= 0 or kv_tokens % MILI_BLOCK_SIZE:
             raise ValueError(f"KV tokens must be a positive multiple of {MILI_BLOCK_SIZE}, got {kv_tokens}")
@@ -63,22 +69,25 @@ def mili_spec(threads: int, model: str = "default", served_name: str | None = No
 
 
 def llama_server_spec(binary: Path, gguf: Path, served_name: str, threads: int, repack: str = "auto",
-                      kv_tokens: int | None = None) -> ServerSpec:
+                      kv_tokens: int | None = None, kv_cache_type: str | None = None,
+                      name: str = "llama-server") -> ServerSpec:
     """repack "auto": llama-server's default (its repacked and AMX weight buffers, its fastest kernels), and
     --no-repack only if that exits before it is ready. On this machine's AMX CPU it does, for every type
     tried (Q4_1, Q4_0, Q4_K): ggml's AMX matmul segfaults in the warm-up; without the extra buffers
-    llama-server runs its AVX-512 kernels. "on" / "off" force one or the other."""
+    llama-server runs its AVX-512 kernels. "on" / "off" force one or the other. kv_cache_type: its K and V
+    cache type (-ctk/-ctv, e.g. q8_0; None: its default f16)."""
+    kv_type = ["-ctk", kv_cache_type, "-ctv", kv_cache_type] if kv_cache_type else []
     # -c is the total context its -np slots split (each kv_tokens / c); without kv_tokens each slot gets 1024
     # tokens, as the longest benchmark request is 512 + 64.
     def context(c: int) -> int:
         return kv_tokens if kv_tokens is not None else 1024 * c
 
     def spec(with_repack: bool, fallback: ServerSpec | None = None) -> ServerSpec:
-        return ServerSpec("llama-server", lambda port, c: [
+        return ServerSpec(name, lambda port, c: [
             str(binary), "-m", str(gguf), "--alias", served_name, "--host", "127.0.0.1", "--port", str(port),
             "-np", str(c), "-c", str(context(c)), "-t", str(threads), "-tb", str(threads), "--no-webui",
-            *([] if with_repack else ["--no-repack"])],
-            restart_per_level=True, fallback=fallback,
+            *kv_type, *([] if with_repack else ["--no-repack"])],
+            restart_per_level=True, fallback=fallback, best=with_repack,
             config="default weight buffers (repack)" if with_repack else
             "--no-repack" + (" (the default exited before it was ready)" if repack == "auto" else ""),
             context="-c 1024 x concurrency (its KV grows with the level)" if kv_tokens is None else

@@ -3,6 +3,8 @@ blocks, MILI in bfloat16, llama.cpp's llama-server and a one-request transformer
 the same model).
 
     python -m loadtest.sweep [--servers mili,mili-bf16,llama-server,transformers] [--concurrency 1,8,32,64]
+    python -m loadtest.sweep --servers mili,mili-kv-int8,llama-server,llama-server-kv-q8 --input-len 2000 \
+        --output-len 32 --concurrency 32 --context-tokens 65536     # 8-bit KV caches at 2k contexts
                              [--gguf FILE.gguf]
 
 `--gguf` picks the model every server runs (default: the default model's GGUF); a random Qwen3-0.6B-shaped
@@ -44,7 +46,8 @@ from shared.default_model import DEFAULT_SERVED_NAME, converted_gguf, default_gg
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LOGS = Path(__file__).resolve().parent.parent / "build" / "bench-logs"
-SERVERS = ("mili", "mili-bf16", "llama-server", "transformers")
+# mili-kv-int8 and llama-server-kv-q8: each with its 8-bit KV cache (--kv-cache-dtype int8; -ctk/-ctv q8_0).
+SERVERS = ("mili", "mili-bf16", "mili-kv-int8", "llama-server", "llama-server-kv-q8", "transformers")
 
 
 def machine() -> dict:
@@ -110,6 +113,7 @@ def sweep_server(spec: ServerSpec, args, log_dir: Path) -> dict:
     out["peak_rss_by_process_mib"] = peaks
     out["peak_rss_mib"] = sum(peaks.values())  # each process's peak, summed
     out["config"] = spec.config
+    out["best_configuration"] = spec.best
     out["context"] = spec.context
     return out
 
@@ -123,11 +127,15 @@ def build_specs(names: list[str], threads: int, gguf: Path, served_name: str, ll
         elif name == "mili-bf16":
             specs.append(mili_spec(threads, str(gguf), served_name, quantization="none", name=name,
                                    kv_tokens=kv_tokens))
-        elif name == "llama-server":
+        elif name == "mili-kv-int8":
+            specs.append(mili_spec(threads, str(gguf), served_name, name=name, kv_tokens=kv_tokens,
+                                   kv_cache_dtype="int8"))
+        elif name in ("llama-server", "llama-server-kv-q8"):
             from loadtest.peers.llama_server import ensure_llama_server
 
             specs.append(llama_server_spec(ensure_llama_server(), gguf, served_name, threads, llama_repack,
-                                           kv_tokens=kv_tokens))
+                                           kv_tokens=kv_tokens, name=name,
+                                           kv_cache_type="q8_0" if name.endswith("kv-q8") else None))
         elif name == "transformers":
             specs.append(transformers_spec(converted_gguf(gguf, served_name), served_name, threads, max_concurrency=8))
         else:
@@ -180,7 +188,7 @@ def check_context(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for c in args.concurrency:
         if c < 1:
             p.error(f"--concurrency levels must be at least 1, got {c}")
-        if "llama-server" in args.servers.split(",") and ctx % (c * LLAMA_CONTEXT_ALIGN):
+        if any(s.startswith("llama-server") for s in args.servers.split(",")) and ctx % (c * LLAMA_CONTEXT_ALIGN):
             p.error(f"--context-tokens {ctx} does not split into {c} slots of a multiple of {LLAMA_CONTEXT_ALIGN} "
                     f"tokens (llama-server would round its context up to {-(-ctx // (c * 256)) * c * 256})")
         if ctx // c < args.input_len + args.output_len:
@@ -203,10 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     specs = build_specs(names, args.threads, args.gguf, args.served_name, args.llama_repack, args.context_tokens)
     results = {"machine": machine(), "settings": {k: v for k, v in vars(args).items() if k not in ("out_dir",)},
                "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "servers": {}}
-    if "llama-server" in names:
+    if any(n.startswith("llama-server") for n in names):
         from loadtest.peers.llama_server import version
 
-        results["machine"]["llama_server"] = version()
+        results["machine"]["llama_server"] = version()  # its build and the compiler it was built with
     for spec in specs:
         print(f"{spec.name}:", flush=True)
         results["servers"][spec.name] = sweep_server(spec, args, LOGS)

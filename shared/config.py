@@ -7,6 +7,9 @@ from dataclasses import dataclass
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "mojo", "torch")
+# auto: the model's dtype. int8: one scale per token and KV head (kernels/kv_int8.py), about half the bytes of
+# bfloat16, served by the CPU kernels and the torch reference.
+KV_CACHE_DTYPES = ("auto", "bfloat16", "int8")
 # auto: a GGUF's own quantized types for a model converted from a GGUF, none for safetensors checkpoints.
 QUANTIZATIONS = ("auto", "none", "q8_0", "q4_0")
 # auto: cuda where torch sees a CUDA device, else cpu (resolved by the worker, which imports torch).
@@ -30,6 +33,7 @@ class EngineConfig:
     num_kv_blocks: int | None = None  # wins over kv_cache_memory when set
     kv_cache_memory: int = 1 << 30  # bytes
     attention_backend: str = "auto"
+    kv_cache_dtype: str = "auto"
     quantization: str = "auto"
     enable_prefix_caching: bool = True
     device: str = "cpu"  # one of DEVICES, or "cuda:N"
@@ -52,6 +56,8 @@ class EngineConfig:
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
                              f"got {self.attention_backend!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv cache dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
@@ -65,6 +71,8 @@ class EngineConfig:
             if self.quantization in ("q8_0", "q4_0"):
                 raise ValueError(f"quantization {self.quantization} needs the CPU kernels; on cuda a checkpoint "
                                  "serves in its dtype (auto or none)")
+            if self.kv_cache_dtype == "int8":
+                raise ValueError("kv cache dtype int8 is served on the CPU; on cuda use auto or bfloat16")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block size must be a power of two, got {self.block_size}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "kv_cache_memory"):

@@ -42,7 +42,7 @@ from worker.model.weight_loader import load_model
 from worker.outputs import Completion, RequestRejected, SequenceOutput
 from worker.quant.linear import kernel_module
 from worker.quant.sources import plan_quantization
-from worker.runner.kv_cache import allocate_kv_caches, num_blocks_for_memory
+from worker.runner.kv_cache import allocate_kv_caches, num_blocks_for_memory, resolve_kv_dtype
 from worker.runner.model_runner import ModelRunner
 from worker.runner.pooler import Pooler
 from worker.runner.sampler import Sampler, SamplingRow, make_generator
@@ -61,6 +61,9 @@ class LLMEngine:
         if mc.num_labels and config.task == "generate":
             raise ValueError(f"{mc.architecture.replace('ForCausalLM', 'ForSequenceClassification')} has no LM head to "
                              "generate with; serve it with --task score")
+        self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, self.dtype)
+        if self.kv_dtype == torch.int8 and self.device.type != "cpu":
+            raise ValueError(f"kv cache dtype int8 is served on the CPU, not on {self.device}")
         self.max_model_len = config.max_model_len or mc.max_position_embeddings
         if self.max_model_len > mc.max_position_embeddings:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's "
@@ -78,7 +81,7 @@ class LLMEngine:
             model.pack_linear_weights(batch_hint=config.max_num_seqs, head=config.task != "embed")
         self.pooler = None if config.task == "generate" else Pooler(read_pooling_config(config.model, config.task),
                                                                       model)
-        num_blocks = config.num_kv_blocks or num_blocks_for_memory(mc, config.block_size, self.dtype,
+        num_blocks = config.num_kv_blocks or num_blocks_for_memory(mc, config.block_size, self.kv_dtype,
                                                                     config.kv_cache_memory)
         self.max_model_len = self._fit_context_to_cache(num_blocks * config.block_size)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
@@ -88,7 +91,7 @@ class LLMEngine:
         # With decode graphs, one block more than the block manager hands out: the scratch block, where the
         # padded rows of a graph step write (worker/runner/decode_graphs.py).
         spare = 1 if graphs_off is None else 0
-        kv_caches = allocate_kv_caches(mc, num_blocks + spare, config.block_size, self.dtype, self.device)
+        kv_caches = allocate_kv_caches(mc, num_blocks + spare, config.block_size, self.kv_dtype, self.device)
         # Pooling runs prefill only: no decode step ever comes for the decode program or graphs to serve.
         self.runner = ModelRunner(model, kv_caches, config.block_size, self.device,
                                   decode_program=config.decode_program and self.pooler is None,
@@ -108,10 +111,10 @@ class LLMEngine:
         self._pending: list[SequenceOutput] = []  # aborts to report on the next step
         self.kv_audit = KvAuditor(self.block_manager, KV_AUDIT_EVERY_STEPS)
         self._deadlines = DeadlineQueue()
-        log.info("engine ready: %s on %s, dtype %s, attention %s, quantization %s, %d KV blocks of %d tokens, "
+        log.info("engine ready: %s on %s, dtype %s, attention %s, quantization %s, %d KV blocks of %d tokens in %s, "
                  "max_model_len %d, decode steps as one kernel program: %s, as CUDA graphs: %s", mc.architecture,
                  self.device, self.dtype, self.attention_backend.name, "none" if quant is None else quant.describe(),
-                 num_blocks, config.block_size, self.max_model_len, self.runner.decode_program_status,
+                 num_blocks, config.block_size, self.kv_dtype, self.max_model_len, self.runner.decode_program_status,
                  self.runner.decode_graphs_status)
 
     def _graphs_off_reason(self) -> str | None:

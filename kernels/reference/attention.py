@@ -9,7 +9,9 @@ one sequence at a time.
 Everything that depends only on the step's shape (indices, masks) is computed once per step in
 `plan_attention` and reused by every layer.
 
-Cache layout, per layer: K and V as [num_blocks, block_size, num_kv_heads, head_dim].
+Cache layout, per layer: K and V as [num_blocks, block_size, num_kv_heads, head_dim], or an int8 cache's
+[num_blocks, block_size, num_kv_heads, head_dim + 4] rows of values and scale (kernels/kv_int8.py): written
+by quantizing each new row, read by dequantizing the gathered rows to float32, and attended in float32.
 """
 
 from __future__ import annotations
@@ -19,14 +21,18 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels import kv_int8
+
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
     """Scatter the step's new K/V rows into the paged cache. key/value: [num_tokens, kv_heads, head_dim];
     slot_mapping: [num_tokens] int64 flat slot (block * block_size + offset)."""
-    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
-    k_cache.view(num_blocks * block_size, kv_heads, head_dim).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
-    v_cache.view(num_blocks * block_size, kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+    num_blocks, block_size, kv_heads, row = k_cache.shape
+    if kv_int8.is_int8(k_cache):
+        key, value = kv_int8.quantize(key), kv_int8.quantize(value)  # [num_tokens, kv_heads, head_dim + 4]
+    k_cache.view(num_blocks * block_size, kv_heads, row).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
+    v_cache.view(num_blocks * block_size, kv_heads, row).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
 
 
 @dataclass(frozen=True)
@@ -159,12 +165,15 @@ def _blocks(tokens: int, block_size: int) -> int:
 
 
 def _gather_kv(cache: torch.Tensor, block_ids: torch.Tensor, length: int) -> torch.Tensor:
-    """[..., n_blocks] block ids -> [..., kv_heads, length, head_dim], the layout SDPA takes."""
-    num_blocks, block_size, kv_heads, head_dim = cache.shape
+    """[..., n_blocks] block ids -> [..., kv_heads, length, head_dim], the layout SDPA takes (float32 from
+    an int8 cache)."""
+    num_blocks, block_size, kv_heads, row = cache.shape
     lead = block_ids.shape[:-1]
     # index_select over whole blocks copies contiguous rows; advanced indexing would go element-wise.
     blocks = cache.view(num_blocks, -1).index_select(0, block_ids.reshape(-1))
-    rows = blocks.view(*lead, -1, kv_heads, head_dim)[..., :length, :, :]  # [..., length, kv_heads, head_dim]
+    rows = blocks.view(*lead, -1, kv_heads, row)[..., :length, :, :]  # [..., length, kv_heads, row]
+    if kv_int8.is_int8(cache):
+        rows = kv_int8.dequantize(rows)  # [..., length, kv_heads, head_dim] float32
     return rows.transpose(-3, -2)
 
 
@@ -186,6 +195,9 @@ def _prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float) -> torch.Tensor:
-    """q: [b, heads, q_len, d]; k, v: [b, kv_heads, len, d]; visible: bool, broadcast to [b, heads, q_len, len]."""
-    return F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=visible, scale=scale,
-                                          enable_gqa=q.shape[1] != k.shape[1])
+    """q: [b, heads, q_len, d]; k, v: [b, kv_heads, len, d]; visible: bool, broadcast to [b, heads, q_len, len].
+    Computes in the wider of q's and k's dtypes (float32 over a dequantized int8 cache); returns q's dtype."""
+    dtype = torch.promote_types(q.dtype, k.dtype)
+    out = F.scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype), attn_mask=visible, scale=scale,
+                                         enable_gqa=q.shape[1] != k.shape[1])
+    return out.to(q.dtype)

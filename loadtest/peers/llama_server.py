@@ -3,8 +3,13 @@
 
     python -m loadtest.peers.llama_server        # builds once (about 5 minutes on 2 cores), prints the path
 
-The build is native (GGML_NATIVE: this machine's AVX-512 / AMX paths), Release, static, server only.
-It lives under build/peers/llama.cpp-<version>/ and is rebuilt only when the pinned version changes.
+The build is native (GGML_NATIVE: this machine's AVX-512 / AMX paths), Release, static, server only, with
+Debian's clang-19 where it is installed (`apt-get install clang-19 libomp-19-dev`), else the system compiler.
+Why clang: GCC 12's `_tile_loadconfig` takes an 8-byte memory operand, so the stores that fill the 64-byte
+AMX tile configuration are eliminated as dead and ggml's AMX matmul faults at `ldtilecfg`; a GCC build then
+runs only with --no-repack, its slower AVX-512 kernels, which is not llama.cpp at its best on an AMX host.
+It lives under build/peers/llama.cpp-<version>-<compiler>/ and is rebuilt only when the pinned version or
+the compiler changes; the compiler's own version line is kept beside the binary for the results.
 """
 
 from __future__ import annotations
@@ -20,10 +25,31 @@ from pathlib import Path
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_ROOT = ROOT / "build" / "peers"
+CLANG = ("clang-19", "clang++-19")
+COMPILER_RECORD = "compiler.txt"  # the compiler's version line, written at build time
+
+
+def compiler() -> tuple[str, str] | None:
+    """(C, C++) compilers for the build: clang-19 where installed, None for CMake's default (the system's)."""
+    return CLANG if all(shutil.which(c) for c in CLANG) else None
 
 
 def build_dir() -> Path:
-    return BUILD_ROOT / f"llama.cpp-{LLAMA_CPP_PYTHON_VERSION}"
+    chosen = compiler()
+    return BUILD_ROOT / f"llama.cpp-{LLAMA_CPP_PYTHON_VERSION}-{chosen[0] if chosen else 'cc'}"
+
+
+def compiler_args() -> list[str]:
+    chosen = compiler()
+    return [f"-DCMAKE_C_COMPILER={chosen[0]}", f"-DCMAKE_CXX_COMPILER={chosen[1]}"] if chosen else []
+
+
+def _compiler_version(out: Path) -> str:
+    """The C++ compiler CMake chose, as its first --version line (read from CMake's cache)."""
+    cache = (out / "CMakeCache.txt").read_text().splitlines()
+    path = next((line.split("=", 1)[1] for line in cache if line.startswith("CMAKE_CXX_COMPILER:")), "c++")
+    run = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+    return (run.stdout.splitlines() or [path])[0].strip()
 
 
 def binary_path() -> Path:
@@ -58,20 +84,28 @@ def ensure_llama_server() -> Path:
         _download_source(src)
     out = build_dir() / "build"
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
-    subprocess.run(["cmake", "-S", str(src), "-B", str(out), *generator, "-DCMAKE_BUILD_TYPE=Release",
-                    "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+    subprocess.run(["cmake", "-S", str(src), "-B", str(out), *generator, *compiler_args(),
+                    "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                     "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON",
                     "-DLLAMA_OPENSSL=OFF"], check=True, stdout=subprocess.DEVNULL)
     subprocess.run(["cmake", "--build", str(out), "--target", "llama-server", "-j", str(os.cpu_count() or 1)],
                    check=True, stdout=subprocess.DEVNULL)
+    (build_dir() / COMPILER_RECORD).write_text(_compiler_version(out) + "\n")
     return binary
+
+
+def built_with() -> str:
+    """The compiler the binary was built with, as recorded at build time."""
+    record = build_dir() / COMPILER_RECORD
+    return record.read_text().strip() if record.is_file() else "an unrecorded compiler"
 
 
 def version() -> str:
     """What the built binary says of itself (llama.cpp's build number and commit)."""
     run = subprocess.run([str(binary_path()), "--version"], capture_output=True, text=True, timeout=30)
     lines = [line for line in (run.stdout + run.stderr).splitlines() if line.startswith("version")]
-    return f"llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sdist" + (f", {lines[0]}" if lines else "")
+    return (f"llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} sdist" + (f", {lines[0]}" if lines else "")
+            + f", built with {built_with()}")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from kernels import kv_int8
 from kernels.reference import attention as reference
 from worker.attention.metadata import AttentionMetadata
 
@@ -60,8 +61,9 @@ class MojoAttentionBackend:
         return self._module
 
     def write_kv(self, k_cache, v_cache, key, value, meta: AttentionMetadata, plan: MojoStepPlan) -> None:
-        self._ops.write_kv(self._module, k_cache, v_cache, key.to(k_cache.dtype), value.to(k_cache.dtype),
-                           plan.kernel)
+        if not kv_int8.is_int8(k_cache):  # an int8 cache quantizes rows of the activations' dtype
+            key, value = key.to(k_cache.dtype), value.to(k_cache.dtype)
+        self._ops.write_kv(self._module, k_cache, v_cache, key, value, plan.kernel)
 
     def attend(self, query, k_cache, v_cache, meta: AttentionMetadata, plan: MojoStepPlan,
                scale: float) -> torch.Tensor:

@@ -54,7 +54,7 @@ class DecodeProgram:
         self.block_size, self.kv_heads = block_size, cfg.num_kv_heads
         self.max_positions = model.rotary.cos.shape[0]
         self._k_cache = kv_caches[0][0]
-        dtype = kv_caches[0][0].dtype
+        dtype = model.norm.weight.dtype  # the activations' (an int8 KV cache is not)
         self.steps_run = 0
 
         def buffer(*shape: int, dt: torch.dtype = dtype) -> torch.Tensor:
@@ -75,7 +75,7 @@ class DecodeProgram:
                                                               layer.mlp.gate_up_proj, layer.mlp.down_proj)]
         # One scratch serves every matmul: phases never overlap a matmul's use of it (barriers).
         self._mm_scratch = buffer(max(p.scratch_bytes(rows) for p in projections), dt=torch.uint8)
-        self._rope_scratch = buffer(rows, cfg.head_dim, dt=torch.float32)
+        self._rope_scratch = mojo_layers.rope_scratch(rows, cfg.head_dim)
         self._attn_scratch = mojo_attention.attention_scratch(rows * self.kv_heads, self._k_cache)
         # The step's inputs, at fixed addresses: a plan for max_rows decode rows, refilled every step.
         self._positions = buffer(rows, dt=torch.int64)

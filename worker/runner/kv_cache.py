@@ -4,12 +4,27 @@ from __future__ import annotations
 
 import torch
 
+from kernels import kv_int8
 from worker.checkpoint.model_config import ModelConfig
+
+
+def resolve_kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    """--kv-cache-dtype: auto is the model's dtype; bfloat16 only beside a bfloat16 model (attention reads
+    a float cache in the queries' dtype); int8 beside any (kernels/kv_int8.py)."""
+    if name == "auto":
+        return model_dtype
+    if name == "int8":
+        return torch.int8
+    if name == "bfloat16" and model_dtype == torch.bfloat16:
+        return torch.bfloat16
+    raise ValueError(f"kv cache dtype {name} needs a bfloat16 model (this one runs in {model_dtype}); "
+                     "use auto or int8, or --dtype bfloat16")
 
 
 def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     element = torch.empty((), dtype=dtype).element_size()
-    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * element
+    row = kv_int8.row_width(cfg.head_dim, dtype)  # an int8 row carries its scale
+    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * row * element
 
 
 def num_blocks_for_memory(cfg: ModelConfig, block_size: int, dtype: torch.dtype, memory: int) -> int:
@@ -21,11 +36,11 @@ def num_blocks_for_memory(cfg: ModelConfig, block_size: int, dtype: torch.dtype,
 
 def allocate_kv_caches(cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
                        device: torch.device | str) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer (K, V), each [num_blocks, block_size, num_kv_heads, head_dim].
+    """Per layer (K, V), each [num_blocks, block_size, num_kv_heads, head_dim] (head_dim + 4 for int8).
 
     Zero-filled: attention reads whole blocks and masks the unused tail, and masking multiplies
     values by zero probabilities, which garbage NaNs would survive."""
-    shape = (2, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+    shape = (2, num_blocks, block_size, cfg.num_kv_heads, kv_int8.row_width(cfg.head_dim, dtype))
     caches = []
     for _ in range(cfg.num_layers):
         kv = torch.zeros(shape, dtype=dtype, device=device)

@@ -48,3 +48,61 @@ def test_markdown_memory_by_process_and_context():
     assert "Equal context: 16384 tokens of KV capacity" in table
     assert "mili 900 MiB (gateway 100 + worker 800), llama-server 1200 MiB; mili / llama-server 0.75x" in table
     assert "Context: mili: KV cache 16384 tokens; llama-server: -c 16384." in table
+
+
+def test_no_speed_ratio_against_a_peer_in_a_fallback_configuration():
+    results = {
+        "machine": {"cpu": "test cpu", "cores": 2, "memory_gib": 1.0, "isa": ["amx_tile"], "python": "3", "torch": "2",
+                    "llama_server": "llama-cpp-python 0.3.36 sdist, built with gcc 12"},
+        "settings": {"input_len": 128, "output_len": 64, "prompts_per_level": 4, "min_prompts": 8},
+        "started": "now",
+        "servers": {
+            "mili": {"levels": {"1": _run(40, 50)}, "ttft_long_prompt": _run(30, 100), "peak_rss_mib": 700,
+                     "config": "", "best_configuration": True},
+            "llama-server": {"levels": {"1": _run(20, 400)}, "ttft_long_prompt": _run(20, 1600), "peak_rss_mib": 1300,
+                             "config": "--no-repack (the default exited before it was ready)",
+                             "best_configuration": False},
+            "transformers": {"levels": {"1": _run(25, 90)}, "ttft_long_prompt": _run(20, 200), "peak_rss_mib": 1100},
+        },
+    }
+    table = markdown(results)
+    # Its tok/s stay in the table; the ratio column says why there is none. Peers at their best keep theirs.
+    assert "| 1 | 40.0 | 20.0 | 25.0 | no ratio (fallback) | 1.60x |" in table
+    assert "mili / llama-server no ratio (fallback)" in table and "mili / transformers 0.50x" in table
+    assert "2.00x" not in table
+    assert "Not at their best: llama-server ran a fallback configuration" in table
+    assert "built with gcc 12" in table
+
+
+def test_llama_server_specs_say_which_configuration_is_its_best(tmp_path):
+    from loadtest.servers import llama_server_spec
+
+    auto = llama_server_spec(tmp_path / "llama-server", tmp_path / "m.gguf", "m", 2)
+    assert auto.best and "--no-repack" not in auto.command(8000, 1)
+    assert not auto.fallback.best and "--no-repack" in auto.fallback.command(8000, 1)
+    assert not llama_server_spec(tmp_path / "llama-server", tmp_path / "m.gguf", "m", 2, repack="off").best
+    assert llama_server_spec(tmp_path / "llama-server", tmp_path / "m.gguf", "m", 2, repack="on").best
+
+
+def test_llama_server_builds_with_clang_19_where_installed(monkeypatch):
+    from loadtest.peers import llama_server
+
+    monkeypatch.setattr(llama_server.shutil, "which", lambda name: f"/usr/bin/{name}")
+    assert llama_server.compiler_args() == ["-DCMAKE_C_COMPILER=clang-19", "-DCMAKE_CXX_COMPILER=clang++-19"]
+    assert llama_server.build_dir().name.endswith("-clang-19")
+    monkeypatch.setattr(llama_server.shutil, "which", lambda name: None if "clang" in name else f"/usr/bin/{name}")
+    assert llama_server.compiler_args() == [] and llama_server.build_dir().name.endswith("-cc")
+
+
+def test_eight_bit_kv_peers_pass_their_cache_flags(tmp_path):
+    from loadtest.servers import llama_server_spec, mili_spec
+
+    mili = mili_spec(2, "m.gguf", "m", name="mili-kv-int8", kv_tokens=4096, kv_cache_dtype="int8")
+    assert mili.name == "mili-kv-int8"
+    argv = mili.command(8000, 1)
+    assert argv[argv.index("--kv-cache-dtype") + 1] == "int8"
+    llama = llama_server_spec(tmp_path / "llama-server", tmp_path / "m.gguf", "m", 2, kv_tokens=4096,
+                              kv_cache_type="q8_0", name="llama-server-kv-q8")
+    argv = llama.command(8000, 4)
+    assert llama.name == "llama-server-kv-q8" and llama.fallback.name == "llama-server-kv-q8"
+    assert argv[argv.index("-ctk") + 1] == "q8_0" and argv[argv.index("-ctv") + 1] == "q8_0"
