@@ -135,7 +135,8 @@ async def admit_chat(request: Request, req: ChatRequest, deadline: float | None)
     params = await _constrained(state, req, rendered)
     calls = req.tools is not None and req.tools.calls_possible
     options = TextOptions(stop=req.stop, split_reasoning=state.text.split_reasoning,
-                          starts_in_reasoning=state.text.starts_in_reasoning(rendered), parse_tool_calls=calls)
+                          starts_in_reasoning=state.text.starts_in_reasoning(rendered), parse_tool_calls=calls,
+                          tool_calls_only=calls and req.tools.calls_only)
     return _admit(state, req, [prompt], options, caller(request), deadline, params), options
 
 

@@ -65,6 +65,7 @@ class TextOptions:
     starts_in_reasoning: bool = False
     skip_special_tokens: bool = True
     parse_tool_calls: bool = False  # the content's <tool_call> blocks become tool_calls (the grammar made them)
+    tool_calls_only: bool = False  # the grammar allows calls and no text (tool_specs.ToolSpec.calls_only)
 
 
 class _Choice:
@@ -73,7 +74,7 @@ class _Choice:
         self.detok = IncrementalDetokenizer(tokenizer, prompt, skip_special_tokens=options.skip_special_tokens)
         self.stops = StopStringMatcher(list(options.stop)) if options.stop else None
         self.reasoning = ReasoningSplitter(options.starts_in_reasoning) if options.split_reasoning else None
-        self.tool_calls = ToolCallParser() if options.parse_tool_calls else None
+        self.tool_calls = ToolCallParser(options.tool_calls_only) if options.parse_tool_calls else None
         self.num_tokens = 0
         self.finished = False
         self.last_token_time: float | None = None
