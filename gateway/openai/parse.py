@@ -63,6 +63,7 @@ class ChatRequest(CommonFields):
     prompt_logprobs: int | None  # vLLM's extension
     tools: ToolSpec | None = None  # None: no tools declared
     response_format: ResponseFormat | None = None  # None: text
+    thinking_budget: int | None = None  # the most reasoning tokens (Anthropic's thinking.budget_tokens); None: no bound
 
 
 def parse_completion(raw: Any, limits: Limits) -> CompletionRequest:

@@ -29,7 +29,7 @@ from gateway.server.key_limits import Lease
 from gateway.streams.choice_stream import ChoiceEvent, GenerationStream, TextOptions, Usage, merge
 from gateway.streams.resume_buffer import NamedEvent, Payload
 from gateway.streams.resume_routes import start_response as resumable_response
-from gateway.text.grammars import build_grammar, response_format_rules
+from gateway.text.grammars import build_grammar, free_text_rules, response_format_rules
 from gateway.text.prompt_logprobs import PromptLogprob, echo_logprobs, join_logprobs, vllm_prompt_logprobs
 from gateway.text.tool_call_parser import assemble
 from gateway.text.tool_specs import tool_grammar_rules
@@ -143,14 +143,18 @@ async def admit_chat(request: Request, req: ChatRequest, deadline: float | None)
 async def _constrained(state, req: ChatRequest, rendered: str) -> SamplingParams:
     """The request's sampling parameters with the grammar its tools or response_format call for
     (compiled and checked here, so a bad schema is a 400 before anything runs)."""
+    reasoning = state.text.reasoning_mode(rendered)
+    budget = req.thinking_budget if reasoning != "none" else None
     if req.tools is not None and req.tools.calls_possible:
         rules = tool_grammar_rules(req.tools, req.response_format, state.text.tool_tags_are_tokens())
         param = "tools"
     elif req.response_format is not None:
         rules, param = response_format_rules(req.response_format), "response_format"
+    elif budget is not None:
+        rules, param = free_text_rules(), "thinking"
     else:
         return req.params
-    grammar = build_grammar(rules, state.text.reasoning_mode(rendered))
+    grammar = build_grammar(rules, reasoning, budget)
     try:  # SamplingParams bounds the grammar's size (request_limits.MAX_GRAMMAR_CHARS): many large tools pass it
         constrained = dataclasses.replace(req.params, grammar=grammar)
     except SamplingParamsError as e:
@@ -237,9 +241,10 @@ def _prompt_scores(events: list[ChoiceEvent], choices_per_prompt: int) -> dict[i
 
 # ----- streaming -----
 def sse_response(request: Request, chunks: AsyncIterator[Payload], admitted: Admitted,
-                 named: bool = False) -> EventSourceResponse:
+                 named: bool = False, ping: NamedEvent | None = None) -> EventSourceResponse:
     """A stream's response; its payloads are data strings, or with `named` NamedEvents (each sent with an SSE
-    event name)."""
+    event name). Keep-alives are SSE comments, or `ping` events where the API has its own (not on a resumable
+    stream, whose keep-alives must stay comments)."""
     state = request.app.state.mili
     if state.streams is not None:  # --stream-resume-ttl: the generation outlives this connection
         return resumable_response(state.streams, _ending_lease(chunks, admitted), admitted.abort, request,
@@ -247,8 +252,9 @@ def sse_response(request: Request, chunks: AsyncIterator[Payload], admitted: Adm
     # The stream's own cleanup aborts the request when the client leaves mid-stream; the background task
     # also covers a client gone before the stream's first iteration (a generator never started has no
     # cleanup to run). It runs once the response ends, however it ends.
+    ping_factory = None if ping is None else lambda: ServerSentEvent(data=ping.data, event=ping.event, sep="\n")
     return EventSourceResponse(_as_events(chunks) if named else chunks, ping=state.settings.sse_ping_s, sep="\n",
-                               background=BackgroundTask(admitted.abort))
+                               ping_message_factory=ping_factory, background=BackgroundTask(admitted.abort))
 
 
 async def _as_events(chunks: AsyncIterator[NamedEvent]) -> AsyncIterator[ServerSentEvent]:

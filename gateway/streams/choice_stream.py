@@ -49,6 +49,7 @@ class ChoiceEvent:
     # The prompt's scores when asked for: once per prompt, on one choice's first event (entry i: token i + 1).
     prompt_logprobs: list[PromptLogprob] | None = None
     tool_calls: list[ToolCallDelta] = field(default_factory=list)  # pieces of calls parsed out of the content
+    stop_string: str | None = None  # the stop string that ended the choice, if one did
 
 
 @dataclass
@@ -86,7 +87,8 @@ class _Choice:
             finish = "stop"
         self.num_tokens += taken
         event = ChoiceEvent(self.index, logprobs=[TokenLogprob(t, lp, [(a, b) for a, b in top])
-                                                  for t, lp, top in (delta.logprobs or ())[:taken]])
+                                                  for t, lp, top in (delta.logprobs or ())[:taken]],
+                            stop_string=self.stops.matched if hit and self.stops is not None else None)
         if self.reasoning is not None:
             event.reasoning, text = self.reasoning.feed(text)
             if finish is not None:
