@@ -189,6 +189,12 @@ class ApiKeyMiddleware:
         return await self.app(scope, receive, send)
 
 
+def credentials(request) -> str:
+    """What the caller presented as its key (`Authorization`, else `x-api-key`): what a resumable stream's owner
+    is known by."""
+    return request.headers.get("authorization") or "x-api-key " + request.headers.get("x-api-key", "")
+
+
 def caller(request) -> ApiKey:
     """The key a request came with (ANONYMOUS on a server without keys)."""
     return request.scope.get(SCOPE_KEY, ANONYMOUS)

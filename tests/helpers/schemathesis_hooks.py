@@ -243,7 +243,8 @@ def _misplaced_block(body: dict) -> bool:
         for block in content if isinstance(content, list) else []:
             if not isinstance(block, dict):
                 continue
-            if block.get("type") not in _SERVED_BLOCKS.get(message.get("role"), set()):
+            kind, role = block.get("type"), message.get("role")
+            if isinstance(kind, str) and isinstance(role, str) and kind not in _SERVED_BLOCKS.get(role, {kind}):
                 return True
             inner = block.get("content") if block.get("type") == "tool_result" else None
             if isinstance(inner, list) and any(isinstance(p, dict) and p.get("type") != "text" for p in inner):
