@@ -32,6 +32,7 @@ def served(tmp_path_factory):
     print(f"\n[anthropic thinking model] seed={seed}")
     build_tagged_qwen3(seed, out, ["<think>", "</think>", "<tool_call>", "</tool_call>"], TEMPLATE)
     srv = Server(out, "--served-model-name", MODEL, "--num-kv-blocks", "128", "--max-stop-strings", "2",
+                 "--stream-resume-ttl", "30",
                  log_path=tmp_path_factory.mktemp("logs") / "server.log").start()
     yield srv, Tokenizer.from_file(str(out / "tokenizer.json"))
     srv.stop()
@@ -115,6 +116,33 @@ def test_thinking_then_a_tool_call(served):
     assert [{k: v for k, v in b.items() if k != "id"} for b in blocks] == \
         [{k: v for k, v in b.items() if k != "id"} for b in msg["content"]]
     assert final["delta"]["stop_reason"] == "tool_use"
+
+
+def named_events(lines: list[str]) -> list[tuple[str, str, str]]:
+    """(id, event name, data) of each SSE event."""
+    out, fields = [], {}
+    for line in lines:
+        if line == "" and "data" in fields:
+            out.append((fields.get("id"), fields.get("event"), fields["data"]))
+            fields = {}
+        elif ": " in line and not line.startswith(":"):
+            name, _, value = line.partition(": ")
+            fields[name] = value
+    return out
+
+
+def test_a_resumed_stream_replays_the_named_events(served):
+    server, _ = served
+    body = {"model": MODEL, "messages": ASK, "max_tokens": 8, "stream": True, "thinking": {"type": "disabled"}}
+    with httpx2.stream("POST", f"{server.url}/v1/messages", json=body, timeout=120) as r:
+        stream_id = r.headers["X-Stream-Id"]
+        first = named_events(list(r.iter_lines()))
+    assert [e[1] for e in first][:2] == ["message_start", "content_block_start"] and first[-1][1] == "message_stop"
+    assert [e[0] for e in first] == [str(i) for i in range(len(first))]
+    with httpx2.stream("GET", f"{server.url}/v1/streams/{stream_id}", headers={"Last-Event-ID": "1"},
+                       timeout=60) as r:
+        assert r.status_code == 200
+        assert named_events(list(r.iter_lines())) == first[2:]
 
 
 # ----- bad input: a 400 invalid_request_error naming the field, before anything runs -----
