@@ -15,8 +15,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
-from gateway.openai.schema import MaxCompletionTokens, StopString, Temperature, TopK, TopP, _limit
-from shared.request_limits import MAX_TOOLS, NAME_PATTERN
+from gateway.openai.schema import MaxCompletionTokens, StopString, Temperature, TopK, TopP, _int, _limit
+from shared.request_limits import MAX_TOOLS, NAME_PATTERN, THINKING_BUDGET_TOKENS
 
 
 class _Model(BaseModel):
@@ -131,7 +131,7 @@ ToolChoice = Annotated[Union[ToolChoiceAuto, ToolChoiceAny, ToolChoiceTool, Tool
 # ----- thinking -----
 class ThinkingEnabled(_Model):
     type: Literal["enabled"]
-    budget_tokens: Annotated[int, Field(ge=1, description="thinking ends after this many tokens")]
+    budget_tokens: _int(THINKING_BUDGET_TOKENS, description="thinking ends after this many tokens")
 
 
 class ThinkingDisabled(_Model):

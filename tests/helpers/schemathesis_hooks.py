@@ -272,5 +272,5 @@ def _messages_as_chat(body: dict) -> dict:
     choice = body.get("tool_choice")
     kind = choice.get("type") if isinstance(choice, dict) else None
     chat["tool_choice"] = ({"function": {"name": choice.get("name")}} if kind == "tool"
-                           else {"any": "required"}.get(kind, kind))
+                           else "required" if kind == "any" else kind)
     return chat
