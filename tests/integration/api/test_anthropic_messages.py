@@ -213,3 +213,15 @@ def test_bad_input_names_the_field(served, change, field):
         counted = httpx2.post(f"{server.url}/v1/messages/count_tokens", json=body, timeout=30)
         assert counted.status_code == 400 and field in counted.json()["error"]["message"], counted.text
     assert httpx2.get(f"{server.url}/health", timeout=10).status_code == 200
+
+
+def test_metrics_count_the_messages_routes(served):
+    server, _ = served
+    before = {s: server.metric("mili_http_responses_total", status=s) for s in ("2xx", "4xx")}
+    tokens = server.metric("mili_generation_tokens_total")
+    generated = create(server, max_tokens=3, thinking={"type": "disabled"})["usage"]["output_tokens"]
+    httpx2.post(f"{server.url}/v1/messages/count_tokens", json={"model": MODEL, "messages": ASK}, timeout=30)
+    httpx2.post(f"{server.url}/v1/messages", json={"model": MODEL, "messages": ASK}, timeout=30)  # no max_tokens
+    assert server.metric("mili_http_responses_total", status="2xx") == before["2xx"] + 2
+    assert server.metric("mili_http_responses_total", status="4xx") == before["4xx"] + 1
+    assert server.metric("mili_generation_tokens_total") == tokens + generated
