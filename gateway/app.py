@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway import openapi
+from gateway.anthropic.routes import count_tokens, messages
 from gateway.metrics.mili_metrics import Metrics
 from gateway.openai.parse import Limits
 from gateway.openai.response_bodies import TokenNames
@@ -99,18 +100,18 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 def _api(handler: Handler) -> Handler:
-    """Every failure becomes an OpenAI error object; a client that left gets nothing."""
+    """Every failure becomes an error object of the route's API; a client that left gets nothing."""
 
     async def wrapped(request: Request) -> Response:
         try:
             return await handler(request)
         except ApiError as e:
-            return e.response()
+            return e.response_for(request.url.path)
         except ClientDisconnected:
             return Response(status_code=499)
         except Exception:
             log.exception("unexpected error serving %s", request.url.path)
-            return ApiError(500, "internal server error").response()
+            return ApiError(500, "internal server error").response_for(request.url.path)
 
     return wrapped
 
@@ -173,7 +174,7 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
     message = exc.detail or "not found"
     if exc.status_code == 405:
         message = f"method {request.method} is not allowed on {request.url.path}"
-    return ApiError(exc.status_code, message, headers=dict(exc.headers or {})).response()
+    return ApiError(exc.status_code, message, headers=dict(exc.headers or {})).response_for(request.url.path)
 
 
 def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlette:
@@ -199,6 +200,8 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
         Route("/v2/rerank", _api(pooling.rerank), methods=["POST"]),  # vLLM's alias for Cohere's v2 clients
         Route("/score", _api(pooling.score), methods=["POST"]),
         Route("/v1/score", _api(pooling.score), methods=["POST"]),
+        Route("/v1/messages", _api(messages), methods=["POST"]),
+        Route("/v1/messages/count_tokens", _api(count_tokens), methods=["POST"]),
         Route("/tokenize", _api(tokenize), methods=["POST"]),
         Route("/detokenize", _api(detokenize), methods=["POST"]),
         Route("/v1/streams/{stream_id}", _api(resume_stream), methods=["GET"]),

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic.json_schema import models_json_schema
 
+from gateway.anthropic.schema import CountTokensBody, MessagesBody
 from gateway.openai.parse import Limits
 from gateway.openai.schema import ChatBody, CompletionBody
 from gateway.openai.tokenize_schema import DetokenizeBody, TokenizeChatBody, TokenizePromptBody
@@ -48,7 +49,8 @@ def _request_schemas() -> tuple[dict[str, dict], dict[str, Any]]:
                                     (ResponsesBody, "validation"), (TokenizePromptBody, "validation"),
                                     (TokenizeChatBody, "validation"), (DetokenizeBody, "validation"),
                                     (EmbeddingRequest, "validation"), (RerankRequest, "validation"),
-                                    (ScoreRequest, "validation")],
+                                    (ScoreRequest, "validation"),
+                                    (MessagesBody, "validation"), (CountTokensBody, "validation")],
                                    ref_template=_REF)
     return {model.__name__: ref for (model, _), ref in refs.items()}, top["$defs"]
 
@@ -153,6 +155,38 @@ def _post(summary: str, ref: dict, result: dict[str, Any], events: str) -> dict[
             **_errors(400, 401, 404, 413, 429, 503, 504)}}}
 
 
+_ANTHROPIC_ERROR = {"type": "object", "required": ["type", "error"], "properties": {
+    "type": {"const": "error"}, "error": {"type": "object", "required": ["type", "message"], "properties": {
+        "type": {"type": "string", "description": "invalid_request_error, authentication_error, not_found_error, "
+                                                  "rate_limit_error, overloaded_error (503), timeout_error, api_error"},
+        "message": {"type": "string", "description": "what is wrong, naming the field"}}}}}
+_ANTHROPIC_EVENTS = ("an event named as its data's type: message_start, content_block_start, content_block_delta, "
+                     "content_block_stop, message_delta, message_stop, ping while the model is silent, or error")
+
+
+def _message_object() -> dict[str, Any]:
+    """POST /v1/messages's result: an Anthropic message."""
+    usage = {"type": "object", "required": ["input_tokens", "output_tokens"], "properties": {
+        name: {"type": "integer"} for name in ("input_tokens", "output_tokens", "cache_read_input_tokens",
+                                               "cache_creation_input_tokens")}}
+    return {"type": "object", "required": ["id", "type", "role", "model", "content", "stop_reason", "usage"],
+            "properties": {
+                "id": {"type": "string"}, "type": {"const": "message"}, "role": {"const": "assistant"},
+                "model": {"type": "string"},
+                "content": {"type": "array", "items": {"type": "object", "required": ["type"], "properties": {
+                    "type": {"enum": ["text", "thinking", "tool_use"]}}}},
+                "stop_reason": {"enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use"]},
+                "stop_sequence": {"type": ["string", "null"]}, "usage": usage}}
+
+
+def _anthropic(route: dict[str, Any]) -> dict[str, Any]:
+    """A route of Anthropic's API: its errors are Anthropic error objects."""
+    for response in route["post"]["responses"].values():
+        if response.get("content", {}).get(_JSON, {}).get("schema") is _ERROR:
+            response["content"] = {_JSON: {"schema": _ANTHROPIC_ERROR}}
+    return route
+
+
 def _token_route(summary: str, body: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     return {"post": {"summary": summary, "requestBody": {"required": True, "content": {_JSON: {"schema": body}}},
                      "responses": {"200": {"description": "the result", "content": {_JSON: {"schema": result}}},
@@ -206,6 +240,11 @@ def _task_paths(task: str, refs: dict[str, dict]) -> dict[str, Any]:
         "/v1/chat/completions": _post("Chat completion", refs["ChatBody"], _result("chat.completion"), _CHUNKS),
         "/v1/responses": _post("Response (OpenAI's Responses API, stateless)", refs["ResponsesBody"],
                                _response_object(), _TYPED_EVENTS),
+        "/v1/messages": _anthropic(_post("Message (Anthropic's Messages API)", refs["MessagesBody"],
+                                         _message_object(), _ANTHROPIC_EVENTS)),
+        "/v1/messages/count_tokens": _anthropic(_token_route(
+            "Count a Messages request's input tokens (as /v1/messages renders it)", refs["CountTokensBody"],
+            {"type": "object", "required": ["input_tokens"], "properties": {"input_tokens": {"type": "integer"}}})),
     }
 
 

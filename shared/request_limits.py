@@ -75,6 +75,7 @@ TOKEN_ID = Range(0, COUNT_MAX)
 MAX_TOKENS = Range(0)
 # Chat's max_completion_tokens (and max_tokens) and the Responses API's max_output_tokens: no echo to score.
 MAX_COMPLETION_TOKENS = Range(1)
+THINKING_BUDGET_TOKENS = Range(1, COUNT_MAX)  # Anthropic's thinking.budget_tokens (their floor of 1024 not kept)
 COMPLETION_MAX_TOKENS_DEFAULT = 16  # OpenAI's default for /v1/completions
 MIN_TOKENS = Range(0, COUNT_MAX)  # and at most max_tokens
 # logprobs (completions), top_logprobs (chat, responses) and prompt_logprobs: alternatives per token.

@@ -68,6 +68,7 @@ class ChatRequest(CommonFields):
     tools: ToolSpec | None = None  # None: no tools declared
     response_format: ResponseFormat | None = None  # None: text
     constraint: OutputConstraint | None = None  # beyond response_format (never with it, nor with tool calls)
+    thinking_budget: int | None = None  # the most reasoning tokens (Anthropic's thinking.budget_tokens); None: no bound
 
 
 def parse_completion(raw: Any, limits: Limits) -> CompletionRequest:

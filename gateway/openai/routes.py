@@ -31,7 +31,7 @@ from gateway.server.task_guard import require_task
 from gateway.streams.choice_stream import ChoiceEvent, GenerationStream, TextOptions, Usage, merge
 from gateway.streams.resume_buffer import NamedEvent, Payload
 from gateway.streams.resume_routes import start_response as resumable_response
-from gateway.text.grammars import build_grammar, response_format_rules
+from gateway.text.grammars import build_grammar, free_text_rules, response_format_rules
 from gateway.text.output_constraints import constraint_rules
 from gateway.text.prompt_logprobs import PromptLogprob, echo_logprobs, join_logprobs, vllm_prompt_logprobs
 from gateway.text.tool_call_parser import assemble
@@ -142,21 +142,25 @@ async def admit_chat(request: Request, req: ChatRequest, deadline: float | None)
     params = await _constrained(state, req, state.text.reasoning_mode(rendered))
     calls = req.tools is not None and req.tools.calls_possible
     options = TextOptions(stop=req.stop, split_reasoning=state.text.split_reasoning,
-                          starts_in_reasoning=state.text.starts_in_reasoning(rendered), parse_tool_calls=calls)
+                          starts_in_reasoning=state.text.starts_in_reasoning(rendered), parse_tool_calls=calls,
+                          tool_calls_only=calls and req.tools.calls_only)
     return _admit(state, req, [prompt], options, caller(request), deadline, params), options
 
 
 async def _constrained(state, req: ChatRequest | CompletionRequest, reasoning: str) -> SamplingParams:
-    """The request's sampling parameters with the grammar its tools, response_format or other constraint
-    call for (compiled and checked here, so a bad schema or grammar is a 400 before anything runs).
-    `reasoning`: where the output's reasoning stands (grammars.build_grammar)."""
+    """The request's sampling parameters with the grammar its tools, response_format, other constraint or
+    thinking budget call for (compiled and checked here, so a bad schema or grammar is a 400 before anything
+    runs). `reasoning`: where the output's reasoning stands (grammars.build_grammar)."""
     tools, response_format = getattr(req, "tools", None), getattr(req, "response_format", None)
+    budget = getattr(req, "thinking_budget", None) if reasoning != "none" else None
     if tools is not None and tools.calls_possible:
         param = "tools"
     elif response_format is not None:
         param = "response_format"
     elif req.constraint is not None:
         param = req.constraint.param
+    elif budget is not None:
+        param = "thinking"
     else:
         return req.params
     try:
@@ -165,9 +169,11 @@ async def _constrained(state, req: ChatRequest | CompletionRequest, reasoning: s
             rules = tool_grammar_rules(tools, response_format, state.text.tool_tags_are_tokens())
         elif param == "response_format":
             rules = response_format_rules(response_format)
+        elif param == "thinking":
+            rules = free_text_rules()
         else:
             rules, grammars = constraint_rules(req.constraint)
-        grammar = build_grammar(rules, reasoning, grammars)
+        grammar = build_grammar(rules, reasoning, grammars, budget)
     except UnicodeEncodeError:  # JSON's "\ud800" escapes decode to text that llguidance (UTF-8) cannot take
         raise invalid(f"{param} holds a lone surrogate (\\ud800-\\udfff), which no output can match", param) from None
     try:  # SamplingParams bounds the grammar's size (request_limits.MAX_GRAMMAR_CHARS): many large tools pass it
@@ -269,9 +275,10 @@ def _prompt_scores(events: list[ChoiceEvent], choices_per_prompt: int) -> dict[i
 
 # ----- streaming -----
 def sse_response(request: Request, chunks: AsyncIterator[Payload], admitted: Admitted,
-                 named: bool = False) -> EventSourceResponse:
+                 named: bool = False, ping: NamedEvent | None = None) -> EventSourceResponse:
     """A stream's response; its payloads are data strings, or with `named` NamedEvents (each sent with an SSE
-    event name)."""
+    event name). Keep-alives are SSE comments, or `ping` events where the API has its own (not on a resumable
+    stream, whose keep-alives must stay comments)."""
     state = request.app.state.mili
     if state.streams is not None:  # --stream-resume-ttl: the generation outlives this connection
         return resumable_response(state.streams, _ending_lease(chunks, admitted), admitted.abort, request,
@@ -279,8 +286,9 @@ def sse_response(request: Request, chunks: AsyncIterator[Payload], admitted: Adm
     # The stream's own cleanup aborts the request when the client leaves mid-stream; the background task
     # also covers a client gone before the stream's first iteration (a generator never started has no
     # cleanup to run). It runs once the response ends, however it ends.
+    ping_factory = None if ping is None else lambda: ServerSentEvent(data=ping.data, event=ping.event, sep="\n")
     return EventSourceResponse(_as_events(chunks) if named else chunks, ping=state.settings.sse_ping_s, sep="\n",
-                               background=BackgroundTask(admitted.abort))
+                               ping_message_factory=ping_factory, background=BackgroundTask(admitted.abort))
 
 
 async def _as_events(chunks: AsyncIterator[NamedEvent]) -> AsyncIterator[ServerSentEvent]:

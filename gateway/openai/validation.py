@@ -31,20 +31,21 @@ _SHAPES = {
 
 
 def validate(model: type[M], raw: Any, unsupported: tuple[str, ...] = UNSUPPORTED,
-             tagged: dict[str, Callable[[dict], Any]] | None = None) -> M:
+             tagged: dict[str, Callable[[dict], Any]] | None = None, shapes: dict[str, str] | None = None) -> M:
     """`unsupported`: the body's fields that MILI accepts only with the value meaning "not used". `tagged`: the
-    model's own discriminated unions beyond chat's (field -> the function that reads a node's tag)."""
+    model's own discriminated unions beyond chat's (field -> the function that reads a node's tag). `shapes`: clearer
+    words for its own fields that take one of several shapes (field -> what it must be)."""
     if not isinstance(raw, dict):
         raise invalid("the request body must be a JSON object")
     try:
         return model.model_validate(raw)
     except ValidationError as e:
         raise _error(e.errors(include_url=False, include_input=False)[0], raw, unsupported,
-                     _TAGGED | (tagged or {})) from None
+                     _TAGGED | (tagged or {}), _SHAPES | (shapes or {})) from None
 
 
 def _error(error: dict[str, Any], raw: dict[str, Any], unsupported: tuple[str, ...],
-           tagged: dict[str, Callable[[dict], Any]]) -> ApiError:
+           tagged: dict[str, Callable[[dict], Any]], shapes: dict[str, str]) -> ApiError:
     loc, kind = error["loc"], error["type"]
     if loc and loc[0] in unsupported:
         return invalid(f"{loc[0]} is not supported by this server", loc[0])
@@ -58,8 +59,8 @@ def _error(error: dict[str, Any], raw: dict[str, Any], unsupported: tuple[str, .
     last = param.rsplit(".", 1)[-1]
     if kind == "extra_forbidden":
         message = f"{param} is not supported"
-    elif through_union and last in _SHAPES:
-        message = f"{param} {_SHAPES[last]}"
+    elif through_union and last in shapes:
+        message = f"{param} {shapes[last]}"
     else:
         message = f"{param}: {error['msg'].removeprefix('Value error, ').replace(' found using item_kind()', '')}"
     return invalid(message, param)

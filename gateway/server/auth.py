@@ -139,16 +139,19 @@ class KeyRing:
     def required(self) -> bool:
         return bool(self._by_digest)
 
-    def lookup(self, authorization: bytes) -> ApiKey | None:
+    def lookup(self, authorization: bytes, x_api_key: bytes = b"") -> ApiKey | None:
+        """The key of `Authorization: Bearer KEY`, or else of Anthropic's `x-api-key: KEY`."""
         scheme, _, secret = authorization.partition(b" ")
         if scheme != b"Bearer" or not secret:
+            secret = x_api_key
+        if not secret:
             return None
         return self._by_digest.get(hashlib.sha256(secret).digest())
 
 
 # Route labels of refused requests: the server's fixed routes, by prefix where a route has a parameter; a
 # path the server does not serve is "other" (the label set stays bounded whatever callers send).
-_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/streams", "/metrics", "/version",
+_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/models", "/v1/streams", "/metrics", "/version",
            "/openapi.json", "/debug")
 ROUTE_LABELS = (*_ROUTES, "other")
 
@@ -159,8 +162,8 @@ def route_label(path: str) -> str:
 
 class ApiKeyMiddleware:
     """Every route but /health (and the paths `is_public` names: the chat page and its assets) needs
-    `Authorization: Bearer KEY` with a known key (when any is configured); the caller's ApiKey is left in the
-    scope for the routes (`caller`). Each refusal is reported with its route (`on_refused`)."""
+    `Authorization: Bearer KEY` (or `x-api-key: KEY`) with a known key (when any is configured); the caller's
+    ApiKey is left in the scope for the routes (`caller`). Each refusal is reported with its route (`on_refused`)."""
 
     def __init__(self, app, keyring: KeyRing, on_refused: Callable[[str], None] | None = None,
                  is_public: Callable[[str], bool] | None = None):
@@ -175,15 +178,22 @@ class ApiKeyMiddleware:
         if not self.keyring.required:
             scope[SCOPE_KEY] = ANONYMOUS
         elif scope["path"] != "/health" and not (self.is_public and self.is_public(scope["path"])):
-            key = self.keyring.lookup(dict(scope["headers"]).get(b"authorization", b""))
+            headers = dict(scope["headers"])
+            key = self.keyring.lookup(headers.get(b"authorization", b""), headers.get(b"x-api-key", b""))
             if key is None:
                 if self.on_refused is not None:
                     self.on_refused(route_label(scope["path"]))
-                response = ApiError(401, "invalid or missing API key (Authorization: Bearer ...)",
-                                    code="invalid_api_key").response()
+                response = ApiError(401, "invalid or missing API key (Authorization: Bearer ... or x-api-key)",
+                                    code="invalid_api_key").response_for(scope["path"])
                 return await response(scope, receive, send)
             scope[SCOPE_KEY] = key
         return await self.app(scope, receive, send)
+
+
+def credentials(request) -> str:
+    """What the caller presented as its key (`Authorization`, else `x-api-key`): what a resumable stream's owner
+    is known by."""
+    return request.headers.get("authorization") or "x-api-key " + request.headers.get("x-api-key", "")
 
 
 def caller(request) -> ApiKey:

@@ -1,4 +1,6 @@
-"""OpenAI error objects: `{"error": {"message", "type", "param", "code"}}` with the matching HTTP status."""
+"""Error objects with the matching HTTP status, in the shape of the API a route belongs to: OpenAI's
+`{"error": {"message", "type", "param", "code"}}`, or under /v1/messages Anthropic's
+`{"type": "error", "error": {"type", "message"}}`. Routes raise one ApiError; `response_for` picks the shape."""
 
 from __future__ import annotations
 
@@ -7,6 +9,10 @@ from starlette.responses import JSONResponse
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
           405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
           503: "service_unavailable_error", 504: "timeout_error"}
+# Anthropic's error types (docs.claude.com/en/api/errors); any other 4xx is invalid_request_error, 5xx api_error.
+_ANTHROPIC_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+                    413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error", 504: "timeout_error"}
+ANTHROPIC_PREFIX = "/v1/messages"
 
 
 class ApiError(Exception):
@@ -23,8 +29,22 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": _TYPES.get(self.status, "server_error"),
                           "param": self.param, "code": self.code}}
 
+    def anthropic_body(self) -> dict:
+        kind = _ANTHROPIC_TYPES.get(self.status, "invalid_request_error" if self.status < 500 else "api_error")
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+    def response_for(self, path: str) -> JSONResponse:
+        """The error in the shape of the API that serves `path`."""
+        if is_anthropic_path(path):
+            return JSONResponse(self.anthropic_body(), status_code=self.status, headers=self.headers)
+        return self.response()
+
+
+def is_anthropic_path(path: str) -> bool:
+    return path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/")
 
 
 def invalid(message: str, param: str | None = None) -> ApiError:

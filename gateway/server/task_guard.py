@@ -6,7 +6,7 @@ from __future__ import annotations
 from gateway.server.errors import ApiError
 
 # task -> the routes that serve it (named in the refusal)
-TASK_ROUTES = {"generate": "/v1/chat/completions, /v1/completions and /v1/responses",
+TASK_ROUTES = {"generate": "/v1/chat/completions, /v1/completions, /v1/responses and /v1/messages",
                "embed": "/v1/embeddings", "score": "/v1/rerank, /rerank and /score"}
 
 

@@ -49,6 +49,7 @@ class ChoiceEvent:
     # The prompt's scores when asked for: once per prompt, on one choice's first event (entry i: token i + 1).
     prompt_logprobs: list[PromptLogprob] | None = None
     tool_calls: list[ToolCallDelta] = field(default_factory=list)  # pieces of calls parsed out of the content
+    stop_string: str | None = None  # the stop string that ended the choice, if one did
 
 
 @dataclass
@@ -65,6 +66,7 @@ class TextOptions:
     starts_in_reasoning: bool = False
     skip_special_tokens: bool = True
     parse_tool_calls: bool = False  # the content's <tool_call> blocks become tool_calls (the grammar made them)
+    tool_calls_only: bool = False  # the grammar allows calls and no text (tool_specs.ToolSpec.calls_only)
 
 
 class _Choice:
@@ -73,7 +75,7 @@ class _Choice:
         self.detok = IncrementalDetokenizer(tokenizer, prompt, skip_special_tokens=options.skip_special_tokens)
         self.stops = StopStringMatcher(list(options.stop)) if options.stop else None
         self.reasoning = ReasoningSplitter(options.starts_in_reasoning) if options.split_reasoning else None
-        self.tool_calls = ToolCallParser() if options.parse_tool_calls else None
+        self.tool_calls = ToolCallParser(options.tool_calls_only) if options.parse_tool_calls else None
         self.num_tokens = 0
         self.finished = False
         self.last_token_time: float | None = None
@@ -85,7 +87,8 @@ class _Choice:
             finish = "stop"
         self.num_tokens += taken
         event = ChoiceEvent(self.index, logprobs=[TokenLogprob(t, lp, [(a, b) for a, b in top])
-                                                  for t, lp, top in (delta.logprobs or ())[:taken]])
+                                                  for t, lp, top in (delta.logprobs or ())[:taken]],
+                            stop_string=self.stops.matched if hit and self.stops is not None else None)
         if self.reasoning is not None:
             event.reasoning, text = self.reasoning.feed(text)
             if finish is not None:

@@ -12,6 +12,7 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.server.auth import credentials
 from gateway.server.errors import ApiError, invalid
 from gateway.streams.resume_buffer import NamedEvent, Payload, Reader, StreamRegistry
 
@@ -24,7 +25,7 @@ _EVENT_ID = re.compile(rf"\s*(\d{{1,{MAX_EVENT_ID_DIGITS}}})\s*")
 def start_response(registry: StreamRegistry, payloads: AsyncIterator[Payload], abort, request: Request,
                    ping_s: float) -> EventSourceResponse:
     """A new stream: its generation runs on in a task of its own; this response is its first reader."""
-    reader = registry.start(payloads, abort, request.headers.get("authorization", ""))
+    reader = registry.start(payloads, abort, credentials(request))
     return _response(reader, ping_s)
 
 
@@ -34,7 +35,7 @@ async def resume_stream(request: Request) -> Response:
     stream_id = request.path_params["stream_id"]
     registry: StreamRegistry | None = state.streams
     # Another API key's stream is as unknown as a made-up id: ids cannot be probed.
-    stream = registry.find(stream_id, request.headers.get("authorization", "")) if registry else None
+    stream = registry.find(stream_id, credentials(request)) if registry else None
     if stream is None:
         raise ApiError(404, "no such stream: the id is unknown, has expired (--stream-resume-ttl), or belongs to "
                             "another API key", param="stream_id", code="stream_not_found")

@@ -123,6 +123,11 @@ def response_format_rules(fmt: ResponseFormat) -> list[str]:
     return [f"answer: %json {schema_lark(fmt.schema, fmt.strict)}"]
 
 
+def free_text_rules() -> list[str]:
+    """An unconstrained answer (for a request whose only constraint is its reasoning budget)."""
+    return ["answer: /(.|\\n)*/"]
+
+
 # How the output may open with reasoning (Qwen3's <think>...</think>) before the constrained answer:
 # "none": no reasoning (the model has no think tokens, or the prompt closed the block already);
 # "open": the prompt ends inside <think>; "optional": the model may open a think block itself.
@@ -130,15 +135,21 @@ _REASONING_START = {"none": "start: answer", "open": "start: think answer",
                     "optional": "start: (<think> think)? answer"}
 
 
-def build_grammar(answer_rules: list[str], reasoning: str, grammars: dict[str, str] | None = None) -> str:
+def build_grammar(answer_rules: list[str], reasoning: str, grammars: dict[str, str] | None = None,
+                  think_budget: int | None = None) -> str:
     """The llguidance grammar for a request: reasoning (free text, which cannot contain </think>: it is
     matched as the token) first where the model thinks, then the rules' `answer`. `grammars`: Lark grammars
-    the rules reference by name (`@name`), each compiled on its own, so its rule names are its own."""
+    the rules reference by name (`@name`), each compiled on its own, so its rule names are its own. With
+    `think_budget` the reasoning is at most that many tokens: llguidance's max_tokens on its rule then forces
+    </think>."""
     rules = ["%llguidance {}", _REASONING_START[reasoning], *answer_rules]
     if reasoning != "none":
         # At most a few blanks between the reasoning and the answer (Qwen3 writes "\n\n"): unbounded,
         # a model could fill max_tokens with them.
-        rules += ["think: THINK </think> /[ \\n]{0,4}/", "THINK: /(.|\\n)*/"]
+        if think_budget is None:
+            rules += ["think: THINK </think> /[ \\n]{0,4}/", "THINK: /(.|\\n)*/"]
+        else:  # llguidance bounds rules, not terminals
+            rules += ["think: thought </think> /[ \\n]{0,4}/", f"thought[max_tokens={think_budget}]: /(.|\\n)*/"]
     main = llguidance.LLMatcher.grammar_from_lark("\n".join(rules) + "\n")
     if not grammars:
         return main

@@ -17,6 +17,7 @@ class StopStringMatcher:
             raise ValueError("stop strings must be non-empty")
         self.stops = list(dict.fromkeys(stops))
         self.held = ""  # never contains a whole stop string, so every match ends in newly fed text
+        self.matched: str | None = None  # the stop string that was hit
 
     def feed(self, text: str) -> tuple[str, bool]:
         """(text safe to emit now, whether a stop string was hit). After a hit the emitted text ends
@@ -25,8 +26,9 @@ class StopStringMatcher:
         # Per stop its first occurrence, which is also its earliest completion; then (end, start) order.
         hits = [(i + len(s), i) for s in self.stops if (i := buf.find(s)) >= 0]
         if hits:
-            self.held = ""
-            return buf[:min(hits)[1]], True
+            end, start = min(hits)
+            self.held, self.matched = "", buf[start:end]
+            return buf[:start], True
         keep = max(_partial_suffix(buf, s) for s in self.stops)
         self.held = buf[len(buf) - keep:]
         return buf[:len(buf) - keep], False

@@ -63,6 +63,11 @@ class ToolSpec:
     def calls_possible(self) -> bool:
         return self.choice != "none"
 
+    @property
+    def calls_only(self) -> bool:
+        """The grammar allows calls and nothing else (no free text)."""
+        return self.choice in ("required", "named")
+
     def finish_reason(self, made_calls: bool, reason: str | None) -> str | None:
         """OpenAI's: "tool_calls" when the model stopped after calling, except for a named tool_choice."""
         if made_calls and reason == "stop" and self.choice != "named":

@@ -3,9 +3,9 @@
 The OpenAPI document states every rule it can; a few rules compare values across fields, or need the
 served tokenizer, in ways JSON Schema cannot (each is in its field's description, and the server answers it
 with a 400 naming the field). Generated bodies that break one are left out: they are neither valid nor invalid
-by the schema, so no check could judge the answer. A /v1/responses body is judged as the chat body it
-translates into. Everything else the generator makes is sent as it is, except that generation is capped at 16
-tokens (map_case; a valid body stays valid) to keep cases fast.
+by the schema, so no check could judge the answer. A /v1/responses or /v1/messages body is judged as the chat
+body it translates into. Everything else the generator makes is sent as it is, except that generation is capped
+at 16 tokens (map_case; a valid body stays valid) to keep cases fast.
 """
 
 from __future__ import annotations
@@ -56,7 +56,15 @@ def filter_case(context, case) -> bool:
         if not body["messages"]:  # only reasoning items: nothing to answer (a 400 naming input)
             DROPPED["input_without_turns"] += 1
             return False
-    if path.endswith("/tokenize"):  # nothing is generated: only the rules of a conversation's own fields
+    if "/messages" in path:  # Anthropic's: the conversation as the chat request it translates into
+        if _misplaced_block(body):
+            DROPPED["misplaced_block"] += 1
+            return False
+        counting = path.endswith("/count_tokens")
+        body = _messages_as_chat(body)
+        rules = (_unknown_named_tool, _tool_choice_without_tools, _tool_declared_twice) + (
+            () if counting else (_chat_beyond_context,))
+    elif path.endswith("/tokenize"):  # nothing is generated: only the rules of a conversation's own fields
         rules = (_tool_declared_twice, _call_arguments_not_json) if "messages" in body else ()
     elif path.endswith(("/chat/completions", "/responses")):
         rules = (_min_tokens_above_max, _chat_beyond_context, _unknown_named_tool, _tool_declared_twice,
@@ -269,6 +277,29 @@ def _constraint_not_compiling(body: dict) -> bool:
     return False
 
 
+# Blocks a text-only server refuses (image, document, ...), and tool blocks in the wrong role's turn: 400s naming
+# the block, by the rule the Messages schema's description states.
+_SERVED_BLOCKS = {"user": {"text", "tool_result", "thinking", "redacted_thinking"},
+                  "assistant": {"text", "tool_use", "thinking", "redacted_thinking"},
+                  "system": {"text", "thinking", "redacted_thinking"}}
+
+
+def _misplaced_block(body: dict) -> bool:
+    messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        for block in content if isinstance(content, list) else []:
+            if not isinstance(block, dict):
+                continue
+            kind, role = block.get("type"), message.get("role")
+            if isinstance(kind, str) and isinstance(role, str) and kind not in _SERVED_BLOCKS.get(role, {kind}):
+                return True
+            inner = block.get("content") if block.get("type") == "tool_result" else None
+            if isinstance(inner, list) and any(isinstance(p, dict) and p.get("type") != "text" for p in inner):
+                return True
+    return False
+
+
 def _encodes(text: str) -> bool:
     try:
         text.encode("utf-8")
@@ -287,3 +318,27 @@ def _ll_tokenizer():
         tok = _tokenizer()
         _LL_TOKENIZER.append(llguidance.LLTokenizer(tok.to_str(), n_vocab=tok.get_vocab_size()))
     return _LL_TOKENIZER[0]
+
+
+def _tool_choice_without_tools(body: dict) -> bool:
+    return body.get("tool_choice") == "required" and not body.get("tools")
+
+
+def _messages_as_chat(body: dict) -> dict:
+    """A /v1/messages body as the chat body the server translates it into (gateway/anthropic/to_chat.py), as far
+    as the filters look: the system prompt and turns with their text, calls and results; tools and tool_choice
+    nested as chat nests them."""
+    system = body.get("system")
+    messages = [{"role": "system", "content": system}] if system else []
+    for message in body.get("messages") if isinstance(body.get("messages"), list) else []:
+        if isinstance(message, dict):
+            messages.append({"role": message.get("role"), "content": message.get("content")})
+    chat = {"messages": messages, "max_tokens": body.get("max_tokens")}
+    if isinstance(body.get("tools"), list):
+        chat["tools"] = [{"type": "function", "function": {**t, "parameters": t.get("input_schema")}}
+                         for t in body["tools"] if isinstance(t, dict)]
+    choice = body.get("tool_choice")
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    chat["tool_choice"] = ({"function": {"name": choice.get("name")}} if kind == "tool"
+                           else "required" if kind == "any" else kind)
+    return chat

@@ -1,5 +1,5 @@
 """Every route answers a method it does not serve with 405, an `Allow` header naming the methods it does
-serve, and an OpenAI error object."""
+serve, and an error object of its API (Anthropic's under /v1/messages, OpenAI's elsewhere)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import httpx2
 import pytest
 
 ROUTES = {"/v1/completions": {"POST"}, "/v1/chat/completions": {"POST"}, "/v1/responses": {"POST"},
+          "/v1/messages": {"POST"}, "/v1/messages/count_tokens": {"POST"},
           "/tokenize": {"POST"}, "/detokenize": {"POST"}, "/v1/models": {"GET", "HEAD"},
           "/health": {"GET", "HEAD"}, "/metrics": {"GET", "HEAD"}, "/openapi.json": {"GET", "HEAD"},
           "/version": {"GET", "HEAD"}, "/debug/kv": {"GET", "HEAD"},
@@ -32,5 +33,8 @@ def test_wrong_method_is_405_with_allow(server, path):
         assert {m.strip() for m in r.headers["allow"].split(",")} == allowed
         if method == "HEAD":
             continue  # no body to a HEAD
-        error = r.json()["error"]
+        body = r.json()
+        if path.startswith("/v1/messages"):
+            assert body["type"] == "error"
+        error = body["error"]
         assert error["type"] == "invalid_request_error" and method in error["message"], error

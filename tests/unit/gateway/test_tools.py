@@ -24,8 +24,8 @@ TWO_CALLS = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {
              '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
 
 
-def parse_in_pieces(text: str, rng: random.Random) -> tuple[str, list[dict]]:
-    parser = ToolCallParser()
+def parse_in_pieces(text: str, rng: random.Random, calls_only: bool = False) -> tuple[str, list[dict]]:
+    parser = ToolCallParser(calls_only)
     cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(0, 40))))
     content, deltas = "", []
     for a, b in zip([0, *cuts], [*cuts, len(text)]):
@@ -61,7 +61,9 @@ def test_parser_pieces_are_never_retracted_and_name_comes_first():
 
 @pytest.mark.parametrize("text, content, calls", [
     ("just text < and <tool", "just text < and <tool", []),
-    ("<tool_call>\n{\"name\": \"get_wea", "<tool_call>\n{\"name\": \"get_wea", []),  # cut before the name ends
+    ("<tool_call>\n{\"name\": \"get_wea", "", []),  # cut before the name ends: the format's own text goes nowhere
+    ('<tool_call>\n{"name": "f", "arguments": {"a": "}"}}\n</', "", [("f", '{"a": "}"}')]),  # cut in the closing
+    ('<tool_call>\n{"name": "f", "arguments": 12}\n</tool_call>', "", [("f", "12")]),  # a bare value ends too
     ('<tool_call>\n{"name": "f", "arguments": {"a": [1, ', "", [("f", '{"a": [1, ')]),  # cut in the arguments
     ('<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>', "", [("f", "{}")]),
     ("<tool_call>not a call</tool_call>", "<tool_call>not a call</tool_call>", []),  # not the format: text
@@ -70,6 +72,44 @@ def test_parser_edge_cases(text, content, calls):
     got_content, got_calls = parse_in_pieces(text, random.Random(SEED))
     assert got_content == content
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in got_calls] == calls
+
+
+@pytest.mark.parametrize("calls_only", [False, True])
+def test_every_cut_of_a_call_keeps_only_argument_text(calls_only):
+    """Output cut after each character (as max_tokens or a stop string cuts it): every call's arguments are a
+    prefix of the uncut call's, and equal to them once the call's JSON is complete; the content is a prefix
+    of the uncut content (or, with free text allowed, that content and a cut `<tool_call>`) and holds no
+    other text of the call format."""
+    text = TWO_CALLS[TWO_CALLS.index("<tool_call>"):] if calls_only else TWO_CALLS
+    full_content, full_calls = parse_in_pieces(text, random.Random(SEED))
+    full_args = [c["function"]["arguments"] for c in full_calls]
+    rng = random.Random(SEED)
+    for cut in range(len(text) + 1):
+        parser = ToolCallParser(calls_only)
+        content, deltas = parser.feed(text[:cut])
+        rest, tail = parser.flush()
+        content += rest
+        calls = assemble(deltas + tail)
+        # Free text (auto only) may end in what could still begin `<tool_call>`: that is text by the grammar.
+        held = content[len(full_content):]
+        assert full_content.startswith(content[:len(full_content)]) and "<tool_call>"[:-1].startswith(held)
+        assert not (calls_only and content), (cut, content)
+        assert [c["function"]["name"] for c in calls] == [c["function"]["name"] for c in full_calls][:len(calls)]
+        for got, whole in zip((c["function"]["arguments"] for c in calls), full_args):
+            assert whole.startswith(got), (cut, got)
+            if _parses(got):
+                assert got == whole, (cut, got)
+        if cut:  # the same cut reached in random pieces gives the same result
+            pieces_content, pieces_calls = parse_in_pieces(text[:cut], rng, calls_only)
+            assert (pieces_content, [c["function"] for c in pieces_calls]) == (content, [c["function"] for c in calls])
+
+
+def _parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def test_generic_format_for_templates_without_tools():

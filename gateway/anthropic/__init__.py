@@ -1,0 +1,1 @@
+"""Anthropic's Messages API, served as the chat request it translates into."""

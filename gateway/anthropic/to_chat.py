@@ -1,0 +1,176 @@
+"""A Messages API request as the Chat Completions request it means, so both share one set of checks (limits,
+tools, context length), one grammar path and one path to the worker.
+
+The translation:
+- `system` (a string, or text blocks joined by blank lines) is the first system message; a `role: "system"`
+  message stays where it is. Claude Code's per-request `x-anthropic-billing-header` block is dropped, as vLLM
+  and llama.cpp do: it changes every request, so no prompt would ever reuse the cached prefix.
+- A user turn's `tool_result` blocks become tool messages (an `is_error` result's text starts with "Error: ");
+  its text blocks, the user message after them. An assistant turn's text is its content and its `tool_use`
+  blocks its tool_calls; `thinking` and `redacted_thinking` blocks are dropped (templates drop earlier turns'
+  reasoning). Image and document blocks are a 400: the served model reads text only.
+- `tools` are function tools with `input_schema` as parameters; `tool_choice` auto/any/tool/none is
+  auto/required/named/none, and `disable_parallel_tool_use` is parallel_tool_calls false (auto: at most one
+  call; any and tool: exactly one).
+- `thinking` enabled/adaptive/disabled sets the template's `enable_thinking`; a budget is the chat request's
+  `thinking_budget`, which the grammar enforces (gateway/text/grammars.py).
+- `max_tokens`, `stop_sequences` (stop), `temperature`, `top_p`, `top_k` map across as they are.
+A 400 from the chat checks names the Messages field it came from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.anthropic.schema import (CountTokensBody, block_type, InputMessage, MessagesBody, RedactedThinkingBlock, RefusedBlock,
+                                      TextBlock, ThinkingBlock, ThinkingEnabled, ToolResultBlock, ToolUseBlock)
+from gateway.openai.parse import ChatRequest, Limits, parse_chat
+from gateway.openai.validation import validate
+from gateway.server.errors import ApiError, invalid
+
+BILLING_HEADER = "x-anthropic-billing-header:"
+# The discriminated unions of the body (field -> its tag), for naming the field of a problem inside one.
+_TAGGED = {"content": block_type, "system": block_type, "tool_choice": block_type, "thinking": block_type}
+# Clearer words than "Input should be ..." for the fields that take one of several shapes.
+_SHAPES = {
+    "content": "must be a string or an array of content blocks (text, tool_use, tool_result, thinking)",
+    "system": "must be a string or an array of text blocks",
+    "tool_choice": "must be {\"type\": \"auto\"}, {\"type\": \"any\"}, {\"type\": \"tool\", \"name\": ...} or "
+                   "{\"type\": \"none\"}",
+    "thinking": "must be {\"type\": \"enabled\", \"budget_tokens\": N}, {\"type\": \"adaptive\"} or "
+                "{\"type\": \"disabled\"}",
+}
+# A chat field's name in a 400 -> the Messages field it came from (by prefix).
+_PARAMS = (("stop", "stop_sequences"), ("max_completion_tokens", "max_tokens"),
+           ("tool_choice.function.name", "tool_choice.name"), ("parallel_tool_calls", "tool_choice"))
+
+
+@dataclass(frozen=True)
+class MessagesRequest:
+    body: MessagesBody | CountTokensBody  # as sent
+    chat: ChatRequest  # what runs (for count_tokens: what would run)
+
+
+def parse_messages(raw: Any, limits: Limits, count_only: bool = False) -> MessagesRequest:
+    """A /v1/messages body, or with `count_only` a /v1/messages/count_tokens body (no max_tokens)."""
+    body = validate(CountTokensBody if count_only else MessagesBody, raw, (), tagged=_TAGGED, shapes=_SHAPES)
+    translated = chat_body(body)  # its own 400s name the Messages field already
+    with anthropic_names():
+        chat = parse_chat(translated, limits)
+    budget = body.thinking.budget_tokens if isinstance(body.thinking, ThinkingEnabled) else None
+    return MessagesRequest(body, dataclasses.replace(chat, thinking_budget=budget))
+
+
+@contextlib.contextmanager
+def anthropic_names() -> Iterator[None]:
+    """A 400 from the chat checks, naming the Messages field."""
+    try:
+        yield
+    except ApiError as e:
+        if e.param is not None:
+            renamed = _anthropic_param(e.param)
+            if renamed != e.param:
+                e.message = e.message.replace(e.param, renamed)
+                e.param = renamed
+        raise
+
+
+def chat_body(body: MessagesBody | CountTokensBody) -> dict[str, Any]:
+    chat: dict[str, Any] = {"model": body.model, "messages": _messages(body)}
+    if isinstance(body, MessagesBody):
+        chat["max_tokens"] = body.max_tokens
+        chat["stream"] = bool(body.stream)
+        if body.stop_sequences:
+            chat["stop"] = body.stop_sequences
+        for name in ("temperature", "top_p", "top_k"):
+            if getattr(body, name) is not None:
+                chat[name] = getattr(body, name)
+    else:
+        chat["max_tokens"] = 1  # counting only: nothing is generated
+    if body.thinking is not None:
+        chat["chat_template_kwargs"] = {"enable_thinking": body.thinking.type != "disabled"}
+    if body.tools:
+        chat["tools"] = [{"type": "function", "function": {
+            "name": t.name, **({"description": t.description} if t.description is not None else {}),
+            "parameters": t.input_schema, **({"strict": t.strict} if t.strict is not None else {})}}
+            for t in body.tools]
+    choice = body.tool_choice
+    if choice is not None:
+        if choice.type == "none":
+            chat["tool_choice"] = "none"
+        elif choice.type == "tool":
+            chat["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
+        else:
+            chat["tool_choice"] = {"auto": "auto", "any": "required"}[choice.type]
+        if choice.type != "none" and choice.disable_parallel_tool_use:
+            chat["parallel_tool_calls"] = False
+    return chat
+
+
+def _messages(body: MessagesBody | CountTokensBody) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    if body.system is not None:
+        blocks = [body.system] if isinstance(body.system, str) else [b.text for b in body.system]
+        system = "\n\n".join(b for b in blocks if not b.startswith(BILLING_HEADER))
+        if system:
+            messages.append({"role": "system", "content": system})
+    for i, message in enumerate(body.messages):
+        messages += _turn(message, f"messages[{i}]")
+    return messages
+
+
+def _turn(message: InputMessage, where: str) -> list[dict[str, Any]]:
+    """One Messages turn as chat messages (a user turn with tool results is several)."""
+    blocks = [TextBlock(type="text", text=message.content)] if isinstance(message.content, str) else message.content
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
+    for j, block in enumerate(blocks):
+        at = f"{where}.content[{j}]"
+        if isinstance(block, RefusedBlock):
+            raise invalid(f"{at}.type: {block.type} blocks are not supported (this server serves a text-only model)",
+                          f"{at}.type")
+        if isinstance(block, (ThinkingBlock, RedactedThinkingBlock)):
+            continue
+        home = {"tool_result": "user", "tool_use": "assistant"}.get(block.type, message.role)
+        if message.role != home:
+            raise invalid(f"{at}.type: {block.type} blocks belong in {home} messages", f"{at}.type")
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+        elif isinstance(block, ToolUseBlock):
+            calls.append({"id": block.id, "type": "function",
+                          "function": {"name": block.name, "arguments": json.dumps(block.input, ensure_ascii=False)}})
+        else:
+            results.append({"role": "tool", "tool_call_id": block.tool_use_id,
+                            "content": _result_text(block, f"{at}.content")})
+    text = "\n".join(texts)
+    if message.role == "assistant":
+        return [{"role": "assistant", "content": text or None, **({"tool_calls": calls} if calls else {})}]
+    return results + ([{"role": message.role, "content": text}] if texts or not results else [])
+
+
+def _result_text(block: ToolResultBlock, where: str) -> str:
+    parts = [block.content] if isinstance(block.content, str) else []
+    for k, part in enumerate(() if isinstance(block.content, str) else block.content):
+        if isinstance(part, RefusedBlock):
+            raise invalid(f"{where}[{k}].type: {part.type} blocks are not supported (this server serves a "
+                          "text-only model)", f"{where}[{k}].type")
+        parts.append(part.text)
+    text = "\n".join(parts)
+    return f"Error: {text}" if block.is_error else text
+
+
+def _anthropic_param(param: str) -> str:
+    for chat_name, name in _PARAMS:
+        if param == chat_name or param.startswith(chat_name + ".") or param.startswith(chat_name + "["):
+            return name + param[len(chat_name):]
+    if param.startswith("messages"):
+        return "messages"  # the indices differ: system comes first, tool results are messages of their own
+    if param.startswith("tools[") and ".function." in param:
+        return param.replace(".function.parameters", ".input_schema").replace(".function.", ".", 1)
+    return param
