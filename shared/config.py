@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from shared.speculative_config import SpeculativeConfig
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "mojo", "torch")
 # auto: a GGUF's own quantized types for a model converted from a GGUF, none for safetensors checkpoints.
@@ -35,8 +37,13 @@ class EngineConfig:
     # On CUDA, decode steps replay CUDA graphs (worker/runner/decode_graphs.py); True runs every step eagerly (vLLM's
     # name for the same switch).
     enforce_eager: bool = False
+    # Speculative decoding (shared/speculative_config.py); None: off. A dict (the JSON the worker is started
+    # with) becomes the checked config.
+    speculative_config: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.speculative_config, dict):
+            object.__setattr__(self, "speculative_config", SpeculativeConfig(**self.speculative_config))
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:

@@ -48,6 +48,10 @@ class Sequence:
         # logprob of prompt token i + 1. None when not asked for, and again once sent.
         self.prompt_logprobs: list | None = [] if params.prompt_logprobs is not None and index == 0 else None
         self.grammar = None  # worker.runner.structured_output.SequenceGrammar for structured output
+        # Speculative decoding (worker/spec/): tokens guessed to follow token_ids, fed with the last token
+        # and verified in the next step; never part of token_ids until accepted.
+        self.draft_token_ids: list[int] = []
+        self.spec_state = None  # worker.spec.acceptance.AcceptanceTracker while the engine speculates
 
     @property
     def num_tokens(self) -> int:

@@ -30,7 +30,7 @@ class StepInputs:
     positions: torch.Tensor  # [num_tokens] int64
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # [num_sampling] int64: rows of the hidden states that sample
-    sampling_rows: list[int]  # batch index of each sampling row
+    sampling_rows: list[int]  # batch index of each sampling row (k + 1 consecutive rows for a verification)
     prompt_rows: torch.Tensor  # [num_prompt_rows] int64: rows of the hidden states that score a prompt token
     prompt_targets: torch.Tensor  # [num_prompt_rows] int64: the prompt token each of them scores
     prompt_spans: list[PromptSpan]  # which sequence each run of prompt rows belongs to
@@ -108,6 +108,7 @@ class ModelRunner:
         prompt_rows: list[int] = []
         prompt_targets: list[int] = []
         prompt_spans: list[PromptSpan] = []
+        verify_seqs: list[int] = []
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
             start = seq.num_computed_tokens
             end = start + n
@@ -116,12 +117,19 @@ class ModelRunner:
                 prompt_spans.append(PromptSpan(i, len(prompt_rows), len(scored), seq.params.prompt_logprobs))
                 prompt_rows.extend(len(input_ids) + q - start for q in scored)
                 prompt_targets.extend(seq.token_ids[q + 1] for q in scored)
-            input_ids.extend(seq.token_ids[start:end])
+            verifies = end > seq.num_tokens  # the last token and speculative drafts: every row samples
+            tokens = seq.token_ids + seq.draft_token_ids if verifies else seq.token_ids
+            input_ids.extend(tokens[start:end])
             positions.extend(range(start, end))
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
             context_lens.append(end)
-            if end == seq.num_tokens and seq.num_output_tokens < seq.max_tokens:
+            if verifies:
+                verify_seqs.append(i)
+                first = len(input_ids) - n
+                logits_indices.extend(range(first, len(input_ids)))
+                sampling_rows.extend([i] * n)
+            elif end == seq.num_tokens and seq.num_output_tokens < seq.max_tokens:
                 logits_indices.append(len(input_ids) - 1)
                 sampling_rows.append(i)
         max_blocks = max(len(seq.block_table) for seq in batch.seqs)
@@ -151,6 +159,7 @@ class ModelRunner:
             context_lens_host=tuple(context_lens),
             query_lens_host=query_lens,
             block_size=bs,
+            verify_seqs=tuple(verify_seqs),
         )
         return StepInputs(
             input_ids=input_ids_t,

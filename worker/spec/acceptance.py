@@ -1,0 +1,64 @@
+"""Speculation's bookkeeping: one sequence's recent acceptance (which turns its speculation down when the
+guesses stop paying), and the engine's cumulative counts (vLLM's spec_decode metrics).
+
+A verification step costs more than a plain decode step (k + 1 rows through the module path instead of
+one row through the decode program), so a sequence whose drafts keep being rejected (open-ended text)
+would run slower than without speculation. Each sequence keeps the accepted fraction of its last
+WINDOW drafted tokens; when that falls below MIN_ACCEPTANCE it stops drafting for a pause that doubles
+on every failed retry (PAUSE_STEPS up to MAX_PAUSE_STEPS) and resets once a retry pays again.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+WINDOW = 16  # drafted tokens the acceptance rate is judged over
+MIN_ACCEPTANCE = 0.3
+PAUSE_STEPS = 8
+MAX_PAUSE_STEPS = 256
+
+
+class AcceptanceTracker:
+    def __init__(self):
+        self._recent: deque[bool] = deque(maxlen=WINDOW)  # accepted? per drafted token, latest last
+        self._pause = 0  # decode steps left without drafting
+        self._next_pause = PAUSE_STEPS
+
+    def may_draft(self) -> bool:
+        """Whether to draft this step (a paused sequence counts the step towards its pause)."""
+        if self._pause > 0:
+            self._pause -= 1
+            return False
+        return True
+
+    def record(self, num_drafted: int, num_accepted: int) -> None:
+        self._recent.extend([True] * num_accepted + [False] * (num_drafted - num_accepted))
+        if len(self._recent) < min(WINDOW, 2 * num_drafted):
+            return  # too few to judge
+        if sum(self._recent) / len(self._recent) < MIN_ACCEPTANCE:
+            self._pause = self._next_pause
+            self._next_pause = min(2 * self._next_pause, MAX_PAUSE_STEPS)
+            self._recent.clear()
+        elif num_accepted > 0:
+            self._next_pause = PAUSE_STEPS
+
+
+class SpecCounters:
+    """Cumulative since the worker started, as vLLM counts them: a draft is one (sequence, step) with at
+    least one drafted token verified; accepted excludes the bonus token; per_position[i] counts drafts
+    whose token i was accepted; histogram[a] counts drafts that accepted exactly a tokens."""
+
+    def __init__(self, k: int):
+        self.num_drafts = 0
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+        self.accepted_per_position = [0] * k
+        self.acceptance_histogram = [0] * (k + 1)
+
+    def record(self, num_drafted: int, num_accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_drafted
+        self.num_accepted_tokens += num_accepted
+        for i in range(num_accepted):
+            self.accepted_per_position[i] += 1
+        self.acceptance_histogram[num_accepted] += 1

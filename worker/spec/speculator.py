@@ -1,0 +1,49 @@
+"""Speculative decoding for the engine: which sequences draft, their drafts, and what verifying them did.
+
+After each step, every sequence that decodes next (its last token sampled, nothing else to compute)
+and may speculate gets up to k drafts in seq.draft_token_ids; the scheduler feeds them with the last
+token (cutting them first when the token budget or the free blocks run short) and the engine verifies
+them (worker/spec/verify.py). A sequence with a grammar (structured output, tools) does not speculate:
+the grammar would have to check the drafts and roll back with the rejected ones, which it does not do
+here; such a sequence decodes plainly beside the speculating ones.
+"""
+
+from __future__ import annotations
+
+from shared.speculative_config import SpeculativeConfig
+from worker.core.sequence import Sequence, SequenceStatus
+from worker.spec.acceptance import AcceptanceTracker, SpecCounters
+from worker.spec.ngram import NgramProposer
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig, max_model_len: int):
+        if config.method != "ngram":
+            raise ValueError(f"speculative method {config.method} is not available in this build; use ngram")
+        self.config = config
+        self.k = config.num_speculative_tokens
+        self.max_model_len = max_model_len
+        self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+        self.counters = SpecCounters(self.k)
+
+    def describe(self) -> str:
+        return self.config.describe()
+
+    def draft(self, seq: Sequence) -> None:
+        """Set seq's drafts for its next step (none where it should not speculate now)."""
+        seq.draft_token_ids = []
+        if seq.status is not SequenceStatus.RUNNING or seq.grammar is not None \
+                or seq.num_computed_tokens != seq.num_tokens - 1:
+            return
+        # Verifying k drafts emits up to k + 1 tokens, each needing a position.
+        k = min(self.k, seq.max_tokens - seq.num_output_tokens - 1, self.max_model_len - seq.num_tokens)
+        if k < 1:
+            return
+        if seq.spec_state is None:
+            seq.spec_state = AcceptanceTracker()
+        if seq.spec_state.may_draft():
+            seq.draft_token_ids = self.proposer.propose(seq.token_ids, k)
+
+    def record(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
+        self.counters.record(num_drafted, num_accepted)
+        seq.spec_state.record(num_drafted, num_accepted)
