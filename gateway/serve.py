@@ -21,6 +21,7 @@ from gateway.openai.parse import Limits
 from gateway.server.auth import load_keys
 from gateway.server.device_check import check_device
 from shared.config import ATTENTION_BACKENDS, DTYPES, QUANTIZATIONS, EngineConfig, parse_size
+from shared.speculative_config import SpeculativeConfig, parse_speculative_config
 
 log = logging.getLogger("mili.gateway")
 
@@ -29,6 +30,13 @@ def _attention_backend(value: str) -> str:
     if value not in ATTENTION_BACKENDS:
         raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {', '.join(ATTENTION_BACKENDS)})")
     return value
+
+
+def _speculative_config(value: str) -> SpeculativeConfig | None:
+    try:
+        return parse_speculative_config(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -70,6 +78,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(none for safetensors); "
                         "q8_0/q4_0 quantize a checkpoint at load; none = the model dtype")
     p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--speculative-config", metavar="JSON", type=_speculative_config,
+                   help='speculative decoding, vLLM\'s keys: {"method": "ngram", "num_speculative_tokens": 4, '
+                        '"prompt_lookup_min": 2, "prompt_lookup_max": 5} (default: off)')
     p.add_argument("--enforce-eager", action="store_true",
                    help="on CUDA, run decode steps eagerly instead of replaying CUDA graphs")
     p.add_argument("--workers", type=int, default=1, help="engine processes behind this gateway")
@@ -145,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
         attention_backend=args.attention_backend, quantization=args.quantization,
-        enable_prefix_caching=not args.no_prefix_caching, enforce_eager=args.enforce_eager)
+        enable_prefix_caching=not args.no_prefix_caching, enforce_eager=args.enforce_eager,
+        speculative_config=args.speculative_config)
     tcp_host, tcp_port = None, 0
     if args.worker_tcp:
         tcp_host, _, port = args.worker_tcp.rpartition(":")

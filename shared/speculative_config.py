@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 
 METHODS = ("ngram", "draft_model")
+AVAILABLE_METHODS = ("ngram",)  # draft_model's keys are known, its runner is not built yet
 MAX_SPECULATIVE_TOKENS = 16  # each verification step feeds k + 1 rows per sequence
 NGRAM_DEFAULT_WINDOW = 5
 _KEYS = {"ngram": {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"},
@@ -71,6 +72,9 @@ def speculative_config_from_dict(raw) -> SpeculativeConfig:
     method = raw.get("method")
     if method not in METHODS:
         raise ValueError(f"speculative config: method must be one of {', '.join(METHODS)}, got {method!r}")
+    if method not in AVAILABLE_METHODS:
+        raise ValueError(f"speculative config: method {method} is not available in this version of MILI "
+                         f"(available: {', '.join(AVAILABLE_METHODS)})")
     unknown = sorted(set(raw) - _KEYS[method])
     if unknown:
         raise ValueError(f"speculative config: unknown key(s) for method {method}: {', '.join(unknown)} "

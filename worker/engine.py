@@ -101,9 +101,9 @@ class LLMEngine:
         self.speculator = None if spec is None else Speculator(spec, self.max_model_len)
         self.speculative = "off" if spec is None else spec.describe()
         log.info("engine ready: %s on %s, dtype %s, attention %s, quantization %s, %d KV blocks of %d tokens, "
-                 "max_model_len %d, decode steps as one kernel program: %s, as CUDA graphs: %s, speculative decoding: %s",
-                 mc.architecture,
-                 self.device, self.dtype, self.attention_backend.name, "none" if quant is None else quant.describe(),
+                 "max_model_len %d, decode steps as one kernel program: %s, as CUDA graphs: %s, "
+                 "speculative decoding: %s", mc.architecture, self.device, self.dtype, self.attention_backend.name,
+                 "none" if quant is None else quant.describe(),
                  num_blocks, config.block_size, self.max_model_len, self.runner.decode_program_status,
                  self.runner.decode_graphs_status, self.speculative)
 
@@ -399,7 +399,8 @@ class LLMEngine:
             num_running=len(sch.running), num_waiting=len(sch.waiting) + sum(map(len, self._forks.values())),
             kv_blocks_total=bm.num_blocks, kv_blocks_used=bm.num_used_blocks,
             prefix_cache_query_tokens=sch.prefix_query_tokens, prefix_cache_hit_tokens=sch.prefix_hit_tokens,
-            num_preemptions=sch.num_preemptions, kv_invariant_violations=self.kv_audit.num_violations)
+            num_preemptions=sch.num_preemptions, kv_invariant_violations=self.kv_audit.num_violations,
+            **({} if self.speculator is None else self.speculator.counters.wire_fields()))
 
     # ----- offline use -----
     def generate(self, prompts: list[list[int]], params: SamplingParams | Iterable[SamplingParams]) -> list[Completion]:

@@ -62,3 +62,10 @@ class SpecCounters:
         for i in range(num_accepted):
             self.accepted_per_position[i] += 1
         self.acceptance_histogram[num_accepted] += 1
+
+    def wire_fields(self) -> dict:
+        """These counts under shared/wire.py:WorkerStats' field names."""
+        return dict(spec_num_drafts=self.num_drafts, spec_num_draft_tokens=self.num_draft_tokens,
+                    spec_num_accepted_tokens=self.num_accepted_tokens,
+                    spec_accepted_per_position=list(self.accepted_per_position),
+                    spec_acceptance_histogram=list(self.acceptance_histogram))
