@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import deque
 
 WINDOW = 16  # drafted tokens the acceptance rate is judged over
+MIN_JUDGED = 8  # ... once it holds at least this many
 MIN_ACCEPTANCE = 0.3
 PAUSE_STEPS = 8
 MAX_PAUSE_STEPS = 256
@@ -33,7 +34,7 @@ class AcceptanceTracker:
 
     def record(self, num_drafted: int, num_accepted: int) -> None:
         self._recent.extend([True] * num_accepted + [False] * (num_drafted - num_accepted))
-        if len(self._recent) < min(WINDOW, 2 * num_drafted):
+        if len(self._recent) < MIN_JUDGED:
             return  # too few to judge
         if sum(self._recent) / len(self._recent) < MIN_ACCEPTANCE:
             self._pause = self._next_pause
