@@ -30,9 +30,6 @@ class AttentionMetadata:
     # are then upper bounds (the block tables' width), the step's own lengths live only on the device, and
     # the plan must come from the device tensors alone. Backends that can do that say capturable_decode.
     lengths_are_bounds: bool = False
-    # Batch indices of sequences verifying speculative drafts (worker/spec/): each of their rows must compute
-    # the bits a one-token decode row at its position would, so that speculation never changes the output.
-    verify_seqs: tuple[int, ...] = ()
 
 
 class AttentionBackend(Protocol):

@@ -47,15 +47,11 @@ class MojoAttentionBackend:
         query_lens = meta.query_lens_host
         kernel = self._ops.StepPlan.build(meta.block_tables, meta.context_lens_host, query_lens, meta.slot_mapping,
                                           meta.block_size, max_query_len=1)
-        if meta.verify_seqs:
-            _kernel_attends_verifications(kernel, query_lens, meta.verify_seqs)
         ref_plan = None
-        if any(n > 1 and i not in meta.verify_seqs for i, n in enumerate(query_lens)):
+        if any(n > 1 for n in query_lens):
             full = reference.plan_attention(meta.block_tables, list(meta.context_lens_host), list(query_lens),
                                             meta.block_size)
-            verify_starts = {sum(query_lens[:i]) for i in meta.verify_seqs}
-            ref_plan = reference.AttentionPlan(
-                decode=(), prefills=tuple(p for p in full.prefills if p.start not in verify_starts))
+            ref_plan = reference.AttentionPlan(decode=(), prefills=full.prefills)
         return MojoStepPlan(kernel, ref_plan, kernel_attends=bool(kernel.rows))
 
     @property
@@ -76,10 +72,3 @@ class MojoAttentionBackend:
         if plan.reference is not None:
             reference.paged_attention(query, k_cache, v_cache, plan.reference, scale, out=out)
         return out
-
-
-def _kernel_attends_verifications(kernel, query_lens: tuple[int, ...], verify_seqs: tuple[int, ...]) -> None:
-    """Speculative verifications go to the decode kernel, one work item per query row: each row walks its
-    visible keys page by page exactly as a one-token decode at its position does (kernels/attention.mojo),
-    so a verified token has the bits plain decoding would have given it. (SDPA over the chunk would not.)"""
-    kernel.rows += [(seq, r, r + 1) for seq in verify_seqs for r in range(query_lens[seq])]

@@ -108,7 +108,8 @@ class ModelRunner:
         prompt_rows: list[int] = []
         prompt_targets: list[int] = []
         prompt_spans: list[PromptSpan] = []
-        verify_seqs: list[int] = []
+        query_lens: list[int] = []
+        tables: list[list[int]] = []  # one per attention row: a verification's k + 1 rows share its table
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
             start = seq.num_computed_tokens
             end = start + n
@@ -123,18 +124,25 @@ class ModelRunner:
             positions.extend(range(start, end))
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            context_lens.append(end)
             if verifies:
-                verify_seqs.append(i)
-                first = len(input_ids) - n
-                logits_indices.extend(range(first, len(input_ids)))
+                # Each row of a verification is, to attention, a one-token decode at its own position: the
+                # same kernel, the same keys, so the bits plain decoding would compute for it (a chunk's
+                # attention would not). Every layer writes the step's K/V before it attends, so row j sees
+                # the drafts before it. The step stays a decode step, eligible for the decode program.
+                context_lens.extend(range(start + 1, end + 1))
+                query_lens.extend([1] * n)
+                tables.extend([table] * n)
+                logits_indices.extend(range(len(input_ids) - n, len(input_ids)))
                 sampling_rows.extend([i] * n)
-            elif end == seq.num_tokens and seq.num_output_tokens < seq.max_tokens:
+                continue
+            context_lens.append(end)
+            query_lens.append(n)
+            tables.append(table)
+            if end == seq.num_tokens and seq.num_output_tokens < seq.max_tokens:
                 logits_indices.append(len(input_ids) - 1)
                 sampling_rows.append(i)
-        max_blocks = max(len(seq.block_table) for seq in batch.seqs)
-        tables = [seq.block_table + [0] * (max_blocks - len(seq.block_table)) for seq in batch.seqs]
-        query_lens = tuple(batch.num_new_tokens)
+        max_blocks = max(len(table) for table in tables)
+        tables = [table + [0] * (max_blocks - len(table)) for table in tables]
         query_start = [0]
         for n in query_lens:
             query_start.append(query_start[-1] + n)
@@ -153,13 +161,12 @@ class ModelRunner:
         ], self.device)
         meta = AttentionMetadata(
             slot_mapping=slot_mapping,  # [num_tokens] int64
-            block_tables=block_tables,  # [batch, max_blocks] int32
-            context_lens=context_lens_t,  # [batch] int32
-            query_start_loc=query_start_loc,  # [batch + 1] int32
+            block_tables=block_tables,  # [attention rows, max_blocks] int32
+            context_lens=context_lens_t,  # [attention rows] int32
+            query_start_loc=query_start_loc,  # [attention rows + 1] int32
             context_lens_host=tuple(context_lens),
-            query_lens_host=query_lens,
+            query_lens_host=tuple(query_lens),
             block_size=bs,
-            verify_seqs=tuple(verify_seqs),
         )
         return StepInputs(
             input_ids=input_ids_t,
