@@ -43,7 +43,7 @@ from worker.runner.model_runner import ModelRunner
 from worker.runner.sampler import Sampler, make_generator
 from worker.runner.structured_output import GrammarCompiler, GrammarError
 from worker.spec.speculator import Speculator
-from worker.spec.verify import GeneratorRewind, num_emitted, sampling_row, verification_rows
+from worker.spec.verify import sample_and_verify
 
 log = logging.getLogger(__name__)
 
@@ -257,41 +257,25 @@ class LLMEngine:
         inputs = self.runner.prepare(batch)
         result = self.runner.execute(inputs)
         groups = _row_groups(inputs.sampling_rows)
-        rows, verifying = [], []
-        for i, _, count in groups:
-            seq = batch.seqs[i]
-            if count > 1:
-                rows.extend(verification_rows(seq))
-                verifying.append(seq)
-            else:
-                rows.append(sampling_row(seq))
-        rewind = GeneratorRewind(verifying) if verifying else None
-        sampled = self.sampler(result.logits, rows)
+        picks = sample_and_verify(self.sampler, result.logits, [(batch.seqs[i], n) for i, _, n in groups],
+                                  self.speculator)
         for i, entries in result.prompt_logprobs.items():
             batch.seqs[i].prompt_logprobs.extend(entries)
-        finished = []
-        emitting = []
-        for i, first, count in groups:
+        finished, emitting, verified = [], [], []
+        for (i, _, count), (tokens, logprobs) in zip(groups, picks):
             seq = batch.seqs[i]
-            tokens = sampled.token_ids[first:first + count]
-            logprobs = sampled.logprobs[first:first + count]
-            if count > 1:
-                emitted = num_emitted(seq.draft_token_ids, tokens)
-                rewind.settle(seq, count, emitted)
-                self.speculator.record(seq, count - 1, emitted - 1)
-                tokens, logprobs = tokens[:emitted], logprobs[:emitted]
-                seq.draft_token_ids = []
             # Tokens go in before _advance: the prefix-cache digests it adds cover accepted drafts.
             reason, num_out = self._append_tokens(seq, tokens)
             if count > 1:
                 # The KV of the last token and of the accepted drafts stays; the rejected drafts' slots are
                 # rolled back (overwritten by later steps) and their blocks released below.
                 batch.num_new_tokens[i] = num_out
+                verified.append(seq)
             if reason is not None:
                 finished.append((seq, reason))
             emitting.append((seq, tokens[:num_out], None if logprobs[0] is None else logprobs[:num_out]))
         self._advance(batch)
-        for seq in verifying:
+        for seq in verified:
             self.block_manager.trim(seq)
         for seq, reason in finished:
             self.scheduler.finish(seq, reason)

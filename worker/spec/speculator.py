@@ -3,9 +3,9 @@
 After each step, every sequence that decodes next (its last token sampled, nothing else to compute)
 and may speculate gets up to k drafts in seq.draft_token_ids; the scheduler feeds them with the last
 token (cutting them first when the token budget or the free blocks run short) and the engine verifies
-them (worker/spec/verify.py). A sequence with a grammar (structured output, tools) does not speculate:
-the grammar would have to check the drafts and roll back with the rejected ones, which it does not do
-here; such a sequence decodes plainly beside the speculating ones.
+them (worker/spec/verify.py). A sequence with a grammar (structured output, tools) keeps only the drafts
+its grammar accepts from its current state (checked without consuming); its verification advances the
+grammar through the accepted drafts and rolls it back (verify.py:verify_in_order).
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ class Speculator:
     def draft(self, seq: Sequence) -> None:
         """Set seq's drafts for its next step (none where it should not speculate now)."""
         seq.draft_token_ids = []
-        if seq.status is not SequenceStatus.RUNNING or seq.grammar is not None \
-                or seq.num_computed_tokens != seq.num_tokens - 1:
+        if seq.status is not SequenceStatus.RUNNING or seq.num_computed_tokens != seq.num_tokens - 1:
             return
         # Verifying k drafts emits up to k + 1 tokens, each needing a position.
         k = min(self.k, seq.max_tokens - seq.num_output_tokens - 1, self.max_model_len - seq.num_tokens)
@@ -42,7 +41,10 @@ class Speculator:
         if seq.spec_state is None:
             seq.spec_state = AcceptanceTracker()
         if seq.spec_state.may_draft():
-            seq.draft_token_ids = self.proposer.propose(seq.token_ids, k)
+            drafts = self.proposer.propose(seq.token_ids, k)
+            if drafts and seq.grammar is not None:
+                del drafts[seq.grammar.valid_prefix(drafts):]
+            seq.draft_token_ids = drafts
 
     def record(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
         self.counters.record(num_drafted, num_accepted)

@@ -21,11 +21,15 @@ request then samples the same tokens with speculation as without.
 from __future__ import annotations
 
 from collections.abc import Sequence as Tokens
+from typing import TYPE_CHECKING
 
 import torch
 
 from worker.core.sequence import Sequence
-from worker.runner.sampler import SamplingRow
+from worker.runner.sampler import Sampler, SamplingRow, TokenLogprobs
+
+if TYPE_CHECKING:
+    from worker.spec.speculator import Speculator
 
 
 def sampling_row(seq: Sequence, drafted: Tokens[int] = ()) -> SamplingRow:
@@ -44,6 +48,31 @@ def sampling_row(seq: Sequence, drafted: Tokens[int] = ()) -> SamplingRow:
     )
 
 
+def verify_in_order(sampler: Sampler, logits: torch.Tensor, seq: Sequence) -> tuple[list[int], list]:
+    """A sequence with a grammar verifies row by row: row j is masked by the grammar after the drafts
+    before it, so the grammar advances through each accepted draft and is rolled back afterwards (the
+    engine then advances it through the emitted tokens as for any token). Rows past the first rejection
+    are never sampled, so the generator draws exactly what plain decoding would, retries included.
+    logits: [k + 1, vocab] -> the emitted tokens and their logprobs (entries None where not asked for)."""
+    drafts = seq.draft_token_ids
+    tokens: list[int] = []
+    logprobs: list[TokenLogprobs | None] = []
+    advanced = 0
+    try:
+        for j in range(len(drafts) + 1):
+            out = sampler(logits[j:j + 1], [sampling_row(seq, drafts[:j])])
+            tokens.append(out.token_ids[0])
+            logprobs.append(out.logprobs[0])
+            if j == len(drafts) or tokens[-1] != drafts[j]:
+                break
+            advanced += 1
+            if seq.grammar.advance(drafts[j]):  # complete: nothing may follow
+                break
+    finally:
+        seq.grammar.rollback(advanced)
+    return tokens, logprobs
+
+
 def verification_rows(seq: Sequence) -> list[SamplingRow]:
     """k + 1 rows for a sequence verifying k drafts (seq.draft_token_ids)."""
     drafts = seq.draft_token_ids
@@ -51,11 +80,48 @@ def verification_rows(seq: Sequence) -> list[SamplingRow]:
 
 
 def num_emitted(drafts: list[int], sampled: list[int]) -> int:
-    """How many of the k + 1 sampled tokens the sequence emits: the accepted drafts and the token after."""
-    for j, draft in enumerate(drafts):
+    """How many of the sampled tokens (k + 1, or fewer where a grammar completed on an accepted draft) the
+    sequence emits: the accepted drafts and the token after them."""
+    for j, draft in enumerate(drafts[:len(sampled)]):
         if sampled[j] != draft:
             return j + 1
-    return len(drafts) + 1
+    return min(len(drafts) + 1, len(sampled))
+
+
+def sample_and_verify(sampler: Sampler, logits: torch.Tensor, seqs: list[tuple[Sequence, int]],
+                      speculator: Speculator | None) -> list[tuple[list[int], list[TokenLogprobs | None]]]:
+    """One step's sampling. seqs: each sampling sequence with its logits rows (1, or k + 1 for a
+    verification), in the order of logits [rows, vocab]. Returns each one's emitted tokens and their
+    logprobs; verifications are recorded and their drafts cleared."""
+    rows: list[SamplingRow] = []
+    picked_rows: list[int] = []  # logits rows the batched call samples
+    in_order: dict[int, tuple[list[int], list]] = {}
+    first = 0
+    for g, (seq, count) in enumerate(seqs):
+        if count > 1 and seq.grammar is not None:
+            in_order[g] = verify_in_order(sampler, logits[first:first + count], seq)
+        else:
+            rows.extend(verification_rows(seq) if count > 1 else [sampling_row(seq)])
+            picked_rows.extend(range(first, first + count))
+        first += count
+    rewind = GeneratorRewind([seq for g, (seq, count) in enumerate(seqs) if count > 1 and g not in in_order])
+    sampled = sampler(logits if not in_order else logits[picked_rows], rows)
+    picks = []
+    row = 0
+    for g, (seq, count) in enumerate(seqs):
+        if g in in_order:
+            tokens, logprobs = in_order[g]
+        else:
+            tokens, logprobs = sampled.token_ids[row:row + count], sampled.logprobs[row:row + count]
+            row += count
+        if count > 1:
+            emitted = num_emitted(seq.draft_token_ids, tokens)
+            rewind.settle(seq, count, emitted)
+            speculator.record(seq, count - 1, emitted - 1)
+            tokens, logprobs = tokens[:emitted], logprobs[:emitted]
+            seq.draft_token_ids = []
+        picks.append((tokens, logprobs))
+    return picks
 
 
 class GeneratorRewind:

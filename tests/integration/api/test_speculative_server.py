@@ -89,7 +89,7 @@ def test_stop_strings_max_tokens_and_n(client, plain_text):
     assert len(with_logprobs.choices[0].logprobs.token_logprobs) == 10
 
 
-def test_structured_output_decodes_without_drafts(client):
+def test_structured_output_speculates_within_its_grammar(client):
     reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "a JSON object"}],
                                            response_format={"type": "json_object"}, max_tokens=30, temperature=0.0)
     text = reply.choices[0].message.content

@@ -15,6 +15,7 @@ random tiny Qwen3 served with q8_0 weights and the Mojo attention kernels (the d
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -225,3 +226,28 @@ def test_sampled_distribution_is_the_plain_samplers(tmp_path, test_seed):
     for position in (1, 2, 3):  # tokens 1.. come from verifications (token 0 from the prefill)
         p = _chi_square_p([s[position] for s in plain], [s[position] for s in spec])
         assert p > 1e-3, f"output position {position}: the distributions differ (chi-square p = {p:.2g})"
+
+
+def test_grammar_checks_drafts_and_rolls_back(tmp_path, test_seed):
+    """Structured output speculates too: drafts the grammar refuses are cut before verification, the rows
+    are masked by the grammar after the drafts before them, and the grammar is rolled back, so greedy and
+    seeded outputs are the plain ones and always match the grammar."""
+    import llguidance
+    from transformers import AutoTokenizer
+
+    from tests.helpers.server import build_served_tiny_model
+
+    path = build_served_tiny_model("qwen3", test_seed, tmp_path / "tok")
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    pattern = "(hello world ){4}(hello|world| |again)*"
+    grammar = llguidance.LLMatcher.grammar_from_regex(pattern)
+    prompt = tokenizer.encode("hello world " * 6, add_special_tokens=False)
+    params = [SamplingParams(temperature=0.0, max_tokens=30, grammar=grammar),
+              SamplingParams(temperature=0.8, max_tokens=30, grammar=grammar, seed=test_seed, logprobs=1)]
+    expected = run(engine(path, spec=False), [prompt, prompt], params)
+    spec = engine(path, spec=True)
+    got = run(spec, [prompt, prompt], params)
+    assert got == expected
+    assert spec.speculator.counters.num_accepted_tokens > 0
+    for tokens in got:  # cut by max_tokens, the text may end inside a word
+        assert re.fullmatch(pattern + "(h|he|hel|hell|w|wo|wor|worl|a|ag|aga|agai)?", tokenizer.decode(tokens))
