@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 METHODS = ("ngram", "draft_model")
-AVAILABLE_METHODS = ("ngram",)  # draft_model's keys are known, its runner is not built yet
 MAX_SPECULATIVE_TOKENS = 16  # each verification step feeds k + 1 rows per sequence
 NGRAM_DEFAULT_WINDOW = 5
 _KEYS = {"ngram": {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"},
@@ -44,8 +44,9 @@ class SpeculativeConfig:
             if self.prompt_lookup_min > self.prompt_lookup_max:
                 raise ValueError(f"speculative config: prompt_lookup_min ({self.prompt_lookup_min}) exceeds "
                                  f"prompt_lookup_max ({self.prompt_lookup_max})")
-        elif not isinstance(self.model, str) or not self.model:
-            raise ValueError("speculative config: draft_model needs \"model\", the draft checkpoint's directory")
+        elif not isinstance(self.model, str) or not (Path(self.model) / "config.json").is_file():
+            raise ValueError(f"speculative config: draft_model needs \"model\", a checkpoint directory with a "
+                             f"config.json sharing the target's tokenizer; got {self.model!r}")
 
     def describe(self) -> str:
         if self.method == "ngram":
@@ -72,9 +73,6 @@ def speculative_config_from_dict(raw) -> SpeculativeConfig:
     method = raw.get("method")
     if method not in METHODS:
         raise ValueError(f"speculative config: method must be one of {', '.join(METHODS)}, got {method!r}")
-    if method not in AVAILABLE_METHODS:
-        raise ValueError(f"speculative config: method {method} is not available in this version of MILI "
-                         f"(available: {', '.join(AVAILABLE_METHODS)})")
     unknown = sorted(set(raw) - _KEYS[method])
     if unknown:
         raise ValueError(f"speculative config: unknown key(s) for method {method}: {', '.join(unknown)} "

@@ -42,7 +42,7 @@ from worker.runner.kv_cache import allocate_kv_caches, num_blocks_for_memory
 from worker.runner.model_runner import ModelRunner
 from worker.runner.sampler import Sampler, make_generator
 from worker.runner.structured_output import GrammarCompiler, GrammarError
-from worker.spec.speculator import Speculator
+from worker.spec.speculator import Speculator, make_proposer
 from worker.spec.verify import sample_and_verify
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,10 @@ class LLMEngine:
         self.kv_audit = KvAuditor(self.block_manager, KV_AUDIT_EVERY_STEPS)
         self._deadlines = DeadlineQueue()
         spec = config.speculative_config
-        self.speculator = None if spec is None else Speculator(spec, self.max_model_len)
+        self.speculator = None if spec is None else Speculator(spec, self.max_model_len, make_proposer(
+            spec, target_vocab_size=mc.vocab_size, max_model_len=self.max_model_len, device=self.device,
+            dtype=self.dtype, attention_backend=self.attention_backend, block_size=config.block_size,
+            num_blocks=num_blocks))
         self.speculative = "off" if spec is None else spec.describe()
         log.info("engine ready: %s on %s, dtype %s, attention %s, quantization %s, %d KV blocks of %d tokens, "
                  "max_model_len %d, decode steps as one kernel program: %s, as CUDA graphs: %s, "
@@ -283,8 +286,8 @@ class LLMEngine:
             outputs.append(self._output(seq, tokens, logprobs))
             if seq.is_finished:
                 self._forget_if_done(seq.request_id)
-            elif self.speculator is not None:
-                self.speculator.draft(seq)
+        if self.speculator is not None:
+            self.speculator.draft([seq for seq, _, _ in emitting if not seq.is_finished])
         outputs.extend(self._finish_scored_prompts(batch))
         self.kv_audit.after_step(self._live_sequences())
         return outputs

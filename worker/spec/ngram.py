@@ -11,12 +11,17 @@ from __future__ import annotations
 
 from array import array
 
+from worker.core.sequence import Sequence
+
 
 class NgramProposer:
     def __init__(self, min_n: int, max_n: int):
         if not 1 <= min_n <= max_n:
             raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {min_n}..{max_n}")
         self.min_n, self.max_n = min_n, max_n
+
+    def propose_many(self, wanted: list[tuple[Sequence, int]]) -> list[list[int]]:
+        return [self.propose(seq.token_ids, k) for seq, k in wanted]
 
     def propose(self, token_ids: list[int], k: int) -> list[int]:
         """Up to k tokens guessed to follow token_ids; [] when no suffix of min_n+ tokens recurs."""

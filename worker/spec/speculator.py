@@ -13,35 +13,40 @@ from __future__ import annotations
 from shared.speculative_config import SpeculativeConfig
 from worker.core.sequence import Sequence, SequenceStatus
 from worker.spec.acceptance import AcceptanceTracker, SpecCounters
+from worker.spec.draft_model import DraftModelProposer
 from worker.spec.ngram import NgramProposer
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig, max_model_len: int):
-        if config.method != "ngram":
-            raise ValueError(f"speculative method {config.method} is not available in this build; use ngram")
+    def __init__(self, config: SpeculativeConfig, max_model_len: int, proposer):
+        """proposer: propose_many([(sequence, k)]) -> up to k drafts each (make_proposer builds it)."""
         self.config = config
         self.k = config.num_speculative_tokens
         self.max_model_len = max_model_len
-        self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+        self.proposer = proposer
         self.counters = SpecCounters(self.k)
 
     def describe(self) -> str:
         return self.config.describe()
 
-    def draft(self, seq: Sequence) -> None:
-        """Set seq's drafts for its next step (none where it should not speculate now)."""
-        seq.draft_token_ids = []
-        if seq.status is not SequenceStatus.RUNNING or seq.num_computed_tokens != seq.num_tokens - 1:
+    def draft(self, seqs: list[Sequence]) -> None:
+        """Set the drafts of each of seqs for its next step (none where it should not speculate now)."""
+        wanted = []
+        for seq in seqs:
+            seq.draft_token_ids = []
+            if seq.status is not SequenceStatus.RUNNING or seq.num_computed_tokens != seq.num_tokens - 1:
+                continue
+            # Verifying k drafts emits up to k + 1 tokens, each needing a position.
+            k = min(self.k, seq.max_tokens - seq.num_output_tokens - 1, self.max_model_len - seq.num_tokens)
+            if k < 1:
+                continue
+            if seq.spec_state is None:
+                seq.spec_state = AcceptanceTracker()
+            if seq.spec_state.may_draft():
+                wanted.append((seq, k))
+        if not wanted:
             return
-        # Verifying k drafts emits up to k + 1 tokens, each needing a position.
-        k = min(self.k, seq.max_tokens - seq.num_output_tokens - 1, self.max_model_len - seq.num_tokens)
-        if k < 1:
-            return
-        if seq.spec_state is None:
-            seq.spec_state = AcceptanceTracker()
-        if seq.spec_state.may_draft():
-            drafts = self.proposer.propose(seq.token_ids, k)
+        for (seq, _), drafts in zip(wanted, self.proposer.propose_many(wanted)):
             if drafts and seq.grammar is not None:
                 del drafts[seq.grammar.valid_prefix(drafts):]
             seq.draft_token_ids = drafts
@@ -49,3 +54,11 @@ class Speculator:
     def record(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
         self.counters.record(num_drafted, num_accepted)
         seq.spec_state.record(num_drafted, num_accepted)
+
+
+def make_proposer(config: SpeculativeConfig, **target):
+    """The config's proposer. target (draft_model only): the engine's max_model_len, device, dtype,
+    attention backend, block size, KV block count and vocab size, which the draft model shares."""
+    if config.method == "ngram":
+        return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+    return DraftModelProposer(config.model, **target)

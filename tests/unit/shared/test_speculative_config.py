@@ -31,7 +31,8 @@ def test_ngram_window_defaults_as_vllm():
     ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2}',
      "exceeds"),
     ('{"method": "ngram", "num_speculative_tokens": 2, "model": "x"}', "unknown key(s) for method ngram: model"),
-    ('{"method": "draft_model", "model": "/m", "num_speculative_tokens": 2}', "not available"),
+    ('{"method": "draft_model", "model": "/nowhere", "num_speculative_tokens": 2}', "config.json"),
+    ('{"method": "draft_model", "num_speculative_tokens": 2}', "draft_model needs \"model\""),
 ])
 def test_bad_configs_name_the_problem(text, names):
     with pytest.raises(ValueError, match=None) as e:

@@ -251,3 +251,26 @@ def test_grammar_checks_drafts_and_rolls_back(tmp_path, test_seed):
     assert spec.speculator.counters.num_accepted_tokens > 0
     for tokens in got:  # cut by max_tokens, the text may end inside a word
         assert re.fullmatch(pattern + "(h|he|hel|hell|w|wo|wor|worl|a|ag|aga|agai)?", tokenizer.decode(tokens))
+
+
+def test_draft_model_pairs_keep_the_output_exact(model_dir, tmp_path, test_seed):
+    """Random pairs sharing the vocabulary: the target's own weights unquantized as the draft (many drafts accepted)
+    and an unrelated one-layer model (most rejected). Either way greedy and seeded outputs are the plain
+    ones; the draft's own KV catches up on accepted tokens and is freed with its sequence."""
+    other = tmp_path / "draft"
+    build_tiny_model("qwen3", test_seed + 5, other, vocab_size=VOCAB, num_layers=1)
+    prompts = repetitive_prompts(test_seed + 4, 3)
+    params = [GREEDY, SAMPLED[0], SAMPLED[2]]
+    expected = run(engine(model_dir, spec=False), prompts, params)
+    for draft, accepts_most in ((model_dir, True), (other, False)):
+        config = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3}
+        eng = make_engine(model_dir, attention_backend="mojo", quantization="q8_0", speculative_config=config)
+        assert run(eng, prompts, params) == expected
+        c = eng.speculator.counters
+        assert c.num_drafts > 0
+        if accepts_most:
+            assert c.num_accepted_tokens > c.num_draft_tokens // 3, vars(c)
+        proposer = eng.speculator.proposer
+        eng.speculator.draft([])  # frees the shadows of finished sequences
+        proposer.propose_many([])
+        assert proposer.blocks.num_used_blocks == 0
