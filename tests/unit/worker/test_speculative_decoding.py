@@ -274,3 +274,28 @@ def test_draft_model_pairs_keep_the_output_exact(model_dir, tmp_path, test_seed)
         eng.speculator.draft([])  # frees the shadows of finished sequences
         proposer.propose_many([])
         assert proposer.blocks.num_used_blocks == 0
+
+
+def test_aborts_mid_speculation_free_every_block(model_dir, test_seed):
+    prompts = repetitive_prompts(test_seed + 6, 3)
+    expected = run(engine(model_dir, spec=False), prompts[2:], GREEDY)
+    eng = engine(model_dir, spec=True)
+    eng.add_request("a", prompts[0], GREEDY)
+    eng.add_request("b", prompts[1], SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True, n=2))
+    eng.add_request("c", prompts[2], GREEDY)
+    out: list[int] = []
+    for _ in range(200):
+        for o in eng.step():
+            out.extend(o.new_token_ids if o.request_id == "c" else ())
+        if any(s.draft_token_ids for s in eng.scheduler.running if s.request_id in ("a", "b")):
+            break
+    eng.abort_request("a")
+    eng.abort_choice("b", 1)
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            out.extend(o.new_token_ids if o.request_id == "c" else ())
+        check_kv(eng)
+    assert out == expected[0]
+    assert eng.block_manager.num_used_blocks == 0
+    eng.check_kv()
+    assert eng.kv_audit.num_violations == 0
