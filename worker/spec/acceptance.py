@@ -5,7 +5,8 @@ A verification step costs more than a plain decode step (k + 1 rows through the 
 one row through the decode program), so a sequence whose drafts keep being rejected (open-ended text)
 would run slower than without speculation. Each sequence keeps the accepted fraction of its last
 WINDOW drafted tokens; when that falls below MIN_ACCEPTANCE it stops drafting for a pause that doubles
-on every failed retry (PAUSE_STEPS up to MAX_PAUSE_STEPS) and resets once a retry pays again.
+on every failed retry (PAUSE_STEPS up to MAX_PAUSE_STEPS) and resets once a retry pays again. Between
+pauses, its drafts are one token longer than its recent accepted runs (draft_length).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ MIN_JUDGED = 8  # ... once it holds at least this many
 MIN_ACCEPTANCE = 0.3
 PAUSE_STEPS = 8
 MAX_PAUSE_STEPS = 256
+RUN_DECAY = 0.5  # weight of the past in the accepted-run average that sets the draft length
 
 
 class AcceptanceTracker:
@@ -24,6 +26,13 @@ class AcceptanceTracker:
         self._recent: deque[bool] = deque(maxlen=WINDOW)  # accepted? per drafted token, latest last
         self._pause = 0  # decode steps left without drafting
         self._next_pause = PAUSE_STEPS
+        self._run = None  # moving average of the tokens accepted per draft (None before the first)
+
+    def draft_length(self, k: int) -> int:
+        """How many tokens to draft, at most k: one more than the recent accepted run, so that on a CPU,
+        where every verified row costs nearly a decode row's compute at high batch, rejected rows stay
+        few while long accepted runs grow the draft back to k."""
+        return k if self._run is None else max(1, min(k, int(self._run) + 1))
 
     def may_draft(self) -> bool:
         """Whether to draft this step (a paused sequence counts the step towards its pause)."""
@@ -33,6 +42,9 @@ class AcceptanceTracker:
         return True
 
     def record(self, num_drafted: int, num_accepted: int) -> None:
+        # A fully accepted draft says nothing of how much longer the run would have gone: count it as one more.
+        run = num_accepted + (num_accepted == num_drafted)
+        self._run = run if self._run is None else RUN_DECAY * self._run + (1 - RUN_DECAY) * run
         self._recent.extend([True] * num_accepted + [False] * (num_drafted - num_accepted))
         if len(self._recent) < MIN_JUDGED:
             return  # too few to judge

@@ -43,7 +43,7 @@ class Speculator:
             if seq.spec_state is None:
                 seq.spec_state = AcceptanceTracker()
             if seq.spec_state.may_draft():
-                wanted.append((seq, k))
+                wanted.append((seq, seq.spec_state.draft_length(k)))
         if not wanted:
             return
         for (seq, _), drafts in zip(wanted, self.proposer.propose_many(wanted)):

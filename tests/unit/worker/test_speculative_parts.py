@@ -53,6 +53,18 @@ def test_turn_down_pauses_failing_speculation_longer_each_time():
     assert MAX_PAUSE_STEPS >= 4 * PAUSE_STEPS
 
 
+def test_draft_length_follows_the_accepted_runs():
+    tracker = AcceptanceTracker()
+    assert tracker.draft_length(5) == 5  # nothing known yet: the full k
+    for _ in range(6):
+        tracker.record(tracker.draft_length(5), 1)
+    assert tracker.draft_length(5) == 2  # runs of one accepted token: draft two
+    for _ in range(6):
+        n = tracker.draft_length(5)
+        tracker.record(n, n)  # every draft accepted: the length grows back to k
+    assert tracker.draft_length(5) == 5
+
+
 def _stats(**spec) -> wire.WorkerStats:
     return wire.WorkerStats(num_running=0, num_waiting=0, kv_blocks_total=1, kv_blocks_used=0,
                             prefix_cache_query_tokens=0, prefix_cache_hit_tokens=0, num_preemptions=0, **spec)
