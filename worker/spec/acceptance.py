@@ -4,7 +4,7 @@ guesses stop paying), and the engine's cumulative counts (vLLM's spec_decode met
 A verification step costs more than a plain decode step (k + 1 rows through the module path instead of
 one row through the decode program), so a sequence whose drafts keep being rejected (open-ended text)
 would run slower than without speculation. Each sequence keeps the accepted fraction of its last
-WINDOW drafted tokens; when that falls below MIN_ACCEPTANCE it stops drafting for a pause that doubles
+WINDOW drafted tokens; when that falls below min_acceptance (higher in a bigger batch) it stops drafting for a pause that doubles
 on every failed retry (PAUSE_STEPS up to MAX_PAUSE_STEPS) and resets once a retry pays again. Between
 pauses, its drafts are one token longer than its recent accepted runs (draft_length).
 """
@@ -15,10 +15,19 @@ from collections import deque
 
 WINDOW = 16  # drafted tokens the acceptance rate is judged over
 MIN_JUDGED = 8  # ... once it holds at least this many
-MIN_ACCEPTANCE = 0.3
+MIN_ACCEPTANCE = 0.3  # alone (min_acceptance raises it with the batch)
+ACCEPTANCE_PER_SEQUENCE = 0.05
+MAX_MIN_ACCEPTANCE = 0.7
 PAUSE_STEPS = 8
 MAX_PAUSE_STEPS = 256
 RUN_DECAY = 0.5  # weight of the past in the accepted-run average that sets the draft length
+
+
+def min_acceptance(num_decoding: int) -> float:
+    """The acceptance below which a sequence stops drafting, with num_decoding sequences decoding. Alone,
+    a step reads every weight for one row, so extra rows cost little and a third accepted pays; with
+    many, the step is compute-bound and a rejected row costs about what a decode row does."""
+    return min(MAX_MIN_ACCEPTANCE, MIN_ACCEPTANCE + ACCEPTANCE_PER_SEQUENCE * (num_decoding - 1))
 
 
 class AcceptanceTracker:
@@ -41,14 +50,14 @@ class AcceptanceTracker:
             return False
         return True
 
-    def record(self, num_drafted: int, num_accepted: int) -> None:
+    def record(self, num_drafted: int, num_accepted: int, min_acceptance: float = MIN_ACCEPTANCE) -> None:
         # A fully accepted draft says nothing of how much longer the run would have gone: count it as one more.
         run = num_accepted + (num_accepted == num_drafted)
         self._run = run if self._run is None else RUN_DECAY * self._run + (1 - RUN_DECAY) * run
         self._recent.extend([True] * num_accepted + [False] * (num_drafted - num_accepted))
         if len(self._recent) < MIN_JUDGED:
             return  # too few to judge
-        if sum(self._recent) / len(self._recent) < MIN_ACCEPTANCE:
+        if sum(self._recent) / len(self._recent) < min_acceptance:
             self._pause = self._next_pause
             self._next_pause = min(2 * self._next_pause, MAX_PAUSE_STEPS)
             self._recent.clear()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from shared.speculative_config import SpeculativeConfig
 from worker.core.sequence import Sequence, SequenceStatus
-from worker.spec.acceptance import AcceptanceTracker, SpecCounters
+from worker.spec.acceptance import MIN_ACCEPTANCE, AcceptanceTracker, SpecCounters, min_acceptance
 from worker.spec.draft_model import DraftModelProposer
 from worker.spec.ngram import NgramProposer
 
@@ -25,6 +25,7 @@ class Speculator:
         self.max_model_len = max_model_len
         self.proposer = proposer
         self.counters = SpecCounters(self.k)
+        self._min_acceptance = MIN_ACCEPTANCE  # for the batch drafted last
 
     def describe(self) -> str:
         return self.config.describe()
@@ -32,6 +33,7 @@ class Speculator:
     def draft(self, seqs: list[Sequence]) -> None:
         """Set the drafts of each of seqs for its next step (none where it should not speculate now)."""
         wanted = []
+        self._min_acceptance = min_acceptance(len(seqs))
         for seq in seqs:
             seq.draft_token_ids = []
             if seq.status is not SequenceStatus.RUNNING or seq.num_computed_tokens != seq.num_tokens - 1:
@@ -53,7 +55,7 @@ class Speculator:
 
     def record(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
         self.counters.record(num_drafted, num_accepted)
-        seq.spec_state.record(num_drafted, num_accepted)
+        seq.spec_state.record(num_drafted, num_accepted, self._min_acceptance)
 
 
 def make_proposer(config: SpeculativeConfig, **target):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gateway.metrics.mili_metrics import Metrics
 from shared import wire
-from worker.spec.acceptance import MAX_PAUSE_STEPS, PAUSE_STEPS, AcceptanceTracker
+from worker.spec.acceptance import MAX_PAUSE_STEPS, MIN_ACCEPTANCE, PAUSE_STEPS, AcceptanceTracker, min_acceptance
 from worker.spec.ngram import NgramProposer
 from worker.spec.verify import num_emitted
 
@@ -88,3 +88,13 @@ def test_gateway_series_add_workers_increases():
     assert 'mili_spec_decode_accepted_tokens_per_draft_bucket{le="0.0",model="m"} 0.0' in text
     assert 'mili_spec_decode_accepted_tokens_per_draft_bucket{le="4.0",model="m"} 4.0' in text
     assert 'mili_spec_decode_accepted_tokens_per_draft_sum{model="m"} 10.0' in text
+
+
+def test_a_bigger_batch_asks_for_more_acceptance():
+    assert min_acceptance(1) == MIN_ACCEPTANCE
+    assert MIN_ACCEPTANCE < min_acceptance(4) < min_acceptance(16) <= 0.7
+    alone, crowded = AcceptanceTracker(), AcceptanceTracker()
+    for _ in range(4):
+        alone.record(4, 2, min_acceptance(1))  # half accepted: worth it alone
+        crowded.record(4, 2, min_acceptance(16))  # not beside 15 others
+    assert alone.may_draft() and not crowded.may_draft()
