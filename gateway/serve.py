@@ -23,6 +23,7 @@ from gateway.server.device_check import check_device
 from gateway.text.chat_template import parse_template_kwargs, read_template_file
 from shared.config import ATTENTION_BACKENDS, DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, SCHEDULING_POLICIES, EngineConfig, parse_size
 from shared.pooling_config import TASKS, resolve_task
+from shared.speculative_config import SpeculativeConfig, parse_speculative_config
 
 log = logging.getLogger("mili.gateway")
 
@@ -31,6 +32,13 @@ def _attention_backend(value: str) -> str:
     if value not in ATTENTION_BACKENDS:
         raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {', '.join(ATTENTION_BACKENDS)})")
     return value
+
+
+def _speculative_config(value: str) -> SpeculativeConfig | None:
+    try:
+        return parse_speculative_config(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -83,6 +91,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fcfs: waiting requests in arrival order (fair between API keys); priority: by each "
                         "request's priority (lower first; fair between keys within one priority), and the lowest "
                         "priority is preempted first. Under fcfs a request's priority other than 0 is a 400")
+    p.add_argument("--speculative-config", metavar="JSON", type=_speculative_config,
+                   help='speculative decoding, vLLM\'s keys: {"method": "ngram", "num_speculative_tokens": 4, '
+                        '"prompt_lookup_min": 2, "prompt_lookup_max": 5} (default: off)')
     p.add_argument("--enforce-eager", action="store_true",
                    help="on CUDA, run decode steps eagerly instead of replaying CUDA graphs")
     p.add_argument("--workers", type=int, default=1, help="engine processes behind this gateway")
@@ -170,7 +181,8 @@ def run(args: argparse.Namespace) -> int:
         num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
         attention_backend=args.attention_backend, quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
         enable_prefix_caching=not args.no_prefix_caching, enforce_eager=args.enforce_eager,
-        scheduling_policy=args.scheduling_policy, task=task)
+        scheduling_policy=args.scheduling_policy, task=task,
+        speculative_config=args.speculative_config)
     tcp_host, tcp_port = None, 0
     if args.worker_tcp:
         tcp_host, _, port = args.worker_tcp.rpartition(":")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from shared.speculative_config import SpeculativeConfig
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "mojo", "torch")
 # auto: the model's dtype. int8: one scale per token and KV head (kernels/kv_int8.py), about half the bytes of
@@ -47,10 +49,15 @@ class EngineConfig:
     # What every request computes: generate (tokens), or embed / score (one pooled vector per prompt, prefill only;
     # shared/pooling_config.py). `--task auto` is resolved before the config is built.
     task: str = "generate"
+    # Speculative decoding (shared/speculative_config.py); None: off. A dict (the JSON the worker is started
+    # with) becomes the checked config.
+    speculative_config: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         if self.task not in RESOLVED_TASKS:
             raise ValueError(f"task must be one of {', '.join(RESOLVED_TASKS)}, got {self.task!r}")
+        if isinstance(self.speculative_config, dict):
+            object.__setattr__(self, "speculative_config", SpeculativeConfig(**self.speculative_config))
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:

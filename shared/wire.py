@@ -102,6 +102,13 @@ class WorkerStats(_Record, frozen=True):
     prefix_cache_hit_tokens: Count
     num_preemptions: Count
     kv_invariant_violations: Count = 0  # cumulative: audits that found broken block accounting (and repaired it)
+    # Speculative decoding, cumulative (worker/spec/acceptance.py:SpecCounters): drafts verified, their tokens,
+    # the accepted ones, accepted drafts per position (index i: position i), drafts by accepted count.
+    spec_num_drafts: Count = 0
+    spec_num_draft_tokens: Count = 0
+    spec_num_accepted_tokens: Count = 0
+    spec_accepted_per_position: list[Count] = msgspec.field(default_factory=list)
+    spec_acceptance_histogram: list[Count] = msgspec.field(default_factory=list)
 
 
 class AddRequest(_Message, frozen=True, tag="add"):
@@ -139,6 +146,7 @@ class WorkerReady(_Message, frozen=True, tag="ready"):
     max_model_len: Count
     vocab_size: Count
     stats: WorkerStats
+    speculative_decoding: str = "off"  # or the method and its settings (shared/speculative_config.py)
 
 
 # One sampled token's logprob entry: [token_id, logprob, [[token_id, logprob], ...]] (the top alternatives).

@@ -45,8 +45,10 @@ from worker.quant.sources import plan_quantization
 from worker.runner.kv_cache import allocate_kv_caches, num_blocks_for_memory, resolve_kv_dtype
 from worker.runner.model_runner import ModelRunner
 from worker.runner.pooler import Pooler
-from worker.runner.sampler import Sampler, SamplingRow, make_generator
+from worker.runner.sampler import Sampler, make_generator
 from worker.runner.structured_output import GrammarCompiler, GrammarError
+from worker.spec.speculator import Speculator, make_proposer
+from worker.spec.verify import sample_and_verify
 
 log = logging.getLogger(__name__)
 
@@ -111,11 +113,18 @@ class LLMEngine:
         self._pending: list[SequenceOutput] = []  # aborts to report on the next step
         self.kv_audit = KvAuditor(self.block_manager, KV_AUDIT_EVERY_STEPS)
         self._deadlines = DeadlineQueue()
-        log.info("engine ready: %s on %s, dtype %s, attention %s, quantization %s, %d KV blocks of %d tokens in %s, "
-                 "max_model_len %d, decode steps as one kernel program: %s, as CUDA graphs: %s", mc.architecture,
-                 self.device, self.dtype, self.attention_backend.name, "none" if quant is None else quant.describe(),
+        spec = config.speculative_config
+        self.speculator = None if spec is None else Speculator(spec, self.max_model_len, make_proposer(
+            spec, target_vocab_size=mc.vocab_size, max_model_len=self.max_model_len, device=self.device,
+            dtype=self.dtype, attention_backend=self.attention_backend, block_size=config.block_size,
+            num_blocks=num_blocks))
+        self.speculative = "off" if spec is None else spec.describe()
+        log.info("engine ready: %s on %s, dtype %s, attention %s, quantization %s, %d KV blocks of %d tokens, "
+                 "max_model_len %d, decode steps as one kernel program: %s, as CUDA graphs: %s, "
+                 "speculative decoding: %s", mc.architecture, self.device, self.dtype, self.attention_backend.name,
+                 "none" if quant is None else quant.describe(),
                  num_blocks, config.block_size, self.kv_dtype, self.max_model_len, self.runner.decode_program_status,
-                 self.runner.decode_graphs_status)
+                 self.runner.decode_graphs_status, self.speculative)
 
     def _graphs_off_reason(self) -> str | None:
         """Why decode steps do not replay CUDA graphs here, or None when they do."""
@@ -273,24 +282,37 @@ class LLMEngine:
             return outputs
         inputs = self.runner.prepare(batch)
         result = self.runner.execute(inputs)
-        sampling_seqs = [batch.seqs[i] for i in inputs.sampling_rows]
-        sampled = self.sampler(result.logits, [_sampling_row(seq) for seq in sampling_seqs])
+        groups = _row_groups(inputs.sampling_rows)
+        picks = sample_and_verify(self.sampler, result.logits, [(batch.seqs[i], n) for i, _, n in groups],
+                                  self.speculator)
         for i, entries in result.prompt_logprobs.items():
             batch.seqs[i].prompt_logprobs.extend(entries)
         if self.pooler is not None:
             self.pooler.collect(batch, result.hidden)
+        finished, emitting, verified = [], [], []
+        for (i, _, count), (tokens, logprobs) in zip(groups, picks):
+            seq = batch.seqs[i]
+            # Tokens go in before _advance: the prefix-cache digests it adds cover accepted drafts.
+            reason, num_out = self._append_tokens(seq, tokens)
+            if count > 1:
+                # The KV of the last token and of the accepted drafts stays; the rejected drafts' slots are
+                # rolled back (overwritten by later steps) and their blocks released below.
+                batch.num_new_tokens[i] = num_out
+                verified.append(seq)
+            if reason is not None:
+                finished.append((seq, reason))
+            emitting.append((seq, tokens[:num_out], None if logprobs[0] is None else logprobs[:num_out]))
         self._advance(batch)
-        for seq, token, logprobs in zip(sampling_seqs, sampled.token_ids, sampled.logprobs):
-            seq.token_ids.append(token)
-            grammar_done = seq.grammar is not None and self._advance_grammar(seq, token)
-            reason = self._finish_reason(seq, token)
-            if grammar_done and reason in (None, "length"):
-                reason = "stop"
-            if reason is not None:
-                self.scheduler.finish(seq, reason)
-            outputs.append(self._output(seq, [token], None if logprobs is None else [logprobs]))
-            if reason is not None:
+        for seq in verified:
+            self.block_manager.trim(seq)
+        for seq, reason in finished:
+            self.scheduler.finish(seq, reason)
+        for seq, tokens, logprobs in emitting:
+            outputs.append(self._output(seq, tokens, logprobs))
+            if seq.is_finished:
                 self._forget_if_done(seq.request_id)
+        if self.speculator is not None:
+            self.speculator.draft([seq for seq, _, _ in emitting if not seq.is_finished])
         outputs.extend(self._finish_scored_prompts(batch))
         self.kv_audit.after_step(self._live_sequences())
         return outputs
@@ -317,6 +339,18 @@ class LLMEngine:
                 forks = self._forks.pop(seq.request_id, None)
                 if forks:
                     self.scheduler.add_front(forks)
+
+    def _append_tokens(self, seq: Sequence, tokens: list[int]) -> tuple[str | None, int]:
+        """Append tokens up to the first that finishes seq: (finish reason or None, tokens appended)."""
+        for n, token in enumerate(tokens, 1):
+            seq.token_ids.append(token)
+            grammar_done = seq.grammar is not None and self._advance_grammar(seq, token)
+            reason = self._finish_reason(seq, token)
+            if grammar_done and reason in (None, "length"):
+                reason = "stop"
+            if reason is not None:
+                return reason, n
+        return None, len(tokens)
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         params = seq.params
@@ -377,7 +411,8 @@ class LLMEngine:
             num_running=len(sch.running), num_waiting=len(sch.waiting) + sum(map(len, self._forks.values())),
             kv_blocks_total=bm.num_blocks, kv_blocks_used=bm.num_used_blocks,
             prefix_cache_query_tokens=sch.prefix_query_tokens, prefix_cache_hit_tokens=sch.prefix_hit_tokens,
-            num_preemptions=sch.num_preemptions, kv_invariant_violations=self.kv_audit.num_violations)
+            num_preemptions=sch.num_preemptions, kv_invariant_violations=self.kv_audit.num_violations,
+            **({} if self.speculator is None else self.speculator.counters.wire_fields()))
 
     # ----- offline use -----
     def generate(self, prompts: list[list[int]], params: SamplingParams | Iterable[SamplingParams]) -> list[Completion]:
@@ -402,16 +437,13 @@ class LLMEngine:
         return list(results.values())
 
 
-def _sampling_row(seq: Sequence) -> SamplingRow:
-    params = seq.params
-    # Histories are copied only for requests whose sampling reads them.
-    needs_prompt = params.repetition_penalty != 1.0
-    needs_output = needs_prompt or params.presence_penalty or params.frequency_penalty or params.min_tokens
-    return SamplingRow(
-        params=params,
-        prompt_token_ids=seq.prompt_token_ids if needs_prompt else (),
-        output_token_ids=seq.output_token_ids if needs_output else (),
-        generator=seq.generator,
-        grammar=seq.grammar,
-    )
 
+def _row_groups(sampling_rows: list[int]) -> list[tuple[int, int, int]]:
+    """(batch index, first logits row, rows) per sampling sequence: one row, or k + 1 for a verification."""
+    groups: list[tuple[int, int, int]] = []
+    for row, i in enumerate(sampling_rows):
+        if groups and groups[-1][0] == i:
+            groups[-1] = (i, groups[-1][1], groups[-1][2] + 1)
+        else:
+            groups.append((i, row, 1))
+    return groups

@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                                 device=str(engine.device),
                                 attention_backend=engine.attention_backend.name, quantization=engine.quantization,
                                 decode_graphs=engine.runner.decode_graphs_status,
+                                speculative_decoding=engine.speculative,
                                 max_model_len=engine.max_model_len,
                                 vocab_size=mc.vocab_size, stats=engine.stats()))
     try:

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from gateway.metrics.router_metrics import RouterContract
+from gateway.metrics.spec_metrics import SpecDecodeMetrics
 from gateway.server.auth import ROUTE_LABELS
 from shared import wire
 
@@ -95,6 +96,8 @@ class Metrics:
         # vLLM-named aliases of the series above, for the load-aware routers (gateway/metrics/router_metrics.py).
         self.router_contract = RouterContract(model, block_size)
         r.register(self.router_contract)
+        self.spec_decode = SpecDecodeMetrics(model)  # speculative decoding (gateway/metrics/spec_metrics.py)
+        r.register(self.spec_decode)
 
     def worker_stats(self, stats: list[wire.WorkerStats], num_ready: int) -> None:
         """Set the gauges from the latest stats of every live worker."""
@@ -119,6 +122,7 @@ class Metrics:
         queries = stats.prefix_cache_query_tokens - (previous.prefix_cache_query_tokens if previous else 0)
         hits = stats.prefix_cache_hit_tokens - (previous.prefix_cache_hit_tokens if previous else 0)
         self.router_contract.add_prefix_cache(max(queries, 0), max(hits, 0))
+        self.spec_decode.add(previous, stats)
 
     def finished(self, finish_reason: str, prompt_tokens: int) -> None:
         self.requests.labels(*self.labels, finish_reason).inc()

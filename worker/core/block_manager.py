@@ -141,6 +141,18 @@ class BlockManager:
         seq.block_hashes = []
         seq.num_computed_tokens = 0
 
+    def trim(self, seq: Sequence) -> None:
+        """Release seq's blocks past its tokens: the ones only rejected speculative tokens were written to.
+        They were taken fresh and, never fully computed, were never given a digest."""
+        keep = self.blocks_for(seq.num_tokens)
+        while len(seq.block_table) > keep:
+            block_id = seq.block_table.pop()
+            block = self.blocks[block_id]
+            assert block.digest is None or block.ref_count > 1, f"block {block_id} holds a cached prefix"
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._free.append(block_id)
+
     def _take_ref(self, block_id: int) -> None:
         block = self.blocks[block_id]
         if block.ref_count == 0:

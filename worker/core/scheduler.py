@@ -73,6 +73,8 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if seq.draft_token_ids:
+                num_new = self._with_drafts(seq, num_new, budget)
             # Most decode steps fit the blocks the sequence holds: nothing to allocate, no one to preempt.
             if not self.block_manager.holds(seq, num_new):
                 while not self.block_manager.can_allocate(seq, num_new):
@@ -92,6 +94,17 @@ class Scheduler:
         if not preempted_any:
             budget = self._admit_waiting(batch, budget)
         return batch
+
+    def _with_drafts(self, seq: Sequence, num_new: int, budget: int) -> int:
+        """A decoding sequence with speculative drafts feeds them too, as far as the budget and the free
+        blocks reach: drafts are cut first, and never preempt anyone."""
+        if num_new != 1:  # not decoding (cannot happen while the engine drafts only for decodes)
+            seq.draft_token_ids.clear()
+            return num_new
+        del seq.draft_token_ids[max(0, budget - 1):]
+        while seq.draft_token_ids and not self.block_manager.can_allocate(seq, 1 + len(seq.draft_token_ids)):
+            seq.draft_token_ids.pop()
+        return 1 + len(seq.draft_token_ids)
 
     def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> int:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
@@ -124,6 +137,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.block_manager.free(seq)
+        seq.draft_token_ids.clear()
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1

@@ -48,6 +48,10 @@ class Sequence:
         # logprob of prompt token i + 1. None when not asked for, and again once sent.
         self.prompt_logprobs: list | None = [] if params.prompt_logprobs is not None and index == 0 else None
         self.grammar = None  # worker.runner.structured_output.SequenceGrammar for structured output
+        # Speculative decoding (worker/spec/): tokens guessed to follow token_ids, fed with the last token
+        # and verified in the next step; never part of token_ids until accepted.
+        self.draft_token_ids: list[int] = []
+        self.spec_state = None  # worker.spec.acceptance.AcceptanceTracker while the engine speculates
         # Pooling requests (--task embed|score; worker/runner/pooler.py): the state gathered over the prompt's
         # chunks, and the result once the prompt is computed. Mean and CLS pooling read every position.
         self.pools_every_position = False

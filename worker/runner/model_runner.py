@@ -30,7 +30,7 @@ class StepInputs:
     positions: torch.Tensor  # [num_tokens] int64
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # [num_sampling] int64: rows of the hidden states that sample
-    sampling_rows: list[int]  # batch index of each sampling row
+    sampling_rows: list[int]  # batch index of each sampling row (k + 1 consecutive rows for a verification)
     prompt_rows: torch.Tensor  # [num_prompt_rows] int64: rows of the hidden states that score a prompt token
     prompt_targets: torch.Tensor  # [num_prompt_rows] int64: the prompt token each of them scores
     prompt_spans: list[PromptSpan]  # which sequence each run of prompt rows belongs to
@@ -109,6 +109,8 @@ class ModelRunner:
         prompt_rows: list[int] = []
         prompt_targets: list[int] = []
         prompt_spans: list[PromptSpan] = []
+        query_lens: list[int] = []
+        tables: list[list[int]] = []  # one per attention row: a verification's k + 1 rows share its table
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
             start = seq.num_computed_tokens
             end = start + n
@@ -117,17 +119,31 @@ class ModelRunner:
                 prompt_spans.append(PromptSpan(i, len(prompt_rows), len(scored), seq.params.prompt_logprobs))
                 prompt_rows.extend(len(input_ids) + q - start for q in scored)
                 prompt_targets.extend(seq.token_ids[q + 1] for q in scored)
-            input_ids.extend(seq.token_ids[start:end])
+            verifies = end > seq.num_tokens  # the last token and speculative drafts: every row samples
+            tokens = seq.token_ids + seq.draft_token_ids if verifies else seq.token_ids
+            input_ids.extend(tokens[start:end])
             positions.extend(range(start, end))
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            if verifies:
+                # Each row of a verification is, to attention, a one-token decode at its own position: the
+                # same kernel, the same keys, so the bits plain decoding would compute for it (a chunk's
+                # attention would not). Every layer writes the step's K/V before it attends, so row j sees
+                # the drafts before it. The step stays a decode step, eligible for the decode program.
+                context_lens.extend(range(start + 1, end + 1))
+                query_lens.extend([1] * n)
+                tables.extend([table] * n)
+                logits_indices.extend(range(len(input_ids) - n, len(input_ids)))
+                sampling_rows.extend([i] * n)
+                continue
             context_lens.append(end)
+            query_lens.append(n)
+            tables.append(table)
             if end == seq.num_tokens and seq.num_output_tokens < seq.max_tokens:
                 logits_indices.append(len(input_ids) - 1)
                 sampling_rows.append(i)
-        max_blocks = max(len(seq.block_table) for seq in batch.seqs)
-        tables = [seq.block_table + [0] * (max_blocks - len(seq.block_table)) for seq in batch.seqs]
-        query_lens = tuple(batch.num_new_tokens)
+        max_blocks = max(len(table) for table in tables)
+        tables = [table + [0] * (max_blocks - len(table)) for table in tables]
         query_start = [0]
         for n in query_lens:
             query_start.append(query_start[-1] + n)
@@ -146,11 +162,11 @@ class ModelRunner:
         ], self.device)
         meta = AttentionMetadata(
             slot_mapping=slot_mapping,  # [num_tokens] int64
-            block_tables=block_tables,  # [batch, max_blocks] int32
-            context_lens=context_lens_t,  # [batch] int32
-            query_start_loc=query_start_loc,  # [batch + 1] int32
+            block_tables=block_tables,  # [attention rows, max_blocks] int32
+            context_lens=context_lens_t,  # [attention rows] int32
+            query_start_loc=query_start_loc,  # [attention rows + 1] int32
             context_lens_host=tuple(context_lens),
-            query_lens_host=query_lens,
+            query_lens_host=tuple(query_lens),
             block_size=bs,
         )
         return StepInputs(

@@ -101,3 +101,12 @@ class SequenceGrammar:
         if not self.matcher.consume_token(token_id):
             raise GrammarError(f"token {token_id} broke the grammar: {self.matcher.get_error()}")
         return self.matcher.is_stopped()
+
+    def valid_prefix(self, token_ids: list[int]) -> int:
+        """How many of token_ids, in order, the grammar would accept from here (nothing is consumed)."""
+        return self.matcher.validate_tokens(token_ids)
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last num_tokens advances (speculative drafts checked ahead of their verification)."""
+        if num_tokens and not self.matcher.rollback(num_tokens):
+            raise GrammarError(f"the grammar cannot roll back {num_tokens} tokens: {self.matcher.get_error()}")

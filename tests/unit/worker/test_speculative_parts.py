@@ -1,0 +1,100 @@
+"""worker/spec/'s parts alone: the n-gram lookup, the acceptance rule, the turn-down of a sequence whose
+drafts keep failing, and the gateway's series built from workers' running totals."""
+
+from __future__ import annotations
+
+from gateway.metrics.mili_metrics import Metrics
+from shared import wire
+from worker.spec.acceptance import MAX_PAUSE_STEPS, MIN_ACCEPTANCE, PAUSE_STEPS, AcceptanceTracker, min_acceptance
+from worker.spec.ngram import NgramProposer
+from worker.spec.verify import num_emitted
+
+
+def test_lookup_takes_the_longest_suffix_at_its_latest_occurrence():
+    lookup = NgramProposer(1, 3)
+    assert lookup.propose([1, 2, 3, 4, 2, 3], 4) == [4, 2, 3]
+    # [2, 3] occurs twice before the end: the later occurrence (followed by 9) wins.
+    assert lookup.propose([2, 3, 7, 2, 3, 9, 5, 2, 3], 2) == [9, 5]
+    # The 3-token suffix [5, 2, 3] beats the 1- and 2-token ones.
+    assert lookup.propose([5, 2, 3, 8, 2, 3, 6, 5, 2, 3], 1) == [8]
+    assert lookup.propose([1, 2, 3], 4) == []  # nothing recurs
+    assert NgramProposer(2, 3).propose([4, 1, 5, 1], 3) == []  # only a 1-token match, below the minimum
+    # A match must be whole tokens, not bytes straddling two of them.
+    assert NgramProposer(1, 1).propose([256, 1, 0, 1], 2) == [0, 1]
+    assert lookup.propose([7, 7, 7, 7], 8) == [7]  # the continuation ends at the sequence's end
+
+
+def test_acceptance_rule():
+    assert num_emitted([4, 5, 6], [4, 5, 6, 9]) == 4  # all accepted, plus the bonus token
+    assert num_emitted([4, 5, 6], [4, 8, 6, 9]) == 2  # the target's token replaces the first rejected draft
+    assert num_emitted([4], [1, 4]) == 1
+
+
+def test_turn_down_pauses_failing_speculation_longer_each_time():
+    tracker = AcceptanceTracker()
+    pauses = []
+    for _ in range(3):
+        while tracker.may_draft():  # drafts until MIN_JUDGED rejected tokens make it pause
+            tracker.record(4, 0)
+        skipped = 1
+        while not tracker.may_draft():
+            skipped += 1
+        pauses.append(skipped)
+        tracker.record(4, 0)
+    assert pauses == [PAUSE_STEPS, 2 * PAUSE_STEPS, 4 * PAUSE_STEPS]
+    # A retry that pays resets the pause; a sequence whose drafts are accepted never pauses.
+    tracker.record(4, 4)
+    tracker.record(4, 4)
+    assert tracker._next_pause == PAUSE_STEPS
+    good = AcceptanceTracker()
+    for _ in range(100):
+        assert good.may_draft()
+        good.record(4, 2)
+    assert MAX_PAUSE_STEPS >= 4 * PAUSE_STEPS
+
+
+def test_draft_length_follows_the_accepted_runs():
+    tracker = AcceptanceTracker()
+    assert tracker.draft_length(5) == 5  # nothing known yet: the full k
+    for _ in range(6):
+        tracker.record(tracker.draft_length(5), 1)
+    assert tracker.draft_length(5) == 2  # runs of one accepted token: draft two
+    for _ in range(6):
+        n = tracker.draft_length(5)
+        tracker.record(n, n)  # every draft accepted: the length grows back to k
+    assert tracker.draft_length(5) == 5
+
+
+def _stats(**spec) -> wire.WorkerStats:
+    return wire.WorkerStats(num_running=0, num_waiting=0, kv_blocks_total=1, kv_blocks_used=0,
+                            prefix_cache_query_tokens=0, prefix_cache_hit_tokens=0, num_preemptions=0, **spec)
+
+
+def test_gateway_series_add_workers_increases():
+    metrics = Metrics("m")
+    first = _stats(spec_num_drafts=3, spec_num_draft_tokens=12, spec_num_accepted_tokens=6,
+                   spec_accepted_per_position=[3, 2, 1, 0], spec_acceptance_histogram=[0, 1, 1, 1, 0])
+    metrics.worker_counters(None, first)
+    # A restarted worker starts from zero again: its new totals add on, nothing goes backwards.
+    metrics.worker_counters(None, _stats(spec_num_drafts=1, spec_num_draft_tokens=4, spec_num_accepted_tokens=4,
+                                         spec_accepted_per_position=[1, 1, 1, 1],
+                                         spec_acceptance_histogram=[0, 0, 0, 0, 1]))
+    text = metrics.render().decode()
+    assert 'vllm:spec_decode_num_drafts_total{model_name="m"} 4.0' in text
+    assert 'vllm:spec_decode_num_draft_tokens_total{model_name="m"} 16.0' in text
+    assert 'vllm:spec_decode_num_accepted_tokens_total{model_name="m"} 10.0' in text
+    assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="0"} 4.0' in text
+    assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="3"} 1.0' in text
+    assert 'mili_spec_decode_accepted_tokens_per_draft_bucket{le="0.0",model="m"} 0.0' in text
+    assert 'mili_spec_decode_accepted_tokens_per_draft_bucket{le="4.0",model="m"} 4.0' in text
+    assert 'mili_spec_decode_accepted_tokens_per_draft_sum{model="m"} 10.0' in text
+
+
+def test_a_bigger_batch_asks_for_more_acceptance():
+    assert min_acceptance(1) == MIN_ACCEPTANCE
+    assert MIN_ACCEPTANCE < min_acceptance(4) < min_acceptance(16) <= 0.7
+    alone, crowded = AcceptanceTracker(), AcceptanceTracker()
+    for _ in range(4):
+        alone.record(4, 2, min_acceptance(1))  # half accepted: worth it alone
+        crowded.record(4, 2, min_acceptance(16))  # not beside 15 others
+    assert alone.may_draft() and not crowded.may_draft()

@@ -1,0 +1,93 @@
+"""Speculation's bookkeeping: one sequence's recent acceptance (which turns its speculation down when the
+guesses stop paying), and the engine's cumulative counts (vLLM's spec_decode metrics).
+
+A verification step costs more than a plain decode step (k + 1 rows through the module path instead of
+one row through the decode program), so a sequence whose drafts keep being rejected (open-ended text)
+would run slower than without speculation. Each sequence keeps the accepted fraction of its last
+WINDOW drafted tokens; when that falls below min_acceptance (higher in a bigger batch) it stops drafting for a pause that doubles
+on every failed retry (PAUSE_STEPS up to MAX_PAUSE_STEPS) and resets once a retry pays again. Between
+pauses, its drafts are one token longer than its recent accepted runs (draft_length).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+WINDOW = 16  # drafted tokens the acceptance rate is judged over
+MIN_JUDGED = 8  # ... once it holds at least this many
+MIN_ACCEPTANCE = 0.3  # alone (min_acceptance raises it with the batch)
+ACCEPTANCE_PER_SEQUENCE = 0.05
+MAX_MIN_ACCEPTANCE = 0.7
+PAUSE_STEPS = 8
+MAX_PAUSE_STEPS = 256
+RUN_DECAY = 0.5  # weight of the past in the accepted-run average that sets the draft length
+
+
+def min_acceptance(num_decoding: int) -> float:
+    """The acceptance below which a sequence stops drafting, with num_decoding sequences decoding. Alone,
+    a step reads every weight for one row, so extra rows cost little and a third accepted pays; with
+    many, the step is compute-bound and a rejected row costs about what a decode row does."""
+    return min(MAX_MIN_ACCEPTANCE, MIN_ACCEPTANCE + ACCEPTANCE_PER_SEQUENCE * (num_decoding - 1))
+
+
+class AcceptanceTracker:
+    def __init__(self):
+        self._recent: deque[bool] = deque(maxlen=WINDOW)  # accepted? per drafted token, latest last
+        self._pause = 0  # decode steps left without drafting
+        self._next_pause = PAUSE_STEPS
+        self._run = None  # moving average of the tokens accepted per draft (None before the first)
+
+    def draft_length(self, k: int) -> int:
+        """How many tokens to draft, at most k: one more than the recent accepted run, so that on a CPU,
+        where every verified row costs nearly a decode row's compute at high batch, rejected rows stay
+        few while long accepted runs grow the draft back to k."""
+        return k if self._run is None else max(1, min(k, int(self._run) + 1))
+
+    def may_draft(self) -> bool:
+        """Whether to draft this step (a paused sequence counts the step towards its pause)."""
+        if self._pause > 0:
+            self._pause -= 1
+            return False
+        return True
+
+    def record(self, num_drafted: int, num_accepted: int, min_acceptance: float = MIN_ACCEPTANCE) -> None:
+        # A fully accepted draft says nothing of how much longer the run would have gone: count it as one more.
+        run = num_accepted + (num_accepted == num_drafted)
+        self._run = run if self._run is None else RUN_DECAY * self._run + (1 - RUN_DECAY) * run
+        self._recent.extend([True] * num_accepted + [False] * (num_drafted - num_accepted))
+        if len(self._recent) < MIN_JUDGED:
+            return  # too few to judge
+        if sum(self._recent) / len(self._recent) < min_acceptance:
+            self._pause = self._next_pause
+            self._next_pause = min(2 * self._next_pause, MAX_PAUSE_STEPS)
+            self._recent.clear()
+        elif num_accepted > 0:
+            self._next_pause = PAUSE_STEPS
+
+
+class SpecCounters:
+    """Cumulative since the worker started, as vLLM counts them: a draft is one (sequence, step) with at
+    least one drafted token verified; accepted excludes the bonus token; per_position[i] counts drafts
+    whose token i was accepted; histogram[a] counts drafts that accepted exactly a tokens."""
+
+    def __init__(self, k: int):
+        self.num_drafts = 0
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+        self.accepted_per_position = [0] * k
+        self.acceptance_histogram = [0] * (k + 1)
+
+    def record(self, num_drafted: int, num_accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_drafted
+        self.num_accepted_tokens += num_accepted
+        for i in range(num_accepted):
+            self.accepted_per_position[i] += 1
+        self.acceptance_histogram[num_accepted] += 1
+
+    def wire_fields(self) -> dict:
+        """These counts under shared/wire.py:WorkerStats' field names."""
+        return dict(spec_num_drafts=self.num_drafts, spec_num_draft_tokens=self.num_draft_tokens,
+                    spec_num_accepted_tokens=self.num_accepted_tokens,
+                    spec_accepted_per_position=list(self.accepted_per_position),
+                    spec_acceptance_histogram=list(self.acceptance_histogram))
