@@ -38,8 +38,8 @@ def table(rows: list[Row]) -> str:
     """Markdown, rows in the given order; the ratio columns are blank where there is no baseline (or for it)."""
     llama = {(r.length, r.concurrency): r for r in rows if r.server == LLAMA}
     st = {r.length: r for r in rows if r.server == ST}
-    lines = ["| input tokens | server | file served | concurrency | texts/s | tokens/s | peak RSS MiB "
-             "| vs llama-server | vs sentence-transformers |",
+    lines = [("| input tokens | server | file served | concurrency | texts/s | tokens/s | peak RSS MiB "
+              "| vs llama-server | vs sentence-transformers |"),
              "|---:|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         rss = "" if r.peak_rss_mib is None else f"{r.peak_rss_mib:.0f}"
