@@ -1,11 +1,14 @@
-"""Embedding throughput: `mili serve --task embed` over HTTP against sentence-transformers' in-process `encode`, on
-one random Qwen3-shaped embedding checkpoint (last-token pooling, Normalize, EOS appended) made here.
+"""Embedding throughput on one random Qwen3-shaped embedding checkpoint made here (last-token pooling, Normalize, EOS
+appended), in two files: a GGUF (its weights drawn as quantized blocks, `qwen3.pooling_type` LAST) and the bf16
+safetensors sentence-transformers directory dequantized from it, so both hold the same weights up to bf16 rounding.
 
-    python -m loadtest.bench_embed [--shape small|qwen3-0.6b] [--threads 2] [--requests 64]
+    python -m loadtest.bench_embed [--shape tiny|qwen3-0.6b] [--type q8_0] [--threads 2] [--requests 64]
 
-For 64- and 512-token inputs: MILI's texts/s and tokens/s at concurrency 1 and 32 (each request one text, over
-HTTP), sentence-transformers' `encode` at batch 32 in a process of its own and, in turn with it in that process on
-the same texts, MILI's engine without HTTP; the ratios, and peak RSS.
+For 64- and 512-token inputs, texts/s and tokens/s at concurrency 1 and 32 (each request one text, over HTTP, the
+same client for every server) of `mili serve` on the GGUF (its quantized blocks as they are), `mili serve` on the
+bf16 directory, and `llama-server --embeddings` on the same GGUF (loadtest/peers/llama_server.py; pooling as the
+GGUF says); sentence-transformers' `encode` at batch 32 on the bf16 directory in a process of its own; each
+server's peak RSS and the ratios (loadtest/embed_report.py). Servers run one at a time, so they never share cores.
 Every text is distinct from its first words on, so no request reads another's prefix-cache blocks. Nothing here
 asserts; it measures, and on a shared machine the numbers are indicative only.
 """
@@ -26,39 +29,45 @@ from pathlib import Path
 
 import httpx2
 
-from loadtest.fixtures.pooling_checkpoint import append_eos, write_sentence_transformers_files
+from loadtest.embed_report import LLAMA, ST, Row, goals, table
 from loadtest.fixtures.probes import free_port, peak_rss_mib
-from loadtest.fixtures.random_checkpoint import QWEN3_0_6B
 from loadtest.machine import cpu_name
+from loadtest.servers import RunningServer, ServerSpec
 
 ROOT = Path(__file__).resolve().parent.parent
-# A Qwen3 of the 0.6B's family small enough to measure in seconds on a laptop-class CPU.
-SMALL = dict(QWEN3_0_6B, hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
-             num_key_value_heads=4, head_dim=64)
-SHAPES = {"small": SMALL, "qwen3-0.6b": QWEN3_0_6B}
 LENGTHS = (64, 512)
 CONCURRENCY = (1, 32)
+CONVERTED_LINK = "converted-gguf"  # the run's entry in the GGUF conversion cache
+MAX_BATCHED_TOKENS = 4096  # MILI's step; llama-server's -ub below
 WORDS = ("apple river stone cloud green light house music paper water table city night summer window story "
          "garden bridge forest winter market letter mountain train island silver voice doctor yellow ocean").split()
 
 
-def build_model(out_dir: Path, shape: str, seed: int) -> Path:
-    """A random checkpoint in `shape` with the default model's tokenizer (its vocabulary sets the embedding rows)."""
+def build_checkpoints(work: Path, shape: str, kind: str, seed: int) -> tuple[Path, Path]:
+    """(the embedding GGUF, the bf16 sentence-transformers directory of the same weights)."""
+    import gguf
     import torch
-    from tokenizers import Tokenizer
+    from safetensors.torch import load_file, save_file
 
-    from loadtest.fixtures.random_checkpoint import build_checkpoint
-    from shared.default_model import default_model_path
+    from loadtest.fixtures.make_gguf import write_model
+    from shared.default_model import converted_gguf
+    from shared.gguf_import.records import SOURCE_RECORD
 
-    source = default_model_path()
-    vocab = Tokenizer.from_file(str(source / "tokenizer.json")).get_vocab_size()
-    spec = dict(SHAPES[shape], vocab_size=vocab, bos_token_id=1, eos_token_id=2, max_position_embeddings=4096)
-    build_checkpoint(out_dir, spec, torch.bfloat16, torch.device("cpu"), seed)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(source / name, out_dir / name)
-    append_eos(out_dir)
-    write_sentence_transformers_files(out_dir, "last", normalize=True, max_seq_length=1024)
-    return out_dir
+    path = write_model(work / f"embed-{shape}-{kind}.gguf", shape, kind, seed, pooling=gguf.PoolingType.LAST)
+    # Converted here, into the cache `mili serve` reads, so its gateway's peak RSS is a server's, not a converter's
+    # (float32, with the sentence-transformers files the GGUF's pooling implies).
+    converted = converted_gguf(path, path.stem)
+    (work / CONVERTED_LINK).symlink_to(converted)  # removed with the run (2.4 GiB at 0.6B)
+    out = Path(shutil.copytree(converted, work / f"embed-{shape}-bf16"))
+    (out / SOURCE_RECORD).unlink()  # a plain checkpoint now, not a view of the GGUF's blocks
+    weights = out / "model.safetensors"
+    tensors = {name: t.to(torch.bfloat16) for name, t in load_file(weights).items()}
+    save_file(tensors, weights, metadata={"format": "pt"})
+    del tensors
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(config | {"torch_dtype": "bfloat16"}, indent=2))
+    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 1024, "do_lower_case": False}))
+    return path, out
 
 
 def make_texts(model_dir: Path, length: int, count: int, seed: int) -> list[str]:
@@ -78,26 +87,32 @@ def make_texts(model_dir: Path, length: int, count: int, seed: int) -> list[str]
     return texts
 
 
-# ----- MILI over HTTP -----
-def start_mili(model_dir: Path, threads: int, log: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--model", str(model_dir), "--port", str(port),
-           "--worker-threads", str(threads), "--max-num-seqs", "64", "--max-num-batched-tokens", "4096",
-           "--served-model-name", "embed"]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"mili serve exited: {log.read_text()[-3000:]}")
-        try:
-            if httpx2.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx2.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError("mili serve did not become healthy")
+# ----- the servers, over HTTP -----
+def mili_spec(model: Path, threads: int, quantization: str) -> ServerSpec:
+    """quantization "auto": a GGUF's quantized blocks as they are; "none": the directory's bf16."""
+    return ServerSpec("MILI", lambda port, _: [
+        sys.executable, "-m", "gateway.cli", "serve", "--model", str(model), "--port", str(port),
+        "--worker-threads", str(threads), "--quantization", quantization, "--max-num-seqs", "64",
+        "--max-num-batched-tokens", str(MAX_BATCHED_TOKENS), "--served-model-name", "embed"],
+        restart_per_level=False, model_processes="children")
+
+
+def llama_flags(threads: int, slots: int, longest: int) -> list[str]:
+    """llama-server at its best here: every core (-t/-tb), its default weight buffers (repacked kernels), the
+    pooling the GGUF names; `slots` requests at once (-np), each slot room for the longest input and a little
+    (-c: the KV cache all slots split; more only costs memory, 3.5 GiB at 32768 tokens of this shape); the batch
+    (-b = -ub: llama-server sets n_batch to n_ubatch with --embeddings, as an input must fit one ubatch) MILI's
+    per-step token budget, eight 512-token inputs a pass."""
+    return ["--embeddings", "-t", str(threads), "-tb", str(threads), "-np", str(slots),
+            "-c", str((longest + 64) * slots), "-b", str(MAX_BATCHED_TOKENS), "-ub", str(MAX_BATCHED_TOKENS),
+            "--no-webui"]
+
+
+def llama_spec(binary: Path, gguf_path: Path, threads: int) -> ServerSpec:
+    flags = llama_flags(threads, max(CONCURRENCY), max(LENGTHS))
+    return ServerSpec(LLAMA, lambda port, _: [
+        str(binary), "-m", str(gguf_path), "--alias", "embed", "--host", "127.0.0.1", "--port", str(port), *flags],
+        restart_per_level=False, config=" ".join(flags))
 
 
 async def _drive(url: str, texts: list[str], concurrency: int) -> tuple[float, int]:
@@ -109,66 +124,76 @@ async def _drive(url: str, texts: list[str], concurrency: int) -> tuple[float, i
         nonlocal tokens
         while queue:
             text = queue.pop()
-            r = await http.post(f"{url}/v1/embeddings", json={"input": text, "encoding_format": "base64"})
+            r = await http.post(f"{url}/v1/embeddings", json={"model": "embed", "input": text,
+                                                              "encoding_format": "base64"})
             r.raise_for_status()
             tokens += r.json()["usage"]["prompt_tokens"]
 
-    async with httpx2.AsyncClient(timeout=600) as http:
-        await http.post(f"{url}/v1/embeddings", json={"input": "warm up"})
+    async with httpx2.AsyncClient(timeout=1800) as http:
+        (await http.post(f"{url}/v1/embeddings", json={"model": "embed", "input": "warm up"})).raise_for_status()
         start = time.perf_counter()
         await asyncio.gather(*(client(http) for _ in range(concurrency)))
         return time.perf_counter() - start, tokens
 
 
-def mili_peak_rss(proc: subprocess.Popen) -> float:
-    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-    return sum(filter(None, [peak_rss_mib(proc.pid), *(peak_rss_mib(int(c)) for c in children)]))
+def measure_server(spec: ServerSpec, file: str, texts: dict[int, list[str]], c1_texts: int, log: Path) -> list[Row]:
+    """Every length at every concurrency on one server start; its processes' peak RSS summed, on every row."""
+    server = RunningServer(spec, free_port(), max(CONCURRENCY), log, "embed")
+    try:
+        server.wait_ready()
+        runs = []
+        for n in LENGTHS:
+            for c in CONCURRENCY:
+                batch = texts[n][:c1_texts] if c == 1 else texts[n]
+                seconds, tokens = asyncio.run(_drive(server.url, batch, c))
+                runs.append((n, str(c), len(batch), tokens, seconds))
+                print(f"  {spec.name} {file} {n} tokens, concurrency {c}: {len(batch) / seconds:.2f} texts/s",
+                      file=sys.stderr, flush=True)
+        rss = sum(filter(None, (peak_rss_mib(pid) for pid in server.processes().values())))
+    finally:
+        server.stop()
+    return [Row(n, spec.name, file, c, count, tokens, seconds, rss) for n, c, count, tokens, seconds in runs]
 
 
 # ----- sentence-transformers in a process of its own (its RSS is its own) -----
 def st_encode(model_dir: str, texts_file: str, threads: int) -> None:
-    """Seconds for sentence-transformers' encode of each length's texts, and, in turn with it on the same texts, for
-    MILI's engine in the same process (no HTTP, prefix caching off: each text computed whole, as encode does)."""
+    """Seconds for sentence-transformers' encode of each length's texts at batch 32, and the process's peak RSS."""
     import torch
     from sentence_transformers import SentenceTransformer
-    from tokenizers import Tokenizer
-
-    from shared.config import EngineConfig
-    from shared.sampling_params import SamplingParams
-    from worker.engine import LLMEngine
 
     torch.set_num_threads(threads)
     model = SentenceTransformer(model_dir, device="cpu", local_files_only=True, model_kwargs={"dtype": torch.bfloat16})
-    tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
-    engine = LLMEngine(EngineConfig(model=model_dir, task="embed", max_num_seqs=64, max_num_batched_tokens=4096,
-                                    enable_prefix_caching=False))
-
-    def run_engine(texts: list[str]) -> None:
-        for text in texts:
-            engine.add_request(f"r{id(texts)}-{len(text)}-{hash(text)}", tok.encode(text).ids,
-                               SamplingParams(max_tokens=0))
-        while engine.has_unfinished_requests():
-            engine.step()
-
-    results: dict = {"st": {}, "engine": {}}
+    results: dict = {"seconds": {}}
     for length, texts in json.loads(Path(texts_file).read_text()).items():
-        model.encode(texts[:32], batch_size=32)  # warm-up
-        run_engine(texts[:32])
+        model.encode(texts[:2], batch_size=32)  # warm-up
         start = time.perf_counter()
         model.encode(texts, batch_size=32)
-        results["st"][length] = time.perf_counter() - start
-        start = time.perf_counter()
-        run_engine(texts)
-        results["engine"][length] = time.perf_counter() - start
+        results["seconds"][length] = time.perf_counter() - start
     results["peak_rss_mib"] = peak_rss_mib(os.getpid())
     print(json.dumps(results))
 
 
+def measure_st(model_dir: Path, texts: dict[int, list[str]], threads: int, work: Path) -> list[Row]:
+    (work / "texts.json").write_text(json.dumps(texts))
+    run = subprocess.run([sys.executable, "-m", "loadtest.bench_embed", "--threads", str(threads),
+                          "--st-worker", str(model_dir), str(work / "texts.json")],
+                         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+                         check=True)
+    st = json.loads(run.stdout.strip().splitlines()[-1])
+    return [Row(n, ST, "bf16 safetensors", "batch 32", len(texts[n]), n * len(texts[n]), st["seconds"][str(n)],
+                st["peak_rss_mib"]) for n in LENGTHS]
+
+
 def main(argv: list[str] | None = None) -> None:
+    from loadtest.fixtures.make_gguf import FILE_TYPES, SHAPES
+    from loadtest.peers import llama_server
+
     p = argparse.ArgumentParser(prog="python -m loadtest.bench_embed")
-    p.add_argument("--shape", choices=SHAPES, default="small")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    p.add_argument("--type", choices=sorted(FILE_TYPES), default="q8_0", dest="kind", help="the GGUF's blocks")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--requests", type=int, default=64, help="texts per measurement at concurrency 32 (8 at 1)")
+    p.add_argument("--requests", type=int, default=64, help="texts per measurement at concurrency 32 and batch 32")
+    p.add_argument("--c1-requests", type=int, default=8, help="texts per measurement at concurrency 1")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--st-worker", nargs=2, help=argparse.SUPPRESS)  # model dir, texts file: the ST side's process
     args = p.parse_args(argv)
@@ -176,45 +201,33 @@ def main(argv: list[str] | None = None) -> None:
         st_encode(*args.st_worker, args.threads)
         return
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    binary = llama_server.ensure_llama_server()
     work = Path(tempfile.mkdtemp(prefix="bench-embed-"))
     try:
-        model_dir = build_model(work / f"embed-{args.shape}", args.shape, args.seed)
-        texts = {n: make_texts(model_dir, n, args.requests, args.seed + n) for n in LENGTHS}
-        (work / "texts.json").write_text(json.dumps(texts))
-        st_run = subprocess.run([sys.executable, "-m", "loadtest.bench_embed", "--threads", str(args.threads),
-                                 "--st-worker", str(model_dir), str(work / "texts.json")],
-                                cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
-                                check=True)
-        st = json.loads(st_run.stdout.strip().splitlines()[-1])
-        proc, url = start_mili(model_dir, args.threads, work / "mili.log")
-        try:
-            mili = {}
-            for n in LENGTHS:
-                for c in CONCURRENCY:
-                    batch = texts[n][:8] if c == 1 else texts[n]
-                    mili[(n, c)] = (*asyncio.run(_drive(url, batch, c)), len(batch))
-            rss = mili_peak_rss(proc)
-        finally:
-            proc.terminate()
-            proc.wait(30)
-        print(f"# embeddings, {args.shape} random Qwen3 (bf16, last-token pooling), {args.threads} threads, "
-              f"{cpu_name()}")
-        print("| input tokens | server | concurrency | texts/s | tokens/s | vs sentence-transformers |")
-        print("|---:|---|---:|---:|---:|---:|")
-        for n in LENGTHS:
-            st_rate = len(texts[n]) / st["st"][str(n)]
-            engine_rate = len(texts[n]) / st["engine"][str(n)]
-            print(f"| {n} | sentence-transformers encode (in process) | batch 32 | {st_rate:.1f} | "
-                  f"{st_rate * n:.0f} | 1.00 |")
-            print(f"| {n} | MILI engine (in process, no HTTP) | all at once | {engine_rate:.1f} | "
-                  f"{engine_rate * n:.0f} | {engine_rate / st_rate:.2f} |")
-            for c in CONCURRENCY:
-                seconds, tokens, count = mili[(n, c)]
-                print(f"| {n} | MILI /v1/embeddings (HTTP) | {c} | {count / seconds:.1f} | {tokens / seconds:.0f} | "
-                      f"{count / seconds / st_rate:.2f} |")
-        print(f"\npeak RSS: MILI gateway + worker {rss:.0f} MiB; sentence-transformers' process (with an engine "
-              f"beside it) {st['peak_rss_mib']:.0f} MiB")
+        gguf_path, bf16_dir = build_checkpoints(work, args.shape, args.kind, args.seed)
+        texts = {n: make_texts(bf16_dir, n, args.requests, args.seed + n) for n in LENGTHS}
+        gguf_file, bf16_file = f"GGUF {args.kind.upper()}", "bf16 safetensors"
+        rows = measure_st(bf16_dir, texts, args.threads, work)
+        rows += measure_server(mili_spec(gguf_path, args.threads, "auto"), gguf_file, texts, args.c1_requests,
+                               work / "mili-gguf.log")
+        rows += measure_server(mili_spec(bf16_dir, args.threads, "none"), bf16_file, texts, args.c1_requests,
+                               work / "mili-bf16.log")
+        llama = llama_spec(binary, gguf_path, args.threads)
+        rows += measure_server(llama, gguf_file, texts, args.c1_requests, work / "llama.log")
+        rows.sort(key=lambda r: (r.length, r.concurrency != "batch 32", r.concurrency, r.server, r.file))
+        print(f"# Embeddings: random {args.shape}-shaped Qwen3 (last-token pooling, Normalize), {args.threads} "
+              f"threads, {cpu_name()}\n")
+        print(f"Files: `{gguf_file}` is the GGUF (MILI serves its quantized blocks, llama-server the same file); "
+              f"`{bf16_file}` is the sentence-transformers directory dequantized from it (MILI `--quantization "
+              f"none`, sentence-transformers). Texts per measurement: {args.requests} at concurrency 32 and batch "
+              f"32, {args.c1_requests} at concurrency 1. Peak RSS: the server's processes (MILI: gateway + worker) "
+              f"over the whole run on that file; sentence-transformers: its process.\n")
+        print(f"llama-server: {llama_server.version()}; flags: {llama.config}\n")
+        print(table(rows))
+        print("\nGoals:\n" + "\n".join(f"- {g}" for g in goals(rows, "MILI")))
     finally:
+        if (work / CONVERTED_LINK).is_symlink():
+            shutil.rmtree((work / CONVERTED_LINK).resolve(), ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
 
 
