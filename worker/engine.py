@@ -119,7 +119,7 @@ class LLMEngine:
             dtype=self.dtype, attention_backend=self.attention_backend, block_size=config.block_size,
             num_blocks=num_blocks))
         self.speculative = "off" if spec is None else spec.describe()
-        log.info("engine ready: %s on %s, dtype %s, attention %s, quantization %s, %d KV blocks of %d tokens, "
+        log.info("engine ready: %s on %s, dtype %s, attention %s, quantization %s, %d KV blocks of %d tokens in %s, "
                  "max_model_len %d, decode steps as one kernel program: %s, as CUDA graphs: %s, "
                  "speculative decoding: %s", mc.architecture, self.device, self.dtype, self.attention_backend.name,
                  "none" if quant is None else quant.describe(),
