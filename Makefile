@@ -29,7 +29,7 @@ serve: kernels
 	$(VENV)/bin/mili serve $(ARGS)
 
 test: kernels
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=20 tests
 
 # Debian's prometheus package (promtool and a real Prometheus server) for tests/deploy. Needs apt and root;
 # where it cannot be had, those tests skip with the reason (and fail under CI, which runs this first).
