@@ -195,7 +195,9 @@ def run(args: argparse.Namespace) -> int:
         sse_ping_s=args.sse_ping_interval, num_workers=args.workers, worker_threads=args.worker_threads,
         worker_tcp_host=tcp_host, worker_tcp_port=tcp_port, request_timeout=args.request_timeout or None,
         enable_debug_faults=args.enable_debug_faults, stream_resume_ttl=args.stream_resume_ttl,
-        stream_resume_max_bytes=args.stream_resume_buffer, web_ui=not args.no_web_ui, chat_template=chat_template,
+        stream_resume_max_bytes=args.stream_resume_buffer, chat_template=chat_template,
+        # The chat page is a client of /v1/chat/completions, which only a generating server answers.
+        web_ui=not args.no_web_ui and task == "generate",
         default_chat_template_kwargs=template_kwargs)
     app = build_app(settings, engine_config)
     # Running streams finish during the drain; sse-starlette would otherwise end them at the first SIGTERM.
@@ -207,6 +209,6 @@ def run(args: argparse.Namespace) -> int:
     server = _DrainingServer(config, app.state.mili)
     log.info("serving %s as %r (task %s%s) on http://%s:%d%s", model_dir, settings.served_model_name, task,
              ", from the checkpoint" if args.task == "auto" else "", args.host, args.port,
-             " (chat page at /)" if settings.web_ui and task == "generate" else "")
+             " (chat page at /)" if settings.web_ui else "")
     server.run()
     return 0

@@ -63,6 +63,8 @@ def test_task_is_read_from_the_checkpoint(embed_server):
     assert "task embed, from the checkpoint" in embed_server.log_path.read_text()
     paths = httpx2.get(f"{embed_server.url}/openapi.json").json()["paths"]
     assert "/v1/embeddings" in paths and "/v1/chat/completions" not in paths
+    # The chat page talks to /v1/chat/completions, which an embedding server does not answer: no page either.
+    assert httpx2.get(f"{embed_server.url}/").status_code == 404
 
 
 def test_embeddings_match_sentence_transformers(embed_server, st):
