@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tests.helpers.pooling_models import build_embedding_model
+from tests.helpers.sentence_transformers_oracle import SentenceTransformerOracle
 from tests.helpers.server import Server
 
 NAME = "tiny-embed"
@@ -33,9 +34,8 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def st(model_dir):
-    from sentence_transformers import SentenceTransformer
-
-    return SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
+    with SentenceTransformerOracle(model_dir) as oracle:
+        yield oracle
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +69,10 @@ def test_task_is_read_from_the_checkpoint(embed_server):
 
 def test_embeddings_match_sentence_transformers(embed_server, st):
     r = _post(embed_server, "/v1/embeddings", {"model": NAME, "input": TEXTS})
-    expected = st.encode(TEXTS, batch_size=1, convert_to_tensor=True)
+    expected = st.encode(TEXTS, batch_size=1)
     for got, want in zip(_vectors(r), expected):
         torch.testing.assert_close(got, want.float(), atol=1e-4, rtol=1e-4)
-    tokens = sum(len(st.tokenizer(t)["input_ids"]) for t in TEXTS)  # the appended EOS counts
+    tokens = sum(map(len, st.input_ids(TEXTS)))  # the appended EOS counts
     assert r.json()["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
     assert r.json()["model"] == NAME and r.json()["object"] == "list"
     one = _vectors(_post(embed_server, "/v1/embeddings", {"input": TEXTS[1]}))  # a string; model may be left out
@@ -80,7 +80,7 @@ def test_embeddings_match_sentence_transformers(embed_server, st):
 
 
 def test_token_ids_base64_and_dimensions(embed_server, st):
-    ids = [st.tokenizer(t)["input_ids"] for t in TEXTS[:2]]
+    ids = st.input_ids(TEXTS[:2])
     as_text = _vectors(_post(embed_server, "/v1/embeddings", {"input": TEXTS[:2]}))
     as_ids = _vectors(_post(embed_server, "/v1/embeddings", {"input": ids}))
     single = _vectors(_post(embed_server, "/v1/embeddings", {"input": ids[0]}))
@@ -94,7 +94,7 @@ def test_token_ids_base64_and_dimensions(embed_server, st):
         torch.testing.assert_close(torch.tensor(struct.unpack(f"<{len(raw) // 4}f", raw)), want)
     # Matryoshka: the first d values, re-normalized (sentence-transformers' truncate_dim with normalization).
     r = _post(embed_server, "/v1/embeddings", {"input": TEXTS, "dimensions": 16})
-    want = st.encode(TEXTS, batch_size=1, convert_to_tensor=True, truncate_dim=16, normalize_embeddings=True)
+    want = st.encode(TEXTS, batch_size=1, truncate_dim=16, normalize_embeddings=True)
     for got, w in zip(_vectors(r), want):
         assert got.shape == (16,)
         torch.testing.assert_close(got, w.float(), atol=1e-4, rtol=1e-4)
@@ -105,7 +105,7 @@ def test_openai_sdk_end_to_end(embed_server, st):
 
     client = openai.OpenAI(base_url=f"{embed_server.url}/v1", api_key="unused")
     result = client.embeddings.create(model=NAME, input=TEXTS)  # the SDK asks for base64 and decodes it
-    expected = st.encode(TEXTS, batch_size=1, convert_to_tensor=True)
+    expected = st.encode(TEXTS, batch_size=1)
     for item, want in zip(result.data, expected):
         torch.testing.assert_close(torch.tensor(item.embedding), want.float(), atol=1e-4, rtol=1e-4)
     assert result.usage.prompt_tokens == result.usage.total_tokens > len(TEXTS)
@@ -132,7 +132,7 @@ def test_concurrent_requests_get_their_own_vectors(embed_server):
 
 def test_truncate_prompt_tokens_keeps_the_first_tokens_and_the_eos(embed_server, st):
     long_text = " ".join(TEXTS * 6)
-    ids = st.tokenizer(long_text)["input_ids"]
+    (ids,) = st.input_ids([long_text])
     assert len(ids) > CONTEXT
     r = _post(embed_server, "/v1/embeddings", {"input": long_text})
     assert r.status_code == 400 and r.json()["error"]["param"] == "input", r.text

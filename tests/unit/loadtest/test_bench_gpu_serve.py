@@ -42,7 +42,9 @@ def test_a_tiny_run_writes_every_figure(tmp_path):
         assert level["served_over_engine"] > 0
         served = level["served"]
         assert set(served["cpu_us_per_token"]) == {"gateway", "worker"}
-        assert all(us > 0 for us in served["cpu_us_per_token"].values())  # both processes did work per token
+        # CPU time is read in clock ticks (10 ms): a tiny level's gateway share may round to none, the
+        # worker's (every step's compute) never does.
+        assert served["cpu_us_per_token"]["worker"] > 0 and served["cpu_us_per_token"]["gateway"] >= 0
         assert 0 <= served["merged_delta_share"] < 1
     assert report["decode_graphs"] == "off (not on a CUDA device)"
     assert "| 4 |" in out.with_suffix(".md").read_text() and "served / engine" in run.stdout

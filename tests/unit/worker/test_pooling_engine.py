@@ -4,13 +4,13 @@ prefix-cache hits, and a vector that does not depend on its batch."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
 from shared.config import EngineConfig
 from shared.sampling_params import SamplingParams
 from tests.helpers.pooling_models import build_classifier_model, build_embedding_model
+from tests.helpers.sentence_transformers_oracle import SentenceTransformerOracle
 from worker.engine import LLMEngine
 from worker.outputs import RequestRejected
 
@@ -40,13 +40,11 @@ def _engine(model_dir, task: str, **overrides) -> LLMEngine:
 
 @pytest.mark.parametrize("pooling,normalize", [("last", True), ("mean", False), ("cls", True)])
 def test_embeddings_match_sentence_transformers(tmp_path, pooling, normalize):
-    from sentence_transformers import SentenceTransformer
-
     model_dir = build_embedding_model(tmp_path / f"emb-{pooling}", seed=7, pooling=pooling, normalize=normalize)
-    st = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
-    prompts = [st.tokenizer(t)["input_ids"] for t in TEXTS]
-    assert all(p[-1] == st.tokenizer.convert_tokens_to_ids("<|endoftext|>") for p in prompts)  # appended EOS
-    expected = [st.encode(t, convert_to_tensor=True).float() for t in TEXTS]  # one text a batch: no padding
+    with SentenceTransformerOracle(model_dir) as st:
+        prompts = st.input_ids(TEXTS)
+        assert all(p[-1] == st.token_id("<|endoftext|>") for p in prompts)  # appended EOS
+        expected = st.encode(TEXTS, batch_size=1)  # one text a batch: no padding
     # A budget of 24 tokens a step and 4 sequences: the long prompts prefill in chunks, beside the short ones.
     got = _pool(_engine(model_dir, "embed"), prompts)
     for e, g in zip(expected, got):
