@@ -22,6 +22,7 @@ KEY = "sk-web-ui-test"
 # Screenshots land in build/screenshots/; MILI_UPDATE_SCREENSHOTS=1 writes them over the README's copies in docs/
 # (a test run never edits tracked files unasked).
 SCREENSHOTS = ROOT / ("docs" if os.environ.get("MILI_UPDATE_SCREENSHOTS") == "1" else "build/screenshots")
+LONG_SCHEMA = '{"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 3000}'
 REFUSED = ("401",)  # the console's line for each call the server refused
 
 
@@ -124,15 +125,17 @@ def test_a_question_streams_an_answer_with_its_numbers(server, browser):
 
 def test_stop_ends_a_long_answer_and_frees_its_request(server, browser):
     open_page(browser, server)
-    new_chat(browser, max_tokens=2000)
+    # An answer that cannot end early: the page's JSON-schema setting asks for thousands of digits, so the model
+    # has no end-of-text to choose for many seconds (a plain prompt may end at once on a fast machine).
+    new_chat(browser, max_tokens=4000, schema=LONG_SCHEMA)
     aborted_before = server.metric("mili_requests_total", finish_reason="abort")
-    ask(browser, "Count from 1 to 1000, one number per line.")
+    ask(browser, "Count from 1 to 1000.")
     wait(browser, lambda d: server.metric("mili_requests_running") >= 1 and last_answer(d),
          timeout=120, what="the answer started")
     # The server panel sees the request running.
     wait(browser, lambda d: text_of(d, "srv-running") == "1", timeout=10, what="the panel shows it running")
-    # A few lines in (the request still running: the page has not seen its end), for the picture.
-    wait(browser, lambda d: len(last_answer(d).splitlines()) >= 8 or finished(d), timeout=60, what="a few lines")
+    # A little way in (the request still running: the page has not seen its end), for the picture.
+    wait(browser, lambda d: len(last_answer(d)) >= 60 or finished(d), timeout=60, what="some of the answer")
     assert not finished(browser) and server.metric("mili_requests_running") >= 1
     browser.save_screenshot(str(SCREENSHOTS / "web_ui_panel.png"))
 
