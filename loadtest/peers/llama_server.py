@@ -88,10 +88,16 @@ def ensure_llama_server() -> Path:
                     "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                     "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON",
                     "-DLLAMA_OPENSSL=OFF"], check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(["cmake", "--build", str(out), "--target", "llama-server", "-j", str(os.cpu_count() or 1)],
+    # llama-bench beside the server: its tg/pp figures on the same file separate server overhead from kernel speed.
+    subprocess.run(["cmake", "--build", str(out), "--target", "llama-server", "llama-bench", "-j", str(os.cpu_count() or 1)],
                    check=True, stdout=subprocess.DEVNULL)
     (build_dir() / COMPILER_RECORD).write_text(_compiler_version(out) + "\n")
     return binary
+
+
+def bench_binary_path() -> Path:
+    """llama-bench, built with the server (ensure_llama_server)."""
+    return binary_path().with_name("llama-bench")
 
 
 def built_with() -> str:
