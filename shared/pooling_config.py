@@ -4,9 +4,11 @@ Both processes read it: the gateway to pick its routes and prompts, the worker t
 
 - embed: a sentence-transformers directory (modules.json naming a Pooling module, usually 1_Pooling/config.json):
   last-token, mean or CLS pooling, and a Normalize module or not, exactly as the checkpoint says.
-- score: a `*ForSequenceClassification` head on the last token (sigmoid of its one logit, or the second label's
-  softmax probability with two), or a Qwen3-Reranker-style causal model: P("yes") against "no" at the last
-  position, sigmoid(logit_yes - logit_no).
+- score: a `*ForSequenceClassification` head on the last token (sigmoid of its one logit, or with two labels the
+  softmax probability of the label named "yes", else of the second), or a Qwen3-Reranker-style causal model:
+  P("yes") against "no" at the last position, sigmoid(logit_yes - logit_no). Qwen3-Reranker checkpoints (the
+  causal ones, and heads made from their "yes"/"no" rows, such as llama.cpp's reranker GGUFs) read each pair in the
+  reranker's own prompt; other classifiers read the tokenizer's pair encoding.
 - generate: everything else.
 """
 
@@ -43,6 +45,8 @@ class PoolingConfig:
     scorer: str | None = None
     yes_no_ids: tuple[int, int] | None = None  # yes_no: the ids of "yes" and "no"
     dimensions: int = 0  # embed: the vector's size (the model's hidden size)
+    reranker_prompt: bool = False  # score: pairs go into Qwen3-Reranker's prompt, not the tokenizer's pair encoding
+    positive_label: int = 1  # score, a two-label classifier: the label whose probability is the score
 
     @property
     def needs_every_position(self) -> bool:
@@ -65,11 +69,17 @@ def is_sequence_classifier(model_dir: Path) -> bool:
     return any(a.endswith("ForSequenceClassification") for a in _architectures(model_dir))
 
 
+def _labels(cfg: dict) -> list[str]:
+    id2label = cfg.get("id2label") or {}
+    return [str(id2label[k]).lower() for k in sorted(id2label, key=int)] if isinstance(id2label, dict) else []
+
+
 def _is_reranker_layout(model_dir: Path) -> bool:
-    """A Qwen3-Reranker checkpoint: a causal LM that vLLM's reranker keys mark, or whose name says it is one (the
-    published repositories carry no other sign)."""
+    """A Qwen3-Reranker checkpoint: one that vLLM's reranker keys mark, whose name says it is one (the published
+    repositories carry no other sign), or a classifier whose labels are its "yes" and "no" (llama.cpp's GGUF)."""
     cfg = _read_json(model_dir / "config.json") or {}
-    return any(cfg.get(k) for k in _RERANKER_KEYS) or "reranker" in model_dir.name.lower()
+    return (any(cfg.get(k) for k in _RERANKER_KEYS) or "reranker" in model_dir.name.lower()
+            or sorted(_labels(cfg)) == sorted(RERANKER_TOKENS))
 
 
 def _pooling_module(model_dir: Path) -> Path | None:
@@ -101,9 +111,13 @@ def read_pooling_config(model_dir: str | Path, task: str) -> PoolingConfig:
     if task == "embed":
         return _embedding_config(model_dir)
     if task == "score":
+        reranker = _is_reranker_layout(model_dir)
         if is_sequence_classifier(model_dir):
-            return PoolingConfig("score", "last", False, "classifier")
-        return PoolingConfig("score", "last", False, "yes_no", _yes_no_ids(model_dir))
+            labels = _labels(_read_json(model_dir / "config.json") or {})
+            positive = labels.index("yes") if "yes" in labels else 1
+            return PoolingConfig("score", "last", False, "classifier", reranker_prompt=reranker,
+                                 positive_label=positive)
+        return PoolingConfig("score", "last", False, "yes_no", _yes_no_ids(model_dir), reranker_prompt=True)
     raise ValueError(f"task {task!r} pools nothing")
 
 

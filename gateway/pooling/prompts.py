@@ -7,6 +7,9 @@ Past the context an input is a 400 naming its field, unless the client asked for
 (-1: the context length): then it keeps its first N tokens, its special tokens added again after the cut, as a
 Hugging Face tokenizer's truncation (and so sentence-transformers') does. A pair keeps its query and cuts its
 document.
+
+Cohere's `max_tokens_per_doc` cuts each document to its first N tokens before it is paired: the document's text is
+cut where its N-th token ends, so the pair is then tokenized as any other (a cut never splits a character).
 """
 
 from __future__ import annotations
@@ -74,11 +77,17 @@ class PromptBuilder:
 
     # ----- scoring -----
     def pairs(self, queries: list[str], documents: list[str], truncate: int | None,
-              instruction: str | None) -> list[list[int]]:
+              instruction: str | None, max_tokens_per_doc: int | None = None) -> list[list[int]]:
         """One prompt per (queries[i], documents[i])."""
         limit = self._limit(truncate)
-        build = self._reranker_pair if self.config.scorer == "yes_no" else self._classifier_pair
+        if max_tokens_per_doc is not None:
+            documents = [self._first_tokens(d, max_tokens_per_doc) for d in documents]
+        build = self._reranker_pair if self.config.reranker_prompt else self._classifier_pair
         return [self._checked(build(q, d, limit, instruction), "documents") for q, d in zip(queries, documents)]
+
+    def _first_tokens(self, text: str, n: int) -> str:
+        enc = self.tok.encode(text, add_special_tokens=False)
+        return text if len(enc.ids) <= n else text[:enc.offsets[n - 1][1]]
 
     def _reranker_pair(self, query: str, document: str, limit: int | None, instruction: str | None) -> list[int]:
         """Prefix, body and suffix tokenized apart and joined, as the reference does; the body is what is cut."""

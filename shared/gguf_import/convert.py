@@ -28,7 +28,8 @@ import torch
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import dequantize
 
-from shared.gguf_import.pooling import RANK, pooling_type, write_pooling_files
+from shared.gguf_import.pooling import (RANK, RANK_HEAD, RANK_HEAD_HF, RerankerGGUFError, classifier_config,
+                                       pooling_type, reranker_labels, write_pooling_files)
 from shared.gguf_import.reader import GGUFFile, TensorInfo
 from shared.gguf_import.records import SOURCE_RECORD
 from shared.gguf_import.rope import RopeScalingError, llama3_scaling_from_factors
@@ -107,11 +108,17 @@ def _plan(gguf: GGUFFile) -> dict[str, Any]:
     if arch not in ARCHITECTURES:
         raise GGUFImportError(
             f"unsupported general.architecture {arch!r}; supported: {', '.join(sorted(ARCHITECTURES))}")
+    labels = None
     if pooling_type(meta, arch) == RANK:
-        raise GGUFImportError(f"{arch}.pooling_type RANK (a reranker GGUF) is not supported; serve the reranker's "
-                              "safetensors checkpoint with --task score")
+        try:
+            labels = reranker_labels(meta, arch, gguf.tensors)
+        except RerankerGGUFError as e:
+            raise GGUFImportError(str(e)) from None
     names = _tensor_names(gguf, arch)
     config = _config(gguf, arch, names)
+    if labels is not None:
+        config |= classifier_config(labels)
+        names.pop("output.weight", None)  # a classifier has no LM head (llama.cpp writes none for a reranker)
     try:
         tokenizer, tokenizer_config = build_tokenizer(meta)
     except GGUFTokenizerError as e:
@@ -130,7 +137,7 @@ def _tensor_names(gguf: GGUFFile, arch: str) -> dict[str, str]:
             raise GGUFImportError(f"tensor {name!r} has unsupported type {info.type_name}; supported: {supported}")
         if name == _ROPE_FREQS:
             continue  # folded into config.json's rope_scaling
-        names[name] = _hf_name(name, n_layers)
+        names[name] = RANK_HEAD_HF if name == RANK_HEAD else _hf_name(name, n_layers)
     required = ["token_embd.weight", "output_norm.weight"] + [
         f"blk.{i}.{t}" for i in range(n_layers) for t in _REQUIRED_LAYER_TENSORS]
     if arch == "qwen3":

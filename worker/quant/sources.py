@@ -145,7 +145,7 @@ def _gguf_plan(path: Path, cfg: ModelConfig) -> QuantPlan | None:
             else:
                 mixed[f"layers.{i}.{module}"] = [(qtype, fused(run)) for qtype, run in runs]
     head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
-    if QT(tensors[head].ggml_type) in served:
+    if not cfg.num_labels and QT(tensors[head].ggml_type) in served:  # a classifier has no LM head
         matrices[HEAD] = (QT(tensors[head].ggml_type), fused([head]))
     embd = tensors["token_embd.weight"]
     embedding = None
@@ -177,5 +177,6 @@ def _checkpoint_plan(model_dir: Path, cfg: ModelConfig, qtype: QT) -> QuantPlan:
                                                                  qtype))
     head = "model.embed_tokens.weight" if cfg.tie_word_embeddings or "lm_head.weight" not in where \
         else "lm_head.weight"
-    matrices[HEAD] = (QT.Q8_0, quantized([head], QT.Q8_0))
+    if not cfg.num_labels:  # a classifier has no LM head
+        matrices[HEAD] = (QT.Q8_0, quantized([head], QT.Q8_0))
     return QuantPlan(matrices, None, source=f"{model_dir.name} quantized at load")

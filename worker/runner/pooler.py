@@ -64,7 +64,8 @@ class Pooler:
         head_input = state.to(dtype)[None]  # [1, hidden] in the model's dtype
         if self.config.scorer == "classifier":
             logits = self.model.score(head_input).float()[0]  # [num_labels]
-            score = torch.sigmoid(logits[0]) if logits.shape[0] == 1 else torch.softmax(logits, dim=0)[1]
+            score = torch.sigmoid(logits[0]) if logits.shape[0] == 1 \
+                else torch.softmax(logits, dim=0)[self.config.positive_label]
         else:
             yes, no = self.config.yes_no_ids
             logits = self.model.compute_logits(head_input)[0]  # [vocab] float32

@@ -33,11 +33,26 @@ def test_sentence_transformers_files_mean_embed(tmp_path, pooling, normalize):
 def test_classifier_and_reranker_layouts_mean_score(tmp_path):
     cls = _dir(tmp_path, "some-cross-encoder", arch="Qwen3ForSequenceClassification")
     assert resolve_task("auto", cls) == "score"
-    assert read_pooling_config(cls, "score").scorer == "classifier"
+    config = read_pooling_config(cls, "score")
+    assert (config.scorer, config.reranker_prompt, config.positive_label) == ("classifier", False, 1)
     for d in (_dir(tmp_path, "Qwen3-Reranker-0.6B"), _dir(tmp_path, "converted", is_original_qwen3_reranker=True)):
         assert resolve_task("auto", d) == "score"
         config = read_pooling_config(d, "score")
         assert (config.scorer, config.yes_no_ids, config.method) == ("yes_no", (7, 9), "last")
+        assert config.reranker_prompt
+
+
+def test_a_yes_no_classifier_is_a_reranker_head(tmp_path):
+    """llama.cpp's reranker GGUF, converted: a classifier over the LM head's "yes" and "no" rows, in that order.
+    Its pairs go into the reranker's prompt and its score is the "yes" label's probability."""
+    d = _dir(tmp_path, "from-gguf", arch="Qwen3ForSequenceClassification", id2label={"0": "yes", "1": "no"})
+    assert resolve_task("auto", d) == "score"
+    config = read_pooling_config(d, "score")
+    assert (config.scorer, config.reranker_prompt, config.positive_label) == ("classifier", True, 0)
+    swapped = _dir(tmp_path, "swapped", arch="Qwen3ForSequenceClassification", id2label={"0": "no", "1": "yes"})
+    assert read_pooling_config(swapped, "score").positive_label == 1
+    other = _dir(tmp_path, "sentiment", arch="Qwen3ForSequenceClassification", id2label={"0": "neg", "1": "pos"})
+    assert not read_pooling_config(other, "score").reranker_prompt
 
 
 def test_everything_else_generates_and_explicit_tasks_win(tmp_path):
