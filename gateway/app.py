@@ -197,7 +197,7 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
         Route("/v1/embeddings", _api(pooling.embeddings), methods=["POST"]),
         Route("/v1/rerank", _api(pooling.rerank), methods=["POST"]),
         Route("/rerank", _api(pooling.rerank), methods=["POST"]),
-        Route("/v2/rerank", _api(pooling.rerank), methods=["POST"]),  # vLLM's alias for Cohere's v2 clients
+        Route("/v2/rerank", _api(pooling.cohere_rerank), methods=["POST"]),
         Route("/score", _api(pooling.score), methods=["POST"]),
         Route("/v1/score", _api(pooling.score), methods=["POST"]),
         Route("/v1/messages", _api(messages), methods=["POST"]),

@@ -21,7 +21,7 @@ from gateway.anthropic.schema import CountTokensBody, MessagesBody
 from gateway.openai.parse import Limits
 from gateway.openai.schema import ChatBody, CompletionBody
 from gateway.openai.tokenize_schema import DetokenizeBody, TokenizeChatBody, TokenizePromptBody
-from gateway.pooling.schema import EmbeddingRequest, RerankRequest, ScoreRequest
+from gateway.pooling.schema import CohereRerankRequest, EmbeddingRequest, RerankRequest, ScoreRequest
 from gateway.responses_api.schema import ResponsesBody
 from gateway.server.deadlines import HEADER, MAX_TIMEOUT_S
 from gateway.streams.resume_routes import MAX_EVENT_ID_DIGITS
@@ -49,7 +49,7 @@ def _request_schemas() -> tuple[dict[str, dict], dict[str, Any]]:
                                     (ResponsesBody, "validation"), (TokenizePromptBody, "validation"),
                                     (TokenizeChatBody, "validation"), (DetokenizeBody, "validation"),
                                     (EmbeddingRequest, "validation"), (RerankRequest, "validation"),
-                                    (ScoreRequest, "validation"),
+                                    (CohereRerankRequest, "validation"), (ScoreRequest, "validation"),
                                     (MessagesBody, "validation"), (CountTokensBody, "validation")],
                                    ref_template=_REF)
     return {model.__name__: ref for (model, _), ref in refs.items()}, top["$defs"]
@@ -213,6 +213,14 @@ _RERANKED = {"type": "object", "required": ["id", "model", "usage", "results"], 
     "results": {"type": "array", "items": {"type": "object", "required": ["index", "relevance_score"], "properties": {
         "index": {"type": "integer"}, "relevance_score": {"type": "number"},
         "document": {"type": "object", "properties": {"text": {"type": "string"}}}}}}}}
+_COHERE_RERANKED = {"type": "object", "required": ["id", "results", "meta"], "properties": {
+    "id": {"type": "string"}, "results": _RERANKED["properties"]["results"],
+    "meta": {"type": "object", "properties": {
+        "api_version": {"type": "object", "properties": {"version": {"type": "string"},
+                                                         "is_experimental": {"type": "boolean"}}},
+        "billed_units": {"type": "object", "properties": {"search_units": {"type": "integer"}}},
+        "tokens": {"type": "object", "properties": {"input_tokens": {"type": "integer"},
+                                                    "output_tokens": {"type": "integer"}}}}}}}
 _SCORES = {"type": "object", "required": ["id", "object", "created", "model", "data", "usage"], "properties": {
     "id": {"type": "string"}, "object": {"const": "list"}, "created": {"type": "integer"}, "model": {"type": "string"},
     "usage": _USAGE_ONLY, "data": {"type": "array", "items": {"type": "object", "required": ["index", "score"],
@@ -231,10 +239,12 @@ def _task_paths(task: str, refs: dict[str, dict]) -> dict[str, Any]:
     if task == "embed":
         return {"/v1/embeddings": _pooling_route("Embeddings (OpenAI's shape)", refs["EmbeddingRequest"], _EMBEDDINGS)}
     if task == "score":
-        rerank = _pooling_route("Rerank documents by relevance to a query (Jina's and Cohere's shape)",
+        rerank = _pooling_route("Rerank documents by relevance to a query (Jina's and Cohere's v1 shape)",
                                 refs["RerankRequest"], _RERANKED)
+        cohere = _pooling_route("Rerank documents by relevance to a query (Cohere's API v2)",
+                                refs["CohereRerankRequest"], _COHERE_RERANKED)
         score = _pooling_route("Score text pairs (vLLM's route)", refs["ScoreRequest"], _SCORES)
-        return {"/v1/rerank": rerank, "/rerank": rerank, "/v2/rerank": rerank, "/score": score, "/v1/score": score}
+        return {"/v1/rerank": rerank, "/rerank": rerank, "/v2/rerank": cohere, "/score": score, "/v1/score": score}
     return {
         "/v1/completions": _post("Text completion", refs["CompletionBody"], _result("text_completion"), _CHUNKS),
         "/v1/chat/completions": _post("Chat completion", refs["ChatBody"], _result("chat.completion"), _CHUNKS),

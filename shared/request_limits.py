@@ -127,6 +127,8 @@ MAX_EMBEDDING_INPUTS = 2048  # items of an embeddings request's input (OpenAI's 
 MAX_SCORE_DOCUMENTS = 1000  # documents of one rerank or score request (Cohere's recommended ceiling)
 DIMENSIONS = Range(1, COUNT_MAX)  # Matryoshka: at most the model's embedding size, checked against it
 TOP_N = Range(0, COUNT_MAX)  # 0: every document (vLLM)
+COHERE_TOP_N = Range(1, COUNT_MAX)  # Cohere's top_n: absent for every document
+MAX_TOKENS_PER_DOC = Range(1, COUNT_MAX)  # Cohere's: each document cut to its first N tokens
 TRUNCATE_PROMPT_TOKENS = Range(-1, COUNT_MAX)  # vLLM's: keep the last N tokens; -1: the context length
 
 

@@ -1,4 +1,5 @@
-"""Response bodies: OpenAI's embeddings list, the Jina/Cohere rerank results, vLLM's score list."""
+"""Response bodies: OpenAI's embeddings list, the Jina/Cohere v1 rerank results, Cohere's v2 rerank results, vLLM's
+score list."""
 
 from __future__ import annotations
 
@@ -34,19 +35,39 @@ def embeddings_body(model: str, vectors: list[list[float] | str], num_tokens: in
             "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)]}
 
 
-def rerank_body(model: str, documents: list[str], scores: list[float], top_n: int | None, return_documents: bool,
-                num_tokens: int) -> dict:
-    """Results sorted by relevance, highest first (ties in the documents' order), cut to top_n (None or 0: all)."""
+def _ranked(scores: list[float], top_n: int | None) -> list[int]:
+    """Indices sorted by relevance, highest first (ties in the documents' order), cut to top_n (None or 0: all)."""
     order = sorted(range(len(scores)), key=lambda i: -scores[i])
-    if top_n:
-        order = order[:top_n]
+    return order[:top_n] if top_n else order
+
+
+def _results(documents: list[str], scores: list[float], top_n: int | None, return_documents: bool) -> list[dict]:
     results = []
-    for i in order:
+    for i in _ranked(scores, top_n):
         result = {"index": i, "relevance_score": scores[i]}
         if return_documents:
             result["document"] = {"text": documents[i]}
         results.append(result)
-    return {"id": f"rerank-{uuid.uuid4().hex}", "model": model, "usage": _usage(num_tokens), "results": results}
+    return results
+
+
+def rerank_body(model: str, documents: list[str], scores: list[float], top_n: int | None, return_documents: bool,
+                num_tokens: int) -> dict:
+    return {"id": f"rerank-{uuid.uuid4().hex}", "model": model, "usage": _usage(num_tokens),
+            "results": _results(documents, scores, top_n, return_documents)}
+
+
+# Cohere bills one search unit per query with up to 100 documents.
+_DOCUMENTS_PER_SEARCH_UNIT = 100
+
+
+def cohere_rerank_body(documents: list[str], scores: list[float], top_n: int | None, return_documents: bool,
+                       num_tokens: int) -> dict:
+    """Cohere's v2 shape: `id`, `results` and `meta` (its API version, the search units and the input tokens)."""
+    return {"id": str(uuid.uuid4()), "results": _results(documents, scores, top_n, return_documents),
+            "meta": {"api_version": {"version": "2", "is_experimental": False},
+                     "billed_units": {"search_units": -(-len(documents) // _DOCUMENTS_PER_SEARCH_UNIT)},
+                     "tokens": {"input_tokens": num_tokens, "output_tokens": 0}}}
 
 
 def score_body(model: str, scores: list[float], num_tokens: int) -> dict:

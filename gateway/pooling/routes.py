@@ -1,4 +1,4 @@
-"""POST /v1/embeddings (--task embed), POST /v1/rerank, /rerank and /score (--task score).
+"""POST /v1/embeddings (--task embed), POST /v1/rerank, /rerank, /v2/rerank (Cohere's) and /score (--task score).
 
 Every check runs before anything is submitted: the task, the body, the model, each input against the vocabulary
 and the context. Then each input (or query-document pair) is one prefill-only request in the workers' batches.
@@ -12,10 +12,11 @@ from starlette.responses import JSONResponse, Response
 from gateway.openai.parse import require_model
 from gateway.openai.routes import ready_info
 from gateway.openai.validation import validate
-from gateway.pooling.output import embeddings_body, encode_embedding, matryoshka, rerank_body, score_body
+from gateway.pooling.output import (cohere_rerank_body, embeddings_body, encode_embedding, matryoshka, rerank_body,
+                                    score_body)
 from gateway.pooling.prompts import PromptBuilder
 from gateway.pooling.run import pool_prompts
-from gateway.pooling.schema import EmbeddingRequest, RerankRequest, ScoreRequest
+from gateway.pooling.schema import CohereRerankRequest, EmbeddingRequest, RerankRequest, ScoreRequest
 from gateway.server.client_io import read_json
 from gateway.server.deadlines import request_deadline
 from gateway.server.errors import ApiError, invalid
@@ -60,6 +61,17 @@ async def rerank(request: Request) -> Response:
     scores = [v[0] for v in await pool_prompts(request, prompts, deadline)]
     return JSONResponse(rerank_body(state.settings.served_model_name, req.documents, scores, req.top_n,
                                     req.return_documents, sum(map(len, prompts))))
+
+
+async def cohere_rerank(request: Request) -> Response:
+    state, req = await _body(request, "score", CohereRerankRequest)
+    deadline = request_deadline(request, state.settings.request_timeout)
+    documents = req.texts()
+    prompts = _prompts(state).pairs([req.query] * len(documents), documents, None, req.instruction,
+                                    req.max_tokens_per_doc)
+    scores = [v[0] for v in await pool_prompts(request, prompts, deadline)]
+    return JSONResponse(cohere_rerank_body(documents, scores, req.top_n, req.return_documents,
+                                           sum(map(len, prompts))))
 
 
 async def score(request: Request) -> Response:

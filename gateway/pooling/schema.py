@@ -1,5 +1,5 @@
-"""The request bodies of POST /v1/embeddings (OpenAI's), /v1/rerank and /rerank (Jina's and Cohere's, as vLLM and
-llama.cpp serve them) and /score (vLLM's), as typed models: strict, unknown fields refused, bounds from
+"""The request bodies of POST /v1/embeddings (OpenAI's), /v1/rerank and /rerank (Jina's and Cohere's v1, as vLLM and
+llama.cpp serve them), /v2/rerank (Cohere's API v2) and /score (vLLM's), as typed models: strict, unknown fields refused, bounds from
 shared/request_limits.py. What depends on the served model (vocabulary, context, embedding size) is checked once
 the texts are tokens (gateway/pooling/prompts.py)."""
 
@@ -10,7 +10,8 @@ from typing import Annotated, Literal, Union
 from pydantic import Field
 
 from gateway.openai.schema import TokenId, _int, _Model
-from shared.request_limits import DIMENSIONS, MAX_EMBEDDING_INPUTS, MAX_SCORE_DOCUMENTS, TOP_N, TRUNCATE_PROMPT_TOKENS
+from shared.request_limits import (COHERE_TOP_N, DIMENSIONS, MAX_EMBEDDING_INPUTS, MAX_SCORE_DOCUMENTS,
+                                   MAX_TOKENS_PER_DOC, TOP_N, TRUNCATE_PROMPT_TOKENS)
 
 Text = Annotated[str, Field(min_length=1)]
 TokenIdList = Annotated[list[TokenId], Field(min_length=1)]
@@ -55,3 +56,25 @@ class ScoreRequest(_Model):
     model: str | None = None
     truncate_prompt_tokens: TruncatePromptTokens | None = None
     instruction: Text | None = None
+
+
+class CohereDocument(_Model):
+    """Cohere's v1 document object; its `text` is what is ranked."""
+
+    text: Text
+
+
+class CohereRerankRequest(_Model):
+    """Cohere's POST /v2/rerank. Documents are cut to `max_tokens_per_doc` tokens (Cohere's default 4096) before
+    they are paired with the query; `return_documents` (Cohere's v1 field) adds each result's `document`."""
+
+    model: str | None = None
+    query: Text
+    documents: Annotated[list[Union[Text, CohereDocument]], Field(min_length=1, max_length=MAX_SCORE_DOCUMENTS)]
+    top_n: _int(COHERE_TOP_N) | None = None  # None: every document
+    max_tokens_per_doc: _int(MAX_TOKENS_PER_DOC) = 4096
+    return_documents: bool = False
+    instruction: Text | None = None
+
+    def texts(self) -> list[str]:
+        return [d if isinstance(d, str) else d.text for d in self.documents]

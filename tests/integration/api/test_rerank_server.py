@@ -76,8 +76,8 @@ def test_rerank_matches_the_yes_no_computation(reranker, reranker_dir):
         assert x["document"] == {"text": DOCS[x["index"]]}
     assert r.json()["usage"]["prompt_tokens"] == r.json()["usage"]["total_tokens"] > 0
     # The second request reads the first's prompt blocks from the prefix cache: the same scores, to float rounding.
-    v2 = httpx2.post(f"{reranker.url}/v2/rerank", json={"query": QUERY, "documents": DOCS}, timeout=60)
-    assert _same(v2.json()["results"], results)
+    again = httpx2.post(f"{reranker.url}/v1/rerank", json={"query": QUERY, "documents": DOCS}, timeout=60)
+    assert _same(again.json()["results"], results)
     top = httpx2.post(f"{reranker.url}/rerank", json={"query": QUERY, "documents": DOCS, "top_n": 2,
                                                       "return_documents": False}, timeout=60).json()["results"]
     assert _same(top, [{"index": x["index"], "relevance_score": x["relevance_score"]} for x in results[:2]])

@@ -1,5 +1,5 @@
 """Response bodies of the pooling routes (gateway/pooling/output.py): Matryoshka truncation, base64 as the openai SDK
-decodes it, and rerank ordering."""
+decodes it, rerank ordering, and Cohere's v2 shape."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from gateway.pooling.output import encode_embedding, matryoshka, rerank_body
+from gateway.pooling.output import cohere_rerank_body, encode_embedding, matryoshka, rerank_body
 
 
 def test_matryoshka_keeps_the_first_values_at_unit_length():
@@ -33,3 +33,12 @@ def test_rerank_sorts_cuts_and_drops_documents_when_asked():
     every = rerank_body("m", ["a", "b", "c"], [0.2, 0.9, 0.3], top_n=0, return_documents=False, num_tokens=9)
     assert every["results"] == [{"index": 1, "relevance_score": 0.9}, {"index": 2, "relevance_score": 0.3},
                                 {"index": 0, "relevance_score": 0.2}]
+
+
+def test_cohere_shape_bills_a_search_unit_per_hundred_documents():
+    body = cohere_rerank_body(["d"] * 250, [i / 250 for i in range(250)], top_n=3, return_documents=False,
+                              num_tokens=1000)
+    assert [r["index"] for r in body["results"]] == [249, 248, 247] and "document" not in body["results"][0]
+    assert body["meta"] == {"api_version": {"version": "2", "is_experimental": False},
+                            "billed_units": {"search_units": 3}, "tokens": {"input_tokens": 1000, "output_tokens": 0}}
+    assert "model" not in body and "usage" not in body
