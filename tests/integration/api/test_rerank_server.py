@@ -1,5 +1,6 @@
-"""`mili serve --task auto` on a tiny Qwen3-Reranker-style causal model and on a tiny Qwen3ForSequenceClassification:
-/v1/rerank, /rerank and /score against the computation done with transformers, and bad inputs."""
+"""`mili serve --task auto` on a tiny Qwen3-Reranker-style causal model, on its Q8_0 GGUF as llama.cpp's converter
+writes one, and on a tiny Qwen3ForSequenceClassification: /v1/rerank, /rerank and /score against the computation done
+with transformers, and bad inputs."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import random
 import httpx2
 import pytest
 import torch
+from gguf import GGMLQuantizationType as QT
 
+from loadtest.fixtures.reranker_gguf import write_reranker_gguf
 from tests.helpers.pooling_models import build_classifier_model, build_reranker_model
 from tests.helpers.server import Server
 
@@ -121,6 +124,28 @@ def test_truncated_pair_keeps_the_prompt_frame(reranker):
                                                        "truncate_prompt_tokens": 200}, timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["prompt_tokens"] == 200
+
+
+def test_reranker_gguf_serves_the_safetensors_scores(reranker, reranker_dir, tmp_path_factory):
+    """The reranker's Q8_0 GGUF (a two-row yes/no head, pooling RANK) served from its own blocks: the safetensors
+    checkpoint's scores within Q8_0's bound (tests/unit/worker/test_pooling_gguf.py), in both rerank shapes."""
+    gguf_path = write_reranker_gguf(reranker_dir, tmp_path_factory.mktemp("gguf") / "tiny-reranker-q8_0.gguf", QT.Q8_0)
+    srv = Server(gguf_path, "--num-kv-blocks", "64", "--max-model-len", "256",
+                 log_path=tmp_path_factory.mktemp("logs") / "rerank-gguf.log").start()
+    try:
+        health = httpx2.get(f"{srv.url}/health").json()
+        jina = httpx2.post(f"{srv.url}/v1/rerank", json={"query": QUERY, "documents": DOCS}, timeout=60)
+        cohere = httpx2.post(f"{srv.url}/v2/rerank", json={"query": QUERY, "documents": DOCS}, timeout=60)
+    finally:
+        srv.stop()
+    assert (health["task"], health["quantization"]) == ("score", "q8_0"), health
+    expected = {x["index"]: x["relevance_score"] for x in httpx2.post(
+        f"{reranker.url}/v1/rerank", json={"query": QUERY, "documents": DOCS}, timeout=60).json()["results"]}
+    assert jina.status_code == cohere.status_code == 200, (jina.text, cohere.text)
+    for x in jina.json()["results"]:
+        assert abs(x["relevance_score"] - expected[x["index"]]) < 0.005
+    assert [x["relevance_score"] for x in cohere.json()["results"]] == [x["relevance_score"]
+                                                                        for x in jina.json()["results"]]
 
 
 def test_sequence_classifier_head(tmp_path_factory):
