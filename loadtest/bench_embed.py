@@ -88,22 +88,22 @@ def make_texts(model_dir: Path, length: int, count: int, seed: int) -> list[str]
 
 
 # ----- the servers, over HTTP -----
-def mili_spec(model: Path, threads: int, quantization: str) -> ServerSpec:
+def mili_spec(model: Path, threads: int, quantization: str, name: str = "embed") -> ServerSpec:
     """quantization "auto": a GGUF's quantized blocks as they are; "none": the directory's bf16."""
     return ServerSpec("MILI", lambda port, _: [
         sys.executable, "-m", "gateway.cli", "serve", "--model", str(model), "--port", str(port),
         "--worker-threads", str(threads), "--quantization", quantization, "--max-num-seqs", "64",
-        "--max-num-batched-tokens", str(MAX_BATCHED_TOKENS), "--served-model-name", "embed"],
+        "--max-num-batched-tokens", str(MAX_BATCHED_TOKENS), "--served-model-name", name],
         restart_per_level=False, model_processes="children")
 
 
-def llama_flags(threads: int, slots: int, longest: int) -> list[str]:
+def llama_flags(threads: int, slots: int, longest: int, task_flag: str = "--embeddings") -> list[str]:
     """llama-server at its best here: every core (-t/-tb), its default weight buffers (repacked kernels), the
     pooling the GGUF names; `slots` requests at once (-np), each slot room for the longest input and a little
     (-c: the KV cache all slots split; more only costs memory, 3.5 GiB at 32768 tokens of this shape); the batch
     (-b = -ub: llama-server sets n_batch to n_ubatch with --embeddings, as an input must fit one ubatch) MILI's
     per-step token budget, eight 512-token inputs a pass."""
-    return ["--embeddings", "-t", str(threads), "-tb", str(threads), "-np", str(slots),
+    return [task_flag, "-t", str(threads), "-tb", str(threads), "-np", str(slots),
             "-c", str((longest + 64) * slots), "-b", str(MAX_BATCHED_TOKENS), "-ub", str(MAX_BATCHED_TOKENS),
             "--no-webui"]
 
@@ -115,37 +115,45 @@ def llama_spec(binary: Path, gguf_path: Path, threads: int) -> ServerSpec:
         restart_per_level=False, config=" ".join(flags))
 
 
-async def _drive(url: str, texts: list[str], concurrency: int) -> tuple[float, int]:
-    """Seconds to embed every text with `concurrency` clients, one text a request; prompt tokens served."""
-    queue = list(texts)
+def embedding_request(text: str) -> tuple[str, dict]:
+    return "/v1/embeddings", {"model": "embed", "input": text, "encoding_format": "base64"}
+
+
+async def _drive(url: str, warmup: tuple[str, dict], requests: list[tuple[str, dict]],
+                 concurrency: int) -> tuple[float, int]:
+    """Seconds to send every (route, body) with `concurrency` clients, after `warmup`; prompt tokens served."""
+    queue = list(requests)
     tokens = 0
 
     async def client(http: httpx2.AsyncClient) -> None:
         nonlocal tokens
         while queue:
-            text = queue.pop()
-            r = await http.post(f"{url}/v1/embeddings", json={"model": "embed", "input": text,
-                                                              "encoding_format": "base64"})
+            route, body = queue.pop()
+            r = await http.post(f"{url}{route}", json=body)
             r.raise_for_status()
             tokens += r.json()["usage"]["prompt_tokens"]
 
     async with httpx2.AsyncClient(timeout=1800) as http:
-        (await http.post(f"{url}/v1/embeddings", json={"model": "embed", "input": "warm up"})).raise_for_status()
+        route, body = warmup
+        (await http.post(f"{url}{route}", json=body)).raise_for_status()
         start = time.perf_counter()
         await asyncio.gather(*(client(http) for _ in range(concurrency)))
         return time.perf_counter() - start, tokens
 
 
-def measure_server(spec: ServerSpec, file: str, texts: dict[int, list[str]], c1_texts: int, log: Path) -> list[Row]:
-    """Every length at every concurrency on one server start; its processes' peak RSS summed, on every row."""
-    server = RunningServer(spec, free_port(), max(CONCURRENCY), log, "embed")
+def measure_server(spec: ServerSpec, file: str, texts: dict[int, list[str]], c1_texts: int, log: Path,
+                   request=embedding_request, served_name: str = "embed") -> list[Row]:
+    """Every length at every concurrency on one server start, one text a `request(text)`; its processes' peak RSS
+    summed, on every row."""
+    server = RunningServer(spec, free_port(), max(CONCURRENCY), log, served_name)
     try:
         server.wait_ready()
         runs = []
         for n in LENGTHS:
             for c in CONCURRENCY:
                 batch = texts[n][:c1_texts] if c == 1 else texts[n]
-                seconds, tokens = asyncio.run(_drive(server.url, batch, c))
+                requests = [request(t) for t in batch]
+                seconds, tokens = asyncio.run(_drive(server.url, request("warm up"), requests, c))
                 runs.append((n, str(c), len(batch), tokens, seconds))
                 print(f"  {spec.name} {file} {n} tokens, concurrency {c}: {len(batch) / seconds:.2f} texts/s",
                       file=sys.stderr, flush=True)

@@ -46,3 +46,22 @@ def test_generated_model_loads_and_serves(tmp_path, kind, served):
     assert engine.quantization == served
     run = run_greedy(engine, [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11]], 6)
     assert all(len(tokens) in (14, 9) for tokens in run.tokens.values())
+
+
+def test_rank_model_is_a_reranker_gguf_mili_serves_as_score(tmp_path):
+    """The reranker benchmark's file: what llama.cpp's converter writes for Qwen3-Reranker (pooling RANK, the yes/no
+    labels, the rerank prompt, a two-row head), which converts into a yes/no classifier served as score."""
+    import gguf
+
+    from shared.pooling_config import read_pooling_config, resolve_task
+
+    path = write_model(tmp_path / "tiny-rank.gguf", "tiny", "q8_0", seed=3, pooling=gguf.PoolingType.RANK)
+    g = GGUFFile(path)
+    assert g.metadata["qwen3.pooling_type"] == gguf.PoolingType.RANK
+    assert list(g.metadata["qwen3.classifier.output_labels"]) == ["yes", "no"]
+    assert "{query}" in g.metadata["tokenizer.chat_template.rerank"]
+    assert g.tensors["cls.output.weight"].torch_shape == (2, SHAPES["tiny"].hidden)
+    model_dir = convert_gguf(path, tmp_path / "hf")
+    assert resolve_task("auto", model_dir) == "score"
+    config = read_pooling_config(model_dir, "score")
+    assert (config.scorer, config.reranker_prompt, config.positive_label) == ("classifier", True, 0)
