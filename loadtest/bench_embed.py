@@ -25,6 +25,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx2
@@ -108,10 +110,11 @@ def llama_flags(threads: int, slots: int, longest: int, task_flag: str = "--embe
             "--no-webui"]
 
 
-def llama_spec(binary: Path, gguf_path: Path, threads: int) -> ServerSpec:
-    flags = llama_flags(threads, max(CONCURRENCY), max(LENGTHS))
+def llama_spec(binary: Path, gguf_path: Path, threads: int, task_flag: str = "--embeddings",
+               longest: int = max(LENGTHS), name: str = "embed") -> ServerSpec:
+    flags = llama_flags(threads, max(CONCURRENCY), longest, task_flag)
     return ServerSpec(LLAMA, lambda port, _: [
-        str(binary), "-m", str(gguf_path), "--alias", "embed", "--host", "127.0.0.1", "--port", str(port), *flags],
+        str(binary), "-m", str(gguf_path), "--alias", name, "--host", "127.0.0.1", "--port", str(port), *flags],
         restart_per_level=False, config=" ".join(flags))
 
 
@@ -192,17 +195,36 @@ def measure_st(model_dir: Path, texts: dict[int, list[str]], threads: int, work:
                 st["peak_rss_mib"]) for n in LENGTHS]
 
 
-def main(argv: list[str] | None = None) -> None:
+def bench_arguments(prog: str, unit: str, requests: int) -> argparse.ArgumentParser:
+    """The options the embedding and reranking benchmarks share."""
     from loadtest.fixtures.make_gguf import FILE_TYPES, SHAPES
-    from loadtest.peers import llama_server
 
-    p = argparse.ArgumentParser(prog="python -m loadtest.bench_embed")
+    p = argparse.ArgumentParser(prog=f"python -m {prog}")
     p.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     p.add_argument("--type", choices=sorted(FILE_TYPES), default="q8_0", dest="kind", help="the GGUF's blocks")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--requests", type=int, default=64, help="texts per measurement at concurrency 32 and batch 32")
-    p.add_argument("--c1-requests", type=int, default=8, help="texts per measurement at concurrency 1")
+    p.add_argument("--requests", type=int, default=requests, help=f"{unit} per measurement at concurrency 32")
+    p.add_argument("--c1-requests", type=int, default=8, help=f"{unit} per measurement at concurrency 1")
     p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+@contextmanager
+def work_dir(prefix: str) -> Iterator[Path]:
+    """A scratch directory for the run's files, removed after it with the GGUF conversion it links to."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield work
+    finally:
+        if (work / CONVERTED_LINK).is_symlink():
+            shutil.rmtree((work / CONVERTED_LINK).resolve(), ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from loadtest.peers import llama_server
+
+    p = bench_arguments("loadtest.bench_embed", "texts", 64)  # the texts of batch 32 too
     p.add_argument("--st-worker", nargs=2, help=argparse.SUPPRESS)  # model dir, texts file: the ST side's process
     args = p.parse_args(argv)
     if args.st_worker:
@@ -210,8 +232,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     binary = llama_server.ensure_llama_server()
-    work = Path(tempfile.mkdtemp(prefix="bench-embed-"))
-    try:
+    with work_dir("bench-embed-") as work:
         gguf_path, bf16_dir = build_checkpoints(work, args.shape, args.kind, args.seed)
         texts = {n: make_texts(bf16_dir, n, args.requests, args.seed + n) for n in LENGTHS}
         gguf_file, bf16_file = f"GGUF {args.kind.upper()}", "bf16 safetensors"
@@ -233,10 +254,6 @@ def main(argv: list[str] | None = None) -> None:
         print(f"llama-server: {llama_server.version()}; flags: {llama.config}\n")
         print(table(rows))
         print("\nGoals:\n" + "\n".join(f"- {g}" for g in goals(rows, "MILI")))
-    finally:
-        if (work / CONVERTED_LINK).is_symlink():
-            shutil.rmtree((work / CONVERTED_LINK).resolve(), ignore_errors=True)
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

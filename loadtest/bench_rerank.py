@@ -13,19 +13,15 @@ from its first words on. Nothing here asserts; on a shared machine the numbers a
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
-from loadtest.bench_embed import (CONVERTED_LINK, LENGTHS, CONCURRENCY, llama_flags, make_texts, measure_server,
-                                  mili_spec)
+from loadtest.bench_embed import (CONVERTED_LINK, LENGTHS, bench_arguments, llama_spec, make_texts, measure_server,
+                                  mili_spec, work_dir)
 from loadtest.embed_report import LLAMA, table
 from loadtest.machine import cpu_name
-from loadtest.servers import ServerSpec
 
 QUERY = "which of these passages says how a reranker scores a document against a query?"
 NAME = "rerank"
@@ -51,35 +47,19 @@ def rerank_request(document: str) -> tuple[str, dict]:
     return "/v1/rerank", {"model": NAME, "query": QUERY, "documents": [document]}
 
 
-def llama_spec(binary: Path, gguf_path: Path, threads: int) -> ServerSpec:
-    flags = llama_flags(threads, max(CONCURRENCY), max(LENGTHS) + FRAME_TOKENS, "--reranking")
-    return ServerSpec(LLAMA, lambda port, _: [
-        str(binary), "-m", str(gguf_path), "--alias", NAME, "--host", "127.0.0.1", "--port", str(port), *flags],
-        restart_per_level=False, config=" ".join(flags))
-
-
 def main(argv: list[str] | None = None) -> None:
-    from loadtest.fixtures.make_gguf import FILE_TYPES, SHAPES
     from loadtest.peers import llama_server
 
-    p = argparse.ArgumentParser(prog="python -m loadtest.bench_rerank")
-    p.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
-    p.add_argument("--type", choices=sorted(FILE_TYPES), default="q8_0", dest="kind", help="the GGUF's blocks")
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--requests", type=int, default=32, help="pairs per measurement at concurrency 32")
-    p.add_argument("--c1-requests", type=int, default=8, help="pairs per measurement at concurrency 1")
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
+    args = bench_arguments("loadtest.bench_rerank", "pairs", 32).parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     binary = llama_server.ensure_llama_server()
-    work = Path(tempfile.mkdtemp(prefix="bench-rerank-"))
-    try:
+    with work_dir("bench-rerank-") as work:
         gguf_path, converted = build_gguf(work, args.shape, args.kind, args.seed)
         texts = {n: make_texts(converted, n, args.requests, args.seed + n) for n in LENGTHS}
         file = f"GGUF {args.kind.upper()}"
         rows = measure_server(mili_spec(gguf_path, args.threads, "auto", NAME), file, texts, args.c1_requests,
                               work / "mili.log", rerank_request, NAME)
-        llama = llama_spec(binary, gguf_path, args.threads)
+        llama = llama_spec(binary, gguf_path, args.threads, "--reranking", max(LENGTHS) + FRAME_TOKENS, NAME)
         rows += measure_server(llama, file, texts, args.c1_requests, work / "llama.log", rerank_request, NAME)
         rows.sort(key=lambda r: (r.length, r.concurrency, r.server))
         print(f"# Reranking: random {args.shape}-shaped Qwen3-Reranker GGUF ({args.kind.upper()}), {args.threads} "
@@ -92,10 +72,6 @@ def main(argv: list[str] | None = None) -> None:
               f"gateway + worker) over the whole run.\n")
         print(f"llama-server: {llama_server.version()}; flags: {llama.config}\n")
         print(table(rows))
-    finally:
-        if (work / CONVERTED_LINK).is_symlink():
-            shutil.rmtree((work / CONVERTED_LINK).resolve(), ignore_errors=True)
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
