@@ -110,3 +110,18 @@ def test_pooling_engine_refuses_generation(tmp_path):
     engine = _engine(model_dir, "embed")
     with pytest.raises(RequestRejected, match="task embed"):
         engine.add_request("gen", [1, 2, 3], SamplingParams(max_tokens=4))
+
+
+def test_classifier_quantized_at_load_keeps_its_score_head(tmp_path):
+    """--quantization q8_0 on a classifier quantizes its layers and plans no LM head (it has none): the scores stay
+    within Q8_0's rounding of the float ones."""
+    from tokenizers import Tokenizer
+
+    model_dir = build_classifier_model(tmp_path / "cls", seed=12, num_labels=1)
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    prompts = [tok.encode(q, d).ids for q, d in zip(TEXTS, reversed(TEXTS))]
+    exact = _pool(_engine(model_dir, "score"), prompts)
+    quantized = _engine(model_dir, "score", quantization="q8_0")
+    assert quantized.quantization == "q8_0"
+    for (got,), (want,) in zip(_pool(quantized, prompts), exact):
+        assert abs(got - want) < 0.005
