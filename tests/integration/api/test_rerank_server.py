@@ -24,6 +24,12 @@ PREFIX = ('<|im_start|>system\nJudge whether the Document meets the requirements
           'provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n')
 SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
 DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+# A Q8_0 GGUF served from its blocks against the same weights in float32: the kernels' two-part int8 activations
+# (about 15 bits) move a tiny random reranker's P(yes) by 1e-4 at most (measured over 5 seeds: 2e-5 to 9e-5).
+ACTIVATION_ROUNDING = 1e-3
+# ... and against the safetensors weights it was quantized from: Q8_0's weight rounding, which on a random tiny
+# model (not trained, its logits steep) moved P(yes) by up to 0.044 over 8 seeds.
+Q8_0_WEIGHT_ROUNDING = 0.1
 
 
 def _seed() -> int:
@@ -50,20 +56,40 @@ def _same(results: list[dict], expected: list[dict]) -> bool:
         and r.get("document") == e.get("document") for r, e in zip(results, expected))
 
 
+def _pair_prompts(tok, query: str, docs: list[str], instruction: str) -> list[list[int]]:
+    """The model card's prompts: prefix + body + suffix, each tokenized on its own."""
+    prefix, suffix = tok.encode(PREFIX, add_special_tokens=False), tok.encode(SUFFIX, add_special_tokens=False)
+    return [prefix + tok.encode(f"<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {doc}",
+                                add_special_tokens=False) + suffix for doc in docs]
+
+
 def _yes_probabilities(model_dir, query: str, docs: list[str], instruction: str = DEFAULT_INSTRUCTION) -> list[float]:
-    """The model card's computation: prefix + body + suffix tokens, log_softmax over [no, yes] at the last position."""
+    """The model card's computation: log_softmax over [no, yes] at the last position of each prompt."""
     import transformers
 
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     yes, no = tok.convert_tokens_to_ids("yes"), tok.convert_tokens_to_ids("no")
-    prefix, suffix = tok.encode(PREFIX, add_special_tokens=False), tok.encode(SUFFIX, add_special_tokens=False)
     scores = []
-    for doc in docs:
-        body = tok.encode(f"<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {doc}", add_special_tokens=False)
+    for prompt in _pair_prompts(tok, query, docs, instruction):
         with torch.no_grad():
-            logits = model(torch.tensor([prefix + body + suffix])).logits[0, -1]
+            logits = model(torch.tensor([prompt])).logits[0, -1]
         scores.append(torch.log_softmax(logits[[no, yes]], dim=0).exp()[1].item())
+    return scores
+
+
+def _yes_label_probabilities(model_dir, query: str, docs: list[str]) -> list[float]:
+    """llama.cpp's computation on a reranker GGUF: the softmax of its two-row head at the last position, the "yes"
+    row's probability; here transformers' sequence classifier over the GGUF's weights (dequantized)."""
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32).eval()
+    yes = model.config.label2id["yes"]
+    scores = []
+    for prompt in _pair_prompts(tok, query, docs, DEFAULT_INSTRUCTION):
+        with torch.no_grad():
+            scores.append(torch.softmax(model(torch.tensor([prompt])).logits[0], dim=0)[yes].item())
     return scores
 
 
@@ -126,10 +152,14 @@ def test_truncated_pair_keeps_the_prompt_frame(reranker):
     assert r.json()["usage"]["prompt_tokens"] == 200
 
 
-def test_reranker_gguf_serves_the_safetensors_scores(reranker, reranker_dir, tmp_path_factory):
-    """The reranker's Q8_0 GGUF (a two-row yes/no head, pooling RANK) served from its own blocks: the safetensors
-    checkpoint's scores within Q8_0's bound (tests/unit/worker/test_pooling_gguf.py), in both rerank shapes."""
+def test_reranker_gguf_serves_its_quantized_weights(reranker, reranker_dir, tmp_path_factory):
+    """The reranker's Q8_0 GGUF (a two-row yes/no head, pooling RANK) served from its own blocks: llama.cpp's score
+    over the GGUF's weights, to the rounding of the kernels' activations, in both rerank shapes; and near the
+    safetensors checkpoint's scores, the Q8_0 rounding of its weights apart."""
+    from shared.default_model import converted_gguf
+
     gguf_path = write_reranker_gguf(reranker_dir, tmp_path_factory.mktemp("gguf") / "tiny-reranker-q8_0.gguf", QT.Q8_0)
+    expected = _yes_label_probabilities(converted_gguf(gguf_path, gguf_path.stem), QUERY, DOCS)
     srv = Server(gguf_path, "--num-kv-blocks", "64", "--max-model-len", "256",
                  log_path=tmp_path_factory.mktemp("logs") / "rerank-gguf.log").start()
     try:
@@ -139,13 +169,15 @@ def test_reranker_gguf_serves_the_safetensors_scores(reranker, reranker_dir, tmp
     finally:
         srv.stop()
     assert (health["task"], health["quantization"]) == ("score", "q8_0"), health
-    expected = {x["index"]: x["relevance_score"] for x in httpx2.post(
-        f"{reranker.url}/v1/rerank", json={"query": QUERY, "documents": DOCS}, timeout=60).json()["results"]}
     assert jina.status_code == cohere.status_code == 200, (jina.text, cohere.text)
     for x in jina.json()["results"]:
-        assert abs(x["relevance_score"] - expected[x["index"]]) < 0.005
+        assert abs(x["relevance_score"] - expected[x["index"]]) < ACTIVATION_ROUNDING
     assert [x["relevance_score"] for x in cohere.json()["results"]] == [x["relevance_score"]
                                                                         for x in jina.json()["results"]]
+    original = {x["index"]: x["relevance_score"] for x in httpx2.post(
+        f"{reranker.url}/v1/rerank", json={"query": QUERY, "documents": DOCS}, timeout=60).json()["results"]}
+    for x in jina.json()["results"]:
+        assert abs(x["relevance_score"] - original[x["index"]]) < Q8_0_WEIGHT_ROUNDING
 
 
 def test_sequence_classifier_head(tmp_path_factory):

@@ -76,8 +76,11 @@ def reranker(tmp_path_factory):
     return model_dir, _scores(model_dir, [], quantization="none")
 
 
-# Q8_0 weights and the kernels' 8-bit activations move a tiny random reranker's P(yes) (measured: 6e-4 at most).
-Q8_0_SCORE_BOUND = 0.005
+# A Q8_0 GGUF served from its blocks against its own weights dequantized to float32: the kernels' two-part int8
+# activations (about 15 bits) move a tiny random reranker's P(yes) by 1e-4 at most (measured: 2e-5 to 9e-5).
+ACTIVATION_ROUNDING = 1e-3
+# Against the safetensors it was quantized from, Q8_0's weight rounding: up to 0.044 on random tiny models.
+Q8_0_WEIGHT_ROUNDING = 0.1
 
 
 @pytest.mark.parametrize("qtype", [QT.F32, QT.Q8_0])
@@ -95,7 +98,9 @@ def test_reranker_gguf_scores_as_its_safetensors_checkpoint(tmp_path, reranker, 
         torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), atol=1e-6, rtol=0)
     else:  # served from the GGUF's own blocks
         assert quantization == "q8_0"
-        assert max(abs(g - e) for g, e in zip(got, expected)) < Q8_0_SCORE_BOUND, (got, expected)
+        dequantized = _scores(out, [], quantization="none")
+        assert max(abs(g - d) for g, d in zip(got, dequantized)) < ACTIVATION_ROUNDING, (got, dequantized)
+        assert max(abs(g - e) for g, e in zip(got, expected)) < Q8_0_WEIGHT_ROUNDING, (got, expected)
 
 
 def test_untied_reranker_gguf_keeps_only_the_two_head_rows(tmp_path):
