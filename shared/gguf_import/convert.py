@@ -114,7 +114,7 @@ def _plan(gguf: GGUFFile) -> dict[str, Any]:
             labels = reranker_labels(meta, arch, gguf.tensors)
         except RerankerGGUFError as e:
             raise GGUFImportError(str(e)) from None
-    names = _tensor_names(gguf, arch)
+    names = _tensor_names(gguf, arch, rank=labels is not None)
     config = _config(gguf, arch, names)
     if labels is not None:
         config |= classifier_config(labels)
@@ -127,8 +127,9 @@ def _plan(gguf: GGUFFile) -> dict[str, Any]:
             "tokenizer_config": tokenizer_config, "generation_config": _generation_config(meta)}
 
 
-def _tensor_names(gguf: GGUFFile, arch: str) -> dict[str, str]:
-    """GGUF tensor name -> HF name, after checking names, types and completeness."""
+def _tensor_names(gguf: GGUFFile, arch: str, rank: bool = False) -> dict[str, str]:
+    """GGUF tensor name -> HF name, after checking names, types and completeness. rank: a reranker's, whose
+    two-row head becomes the classifier's."""
     n_layers = _int(gguf.metadata, f"{arch}.block_count")
     names: dict[str, str] = {}
     for name, info in gguf.tensors.items():
@@ -137,7 +138,7 @@ def _tensor_names(gguf: GGUFFile, arch: str) -> dict[str, str]:
             raise GGUFImportError(f"tensor {name!r} has unsupported type {info.type_name}; supported: {supported}")
         if name == _ROPE_FREQS:
             continue  # folded into config.json's rope_scaling
-        names[name] = RANK_HEAD_HF if name == RANK_HEAD else _hf_name(name, n_layers)
+        names[name] = RANK_HEAD_HF if rank and name == RANK_HEAD else _hf_name(name, n_layers)
     required = ["token_embd.weight", "output_norm.weight"] + [
         f"blk.{i}.{t}" for i in range(n_layers) for t in _REQUIRED_LAYER_TENSORS]
     if arch == "qwen3":
