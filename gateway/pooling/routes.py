@@ -66,11 +66,10 @@ async def rerank(request: Request) -> Response:
 async def cohere_rerank(request: Request) -> Response:
     state, req = await _body(request, "score", CohereRerankRequest)
     deadline = request_deadline(request, state.settings.request_timeout)
-    documents = req.texts()
-    prompts = _prompts(state).pairs([req.query] * len(documents), documents, None, req.instruction,
+    prompts = _prompts(state).pairs([req.query] * len(req.documents), req.documents, None, req.instruction,
                                     req.max_tokens_per_doc)
     scores = [v[0] for v in await pool_prompts(request, prompts, deadline)]
-    return JSONResponse(cohere_rerank_body(documents, scores, req.top_n, req.return_documents,
+    return JSONResponse(cohere_rerank_body(req.documents, scores, req.top_n, req.return_documents,
                                            sum(map(len, prompts))))
 
 

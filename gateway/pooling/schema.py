@@ -5,9 +5,9 @@ size) is checked once the texts are tokens (gateway/pooling/prompts.py)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field, WithJsonSchema
 
 from gateway.openai.schema import TokenId, _int, _Model
 from shared.request_limits import (COHERE_TOP_N, DIMENSIONS, MAX_EMBEDDING_INPUTS, MAX_SCORE_DOCUMENTS,
@@ -58,10 +58,19 @@ class ScoreRequest(_Model):
     instruction: Text | None = None
 
 
-class CohereDocument(_Model):
-    """Cohere's v1 document object; its `text` is what is ranked."""
+def _document_text(value: Any) -> Any:
+    """Cohere's v1 document object, {"text": ...}, stands for its text; any other object is refused by name."""
+    if isinstance(value, dict):
+        if set(value) != {"text"}:
+            raise ValueError('a document must be a string or a {"text": string} object')
+        return value["text"]
+    return value
 
-    text: Text
+
+_TEXT_SCHEMA = {"type": "string", "minLength": 1}
+CohereDocument = Annotated[Text, BeforeValidator(_document_text), WithJsonSchema({"anyOf": [
+    _TEXT_SCHEMA, {"type": "object", "properties": {"text": _TEXT_SCHEMA}, "required": ["text"],
+                   "additionalProperties": False}]})]
 
 
 class CohereRerankRequest(_Model):
@@ -70,11 +79,8 @@ class CohereRerankRequest(_Model):
 
     model: str | None = None
     query: Text
-    documents: Annotated[list[Union[Text, CohereDocument]], Field(min_length=1, max_length=MAX_SCORE_DOCUMENTS)]
+    documents: Annotated[list[CohereDocument], Field(min_length=1, max_length=MAX_SCORE_DOCUMENTS)]
     top_n: _int(COHERE_TOP_N) | None = None  # None: every document
     max_tokens_per_doc: _int(MAX_TOKENS_PER_DOC) = 4096
     return_documents: bool = False
     instruction: Text | None = None
-
-    def texts(self) -> list[str]:
-        return [d if isinstance(d, str) else d.text for d in self.documents]

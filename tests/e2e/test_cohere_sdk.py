@@ -90,6 +90,7 @@ def test_max_tokens_per_doc_cuts_each_document(server, co, model):
     ({"documents": []}, "documents"),
     ({"query": ""}, "query"),
     ({"documents": ["d", ""]}, "documents"),
+    ({"documents": [{"text": "d", "title": "t"}]}, "documents[0]"),  # Cohere v1's rank_fields are not served
     ({"top_n": 0}, "top_n"),
     ({"max_tokens_per_doc": 0}, "max_tokens_per_doc"),
     ({"documents": [LONG_DOC]}, "documents"),  # cut to the default 4096 tokens: still over the context
