@@ -44,6 +44,18 @@ comptime ACT_INT8X2 = 0
 comptime ACT_INT8 = 1
 
 
+# The int8 activation bytes a row chunk of the vpdpbusd paths may hold (a half of a 1 MiB L2, as on Zen 5).
+comptime ACT_CACHE_BYTES = 512 * 1024
+
+
+@always_inline
+def row_chunk[two: Bool](k: Int) -> Int:
+    """Rows per chunk on the vpdpbusd paths: a thread's tiles pass over a chunk's rows while their int8
+    activations (K bytes a row per part) stay in its L2, so that the weights stream from memory once
+    per chunk. Whole groups of 16 rows, at least 64."""
+    return max(64, (ACT_CACHE_BYTES // ((2 if two else 1) * k)) // 16 * 16)
+
+
 @always_inline
 def two_parts(p: Params) -> Bool:
     """Whether this call's activations are in two int8 parts (ACT_INT8X2) rather than one (ACT_INT8)."""

@@ -47,7 +47,8 @@ from std.memory import alloc, bitcast, stack_allocation
 from std.sys import llvm_intrinsic
 from numerics import narrow
 from params import Params, param_int, param_ptr
-from quant_activations import P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, P_SUM_LO, quantize_rows, two_parts
+from quant_activations import P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, P_SUM_LO, quantize_rows, row_chunk, \
+    two_parts
 from quant_amx import TILE_A1, TILE_A1_HALF, TILE_A2, TILE_A2_HALF, TILE_B, TILE_B_HI, TILE_B_LO, TILE_C1, \
     TILE_C1_HI, TILE_C1_LO, TILE_C1_NEXT, TILE_C2, TILE_C2_HI, TILE_C2_LO, TILE_C2_NEXT, amx_configure, \
     amx_configure_halves, amx_release, amx_row_chunk, tile_dot_su, tile_load, tile_store, tile_zero
@@ -297,10 +298,10 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int, two: Bool](p: Params, t: Int, r
 def _tiles[kind: Int, out_dt: DType, two: Bool](p: Params, begin: Int, end: Int):
     var m = param_int(p, 4)
     # Rows in chunks that keep their int8 activations in cache while the thread's tiles pass over them.
-    comptime CHUNK = 64
+    var chunk = row_chunk[two](param_int(p, P_K))
     var r0 = 0
     while r0 < m:
-        var r1 = min(r0 + CHUNK, m)
+        var r1 = min(r0 + chunk, m)
         for t in range(begin, end):
             var r = r0
             while r + ROWS <= r1:

@@ -36,7 +36,7 @@ from std.memory import alloc, bitcast, stack_allocation
 from std.sys import llvm_intrinsic
 from numerics import narrow
 from params import Params, param_int, param_ptr
-from quant_activations import P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, quantize_rows, two_parts
+from quant_activations import P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, quantize_rows, row_chunk, two_parts
 from quant_amx import TILE_A1, TILE_A2, TILE_B, TILE_C1, TILE_C1_NEXT, TILE_C2, TILE_C2_NEXT, U8Ptr, amx_configure, \
     amx_release, amx_row_chunk, tile_dot_su, tile_load, tile_store, tile_zero
 
@@ -44,7 +44,14 @@ comptime F32 = DType.float32
 comptime BF16 = DType.bfloat16
 comptime TN = 16  # output columns per tile: one zmm of int32 / float32 lanes
 comptime QK = 32  # weights per block
-comptime ROWS = 4  # activation rows sharing one unpacked weight block
+
+
+@always_inline
+def rows_per_block[two: Bool]() -> Int:
+    """Activation rows sharing one unpacked weight block: their accumulators, dot-product chains and the
+    block's 8 weight vectors fill the 32 zmm registers (two parts: 4 rows x (sum + 2 x 2 chains); one
+    part: 8 rows x (sum + 1 chain), whose 8 independent chains hide vpdpbusd's latency)."""
+    return 4 if two else 8
 
 # The output's row stride in elements (kernels/quant_operands.py: >= N, for a column slice of a wider output).
 comptime P_LDC = 17
@@ -137,11 +144,10 @@ def _block_dot[two: Bool](w: Array[U8x64, 8], a: SIMD[DType.int8, QK], a2: SIMD[
             hi1 = _dpbusd(hi1, w[g + 1], I32x16(a32[g + 1]))
             lo1 = _dpbusd(lo1, w[g + 1], I32x16(b32[g + 1]))
         return (hi0 + hi1) * 254 + (lo0 + lo1)
-    else:
-        comptime for g in range(0, 8, 2):
+    else:  # one chain: the rows of rows_per_block run theirs side by side
+        comptime for g in range(8):
             hi0 = _dpbusd(hi0, w[g], I32x16(a32[g]))
-            hi1 = _dpbusd(hi1, w[g + 1], I32x16(a32[g + 1]))
-        return hi0 + hi1
+        return hi0
 
 
 @always_inline
@@ -227,16 +233,17 @@ def _finish_row[out_dt: DType](p: Params, y: F32x16, row: Int, t: Int):
 
 def _tiles[kind: Int, out_dt: DType, two: Bool](p: Params, begin: Int, end: Int):
     var m = param_int(p, 4)
+    comptime R = rows_per_block[two]()
     # Rows in chunks that keep their int8 activations in cache while the thread's tiles pass over them.
-    comptime CHUNK = 64
+    var chunk = row_chunk[two](param_int(p, P_K))
     var r0 = 0
     while r0 < m:
-        var r1 = min(r0 + CHUNK, m)
+        var r1 = min(r0 + chunk, m)
         for t in range(begin, end):
             var r = r0
-            while r + ROWS <= r1:
-                _tile_rows[kind, out_dt, ROWS, two](p, t, r)
-                r += ROWS
+            while r + R <= r1:
+                _tile_rows[kind, out_dt, R, two](p, t, r)
+                r += R
             while r < r1:
                 _tile_rows[kind, out_dt, 1, two](p, t, r)
                 r += 1
@@ -369,6 +376,7 @@ def _tiles_amx[kind: Int, out_dt: DType, two: Bool](p: Params, begin: Int, end: 
     var bufs = Int(stack_allocation[4096, UInt8, alignment=64]())  # two sets of [C1 | C2] sums
     amx_configure()
     var full = m - m % TN
+    comptime R = rows_per_block[two]()
     var chunk = amx_row_chunk(k)
     var r0 = 0
     while True:  # row chunks; the last one also runs the M % 16 rows
@@ -384,9 +392,9 @@ def _tiles_amx[kind: Int, out_dt: DType, two: Bool](p: Params, begin: Int, end: 
                 g0 += TN
             if r1 == full:
                 var r = full
-                while r + ROWS <= m:
-                    _tile_rows[kind, out_dt, ROWS, two](p, t, r)
-                    r += ROWS
+                while r + R <= m:
+                    _tile_rows[kind, out_dt, R, two](p, t, r)
+                    r += R
                 while r < m:
                     _tile_rows[kind, out_dt, 1, two](p, t, r)
                     r += 1
