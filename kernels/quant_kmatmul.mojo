@@ -57,7 +57,14 @@ comptime F32 = DType.float32
 comptime BF16 = DType.bfloat16
 comptime TN = 16  # output columns per tile
 comptime QK = 32  # activation block
-comptime ROWS = 4  # activation rows sharing one unpacked weight block
+
+
+@always_inline
+def rows_per_block[kind: Int, two: Bool]() -> Int:
+    """Activation rows sharing one unpacked weight block, as many as their accumulators, dot-product chains
+    and the block's 8 weight vectors leave zmm registers for: 8 with one int8 part and one chain a row (every
+    type but Q6_K, which keeps its halves' sums apart), else 4 (two chains a row, per part)."""
+    return 8 if not two and kind != KIND_Q6_K else 4
 
 # The output's row stride in elements (kernels/quant_operands.py: >= N, for a column slice of a wider output).
 comptime P_LDC = 17
@@ -190,10 +197,14 @@ def _block_row[kind: Int, two: Bool](y: F32x16, w: Array[U8x64, 8], dw: F32x16, 
             hi2 = _dpbusd(hi2, w[g + 4], b32[g + 4])
         return _block_epilogue[kind](y, lo1 * 254 + lo2, hi1 * 254 + hi2, dw, mw, sc_lo, sc_hi, da, sum, lo_sum,
                                      s_f)
-    else:
+    elif kind == KIND_Q6_K:
         comptime for g in range(4):
             lo1 = _dpbusd(lo1, w[g], a32[g])
             hi1 = _dpbusd(hi1, w[g + 4], a32[g + 4])
+        return _block_epilogue[kind](y, lo1, hi1, dw, mw, sc_lo, sc_hi, da, sum, lo_sum, s_f)
+    else:  # one chain over the whole block (the epilogue adds lo + hi); rows_per_block rows run side by side
+        comptime for g in range(8):
+            lo1 = _dpbusd(lo1, w[g], a32[g])
         return _block_epilogue[kind](y, lo1, hi1, dw, mw, sc_lo, sc_hi, da, sum, lo_sum, s_f)
 
 
@@ -297,6 +308,7 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int, two: Bool](p: Params, t: Int, r
 
 def _tiles[kind: Int, out_dt: DType, two: Bool](p: Params, begin: Int, end: Int):
     var m = param_int(p, 4)
+    comptime R = rows_per_block[kind, two]()
     # Rows in chunks that keep their int8 activations in cache while the thread's tiles pass over them.
     var chunk = row_chunk[two](param_int(p, P_K))
     var r0 = 0
@@ -304,9 +316,9 @@ def _tiles[kind: Int, out_dt: DType, two: Bool](p: Params, begin: Int, end: Int)
         var r1 = min(r0 + chunk, m)
         for t in range(begin, end):
             var r = r0
-            while r + ROWS <= r1:
-                _tile_rows[kind, out_dt, ROWS, two](p, t, r)
-                r += ROWS
+            while r + R <= r1:
+                _tile_rows[kind, out_dt, R, two](p, t, r)
+                r += R
             while r < r1:
                 _tile_rows[kind, out_dt, 1, two](p, t, r)
                 r += 1
@@ -453,6 +465,7 @@ def _tiles_amx[kind: Int, out_dt: DType, two: Bool](p: Params, begin: Int, end: 
     else:
         amx_configure()
     var full = m - m % TN
+    comptime R = rows_per_block[kind, two]()
     # Rows in chunks whose int8 activations (q1 and q2) stay in cache while the thread's tiles pass over
     # them; each tile's weights are unpacked once per chunk. The last chunk also runs the M % 16 rows.
     var chunk = amx_row_chunk(k)
@@ -488,9 +501,9 @@ def _tiles_amx[kind: Int, out_dt: DType, two: Bool](p: Params, begin: Int, end: 
                 g0 += TN
             if r1 == full:
                 var r = full
-                while r + ROWS <= m:
-                    _tile_rows[kind, out_dt, ROWS, two](p, t, r)
-                    r += ROWS
+                while r + R <= m:
+                    _tile_rows[kind, out_dt, R, two](p, t, r)
+                    r += R
                 while r < m:
                     _tile_rows[kind, out_dt, 1, two](p, t, r)
                     r += 1
