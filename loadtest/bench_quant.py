@@ -23,6 +23,7 @@ Numbers are printed, never asserted; compare ratios within one run.
 from __future__ import annotations
 
 import argparse
+import os
 import importlib.machinery
 import importlib.util
 import statistics
@@ -195,11 +196,14 @@ def main() -> None:
     if args.engine:
         engine_steps(args.batches, args.context, args.steps, args.rounds)
         return
+    load_before = os.getloadavg()[0]
     lines = kernel_table(args)
     if args.out:
         command = "python -m loadtest.bench_quant " + " ".join(sys.argv[1:])
+        # The machine's load beside the figures: on a shared machine it says how far to trust them.
         header = [f"# Quantized-weight matmul against the bf16 linear, {cpu_name()}", "",
-                  f"Command: `{command}` ({time.strftime('%Y-%m-%d')}).", ""]
+                  f"Command: `{command}` ({time.strftime('%Y-%m-%d')}); load average (1 min) {load_before:.1f} "
+                  f"before the run, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs.", ""]
         Path(args.out).write_text("\n".join(header + lines) + "\n")
         print(f"wrote {args.out}")
 

@@ -87,3 +87,15 @@ def test_a_text_keeps_its_vector_among_concurrent_requests(server):
     print(f"largest difference alone / batched: {max((a - b).abs().max().item() for a, b in zip(alone, batched))}")
     for i, vector in enumerate(batched):
         torch.testing.assert_close(vector, alone[i], atol=1e-6, rtol=1e-5)
+
+
+def test_the_flag_overrides_auto(model_dir, tmp_path):
+    """`--activation-quantization int8x2` reaches the worker of an embedding server (auto would run int8)."""
+    srv = Server(model_dir, "--served-model-name", NAME, "--quantization", "q8_0", "--activation-quantization",
+                 "int8x2", "--num-kv-blocks", "64", "--max-model-len", "128", log_path=tmp_path / "x2.log").start()
+    try:
+        assert httpx2.get(f"{srv.url}/health").json()["activation_quantization"] == "int8x2"
+        assert "quantization q8_0 (activations int8x2)" in srv.log_path.read_text(errors="replace")
+        assert _embed(srv, TEXTS[:2]).shape[0] == 2
+    finally:
+        srv.stop()
