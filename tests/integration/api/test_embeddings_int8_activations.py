@@ -6,21 +6,19 @@ vector does not move when it is batched with others."""
 from __future__ import annotations
 
 import asyncio
-import os
-import random
 
 import httpx2
 import pytest
 import torch
 
-from tests.helpers.pooling_models import build_embedding_model
+from tests.helpers.pooling_models import module_embedding_model
 from tests.helpers.sentence_transformers_oracle import SentenceTransformerOracle
 from tests.helpers.server import Server
 
 NAME = "tiny-embed-q8"
-TEXTS = ["The quick brown fox jumps over the lazy dog.", "Instruct: Given a web search query, retrieve relevant "
-         "passages that answer the query\nQuery: what is an embedding?", "short", "Embeddings turn text into "
-         "vectors, one vector per text, whose cosine says how alike two texts are.", "x " * 40]
+TEXTS = ["Quantized weights keep a model small.", "Instruct: Given a question, retrieve passages that answer it\n"
+         "Query: why quantize activations?", "one", "A pooled vector per text, compared by cosine with the float "
+         "model's, the same text batched or alone.", "x " * 40]
 # Q8_0 weights and int8 activations (each about 8 bits per 32-element block) against the float model: every
 # vector's cosine with the float one at least this (measured on these random tiny models: 0.9995-0.9998).
 MIN_COSINE = 0.998
@@ -28,9 +26,7 @@ MIN_COSINE = 0.998
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    seed = int(os.environ.get("MILI_TEST_SEED", random.randrange(2**31)))
-    print(f"\n[tiny embedding model] MILI_TEST_SEED={seed}")
-    return build_embedding_model(tmp_path_factory.mktemp("embed") / NAME, seed, "last", normalize=True)
+    return module_embedding_model(tmp_path_factory, NAME)
 
 
 @pytest.fixture(scope="module")
