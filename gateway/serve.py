@@ -186,7 +186,8 @@ def run(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
         attention_backend=args.attention_backend, quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
-        activation_quantization=args.activation_quantization, enable_prefix_caching=not args.no_prefix_caching, enforce_eager=args.enforce_eager,
+        activation_quantization=args.activation_quantization, enable_prefix_caching=not args.no_prefix_caching,
+        enforce_eager=args.enforce_eager,
         scheduling_policy=args.scheduling_policy, task=task,
         speculative_config=args.speculative_config)
     tcp_host, tcp_port = None, 0

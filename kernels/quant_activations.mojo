@@ -4,9 +4,10 @@
 # same for every call of a model, so a row's bits never depend on its batch):
 #
 # ACT_INT8X2 (two int8 parts, about 15 bits; what generating servers use). With t = x * 127 / max|x|
-# per block, q = round-half-even(254 t) in about 15 bits, held as q1 = round-half-even(t) (llama.cpp's Q8_0/Q8_1 activations) and q2 = q - 254 q1, the residual in
-# 1/254 steps: |254 t - 254 q1| <= 127 and both bounds are integers, so |q2| <= 127, and
-# x ~= d * (254 q1 + q2) with d = max|x| / 32258. |t| <= 127 (to a float32 rounding), so |q| <= 32258.
+# per block, q = round-half-even(254 t) in about 15 bits, held as q1 = round-half-even(t) (llama.cpp's
+# Q8_0/Q8_1 activations) and q2 = q - 254 q1, the residual in 1/254 steps: |254 t - 254 q1| <= 127
+# and both bounds are integers, so |q2| <= 127, and x ~= d * (254 q1 + q2) with d = max|x| / 32258.
+# |t| <= 127 (to a float32 rounding), so |q| <= 32258.
 # A kernel sums 254 * dot(w, q1) + dot(w, q2) exactly in int32. Per block it also gets the sum of q
 # (what Q4_0's and Q8_0's offsets, Q4_1's, Q5's and Q4_K's mins need), the sum over the block's first 16
 # elements (Q6_K's scales change every 16 weights), and d * sum q.

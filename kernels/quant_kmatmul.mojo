@@ -23,7 +23,8 @@
 #      place in it or the thread, as in quant_matmul.mojo.
 #      From 16 rows (parameter 15, kernels/quant_matmul.py's use_amx), AMX int8 tiles compute the same integers
 #      for whole groups of 16 rows (tdpbsud sums exactly; kernels/quant_amx.mojo): per block, C1 and C2 =
-#      the 16 rows' dots with q1 and q2 (int8: C1 alone) over all 32 K-steps (Q5_0, Q5_1, Q4_K need only lo + hi), or for
+#      the 16 rows' dots with q1 and q2 (int8: C1 alone) over all 32 K-steps (Q5_0, Q5_1, Q4_K need only
+#      lo + hi), or for
 #      Q6_K over each half apart, on tiles 16 K-steps wide, so that lo and hi are the same two int32s. The
 #      sums then go through the vpdpbusd path's own epilogue function: the same bits at every row count.
 #      A tile's weights are unpacked into the B-tile layout (the records' vectors g, as vpdpbusd reads
@@ -212,8 +213,9 @@ def _block_row[kind: Int, two: Bool](y: F32x16, w: Array[U8x64, 8], dw: F32x16, 
 def _block_epilogue[kind: Int](y: F32x16, lo: I32x16, hi: I32x16, dw: F32x16, mw: F32x16, sc_lo: I32x16,
                                sc_hi: I32x16, da: Float32, sum: Int32, lo_sum: Int32, s_f: Float32) -> F32x16:
     """y plus one block's contribution given its exact integer dot products 254 * dot(w, q1) + dot(w, q2)
-    (int8: dot(w, q1)) over K-steps 0-15 (lo) and 16-31 (hi). Both paths (vpdpbusd and AMX tiles) end here, so a row's float
-    steps are the same whichever computed its sums; only Q6_K needs the halves apart (the AMX path passes
+    (int8: dot(w, q1)) over K-steps 0-15 (lo) and 16-31 (hi). Both paths (vpdpbusd and AMX tiles) end here,
+    so a row's float steps are the same whichever computed its sums;
+    only Q6_K needs the halves apart (the AMX path passes
     the whole block's sum as lo and 0 as hi for the others: the same integer lo + hi)."""
     var acc: F32x16
     comptime if kind == KIND_Q6_K:

@@ -14,8 +14,8 @@ import torch
 
 from kernels.attention import DTYPE_CODES, THREADINGS, kernel_params, load_module, omp_team
 from kernels.quant_matmul import PATHS, amx_available, use_amx
-from kernels.quant_operands import (TILE, activation_addresses, activation_mode, activation_scratch_bytes, check_scratch,
-                                    checked_output)
+from kernels.quant_operands import (TILE, activation_addresses, activation_mode, activation_scratch_bytes,
+                                    check_scratch, checked_output)
 
 MODULE = "mili_quant_k"
 # Kernel kind code (0 Q5_0, 1 Q5_1, 2 Q4_K, 3 Q6_K) -> (weights per K group, tile record bytes per group);

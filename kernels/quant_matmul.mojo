@@ -287,9 +287,10 @@ def _block_weights[kind: Int](tile_rec: U8Ptr, wtile: U8Ptr, b: Int) -> U8Ptr:
 
 
 @always_inline
-def _amx_epilogue[kind: Int, two: Bool](mut y: Array[F32x16, TN], rec: U8Ptr, buf: Int, da: Pointer[Scalar[F32], MutAnyOrigin],
-                             sa_i: Pointer[Scalar[DType.int32], MutAnyOrigin], sa_f: Pointer[Scalar[F32], MutAnyOrigin],
-                             j0: Int):
+def _amx_epilogue[kind: Int, two: Bool](mut y: Array[F32x16, TN], rec: U8Ptr, buf: Int,
+                                        da: Pointer[Scalar[F32], MutAnyOrigin],
+                                        sa_i: Pointer[Scalar[DType.int32], MutAnyOrigin],
+                                        sa_f: Pointer[Scalar[F32], MutAnyOrigin], j0: Int):
     """One block's epilogue for the 16 rows of y, from the sums in buf (C1 then, two parts, C2, as
     tile_store left them), combined as _block_dot combines them; j0 indexes row 0's per-block values."""
     comptime qbytes = quant_bytes[kind]()
@@ -311,8 +312,8 @@ def _amx_epilogue[kind: Int, two: Bool](mut y: Array[F32x16, TN], rec: U8Ptr, bu
 comptime UNPACK_LEAD = 4
 
 
-def _group_amx[kind: Int, out_dt: DType, unpack: Bool, two: Bool](p: Params, t: Int, g0: Int, tile_rec: U8Ptr, wtile: U8Ptr,
-                                                       bufs: Int):
+def _group_amx[kind: Int, out_dt: DType, unpack: Bool, two: Bool](p: Params, t: Int, g0: Int, tile_rec: U8Ptr,
+                                                                  wtile: U8Ptr, bufs: Int):
     """Rows g0 .. g0+15 of tile t on AMX tiles, every K block. Block b + 1's tiles are issued before
     block b's epilogue, on the other tile set and buffer, so the two overlap. With `unpack` (the chunk's
     first group, Q4_0 / Q4_1), the tile's weights are unpacked into wtile on the way, UNPACK_LEAD blocks
@@ -359,8 +360,8 @@ def _group_amx[kind: Int, out_dt: DType, unpack: Bool, two: Bool](p: Params, t: 
 
 def _tiles_amx[kind: Int, out_dt: DType, two: Bool](p: Params, begin: Int, end: Int):
     """Phase 2 on AMX tiles: per 16 columns x 16 rows x block, one tdpbsud per activation part gives
-    the exact int32 dot products of q1 (and q2) (the same integers vpdpbusd sums), stored to a buffer and passed row by row
-    through the same epilogue. Whole groups of 16 rows only (no per-row conditions in the epilogue);
+    the exact int32 dot products of q1 (and q2) (the same integers vpdpbusd sums), stored to a buffer and
+    passed row by row through the same epilogue. Whole groups of 16 rows only (no per-row conditions in the epilogue);
     the last M % 16 rows take the vpdpbusd path: the same bits. Rows run in chunks whose int8
     activations stay in cache while the thread's tiles pass over them (amx_row_chunk); for Q4_0 / Q4_1
     each tile's weights are unpacked once per chunk, by its first row group, into a heap buffer (K / 32

@@ -8,7 +8,8 @@ on torch's OpenMP team, by each of its paths (vpdpbusd; AMX int8 tiles where the
 16 rows, which is what `auto` picks there: the same bits, different speed), in each activation mode
 (`--modes`: int8x2, two int8 parts per activation, what generating servers run; int8, one part, what
 embedding and scoring servers run), with each column's GOP/s beside bf16's GFLOP/s and the int8 / int8x2
-and AMX / vpdpbusd speed-ups. `--out FILE.md` also writes the table (the CPU named) to a file. `--before FILE` times the AMX path of an earlier build of the same kernel beside it
+and AMX / vpdpbusd speed-ups. `--out FILE.md` also writes the table (the CPU named) to a file.
+`--before FILE` times the AMX path of an earlier build of the same kernel beside it
 (e.g. build/kernels/<hash>/mili_quant.so, left by running an earlier commit) and prints after / before.
 Each figure is the 10th percentile of single-call times, one call of each column in turn, so a
 neighbour's burst of load (which stalls a call for milliseconds on a shared 2-core machine) hits

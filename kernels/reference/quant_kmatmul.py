@@ -1,5 +1,6 @@
 """NumPy reference for the K-quant-file matmul (kernels/quant_kmatmul.mojo): the kernel's own block
-arithmetic on the same activations (two int8 parts or one) as the main kernel's (kernels/reference/quant_matmul.py), with the
+arithmetic on the same activations (two int8 parts or one) as the main kernel's (kernels/reference/quant_matmul.py),
+with the
 integer dot products exact in int64 and the float32 epilogue block by block, so it differs from the
 kernel only by fused multiply-adds. The float64 product with gguf.quants' dequantization and the
 activations' error bound are kernels/reference/quant_matmul.py's (they hold for any GGUF type).

@@ -3,7 +3,8 @@
 Two references, in both activation modes (two int8 parts, "int8x2", and one, "int8"): the kernel's own
 block arithmetic done exactly in NumPy (int8 activations, int64 dot products, float32 epilogue: only fused
 multiply-adds differ, so the tolerance is tight), and gguf.quants' dequantization with a float64 matmul,
-off by at most the int8 activations' rounding (a bound computed per output and mode). Outputs are poisoned with NaN first, so an element the kernel skips cannot pass. Also:
+off by at most the int8 activations' rounding (a bound computed per output and mode).
+Outputs are poisoned with NaN first, so an element the kernel skips cannot pass. Also:
 every row's result is bit-identical whatever the batch it is computed in, whichever thread runs it and
 whichever path (vpdpbusd or AMX tiles) computes it, and bad arguments raise before the kernel runs.
 """

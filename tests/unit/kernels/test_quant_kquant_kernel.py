@@ -4,7 +4,8 @@ NumPy, on fresh random blocks every run.
 Two references, as for the Q4_0/Q4_1/Q8_0 kernel: the kernel's own block arithmetic done exactly in
 NumPy (int64 dot products, float32 epilogue; only fused multiply-adds differ, so the tolerance is
 tight), and gguf.quants' dequantization with a float64 matmul, off by at most the activations' rounding
-(a bound computed per output), in both activation modes (two int8 parts, "int8x2"; one, "int8"). Blocks come two ways: uniformly random quants and scales
+(a bound computed per output), in both activation modes (two int8 parts, "int8x2"; one, "int8").
+Blocks come two ways: uniformly random quants and scales
 (every bit pattern of the format), and round-to-nearest encodings of float weights. Outputs are
 poisoned with NaN first. Also: the block codec against gguf.quants' decoder, the tile layout decoded
 independently, batch and thread invariance, and bad arguments raising before the kernel.

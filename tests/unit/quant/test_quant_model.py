@@ -13,7 +13,8 @@ dequantization, teacher-forced on the engine's own greedy sequences:
   layout, bias or fusion either way.
 The one-part int8 activation mode (`--activation-quantization int8`, what embedding and scoring servers run) is
 checked the same way, against its own rounding emulated (the same tight bounds) and against the dequantized
-weights alone (looser: 8-bit activations). Both figures are printed. Chunked prefill, prefix-cache hits and preemption must give exactly the
+weights alone (looser: 8-bit activations). Both figures are printed.
+Chunked prefill, prefix-cache hits and preemption must give exactly the
 tokens of one uninterrupted run of the quantized engine.
 """
 
