@@ -127,9 +127,10 @@ def _f16x16(p: Pointer[Scalar[DType.uint8], MutAnyOrigin], offset: Int) -> F32x1
 
 
 @always_inline
-def _block_dot[two: Bool](w: Array[U8x64, 8], a: SIMD[DType.int8, QK], a2: SIMD[DType.int8, QK]) -> I32x16:
+def _block_dot[two: Bool](w: Array[U8x64, 8], a: SIMD[DType.int8, QK], a2: SIMD[DType.int8, QK],
+                          start: I32x16) -> I32x16:
     """One block's exact integer dot products of 16 weight columns with one row's activations:
-    254 * dot(w, q1) + dot(w, q2) (two parts; |.| <= 32 * 255 * 32385 < 2^31) or dot(w, q1) (one)."""
+    254 * dot(w, q1) + dot(w, q2) (two parts; |.| <= 32 * 255 * 32385 < 2^31) or start + dot(w, q1) (one)."""
     var a32 = bitcast[DType.int32, 8](a)
     # Independent dependency chains (vpdpbusd's latency is ~5 cycles); integer sums, so exact in any order.
     var hi0 = I32x16(0)
@@ -144,23 +145,36 @@ def _block_dot[two: Bool](w: Array[U8x64, 8], a: SIMD[DType.int8, QK], a2: SIMD[
             hi1 = _dpbusd(hi1, w[g + 1], I32x16(a32[g + 1]))
             lo1 = _dpbusd(lo1, w[g + 1], I32x16(b32[g + 1]))
         return (hi0 + hi1) * 254 + (lo0 + lo1)
-    else:  # one chain: the rows of rows_per_block run theirs side by side
+    else:  # one chain from `start`: the rows of rows_per_block run theirs side by side
+        hi0 = start
         comptime for g in range(8):
             hi0 = _dpbusd(hi0, w[g], I32x16(a32[g]))
         return hi0
 
 
 @always_inline
-def _block_epilogue[kind: Int](y: F32x16, dot: I32x16, dw: F32x16, mw: F32x16, da: Float32,
-                               s_i: Int32, s_f: Float32) -> F32x16:
-    """y plus one block's contribution given its exact integer dot product (_block_dot's). Both paths
-    (vpdpbusd and AMX tiles) end here, so a row's float steps are the same whichever computed its sums."""
-    var acc = dot
-    # The stored quants' offset (Q4_0: 8, Q8_0: 128) times the activations' sum: |offset * s_i| <= 128 * 32 * 32258.
+@always_inline
+def _offset_sum[kind: Int](s_i: Int32) -> Int32:
+    """The stored quants' offset (Q4_0: 8, Q8_0: 128) times the activations' sum, which a block's dot
+    product loses: |offset * s_i| <= 128 * 32 * 32258."""
     comptime if kind == KIND_Q4_0:
-        acc -= I32x16(8 * s_i)
+        return 8 * s_i
     elif kind == KIND_Q8_0:
-        acc -= I32x16(128 * s_i)
+        return 128 * s_i
+    else:
+        return 0
+
+
+@always_inline
+def _block_epilogue[kind: Int, corrected: Bool](y: F32x16, dot: I32x16, dw: F32x16, mw: F32x16, da: Float32,
+                                                s_i: Int32, s_f: Float32) -> F32x16:
+    """y plus one block's contribution given its exact integer dot product (_block_dot's), less the
+    offset's sum unless `corrected` (the one-part vpdpbusd path starts its chain at minus that sum: the same
+    int32). Both paths (vpdpbusd and AMX tiles) end here, so a row's float steps are the same whichever
+    computed its sums."""
+    var acc = dot
+    comptime if not corrected:
+        acc -= I32x16(_offset_sum[kind](s_i))
     var res = acc.cast[F32]().fma(dw * da, y)
     comptime if kind == KIND_Q4_1:
         res = mw.fma(F32x16(s_f), res)
@@ -204,8 +218,10 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int, two: Bool](p: Params, t: Int, r
             comptime if two:
                 a2 = qa2.unsafe_offset(row * k + b * QK).unsafe_load[width=QK]()
             var j = b * m + row
-            y[r] = _block_epilogue[kind](y[r], _block_dot[two](w, a, a2), dw, mw, da[unsafe_offset=j],
-                                         sa_i[unsafe_offset=j], sa_f[unsafe_offset=j])
+            var s_i = sa_i[unsafe_offset=j]
+            # One part: the chain starts at minus the offset's sum (no subtraction in the epilogue).
+            var dot = _block_dot[two](w, a, a2, I32x16(-_offset_sum[kind](s_i)))
+            y[r] = _block_epilogue[kind, not two](y[r], dot, dw, mw, da[unsafe_offset=j], s_i, sa_f[unsafe_offset=j])
         rec = rec.unsafe_offset(rec_bytes)
     comptime for r in range(R):
         _finish_row[out_dt](p, y[r], row0 + r, t)
@@ -303,7 +319,7 @@ def _amx_epilogue[kind: Int, two: Bool](mut y: Array[F32x16, TN], rec: U8Ptr, bu
         var dot = sums.unsafe_offset(r * TN).unsafe_load[width=TN]()
         comptime if two:
             dot = dot * 254 + sums.unsafe_offset(256 + r * TN).unsafe_load[width=TN]()
-        y[r] = _block_epilogue[kind](y[r], dot, dw, mw, da[unsafe_offset=j0 + r], sa_i[unsafe_offset=j0 + r],
+        y[r] = _block_epilogue[kind, False](y[r], dot, dw, mw, da[unsafe_offset=j0 + r], sa_i[unsafe_offset=j0 + r],
                                      sa_f[unsafe_offset=j0 + r])
 
 
