@@ -129,7 +129,8 @@ async def health(request: Request) -> Response:
         "status": "ok", "model": state.settings.served_model_name, "task": state.engine_config.task,
         "device": info.device,
         "attention_backend": info.attention_backend, "decode_graphs": info.decode_graphs,
-        "quantization": info.quantization, "speculative_decoding": info.speculative_decoding,
+        "quantization": info.quantization, "activation_quantization": info.activation_quantization,
+        "speculative_decoding": info.speculative_decoding,
         "dtype": info.dtype, "architecture": info.architecture, "max_model_len": info.max_model_len,
         "workers": len(pool.slots), "workers_ready": len(pool.ready_slots), "workers_down": pool.down_reasons()})
 

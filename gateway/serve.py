@@ -21,7 +21,8 @@ from gateway.openai.parse import Limits
 from gateway.server.auth import load_keys
 from gateway.server.device_check import check_device
 from gateway.text.chat_template import parse_template_kwargs, read_template_file
-from shared.config import ATTENTION_BACKENDS, DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, SCHEDULING_POLICIES, EngineConfig, parse_size
+from shared.config import (ACTIVATION_QUANTIZATIONS, ATTENTION_BACKENDS, DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS,
+                           SCHEDULING_POLICIES, EngineConfig, parse_size)
 from shared.pooling_config import TASKS, resolve_task
 from shared.speculative_config import SpeculativeConfig, parse_speculative_config
 
@@ -82,6 +83,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="linear weights: auto = a GGUF's own Q4_0/Q4_1/Q8_0 and Q4_K/Q6_K/Q5_0/Q5_1 blocks "
                         "(none for safetensors); "
                         "q8_0/q4_0 quantize a checkpoint at load; none = the model dtype")
+    p.add_argument("--activation-quantization", choices=ACTIVATION_QUANTIZATIONS, default="auto",
+                   help="how quantized weights' matmuls quantize activations: int8x2 = two int8 parts per "
+                        "activation (about 15 bits), int8 = one, as llama.cpp does (about twice the prefill "
+                        "throughput, about 8 bits); auto = int8 for --task embed and score, int8x2 for generate. "
+                        "No effect without quantized weights")
     p.add_argument("--task", choices=TASKS, default="auto",
                    help="what the model serves: generate (chat and completions), embed (/v1/embeddings) or score "
                         "(/v1/rerank, /score); auto reads the checkpoint: sentence-transformers files mean embed, a "
@@ -180,7 +186,8 @@ def run(args: argparse.Namespace) -> int:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
         attention_backend=args.attention_backend, quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
-        enable_prefix_caching=not args.no_prefix_caching, enforce_eager=args.enforce_eager,
+        activation_quantization=args.activation_quantization, enable_prefix_caching=not args.no_prefix_caching,
+        enforce_eager=args.enforce_eager,
         scheduling_policy=args.scheduling_policy, task=task,
         speculative_config=args.speculative_config)
     tcp_host, tcp_port = None, 0

@@ -1,14 +1,21 @@
 # The activation side of MILI's quantized matmuls (quant_matmul.mojo and quant_kmatmul.mojo): phase 1,
-# each activation row quantized per 32-element block to two int8 parts, written to one scratch layout
-# both kernels read (kernels/quant_operands.py allocates it).
+# each activation row quantized per 32-element block, written to one scratch layout both kernels read
+# (kernels/quant_operands.py allocates it). Two modes, chosen once per server (parameter P_ACT_MODE, the
+# same for every call of a model, so a row's bits never depend on its batch):
 #
-# With t = x * 127 / max|x| per block, q = round-half-even(254 t) in about 15 bits, held as
-# q1 = round-half-even(t) (llama.cpp's Q8_0/Q8_1 activations) and q2 = q - 254 q1, the residual in
-# 1/254 steps: |254 t - 254 q1| <= 127 and both bounds are integers, so |q2| <= 127, and
-# x ~= d * (254 q1 + q2) with d = max|x| / 32258. |t| <= 127 (to a float32 rounding), so |q| <= 32258.
+# ACT_INT8X2 (two int8 parts, about 15 bits; what generating servers use). With t = x * 127 / max|x|
+# per block, q = round-half-even(254 t) in about 15 bits, held as q1 = round-half-even(t) (llama.cpp's
+# Q8_0/Q8_1 activations) and q2 = q - 254 q1, the residual in 1/254 steps: |254 t - 254 q1| <= 127
+# and both bounds are integers, so |q2| <= 127, and x ~= d * (254 q1 + q2) with d = max|x| / 32258.
+# |t| <= 127 (to a float32 rounding), so |q| <= 32258.
 # A kernel sums 254 * dot(w, q1) + dot(w, q2) exactly in int32. Per block it also gets the sum of q
 # (what Q4_0's and Q8_0's offsets, Q4_1's, Q5's and Q4_K's mins need), the sum over the block's first 16
 # elements (Q6_K's scales change every 16 weights), and d * sum q.
+#
+# ACT_INT8 (one int8 part, llama.cpp's Q8_0 activations; what embedding and scoring servers use): q = q1 =
+# round-half-even(t), d = max|x| / 127, so x ~= d * q, and q2 is neither written nor read. A kernel then
+# runs one vpdpbusd (or AMX tile product) per 4 K-steps instead of two: about twice the prefill
+# throughput, at about 8 bits per activation. The sums are of this q (|q| <= 127).
 #
 # Per-block values are stored block-major, [K / 32, M], so the AMX path reads 16 rows' contiguously.
 
@@ -27,14 +34,37 @@ comptime P_M = 4
 comptime P_K = 6
 comptime P_X_DTYPE = 8
 comptime P_Q1 = 9  # [M, K] int8 q1
-comptime P_D = 10  # [K / 32, M] float32 d = max|x| / 32258
+comptime P_D = 10  # [K / 32, M] float32 d = max|x| / 32258 (ACT_INT8: / 127)
 comptime P_SUM = 11  # [K / 32, M] int32 sum of q over the block
 comptime P_SUM_F = 12  # [K / 32, M] float32 d * sum of q
-comptime P_Q2 = 14  # [M, K] int8 q2, the residual
+comptime P_Q2 = 14  # [M, K] int8 q2, the residual (ACT_INT8X2 only)
 comptime P_SUM_LO = 16  # [K / 32, M] int32 sum of q over the block's elements 0-15
+comptime P_ACT_MODE = 18  # ACT_INT8X2 or ACT_INT8
+
+comptime ACT_INT8X2 = 0
+comptime ACT_INT8 = 1
 
 
-def _quantize_rows[dt: DType](p: Params, begin: Int, end: Int):
+# The int8 activation bytes a row chunk of the vpdpbusd paths may hold: a quarter of a 1 MiB L2 (Zen 5's), the
+# rest for the tile's weights and the output rows (512 KiB measured 7-10% slower at K = 3072, 2% faster at 1024).
+comptime ACT_CACHE_BYTES = 256 * 1024
+
+
+@always_inline
+def row_chunk[two: Bool](k: Int) -> Int:
+    """Rows per chunk on the vpdpbusd paths: a thread's tiles pass over a chunk's rows while their int8
+    activations (K bytes a row per part) stay in its L2, so that the weights stream from memory once
+    per chunk. Whole groups of 16 rows, at least 64."""
+    return max(64, (ACT_CACHE_BYTES // ((2 if two else 1) * k)) // 16 * 16)
+
+
+@always_inline
+def two_parts(p: Params) -> Bool:
+    """Whether this call's activations are in two int8 parts (ACT_INT8X2) rather than one (ACT_INT8)."""
+    return param_int(p, P_ACT_MODE) == ACT_INT8X2
+
+
+def _quantize_rows[dt: DType, two: Bool](p: Params, begin: Int, end: Int):
     var x = param_ptr[dt](p, P_X)
     var m = param_int(p, P_M)
     var k = param_int(p, P_K)
@@ -54,13 +84,16 @@ def _quantize_rows[dt: DType](p: Params, begin: Int, end: Int):
             # round() is half-to-even. No sum of products here, so FMA contraction cannot make these
             # differ from the NumPy reference (kernels/reference/quant_matmul.py).
             var q1i = round(t).cast[DType.int32]()
-            var q2i = round(t * 254).cast[DType.int32]() - q1i * 254
             qa.unsafe_offset(r * k + b * QK).unsafe_store(q1i.cast[DType.int8]())
-            qa2.unsafe_offset(r * k + b * QK).unsafe_store(q2i.cast[DType.int8]())
-            var q = q1i * 254 + q2i
+            var q = q1i
+            var d = amax / 127
+            comptime if two:
+                var q2i = round(t * 254).cast[DType.int32]() - q1i * 254
+                qa2.unsafe_offset(r * k + b * QK).unsafe_store(q2i.cast[DType.int8]())
+                q = q1i * 254 + q2i
+                d = amax / 32258
             var lo = q.slice[16, offset=0]().reduce_add()  # |lo| <= 16 * 32258
             var s = lo + q.slice[16, offset=16]().reduce_add()  # |s| <= 32 * 32258
-            var d = amax / 32258
             var j = b * m + r
             da[unsafe_offset=j] = d
             sa[unsafe_offset=j] = s
@@ -69,8 +102,15 @@ def _quantize_rows[dt: DType](p: Params, begin: Int, end: Int):
 
 
 def quantize_rows(p: Params, begin: Int, end: Int):
-    """Phase 1 for activation rows [begin, end)."""
-    if param_int(p, P_X_DTYPE) == DTYPE_BF16:
-        _quantize_rows[BF16](p, begin, end)
+    """Phase 1 for activation rows [begin, end), in the call's mode."""
+    if two_parts(p):
+        _quantize_dtype[True](p, begin, end)
     else:
-        _quantize_rows[F32](p, begin, end)
+        _quantize_dtype[False](p, begin, end)
+
+
+def _quantize_dtype[two: Bool](p: Params, begin: Int, end: Int):
+    if param_int(p, P_X_DTYPE) == DTYPE_BF16:
+        _quantize_rows[BF16, two](p, begin, end)
+    else:
+        _quantize_rows[F32, two](p, begin, end)

@@ -19,6 +19,8 @@
 #   tile 4, 5: A1, A2 = int8 [16 rows, 16 K], one half's q1 / q2 (loaded once per half)
 #   tile 6, 7: B of the first and of the second half, uint8 [4 K-groups, 16 columns x 4 K]
 # tdpbsud (signed A x unsigned B) sums exactly in int32, so C holds the same integers as the vpdpbusd path.
+# With one-part int8 activations (quant_activations.mojo's ACT_INT8) only the q1 tiles run: A1 and C1 (A1_HALF,
+# C1_LO, C1_HI), one tile product per block where two parts take two; the A2 / C2 tiles stay configured, unused.
 #
 # Both kernels run their rows in chunks whose int8 activations stay in the core's L2 while a thread's tiles
 # pass over them (amx_row_chunk), and unpack each tile's weights into the B-tile layout once per chunk.

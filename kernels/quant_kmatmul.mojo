@@ -5,12 +5,13 @@
 # bytes the GGUF stores (4.625 bits per weight for Q4_K, 6.625 for Q6_K, 5.5 / 6.0 for Q5_0 / Q5_1).
 #
 #   1. quantize_rows (kernels/quant_activations.mojo, the main kernel's own): each activation row, per
-#      32-element block, to two int8 parts, q = 254 q1 + q2 in about 15 bits with a float32 scale
-#      da = max|x| / 32258, plus the block's sum of q and its sum over elements 0-15 (Q6_K's scales
-#      change every 16 weights; sum_hi = sum - sum_lo).
-#   2. tiles: per 16-column tile and 32-element block, sixteen vpdpbusd (u8 weights x s8 q1, and x s8 q2)
-#      give exact int32 partial dots of 16 columns, lo over K-steps 0-15 and hi over 16-31, each
-#      254 * dot(w, q1) + dot(w, q2) (|lo|, |hi| <= 16 * 63 * 32258):
+#      32-element block, in the server's activation mode: two int8 parts, q = 254 q1 + q2 in about 15
+#      bits with a float32 scale da = max|x| / 32258 (int8x2), or one, q = q1 with da = max|x| / 127
+#      (int8); plus the block's sum of q and its sum over elements 0-15 (Q6_K's scales change every 16
+#      weights; sum_hi = sum - sum_lo).
+#   2. tiles: per 16-column tile and 32-element block, sixteen vpdpbusd (u8 weights x s8 q1, and x s8 q2;
+#      int8: the first eight only) give exact int32 partial dots of 16 columns, lo over K-steps 0-15 and
+#      hi over 16-31, each 254 * dot(w, q1) + dot(w, q2) (|lo|, |hi| <= 16 * 63 * 32258) or dot(w, q1):
 #        Q5_0: y += d * da * (lo + hi - 16 * sum q)
 #        Q5_1: y += d * da * (lo + hi) + m * (da * sum q)
 #        Q4_K: y += (d * sc) * da * (lo + hi) - (dmin * mn) * (da * sum q)     sc, mn: 6-bit, per 32
@@ -22,7 +23,8 @@
 #      place in it or the thread, as in quant_matmul.mojo.
 #      From 16 rows (parameter 15, kernels/quant_matmul.py's use_amx), AMX int8 tiles compute the same integers
 #      for whole groups of 16 rows (tdpbsud sums exactly; kernels/quant_amx.mojo): per block, C1 and C2 =
-#      the 16 rows' dots with q1 and q2 over all 32 K-steps (Q5_0, Q5_1, Q4_K need only lo + hi), or for
+#      the 16 rows' dots with q1 and q2 (int8: C1 alone) over all 32 K-steps (Q5_0, Q5_1, Q4_K need only
+#      lo + hi), or for
 #      Q6_K over each half apart, on tiles 16 K-steps wide, so that lo and hi are the same two int32s. The
 #      sums then go through the vpdpbusd path's own epilogue function: the same bits at every row count.
 #      A tile's weights are unpacked into the B-tile layout (the records' vectors g, as vpdpbusd reads
@@ -46,7 +48,8 @@ from std.memory import alloc, bitcast, stack_allocation
 from std.sys import llvm_intrinsic
 from numerics import narrow
 from params import Params, param_int, param_ptr
-from quant_activations import P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, P_SUM_LO, quantize_rows
+from quant_activations import P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, P_SUM_LO, quantize_rows, row_chunk, \
+    two_parts
 from quant_amx import TILE_A1, TILE_A1_HALF, TILE_A2, TILE_A2_HALF, TILE_B, TILE_B_HI, TILE_B_LO, TILE_C1, \
     TILE_C1_HI, TILE_C1_LO, TILE_C1_NEXT, TILE_C2, TILE_C2_HI, TILE_C2_LO, TILE_C2_NEXT, amx_configure, \
     amx_configure_halves, amx_release, amx_row_chunk, tile_dot_su, tile_load, tile_store, tile_zero
@@ -55,7 +58,14 @@ comptime F32 = DType.float32
 comptime BF16 = DType.bfloat16
 comptime TN = 16  # output columns per tile
 comptime QK = 32  # activation block
-comptime ROWS = 4  # activation rows sharing one unpacked weight block
+
+
+@always_inline
+def rows_per_block[kind: Int, two: Bool]() -> Int:
+    """Activation rows sharing one unpacked weight block, as many as their accumulators, dot-product chains
+    and the block's 8 weight vectors leave zmm registers for: 8 with one int8 part and one chain a row (every
+    type but Q6_K, which keeps its halves' sums apart), else 4 (two chains a row, per part)."""
+    return 8 if not two and kind != KIND_Q6_K else 4
 
 # The output's row stride in elements (kernels/quant_operands.py: >= N, for a column slice of a wider output).
 comptime P_LDC = 17
@@ -169,31 +179,43 @@ def _block_scales[kind: Int](d_sb: F32x16, dmin_sb: F32x16, blk: Bytes, mut dw: 
 
 
 @always_inline
-def _block_row[kind: Int](y: F32x16, w: Array[U8x64, 8], dw: F32x16, mw: F32x16, sc_lo: I32x16,
-                          sc_hi: I32x16, a: SIMD[DType.int8, QK], a2: SIMD[DType.int8, QK], da: Float32,
-                          sum: Int32, lo_sum: Int32, s_f: Float32) -> F32x16:
+def _block_row[kind: Int, two: Bool](y: F32x16, w: Array[U8x64, 8], dw: F32x16, mw: F32x16, sc_lo: I32x16,
+                                     sc_hi: I32x16, a: SIMD[DType.int8, QK], a2: SIMD[DType.int8, QK], da: Float32,
+                                     sum: Int32, lo_sum: Int32, s_f: Float32) -> F32x16:
     """y plus one block's contribution for one activation row (the same instructions for every row)."""
     var a32 = bitcast[DType.int32, 8](a)
-    var b32 = bitcast[DType.int32, 8](a2)
-    # Four independent dependency chains, per half of the block and per part; integer sums, so exact.
+    # Independent dependency chains, per half of the block and per part; integer sums, so exact.
     var lo1 = I32x16(0)
     var hi1 = I32x16(0)
-    var lo2 = I32x16(0)
-    var hi2 = I32x16(0)
-    comptime for g in range(4):
-        lo1 = _dpbusd(lo1, w[g], a32[g])
-        lo2 = _dpbusd(lo2, w[g], b32[g])
-        hi1 = _dpbusd(hi1, w[g + 4], a32[g + 4])
-        hi2 = _dpbusd(hi2, w[g + 4], b32[g + 4])
-    return _block_epilogue[kind](y, lo1 * 254 + lo2, hi1 * 254 + hi2, dw, mw, sc_lo, sc_hi, da, sum, lo_sum, s_f)
+    comptime if two:
+        var b32 = bitcast[DType.int32, 8](a2)
+        var lo2 = I32x16(0)
+        var hi2 = I32x16(0)
+        comptime for g in range(4):
+            lo1 = _dpbusd(lo1, w[g], a32[g])
+            lo2 = _dpbusd(lo2, w[g], b32[g])
+            hi1 = _dpbusd(hi1, w[g + 4], a32[g + 4])
+            hi2 = _dpbusd(hi2, w[g + 4], b32[g + 4])
+        return _block_epilogue[kind](y, lo1 * 254 + lo2, hi1 * 254 + hi2, dw, mw, sc_lo, sc_hi, da, sum, lo_sum,
+                                     s_f)
+    elif kind == KIND_Q6_K:
+        comptime for g in range(4):
+            lo1 = _dpbusd(lo1, w[g], a32[g])
+            hi1 = _dpbusd(hi1, w[g + 4], a32[g + 4])
+        return _block_epilogue[kind](y, lo1, hi1, dw, mw, sc_lo, sc_hi, da, sum, lo_sum, s_f)
+    else:  # one chain over the whole block (the epilogue adds lo + hi); rows_per_block rows run side by side
+        comptime for g in range(8):
+            lo1 = _dpbusd(lo1, w[g], a32[g])
+        return _block_epilogue[kind](y, lo1, hi1, dw, mw, sc_lo, sc_hi, da, sum, lo_sum, s_f)
 
 
 @always_inline
 def _block_epilogue[kind: Int](y: F32x16, lo: I32x16, hi: I32x16, dw: F32x16, mw: F32x16, sc_lo: I32x16,
                                sc_hi: I32x16, da: Float32, sum: Int32, lo_sum: Int32, s_f: Float32) -> F32x16:
     """y plus one block's contribution given its exact integer dot products 254 * dot(w, q1) + dot(w, q2)
-    over K-steps 0-15 (lo) and 16-31 (hi). Both paths (vpdpbusd and AMX tiles) end here, so a row's float
-    steps are the same whichever computed its sums; only Q6_K needs the halves apart (the AMX path passes
+    (int8: dot(w, q1)) over K-steps 0-15 (lo) and 16-31 (hi). Both paths (vpdpbusd and AMX tiles) end here,
+    so a row's float steps are the same whichever computed its sums;
+    only Q6_K needs the halves apart (the AMX path passes
     the whole block's sum as lo and 0 as hi for the others: the same integer lo + hi)."""
     var acc: F32x16
     comptime if kind == KIND_Q6_K:
@@ -237,7 +259,7 @@ def _finish_row[out_dt: DType](p: Params, y: F32x16, row: Int, t: Int):
     _store_tile[out_dt](dst.unsafe_offset(row * param_int(p, P_LDC) + col0), v, count)
 
 
-def _tile_rows[kind: Int, out_dt: DType, R: Int](p: Params, t: Int, row0: Int):
+def _tile_rows[kind: Int, out_dt: DType, R: Int, two: Bool](p: Params, t: Int, row0: Int):
     """Rows row0 .. row0+R-1 of tile t, every K block; each weight block is unpacked once for the R rows."""
     var wp = param_ptr[DType.uint8](p, 2)
     var m = param_int(p, P_M)
@@ -274,30 +296,33 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int](p: Params, t: Int, row0: Int):
             comptime for r in range(R):
                 var row = row0 + r
                 var a = qa.unsafe_offset(row * k + b * QK).unsafe_load[width=QK]()
-                var a2 = qa2.unsafe_offset(row * k + b * QK).unsafe_load[width=QK]()
+                var a2 = SIMD[DType.int8, QK](0)
+                comptime if two:
+                    a2 = qa2.unsafe_offset(row * k + b * QK).unsafe_load[width=QK]()
                 var j = b * m + row
-                y[r] = _block_row[kind](y[r], w, dw, mw, sc_lo, sc_hi, a, a2, da[unsafe_offset=j],
-                                        s[unsafe_offset=j], s_lo[unsafe_offset=j], s_f[unsafe_offset=j])
+                y[r] = _block_row[kind, two](y[r], w, dw, mw, sc_lo, sc_hi, a, a2, da[unsafe_offset=j],
+                                             s[unsafe_offset=j], s_lo[unsafe_offset=j], s_f[unsafe_offset=j])
             blk = blk.unsafe_offset(blk_bytes)
         rec = rec.unsafe_offset(group_bytes)
     comptime for r in range(R):
         _finish_row[out_dt](p, y[r], row0 + r, t)
 
 
-def _tiles[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
+def _tiles[kind: Int, out_dt: DType, two: Bool](p: Params, begin: Int, end: Int):
     var m = param_int(p, 4)
+    comptime R = rows_per_block[kind, two]()
     # Rows in chunks that keep their int8 activations in cache while the thread's tiles pass over them.
-    comptime CHUNK = 64
+    var chunk = row_chunk[two](param_int(p, P_K))
     var r0 = 0
     while r0 < m:
-        var r1 = min(r0 + CHUNK, m)
+        var r1 = min(r0 + chunk, m)
         for t in range(begin, end):
             var r = r0
-            while r + ROWS <= r1:
-                _tile_rows[kind, out_dt, ROWS](p, t, r)
-                r += ROWS
+            while r + R <= r1:
+                _tile_rows[kind, out_dt, R, two](p, t, r)
+                r += R
             while r < r1:
-                _tile_rows[kind, out_dt, 1](p, t, r)
+                _tile_rows[kind, out_dt, 1, two](p, t, r)
                 r += 1
         r0 = r1
 
@@ -320,10 +345,11 @@ def _sums_bytes[kind: Int]() -> Int:
 
 
 @always_inline
-def _amx_sums[kind: Int, second: Bool](wb: Bytes, a1: Int, a2: Int, k: Int, sums: Bytes):
+def _amx_sums[kind: Int, second: Bool, two: Bool](wb: Bytes, a1: Int, a2: Int, k: Int, sums: Bytes):
     """The exact int32 dot products of one block's 16 weight columns (wb: unpacked by _unpack_tile) with
     16 rows' q1 and q2 (at addresses a1 and a2, row stride k), stored to sums as [part, 16 rows, 16
     columns] int32, parts C1, C2 (whole block) or, for Q6_K, C1 and C2 of K-steps 0-15 then of 16-31.
+    One part (`two` False): only the C1 tiles are computed and stored, and C2's places are left as they are.
     `second` picks the other tile set (amx_configure's *_NEXT), so that a block's products can run while
     the previous block's epilogue does; Q6_K's configuration has one set (its sums may still be issued
     before the previous epilogue: each tilezero waits for the last tilestore of its tile)."""
@@ -331,33 +357,35 @@ def _amx_sums[kind: Int, second: Bool](wb: Bytes, a1: Int, a2: Int, k: Int, sums
         tile_load[TILE_B_LO](wb, 64)
         tile_load[TILE_B_HI](wb.unsafe_offset(256), 64)
         tile_zero[TILE_C1_LO]()
-        tile_zero[TILE_C2_LO]()
         tile_zero[TILE_C1_HI]()
-        tile_zero[TILE_C2_HI]()
         tile_load[TILE_A1_HALF](Bytes(unsafe_from_address=a1), k)
-        tile_load[TILE_A2_HALF](Bytes(unsafe_from_address=a2), k)
         tile_dot_su[TILE_C1_LO, TILE_A1_HALF, TILE_B_LO]()
-        tile_dot_su[TILE_C2_LO, TILE_A2_HALF, TILE_B_LO]()
         tile_load[TILE_A1_HALF](Bytes(unsafe_from_address=a1 + 16), k)
-        tile_load[TILE_A2_HALF](Bytes(unsafe_from_address=a2 + 16), k)
         tile_dot_su[TILE_C1_HI, TILE_A1_HALF, TILE_B_HI]()
-        tile_dot_su[TILE_C2_HI, TILE_A2_HALF, TILE_B_HI]()
         tile_store[TILE_C1_LO](sums, 64)
-        tile_store[TILE_C2_LO](sums.unsafe_offset(1024), 64)
         tile_store[TILE_C1_HI](sums.unsafe_offset(2048), 64)
-        tile_store[TILE_C2_HI](sums.unsafe_offset(3072), 64)
+        comptime if two:
+            tile_zero[TILE_C2_LO]()
+            tile_zero[TILE_C2_HI]()
+            tile_load[TILE_A2_HALF](Bytes(unsafe_from_address=a2), k)
+            tile_dot_su[TILE_C2_LO, TILE_A2_HALF, TILE_B_LO]()
+            tile_load[TILE_A2_HALF](Bytes(unsafe_from_address=a2 + 16), k)
+            tile_dot_su[TILE_C2_HI, TILE_A2_HALF, TILE_B_HI]()
+            tile_store[TILE_C2_LO](sums.unsafe_offset(1024), 64)
+            tile_store[TILE_C2_HI](sums.unsafe_offset(3072), 64)
     else:
         comptime c1 = TILE_C1_NEXT if second else TILE_C1
         comptime c2 = TILE_C2_NEXT if second else TILE_C2
         tile_load[TILE_B](wb, 64)
         tile_load[TILE_A1](Bytes(unsafe_from_address=a1), k)
-        tile_load[TILE_A2](Bytes(unsafe_from_address=a2), k)
         tile_zero[c1]()
-        tile_zero[c2]()
         tile_dot_su[c1, TILE_A1, TILE_B]()
-        tile_dot_su[c2, TILE_A2, TILE_B]()
         tile_store[c1](sums, 64)
-        tile_store[c2](sums.unsafe_offset(1024), 64)
+        comptime if two:
+            tile_load[TILE_A2](Bytes(unsafe_from_address=a2), k)
+            tile_zero[c2]()
+            tile_dot_su[c2, TILE_A2, TILE_B]()
+            tile_store[c2](sums.unsafe_offset(1024), 64)
 
 
 @always_inline
@@ -372,12 +400,12 @@ def _unpack_tile[kind: Int](tile_rec: Bytes, nb: Int, wtile: Bytes):
 
 
 @always_inline
-def _amx_epilogue[kind: Int](mut y: Array[F32x16, TN], tile_rec: Bytes, b: Int, buf: Int,
+def _amx_epilogue[kind: Int, two: Bool](mut y: Array[F32x16, TN], tile_rec: Bytes, b: Int, buf: Int,
                              da: Pointer[Scalar[F32], MutAnyOrigin], s: Pointer[Scalar[DType.int32], MutAnyOrigin],
                              s_lo: Pointer[Scalar[DType.int32], MutAnyOrigin], s_f: Pointer[Scalar[F32], MutAnyOrigin],
                              j0: Int):
-    """Block b's epilogue for the 16 rows of y, from the sums in buf (as _amx_sums left them); j0 indexes
-    row 0's per-block activation values."""
+    """Block b's epilogue for the 16 rows of y, from the sums in buf (as _amx_sums left them), combined
+    as _block_row combines them; j0 indexes row 0's per-block activation values."""
     var grp = tile_rec.unsafe_offset((b // blocks_per_group[kind]()) * _group_bytes[kind]())
     var blk = _block_at[kind](tile_rec, b)
     var d_sb = F32x16(0)
@@ -392,12 +420,14 @@ def _amx_epilogue[kind: Int](mut y: Array[F32x16, TN], tile_rec: Bytes, b: Int, 
     _block_scales[kind](d_sb, dmin_sb, blk, dw, mw, sc_lo, sc_hi)
     var sums = Pointer[Scalar[DType.int32], MutAnyOrigin](unsafe_from_address=buf)
     comptime for r in range(TN):
-        var lo = sums.unsafe_offset(r * TN).unsafe_load[width=TN]() * 254 \
-            + sums.unsafe_offset(256 + r * TN).unsafe_load[width=TN]()
+        var lo = sums.unsafe_offset(r * TN).unsafe_load[width=TN]()
+        comptime if two:
+            lo = lo * 254 + sums.unsafe_offset(256 + r * TN).unsafe_load[width=TN]()
         var hi = I32x16(0)
         comptime if kind == KIND_Q6_K:
-            hi = sums.unsafe_offset(512 + r * TN).unsafe_load[width=TN]() * 254 \
-                + sums.unsafe_offset(768 + r * TN).unsafe_load[width=TN]()
+            hi = sums.unsafe_offset(512 + r * TN).unsafe_load[width=TN]()
+            comptime if two:
+                hi = hi * 254 + sums.unsafe_offset(768 + r * TN).unsafe_load[width=TN]()
         var j = j0 + r
         y[r] = _block_epilogue[kind](y[r], lo, hi, dw, mw, sc_lo, sc_hi, da[unsafe_offset=j], s[unsafe_offset=j],
                                      s_lo[unsafe_offset=j], s_f[unsafe_offset=j])
@@ -411,9 +441,9 @@ def _block_at[kind: Int](tile_rec: Bytes, b: Int) -> Bytes:
                                   + (b % bpg) * block_bytes[kind]())
 
 
-def _tiles_amx[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
+def _tiles_amx[kind: Int, out_dt: DType, two: Bool](p: Params, begin: Int, end: Int):
     """Phase 2 on AMX tiles: per 16 columns x 16 rows x block, tdpbsud gives the exact int32 dot products
-    of q1 and q2 (the same integers vpdpbusd sums), stored to a buffer and passed row by row through the
+    of q1 and (int8x2) q2 (the same integers vpdpbusd sums), stored to a buffer and passed row by row through the
     same epilogue. Block b + 1's products are issued before block b's epilogue, into the other buffer, so
     the two overlap. Whole groups of 16 rows only; the last M % 16 rows take the vpdpbusd path: the same
     bits. Each thread unpacks its current tile's weights into a heap buffer (K / 32 x 512 bytes)."""
@@ -437,6 +467,7 @@ def _tiles_amx[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
     else:
         amx_configure()
     var full = m - m % TN
+    comptime R = rows_per_block[kind, two]()
     # Rows in chunks whose int8 activations (q1 and q2) stay in cache while the thread's tiles pass over
     # them; each tile's weights are unpacked once per chunk. The last chunk also runs the M % 16 rows.
     var chunk = amx_row_chunk(k)
@@ -451,20 +482,20 @@ def _tiles_amx[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
             while g0 < r1:
                 var y = Array[F32x16, TN](fill=F32x16(0))
                 var a0 = g0 * k
-                _amx_sums[kind, False](wtile, qa + a0, qa2 + a0, k, Bytes(unsafe_from_address=bufs))
+                _amx_sums[kind, False, two](wtile, qa + a0, qa2 + a0, k, Bytes(unsafe_from_address=bufs))
                 var b = 0
                 while b < nb:  # two blocks a turn: even ones into buffer 0 (tiles C1/C2), odd ones the others
                     if b + 1 < nb:
                         var a1 = a0 + (b + 1) * QK
-                        _amx_sums[kind, True](wtile.unsafe_offset((b + 1) * 512), qa + a1, qa2 + a1, k,
+                        _amx_sums[kind, True, two](wtile.unsafe_offset((b + 1) * 512), qa + a1, qa2 + a1, k,
                                               Bytes(unsafe_from_address=bufs + sums_bytes))
-                    _amx_epilogue[kind](y, tile_rec, b, bufs, da, s, s_lo, s_f, b * m + g0)
+                    _amx_epilogue[kind, two](y, tile_rec, b, bufs, da, s, s_lo, s_f, b * m + g0)
                     if b + 1 < nb:
                         if b + 2 < nb:
                             var a2 = a0 + (b + 2) * QK
-                            _amx_sums[kind, False](wtile.unsafe_offset((b + 2) * 512), qa + a2, qa2 + a2, k,
+                            _amx_sums[kind, False, two](wtile.unsafe_offset((b + 2) * 512), qa + a2, qa2 + a2, k,
                                                    Bytes(unsafe_from_address=bufs))
-                        _amx_epilogue[kind](y, tile_rec, b + 1, bufs + sums_bytes, da, s, s_lo, s_f,
+                        _amx_epilogue[kind, two](y, tile_rec, b + 1, bufs + sums_bytes, da, s, s_lo, s_f,
                                             (b + 1) * m + g0)
                     b += 2
                 comptime for r in range(TN):
@@ -472,11 +503,11 @@ def _tiles_amx[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
                 g0 += TN
             if r1 == full:
                 var r = full
-                while r + ROWS <= m:
-                    _tile_rows[kind, out_dt, ROWS](p, t, r)
-                    r += ROWS
+                while r + R <= m:
+                    _tile_rows[kind, out_dt, R, two](p, t, r)
+                    r += R
                 while r < m:
-                    _tile_rows[kind, out_dt, 1](p, t, r)
+                    _tile_rows[kind, out_dt, 1, two](p, t, r)
                     r += 1
         if r1 == full:
             break
@@ -486,17 +517,24 @@ def _tiles_amx[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
 
 
 def _tiles_out[kind: Int](p: Params, begin: Int, end: Int):
+    if two_parts(p):
+        _tiles_mode[kind, True](p, begin, end)
+    else:
+        _tiles_mode[kind, False](p, begin, end)
+
+
+def _tiles_mode[kind: Int, two: Bool](p: Params, begin: Int, end: Int):
     var amx = param_int(p, 15) != 0
     if param_int(p, 13) == DTYPE_BF16:
         if amx:
-            _tiles_amx[kind, BF16](p, begin, end)
+            _tiles_amx[kind, BF16, two](p, begin, end)
         else:
-            _tiles[kind, BF16](p, begin, end)
+            _tiles[kind, BF16, two](p, begin, end)
     else:
         if amx:
-            _tiles_amx[kind, F32](p, begin, end)
+            _tiles_amx[kind, F32, two](p, begin, end)
         else:
-            _tiles[kind, F32](p, begin, end)
+            _tiles[kind, F32, two](p, begin, end)
 
 
 def _tiles_any(p: Params, begin: Int, end: Int):

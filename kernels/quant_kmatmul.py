@@ -14,7 +14,8 @@ import torch
 
 from kernels.attention import DTYPE_CODES, THREADINGS, kernel_params, load_module, omp_team
 from kernels.quant_matmul import PATHS, amx_available, use_amx
-from kernels.quant_operands import TILE, activation_addresses, activation_scratch_bytes, check_scratch, checked_output
+from kernels.quant_operands import (TILE, activation_addresses, activation_mode, activation_scratch_bytes,
+                                    check_scratch, checked_output)
 
 MODULE = "mili_quant_k"
 # Kernel kind code (0 Q5_0, 1 Q5_1, 2 Q4_K, 3 Q6_K) -> (weights per K group, tile record bytes per group);
@@ -33,7 +34,8 @@ def _require(ok: bool, message: str) -> None:
 
 def qmatmul_k(module: ModuleType, x: torch.Tensor, packed: torch.Tensor, kind: int, n: int,
               bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
-              out: torch.Tensor | None = None, threading: str = "omp", path: str = "auto") -> torch.Tensor:
+              out: torch.Tensor | None = None, threading: str = "omp", path: str = "auto",
+              activations: str = "int8x2") -> torch.Tensor:
     """x: [M, K] float32 or bfloat16 -> x @ W.T (+ bias): [M, n] in out_dtype (x's dtype by default).
     packed: [ceil(n / 16), K / group, group bytes] uint8 tiles of W (worker/quant/kblocks.repack_k), kind
     its code. bias: [n] float32. `out`, when given, must be an [M, n] tensor of out_dtype with contiguous
@@ -42,12 +44,13 @@ def qmatmul_k(module: ModuleType, x: torch.Tensor, packed: torch.Tensor, kind: i
     path: "vnni" (vpdpbusd), "amx" (AMX int8 tiles; ValueError where unavailable) or "auto" (AMX from
     kernels.quant_matmul.AMX_MIN_ROWS rows where available), as the main kernel's: the same bits for a row."""
     _require(threading in THREADINGS, f"threading must be one of {THREADINGS}")
+    mode = activation_mode(_require, activations)
     out = _checked(x, packed, kind, n, bias, out_dtype, out, path)
     m, k = x.shape
     if m == 0:
         return out
     scratch = torch.empty(scratch_bytes(m, k), dtype=torch.uint8)
-    params = _params(x, packed, kind, n, bias, out, scratch, m, use_amx(m, path))
+    params = _params(x, packed, kind, n, bias, out, scratch, m, use_amx(m, path), mode)
     team = omp_team() if threading == "omp" else None
     if team is not None:
         team.run2(module, ENTRIES[0], m, ENTRIES[1], -(-n // TILE), params)
@@ -67,14 +70,15 @@ scratch_bytes = activation_scratch_bytes
 
 
 def qmatmul_k_params(x: torch.Tensor, packed: torch.Tensor, kind: int, n: int, bias: torch.Tensor | None,
-                     out: torch.Tensor, scratch: torch.Tensor, path: str = "auto") -> array.array:
+                     out: torch.Tensor, scratch: torch.Tensor, path: str = "auto",
+                     activations: str = "int8x2") -> array.array:
     """The checked parameters of qmatmul_k over x's rows into `out`, for a caller that runs the kernel's
     ENTRIES itself and may lower the row count (ROWS_PARAM, with AMX_PARAM set by use_amx) to any
     m <= x's rows."""
     _checked(x, packed, kind, n, bias, out.dtype, out, path)
     m, k = x.shape
     check_scratch(_require, scratch, m, k)
-    return _params(x, packed, kind, n, bias, out, scratch, m, use_amx(m, path))
+    return _params(x, packed, kind, n, bias, out, scratch, m, use_amx(m, path), activation_mode(_require, activations))
 
 
 def _checked(x: torch.Tensor, packed: torch.Tensor, kind: int, n: int, bias: torch.Tensor | None,
@@ -87,8 +91,8 @@ def _checked(x: torch.Tensor, packed: torch.Tensor, kind: int, n: int, bias: tor
 
 
 def _params(x: torch.Tensor, packed: torch.Tensor, kind: int, n: int, bias: torch.Tensor | None,
-            out: torch.Tensor, scratch: torch.Tensor, m: int, amx: bool) -> array.array:
+            out: torch.Tensor, scratch: torch.Tensor, m: int, amx: bool, mode: int) -> array.array:
     q1, q2, d, s, s_f, s_lo = activation_addresses(scratch.data_ptr(), m, x.shape[1])
     return kernel_params(out.data_ptr(), x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(),
                          m, n, x.shape[1], kind, DTYPE_CODES[x.dtype], q1, d, s, s_f, DTYPE_CODES[out.dtype], q2,
-                         int(amx), s_lo, out.stride(0))
+                         int(amx), s_lo, out.stride(0), mode)

@@ -3,14 +3,17 @@
 #
 # Two phases, so a call can run on torch's OpenMP team with a barrier between them (kernels/omp_program.c):
 #   1. quantize_rows (kernels/quant_activations.mojo, shared with quant_kmatmul.mojo): each activation row,
-#      per 32-element block, to two int8 parts q1 (llama.cpp's int8) and q2 (its residual in 1/254 steps),
-#      x ~= d * (254 q1 + q2): about 15 bits per activation instead of 8. Plus the block's sum of
-#      254 q1 + q2 (what Q4_0's and Q8_0's offsets and Q4_1's min need).
-#   2. tiles: each 16-output-column tile, for every row. Per block, two vpdpbusd (u8 weights x s8 q1, and
-#      x s8 q2; 4 products summed per int32 lane) per 4 K-steps give the exact integer dot products of 16
-#      columns, combined exactly as 254 * dot1 + dot2 in int32; the float epilogue then adds
-#      d_w * d_a * (dot - offset * sum) (+ m_w * d_a * sum for Q4_1), blocks in order. Decode reads each
-#      weight byte once for both parts, so the second vpdpbusd costs little where weight bytes bound the time.
+#      per 32-element block, in the server's activation mode (parameter 18): two int8 parts q1 (llama.cpp's
+#      int8) and q2 (its residual in 1/254 steps), x ~= d * (254 q1 + q2), about 15 bits per activation
+#      (int8x2); or q1 alone, x ~= d * q1 (int8). Plus the block's sum of q (what Q4_0's and Q8_0's
+#      offsets and Q4_1's min need).
+#   2. tiles: each 16-output-column tile, for every row. Per block, vpdpbusd (u8 weights x s8 q1, and in
+#      int8x2 x s8 q2; 4 products summed per int32 lane) per 4 K-steps give the exact integer dot products
+#      of 16 columns, combined exactly as 254 * dot1 + dot2 in int32 (int8x2) or dot1 itself (int8); the
+#      float epilogue then adds d_w * d_a * (dot - offset * sum) (+ m_w * d_a * sum for Q4_1), blocks in
+#      order. Decode reads each weight byte once for both parts, so int8x2's second vpdpbusd costs little
+#      where weight bytes bound the time; many-row prefill is bound by the vpdpbusd themselves, so int8
+#      (one per 4 K-steps) is about twice as fast there.
 #      From 16 rows (parameter 15, kernels/quant_matmul.py's use_amx), AMX int8 tiles compute the same integers
 #      for whole groups of 16 rows (kernels/quant_amx.mojo), which then go through the same epilogue.
 #      Rows run in chunks whose q1 and q2 stay in cache; Q4_0 / Q4_1 tiles are unpacked into the B-tile
@@ -33,7 +36,7 @@ from std.memory import alloc, bitcast, stack_allocation
 from std.sys import llvm_intrinsic
 from numerics import narrow
 from params import Params, param_int, param_ptr
-from quant_activations import P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, quantize_rows
+from quant_activations import P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, quantize_rows, row_chunk, two_parts
 from quant_amx import TILE_A1, TILE_A2, TILE_B, TILE_C1, TILE_C1_NEXT, TILE_C2, TILE_C2_NEXT, U8Ptr, amx_configure, \
     amx_release, amx_row_chunk, tile_dot_su, tile_load, tile_store, tile_zero
 
@@ -41,7 +44,14 @@ comptime F32 = DType.float32
 comptime BF16 = DType.bfloat16
 comptime TN = 16  # output columns per tile: one zmm of int32 / float32 lanes
 comptime QK = 32  # weights per block
-comptime ROWS = 4  # activation rows sharing one unpacked weight block
+
+
+@always_inline
+def rows_per_block[two: Bool]() -> Int:
+    """Activation rows sharing one unpacked weight block: their accumulators, dot-product chains and the
+    block's 8 weight vectors fill the 32 zmm registers (two parts: 4 rows x (sum + 2 x 2 chains); one
+    part: 8 rows x (sum + 1 chain), whose 8 independent chains hide vpdpbusd's latency)."""
+    return 4 if two else 8
 
 # The output's row stride in elements (kernels/quant_operands.py: >= N, for a column slice of a wider output).
 comptime P_LDC = 17
@@ -117,37 +127,54 @@ def _f16x16(p: Pointer[Scalar[DType.uint8], MutAnyOrigin], offset: Int) -> F32x1
 
 
 @always_inline
-def _block_row[kind: Int](y: F32x16, w: Array[U8x64, 8], dw: F32x16, mw: F32x16,
-                          a: SIMD[DType.int8, QK], a2: SIMD[DType.int8, QK], da: Float32, s_i: Int32,
-                          s_f: Float32) -> F32x16:
-    """y plus one block's contribution for one activation row (the same instructions for every row)."""
+def _block_dot[two: Bool](w: Array[U8x64, 8], a: SIMD[DType.int8, QK], a2: SIMD[DType.int8, QK],
+                          start: I32x16) -> I32x16:
+    """One block's exact integer dot products of 16 weight columns with one row's activations:
+    254 * dot(w, q1) + dot(w, q2) (two parts; |.| <= 32 * 255 * 32385 < 2^31) or start + dot(w, q1) (one)."""
     var a32 = bitcast[DType.int32, 8](a)
-    var b32 = bitcast[DType.int32, 8](a2)
-    # Four independent dependency chains (vpdpbusd's latency is ~5 cycles); integer sums, so exact.
+    # Independent dependency chains (vpdpbusd's latency is ~5 cycles); integer sums, so exact in any order.
     var hi0 = I32x16(0)
     var hi1 = I32x16(0)
-    var lo0 = I32x16(0)
-    var lo1 = I32x16(0)
-    comptime for g in range(0, 8, 2):
-        hi0 = _dpbusd(hi0, w[g], I32x16(a32[g]))
-        lo0 = _dpbusd(lo0, w[g], I32x16(b32[g]))
-        hi1 = _dpbusd(hi1, w[g + 1], I32x16(a32[g + 1]))
-        lo1 = _dpbusd(lo1, w[g + 1], I32x16(b32[g + 1]))
-    return _block_epilogue[kind](y, hi0 + hi1, lo0 + lo1, dw, mw, da, s_i, s_f)
+    comptime if two:
+        var b32 = bitcast[DType.int32, 8](a2)
+        var lo0 = I32x16(0)
+        var lo1 = I32x16(0)
+        comptime for g in range(0, 8, 2):
+            hi0 = _dpbusd(hi0, w[g], I32x16(a32[g]))
+            lo0 = _dpbusd(lo0, w[g], I32x16(b32[g]))
+            hi1 = _dpbusd(hi1, w[g + 1], I32x16(a32[g + 1]))
+            lo1 = _dpbusd(lo1, w[g + 1], I32x16(b32[g + 1]))
+        return (hi0 + hi1) * 254 + (lo0 + lo1)
+    else:  # one chain from `start`: the rows of rows_per_block run theirs side by side
+        hi0 = start
+        comptime for g in range(8):
+            hi0 = _dpbusd(hi0, w[g], I32x16(a32[g]))
+        return hi0
 
 
 @always_inline
-def _block_epilogue[kind: Int](y: F32x16, dot1: I32x16, dot2: I32x16, dw: F32x16, mw: F32x16, da: Float32,
-                               s_i: Int32, s_f: Float32) -> F32x16:
-    """y plus one block's contribution given its exact integer dot products with q1 and q2. Both paths
-    (vpdpbusd and AMX tiles) end here, so a row's float steps are the same whichever computed its sums."""
-    # |254 * dot1 + dot2| <= 32 * 255 * 32385 < 2^31: exact in int32.
-    var acc = dot1 * 254 + dot2
-    # The stored quants' offset (Q4_0: 8, Q8_0: 128) times the activations' sum: |offset * s_i| <= 128 * 32 * 32258.
+@always_inline
+def _offset_sum[kind: Int](s_i: Int32) -> Int32:
+    """The stored quants' offset (Q4_0: 8, Q8_0: 128) times the activations' sum, which a block's dot
+    product loses: |offset * s_i| <= 128 * 32 * 32258."""
     comptime if kind == KIND_Q4_0:
-        acc -= I32x16(8 * s_i)
+        return 8 * s_i
     elif kind == KIND_Q8_0:
-        acc -= I32x16(128 * s_i)
+        return 128 * s_i
+    else:
+        return 0
+
+
+@always_inline
+def _block_epilogue[kind: Int, corrected: Bool](y: F32x16, dot: I32x16, dw: F32x16, mw: F32x16, da: Float32,
+                                                s_i: Int32, s_f: Float32) -> F32x16:
+    """y plus one block's contribution given its exact integer dot product (_block_dot's), less the
+    offset's sum unless `corrected` (the one-part vpdpbusd path starts its chain at minus that sum: the same
+    int32). Both paths (vpdpbusd and AMX tiles) end here, so a row's float steps are the same whichever
+    computed its sums."""
+    var acc = dot
+    comptime if not corrected:
+        acc -= I32x16(_offset_sum[kind](s_i))
     var res = acc.cast[F32]().fma(dw * da, y)
     comptime if kind == KIND_Q4_1:
         res = mw.fma(F32x16(s_f), res)
@@ -163,7 +190,7 @@ def _store_tile[out_dt: DType](dst: Pointer[Scalar[out_dt], MutAnyOrigin], y: F3
             dst[unsafe_offset=c] = narrowed[c]
 
 
-def _tile_rows[kind: Int, out_dt: DType, R: Int](p: Params, t: Int, row0: Int):
+def _tile_rows[kind: Int, out_dt: DType, R: Int, two: Bool](p: Params, t: Int, row0: Int):
     """Rows row0 .. row0+R-1 of tile t, every K block; each weight block is unpacked once for the R rows."""
     var wp = param_ptr[DType.uint8](p, 2)
     var m = param_int(p, P_M)
@@ -187,10 +214,14 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int](p: Params, t: Int, row0: Int):
         comptime for r in range(R):
             var row = row0 + r
             var a = qa.unsafe_offset(row * k + b * QK).unsafe_load[width=QK]()
-            var a2 = qa2.unsafe_offset(row * k + b * QK).unsafe_load[width=QK]()
+            var a2 = SIMD[DType.int8, QK](0)
+            comptime if two:
+                a2 = qa2.unsafe_offset(row * k + b * QK).unsafe_load[width=QK]()
             var j = b * m + row
-            y[r] = _block_row[kind](y[r], w, dw, mw, a, a2, da[unsafe_offset=j], sa_i[unsafe_offset=j],
-                                    sa_f[unsafe_offset=j])
+            var s_i = sa_i[unsafe_offset=j]
+            # One part: the chain starts at minus the offset's sum (no subtraction in the epilogue).
+            var dot = _block_dot[two](w, a, a2, I32x16(-_offset_sum[kind](s_i)))
+            y[r] = _block_epilogue[kind, not two](y[r], dot, dw, mw, da[unsafe_offset=j], s_i, sa_f[unsafe_offset=j])
         rec = rec.unsafe_offset(rec_bytes)
     comptime for r in range(R):
         _finish_row[out_dt](p, y[r], row0 + r, t)
@@ -216,38 +247,40 @@ def _finish_row[out_dt: DType](p: Params, y: F32x16, row: Int, t: Int):
     _store_tile[out_dt](dst.unsafe_offset(row * ldc + col0), v, count)
 
 
-def _tiles[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
+def _tiles[kind: Int, out_dt: DType, two: Bool](p: Params, begin: Int, end: Int):
     var m = param_int(p, 4)
+    comptime R = rows_per_block[two]()
     # Rows in chunks that keep their int8 activations in cache while the thread's tiles pass over them.
-    comptime CHUNK = 64
+    var chunk = row_chunk[two](param_int(p, P_K))
     var r0 = 0
     while r0 < m:
-        var r1 = min(r0 + CHUNK, m)
+        var r1 = min(r0 + chunk, m)
         for t in range(begin, end):
             var r = r0
-            while r + ROWS <= r1:
-                _tile_rows[kind, out_dt, ROWS](p, t, r)
-                r += ROWS
+            while r + R <= r1:
+                _tile_rows[kind, out_dt, R, two](p, t, r)
+                r += R
             while r < r1:
-                _tile_rows[kind, out_dt, 1](p, t, r)
+                _tile_rows[kind, out_dt, 1, two](p, t, r)
                 r += 1
         r0 = r1
 
 
 @always_inline
-def _amx_block_sums[c1: Int, c2: Int](wb: U8Ptr, a1: Int, a2: Int, k: Int, sums: U8Ptr):
+def _amx_block_sums[c1: Int, c2: Int, two: Bool](wb: U8Ptr, a1: Int, a2: Int, k: Int, sums: U8Ptr):
     """The exact int32 dot products of one block's 16 weight columns (wb: 8 x 64 bytes in the B-tile
-    layout) with 16 rows' q1 and q2 (at addresses a1 and a2, row stride k), on tiles c1 and c2, stored
-    to sums: [2, 16 rows, 16 columns] int32."""
+    layout) with 16 rows' q1 and (two parts) q2, at addresses a1 and a2, row stride k, on tiles c1 and
+    c2, stored to sums: [2, 16 rows, 16 columns] int32 (one part: only the first)."""
     tile_load[TILE_B](wb, 64)
     tile_load[TILE_A1](U8Ptr(unsafe_from_address=a1), k)
-    tile_load[TILE_A2](U8Ptr(unsafe_from_address=a2), k)
     tile_zero[c1]()
-    tile_zero[c2]()
     tile_dot_su[c1, TILE_A1, TILE_B]()
-    tile_dot_su[c2, TILE_A2, TILE_B]()
     tile_store[c1](sums, 64)
-    tile_store[c2](sums.unsafe_offset(1024), 64)
+    comptime if two:
+        tile_load[TILE_A2](U8Ptr(unsafe_from_address=a2), k)
+        tile_zero[c2]()
+        tile_dot_su[c2, TILE_A2, TILE_B]()
+        tile_store[c2](sums.unsafe_offset(1024), 64)
 
 
 @always_inline
@@ -270,11 +303,12 @@ def _block_weights[kind: Int](tile_rec: U8Ptr, wtile: U8Ptr, b: Int) -> U8Ptr:
 
 
 @always_inline
-def _amx_epilogue[kind: Int](mut y: Array[F32x16, TN], rec: U8Ptr, buf: Int, da: Pointer[Scalar[F32], MutAnyOrigin],
-                             sa_i: Pointer[Scalar[DType.int32], MutAnyOrigin], sa_f: Pointer[Scalar[F32], MutAnyOrigin],
-                             j0: Int):
-    """One block's epilogue for the 16 rows of y, from the sums in buf (C1 then C2, as tile_store left
-    them); j0 indexes row 0's per-block values."""
+def _amx_epilogue[kind: Int, two: Bool](mut y: Array[F32x16, TN], rec: U8Ptr, buf: Int,
+                                        da: Pointer[Scalar[F32], MutAnyOrigin],
+                                        sa_i: Pointer[Scalar[DType.int32], MutAnyOrigin],
+                                        sa_f: Pointer[Scalar[F32], MutAnyOrigin], j0: Int):
+    """One block's epilogue for the 16 rows of y, from the sums in buf (C1 then, two parts, C2, as
+    tile_store left them), combined as _block_dot combines them; j0 indexes row 0's per-block values."""
     comptime qbytes = quant_bytes[kind]()
     var sums = Pointer[Scalar[DType.int32], MutAnyOrigin](unsafe_from_address=buf)
     var dw = _f16x16(rec, qbytes)
@@ -282,10 +316,11 @@ def _amx_epilogue[kind: Int](mut y: Array[F32x16, TN], rec: U8Ptr, buf: Int, da:
     comptime if kind == KIND_Q4_1:
         mw = _f16x16(rec, qbytes + 2 * TN)
     comptime for r in range(TN):
-        y[r] = _block_epilogue[kind](
-            y[r], sums.unsafe_offset(r * TN).unsafe_load[width=TN](),
-            sums.unsafe_offset(256 + r * TN).unsafe_load[width=TN](), dw, mw,
-            da[unsafe_offset=j0 + r], sa_i[unsafe_offset=j0 + r], sa_f[unsafe_offset=j0 + r])
+        var dot = sums.unsafe_offset(r * TN).unsafe_load[width=TN]()
+        comptime if two:
+            dot = dot * 254 + sums.unsafe_offset(256 + r * TN).unsafe_load[width=TN]()
+        y[r] = _block_epilogue[kind, False](y[r], dot, dw, mw, da[unsafe_offset=j0 + r], sa_i[unsafe_offset=j0 + r],
+                                     sa_f[unsafe_offset=j0 + r])
 
 
 # Blocks the first row group of a chunk unpacks ahead of its tile loads (at least 3: a turn issues the
@@ -293,8 +328,8 @@ def _amx_epilogue[kind: Int](mut y: Array[F32x16, TN], rec: U8Ptr, buf: Int, da:
 comptime UNPACK_LEAD = 4
 
 
-def _group_amx[kind: Int, out_dt: DType, unpack: Bool](p: Params, t: Int, g0: Int, tile_rec: U8Ptr, wtile: U8Ptr,
-                                                       bufs: Int):
+def _group_amx[kind: Int, out_dt: DType, unpack: Bool, two: Bool](p: Params, t: Int, g0: Int, tile_rec: U8Ptr,
+                                                                  wtile: U8Ptr, bufs: Int):
     """Rows g0 .. g0+15 of tile t on AMX tiles, every K block. Block b + 1's tiles are issued before
     block b's epilogue, on the other tile set and buffer, so the two overlap. With `unpack` (the chunk's
     first group, Q4_0 / Q4_1), the tile's weights are unpacked into wtile on the way, UNPACK_LEAD blocks
@@ -313,7 +348,7 @@ def _group_amx[kind: Int, out_dt: DType, unpack: Bool](p: Params, t: Int, g0: In
             _unpack_block[kind](tile_rec, wtile, b)
     var y = Array[F32x16, TN](fill=F32x16(0))
     var a0 = g0 * k
-    _amx_block_sums[TILE_C1, TILE_C2](_block_weights[kind](tile_rec, wtile, 0), qa + a0, qa2 + a0, k,
+    _amx_block_sums[TILE_C1, TILE_C2, two](_block_weights[kind](tile_rec, wtile, 0), qa + a0, qa2 + a0, k,
                                       U8Ptr(unsafe_from_address=bufs))
     var b = 0
     while b < nb:  # two blocks a turn: even ones on tiles C1/C2 and buffer 0, odd ones on the others
@@ -324,25 +359,25 @@ def _group_amx[kind: Int, out_dt: DType, unpack: Bool](p: Params, t: Int, g0: In
                 _unpack_block[kind](tile_rec, wtile, b + 1 + UNPACK_LEAD)
         if b + 1 < nb:
             var a1 = a0 + (b + 1) * QK
-            _amx_block_sums[TILE_C1_NEXT, TILE_C2_NEXT](_block_weights[kind](tile_rec, wtile, b + 1), qa + a1,
+            _amx_block_sums[TILE_C1_NEXT, TILE_C2_NEXT, two](_block_weights[kind](tile_rec, wtile, b + 1), qa + a1,
                                                         qa2 + a1, k, U8Ptr(unsafe_from_address=bufs + 2048))
-        _amx_epilogue[kind](y, tile_rec.unsafe_offset(b * rec_bytes), bufs, da, sa_i, sa_f, b * m + g0)
+        _amx_epilogue[kind, two](y, tile_rec.unsafe_offset(b * rec_bytes), bufs, da, sa_i, sa_f, b * m + g0)
         if b + 1 < nb:
             if b + 2 < nb:
                 var a2 = a0 + (b + 2) * QK
-                _amx_block_sums[TILE_C1, TILE_C2](_block_weights[kind](tile_rec, wtile, b + 2), qa + a2, qa2 + a2,
+                _amx_block_sums[TILE_C1, TILE_C2, two](_block_weights[kind](tile_rec, wtile, b + 2), qa + a2, qa2 + a2,
                                                   k, U8Ptr(unsafe_from_address=bufs))
-            _amx_epilogue[kind](y, tile_rec.unsafe_offset((b + 1) * rec_bytes), bufs + 2048, da, sa_i, sa_f,
+            _amx_epilogue[kind, two](y, tile_rec.unsafe_offset((b + 1) * rec_bytes), bufs + 2048, da, sa_i, sa_f,
                                 (b + 1) * m + g0)
         b += 2
     comptime for r in range(TN):
         _finish_row[out_dt](p, y[r], g0 + r, t)
 
 
-def _tiles_amx[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
-    """Phase 2 on AMX tiles: per 16 columns x 16 rows x block, two tdpbsud give the exact int32 dot
-    products of q1 and q2 (the same integers vpdpbusd sums), stored to a buffer and passed row by row
-    through the same epilogue. Whole groups of 16 rows only (no per-row conditions in the epilogue);
+def _tiles_amx[kind: Int, out_dt: DType, two: Bool](p: Params, begin: Int, end: Int):
+    """Phase 2 on AMX tiles: per 16 columns x 16 rows x block, one tdpbsud per activation part gives
+    the exact int32 dot products of q1 (and q2) (the same integers vpdpbusd sums), stored to a buffer and
+    passed row by row through the same epilogue. Whole groups of 16 rows only (no per-row conditions in the epilogue);
     the last M % 16 rows take the vpdpbusd path: the same bits. Rows run in chunks whose int8
     activations stay in cache while the thread's tiles pass over them (amx_row_chunk); for Q4_0 / Q4_1
     each tile's weights are unpacked once per chunk, by its first row group, into a heap buffer (K / 32
@@ -358,6 +393,7 @@ def _tiles_amx[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
     var bufs = Int(stack_allocation[4096, UInt8, alignment=64]())  # two sets of [C1 | C2] sums
     amx_configure()
     var full = m - m % TN
+    comptime R = rows_per_block[two]()
     var chunk = amx_row_chunk(k)
     var r0 = 0
     while True:  # row chunks; the last one also runs the M % 16 rows
@@ -366,18 +402,18 @@ def _tiles_amx[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
             var tile_rec = wp.unsafe_offset(t * nb * rec_bytes)
             var g0 = r0
             if g0 < r1:  # the chunk's first group unpacks the tile's weights (Q4_0 / Q4_1) for all of them
-                _group_amx[kind, out_dt, unpacked](p, t, g0, tile_rec, wtile, bufs)
+                _group_amx[kind, out_dt, unpacked, two](p, t, g0, tile_rec, wtile, bufs)
                 g0 += TN
             while g0 < r1:
-                _group_amx[kind, out_dt, False](p, t, g0, tile_rec, wtile, bufs)
+                _group_amx[kind, out_dt, False, two](p, t, g0, tile_rec, wtile, bufs)
                 g0 += TN
             if r1 == full:
                 var r = full
-                while r + ROWS <= m:
-                    _tile_rows[kind, out_dt, ROWS](p, t, r)
-                    r += ROWS
+                while r + R <= m:
+                    _tile_rows[kind, out_dt, R, two](p, t, r)
+                    r += R
                 while r < m:
-                    _tile_rows[kind, out_dt, 1](p, t, r)
+                    _tile_rows[kind, out_dt, 1, two](p, t, r)
                     r += 1
         if r1 == full:
             break
@@ -387,17 +423,24 @@ def _tiles_amx[kind: Int, out_dt: DType](p: Params, begin: Int, end: Int):
 
 
 def _tiles_out[kind: Int](p: Params, begin: Int, end: Int):
+    if two_parts(p):
+        _tiles_mode[kind, True](p, begin, end)
+    else:
+        _tiles_mode[kind, False](p, begin, end)
+
+
+def _tiles_mode[kind: Int, two: Bool](p: Params, begin: Int, end: Int):
     var amx = param_int(p, 15) != 0
     if param_int(p, 13) == DTYPE_BF16:
         if amx:
-            _tiles_amx[kind, BF16](p, begin, end)
+            _tiles_amx[kind, BF16, two](p, begin, end)
         else:
-            _tiles[kind, BF16](p, begin, end)
+            _tiles[kind, BF16, two](p, begin, end)
     else:
         if amx:
-            _tiles_amx[kind, F32](p, begin, end)
+            _tiles_amx[kind, F32, two](p, begin, end)
         else:
-            _tiles[kind, F32](p, begin, end)
+            _tiles[kind, F32, two](p, begin, end)
 
 
 def _tiles_any(p: Params, begin: Int, end: Int):

@@ -13,6 +13,12 @@ from kernels.attention import DTYPE_CODES
 QK = 32  # activations per quantization block
 TILE = 16  # output columns per packed weight tile
 WEIGHT_ALIGNMENT = 64  # tile records are streamed with 64-byte loads
+# How the kernels quantize activations (kernels/quant_activations.mojo), chosen once per server
+# (shared/config.py's --activation-quantization), never per call: a mode name -> its parameter value.
+# int8x2: two int8 parts per activation (about 15 bits, two vpdpbusd per 4 K-steps); int8: one, as llama.cpp's
+# Q8_0 activations (about 8 bits, one vpdpbusd per 4 K-steps: about twice the many-row throughput).
+ACTIVATION_MODES = {"int8x2": 0, "int8": 1}
+ACTIVATION_MODE_PARAM = 18  # P_ACT_MODE in kernels/quant_activations.mojo
 
 
 def checked_output(require: Callable[[bool, str], None], x: torch.Tensor, packed: torch.Tensor, n: int,
@@ -46,6 +52,12 @@ def checked_output(require: Callable[[bool, str], None], x: torch.Tensor, packed
     return out
 
 
+def activation_mode(require: Callable[[bool, str], None], activations: str) -> int:
+    """The kernels' parameter value of an activation mode name (ACTIVATION_MODES), checked through `require`."""
+    require(activations in ACTIVATION_MODES, f"activations must be one of {tuple(ACTIVATION_MODES)}")
+    return ACTIVATION_MODES[activations]
+
+
 def activation_scratch_bytes(m: int, k: int) -> int:
     """Bytes of scratch for m rows of K activations quantized by kernels/quant_activations.mojo (the layout
     is in activation_addresses)."""
@@ -72,8 +84,8 @@ def activation_addresses(base: int, m: int, k: int) -> tuple[int, int, int, int,
 
 
 # The parameter slots phase 1 (kernels/quant_activations.mojo) reads or writes, the same in both kernels'
-# arrays: x, rows, K, x's dtype, then q1, d, sum, d * sum, q2, sum lo in the scratch.
-ACTIVATION_PARAMS = (1, 4, 6, 8, 9, 10, 11, 12, 14, 16)
+# arrays: x, rows, K, x's dtype, then q1, d, sum, d * sum, q2, sum lo in the scratch, and the mode.
+ACTIVATION_PARAMS = (1, 4, 6, 8, 9, 10, 11, 12, 14, 16, ACTIVATION_MODE_PARAM)
 OUTPUT_STRIDE_PARAM = 17  # the output's row stride in elements (P_LDC in both kernels)
 
 

@@ -5,8 +5,11 @@ the head 49152x576) at 1, 8, 32 and 128 rows, and on request Qwen3-0.6B's (`--sh
 q3_down`: 4096x1024, 6144x1024, 1024x3072); the bfloat16 side is MILI's oneDNN-packed linear
 (worker/model/packed_linear.py), the Q4_1 / Q8_0 side (`--types`, Q4_0 too) kernels/quant_matmul.mojo
 on torch's OpenMP team, by each of its paths (vpdpbusd; AMX int8 tiles where the CPU has them, from
-16 rows, which is what `auto` picks there: the same bits, different speed), with the AMX / vpdpbusd time
-ratio per type. `--before FILE` times the AMX path of an earlier build of the same kernel beside it
+16 rows, which is what `auto` picks there: the same bits, different speed), in each activation mode
+(`--modes`: int8x2, two int8 parts per activation, what generating servers run; int8, one part, what
+embedding and scoring servers run), with each column's GOP/s beside bf16's GFLOP/s and the int8 / int8x2
+and AMX / vpdpbusd speed-ups. `--out FILE.md` also writes the table (the CPU named) to a file.
+`--before FILE` times the AMX path of an earlier build of the same kernel beside it
 (e.g. build/kernels/<hash>/mili_quant.so, left by running an earlier commit) and prints after / before.
 Each figure is the 10th percentile of single-call times, one call of each column in turn, so a
 neighbour's burst of load (which stalls a call for milliseconds on a shared 2-core machine) hits
@@ -21,10 +24,13 @@ Numbers are printed, never asserted; compare ratios within one run.
 from __future__ import annotations
 
 import argparse
+import os
 import importlib.machinery
 import importlib.util
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -33,6 +39,8 @@ from gguf.quants import quantize
 
 from kernels import quant_matmul
 from kernels.formats.blocks import KERNEL_KINDS, RECORD_BYTES, repack
+from kernels.quant_operands import ACTIVATION_MODES
+from loadtest.machine import cpu_name
 from worker.model.packed_linear import PackedLinear
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "head": (49152, 576),
@@ -102,39 +110,42 @@ def engine_steps(batches: list[int], context: int, steps: int, rounds: int) -> N
         del engines
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 128])
-    ap.add_argument("--rounds", type=int, default=3, help="engine rounds; kernel calls are timed for 0.2 s each")
-    ap.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES), choices=list(SHAPES))
-    ap.add_argument("--types", nargs="+", default=["Q4_1", "Q8_0"], choices=[t.name for t in TYPES])
-    ap.add_argument("--before", metavar="FILE", help="an earlier build's mili_quant.so, its AMX path timed beside")
-    ap.add_argument("--engine", action="store_true", help="time engine decode steps instead (see above)")
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 32])
-    ap.add_argument("--context", type=int, default=128)
-    ap.add_argument("--steps", type=int, default=20)
-    args = ap.parse_args()
-    if args.engine:
-        engine_steps(args.batches, args.context, args.steps, args.rounds)
-        return
+def kernel_table(args: argparse.Namespace) -> list[str]:
+    """The kernel comparison as markdown lines (printed as they come)."""
     modules = {"": quant_matmul.load()}
     types = [QT[name] for name in args.types]
     paths = ["vnni", "amx"] if quant_matmul.amx_available() else ["vnni"]
     if args.before and "amx" in paths:
         modules[" before"] = load_build(args.before)
-    print(f"torch threads {torch.get_num_threads()}; microseconds per call (10th percentile of single calls, "
-          f"all columns interleaved); " + (f"amx: AMX tiles for whole groups of {quant_matmul.AMX_MIN_ROWS} rows, "
-                                           f"what auto picks from {quant_matmul.AMX_MIN_ROWS} rows"
-                                           if "amx" in paths else "no AMX on this CPU"))
-    columns = [f"{t.name} {path}" for t in types for path in paths] + [f"{t.name} amx before" for t in types
-                                                                         if " before" in modules]
-    ratios = [(f"{t.name} amx", f"{t.name} vnni") for t in types if "amx" in paths] \
-        + [(f"{t.name} amx", f"{t.name} amx before") for t in types if " before" in modules]
-    ratio_heads = [f"amx / vnni ({', '.join(t.name for t in types)})"] if "amx" in paths else []
-    ratio_heads += [f"after / before ({', '.join(t.name for t in types)})"] if " before" in modules else []
-    print("| shape | rows | bf16 | " + " | ".join(f"{c} | vs bf16" for c in columns)
-          + "".join(f" | {h}" for h in ratio_heads) + " |")
-    print("|---|---|---|" + "---|---|" * len(columns) + "---|" * len(ratio_heads))
+    lines: list[str] = []
+
+    def emit(line: str = "") -> None:
+        print(line, flush=True)
+        lines.append(line)
+
+    emit(f"machine: {cpu_name()}, torch threads {torch.get_num_threads()}; microseconds per call (10th percentile "
+         "of single calls, all columns interleaved), with its rate: GFLOP/s for bf16, GOP/s (2 M N K / time, "
+         "the same count) for the quantized columns; " + (
+             f"amx: AMX tiles for whole groups of {quant_matmul.AMX_MIN_ROWS} rows, what auto picks from "
+             f"{quant_matmul.AMX_MIN_ROWS} rows" if "amx" in paths else "no AMX on this CPU"))
+    emit("activation modes: int8x2 = two int8 parts per activation (about 15 bits; what `--task generate` "
+         "serves), int8 = one (llama.cpp's Q8_0 activations; what `--task embed` and `score` serve)")
+    emit()
+    columns = [f"{t.name} {path} {mode}" for t in types for path in paths for mode in args.modes] \
+        + [f"{t.name} amx {mode} before" for t in types for mode in args.modes if " before" in modules]
+    ratios = []
+    if "int8" in args.modes and "int8x2" in args.modes:
+        ratios += [(f"int8 / int8x2 ({t.name} {path})", f"{t.name} {path} int8x2", f"{t.name} {path} int8")
+                   for t in types for path in paths]
+    if "amx" in paths:
+        ratios += [(f"amx / vnni ({t.name} {mode})", f"{t.name} vnni {mode}", f"{t.name} amx {mode}")
+                   for t in types for mode in args.modes]
+    if " before" in modules:
+        ratios += [(f"after / before ({t.name} {mode})", f"{t.name} amx {mode} before", f"{t.name} amx {mode}")
+                   for t in types for mode in args.modes]
+    emit("| shape | rows | bf16 us | bf16 GFLOP/s | " + " | ".join(f"{c} us | GOP/s | vs bf16" for c in columns)
+         + "".join(f" | {head} speed-up" for head, _, _ in ratios) + " |")
+    emit("|---|---:|---:|---:|" + "---:|---:|---:|" * len(columns) + "---:|" * len(ratios))
     for name in args.shapes:
         n, k = SHAPES[name]
         w = np.random.default_rng(0).standard_normal((n, k)).astype(np.float32) * 0.05
@@ -143,25 +154,59 @@ def main() -> None:
         for m in args.rows:
             x = torch.randn(m, k).bfloat16()
             calls = {"bf16": lambda: dense(x)}
-            for t in types:
-                for path in paths:
-                    for label, module in modules.items():
-                        if path == "amx" and m < quant_matmul.AMX_MIN_ROWS:
-                            continue  # no whole group of rows: the amx path would be the vnni one
-                        if label and path != "amx":
-                            continue
-                        calls[f"{t.name} {path}{label}"] = lambda t=t, path=path, module=module: quant_matmul.qmatmul(
-                            module, x, packed[t], KERNEL_KINDS[t], n, path=path)
+            for column in columns:
+                t_name, path, mode, *before = column.split()
+                if path == "amx" and m < quant_matmul.AMX_MIN_ROWS:
+                    continue  # no whole group of rows: the amx path would be the vnni one
+                t, module = QT[t_name], modules[" before" if before else ""]
+                calls[column] = lambda t=t, path=path, mode=mode, module=module: quant_matmul.qmatmul(
+                    module, x, packed[t], KERNEL_KINDS[t], n, path=path, activations=mode)
             samples = interleaved_times(calls, seconds=0.2 * args.rounds)
-            best = {key: float(np.percentile(t, 10)) * 1e6 for key, t in samples.items()}
-            cells = [f"{best[key]:.0f} | {best['bf16'] / best[key]:.2f}x" if key in best else "- | -" for key in columns]
-            groups = [ratios[i:i + len(types)] for i in range(0, len(ratios), len(types))]
-            cells += [", ".join(f"{best[a] / best[b]:.2f}" if a in best else "-" for a, b in group) for group in groups]
-            print(f"| {name} {n}x{k} | {m} | {best['bf16']:.0f} | " + " | ".join(cells) + " |", flush=True)
-    print("weight bytes per call: " + ", ".join(
+            best = {key: float(np.percentile(t, 10)) for key, t in samples.items()}
+            ops = 2 * m * n * k
+            cells = [f"{best[key] * 1e6:.0f} | {ops / best[key] / 1e9:.0f} | {best['bf16'] / best[key]:.2f}x"
+                     if key in best else "- | - | -" for key in columns]
+            cells += [f"{best[slow] / best[fast]:.2f}x" if slow in best and fast in best else "-"
+                      for _, slow, fast in ratios]
+            emit(f"| {name} {n}x{k} | {m} | {best['bf16'] * 1e6:.0f} | {ops / best['bf16'] / 1e9:.0f} | "
+                 + " | ".join(cells) + " |")
+    emit()
+    emit("weight bytes per call: " + ", ".join(
         f"{name}: bf16 {2 * n * k / 1e6:.2f} MB, " + ", ".join(
             f"{t.name} {-(-n // 16) * 16 * k // 32 * RECORD_BYTES[t] / 16 / 1e6:.2f} MB" for t in types)
         for name, (n, k) in SHAPES.items() if name in args.shapes))
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 128])
+    ap.add_argument("--rounds", type=int, default=3, help="engine rounds; kernel calls are timed for 0.2 s each")
+    ap.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES), choices=list(SHAPES))
+    ap.add_argument("--types", nargs="+", default=["Q4_1", "Q8_0"], choices=[t.name for t in TYPES])
+    ap.add_argument("--modes", nargs="+", default=list(ACTIVATION_MODES), choices=list(ACTIVATION_MODES),
+                    help="activation modes to time side by side (kernels/quant_operands.py)")
+    ap.add_argument("--before", metavar="FILE", help="an earlier build's mili_quant.so, its AMX path timed beside")
+    ap.add_argument("--out", metavar="FILE.md", help="also write the table to this markdown file "
+                                                     "(e.g. loadtest/results/quant-kernels-quiet.md)")
+    ap.add_argument("--engine", action="store_true", help="time engine decode steps instead (see above)")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=20)
+    args = ap.parse_args()
+    if args.engine:
+        engine_steps(args.batches, args.context, args.steps, args.rounds)
+        return
+    load_before = os.getloadavg()[0]
+    lines = kernel_table(args)
+    if args.out:
+        command = "python -m loadtest.bench_quant " + " ".join(sys.argv[1:])
+        # The machine's load beside the figures: on a shared machine it says how far to trust them.
+        header = [f"# Quantized-weight matmul against the bf16 linear, {cpu_name()}", "",
+                  f"Command: `{command}` ({time.strftime('%Y-%m-%d')}); load average (1 min) {load_before:.1f} "
+                  f"before the run, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs.", ""]
+        Path(args.out).write_text("\n".join(header + lines) + "\n")
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,11 @@ ATTENTION_BACKENDS = ("auto", "mojo", "torch")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "int8")
 # auto: a GGUF's own quantized types for a model converted from a GGUF, none for safetensors checkpoints.
 QUANTIZATIONS = ("auto", "none", "q8_0", "q4_0")
+# How the quantized-weight kernels quantize each activation row per 32-element block (kernels/quant_operands.py),
+# once per server, never per batch: int8x2, two int8 parts (about 15 bits; two vpdpbusd per 4 K-steps), or int8,
+# one (llama.cpp's Q8_0 activations, about 8 bits; one vpdpbusd, about twice the many-row throughput). auto: int8
+# for --task embed and score (prefill only, so throughput bound), int8x2 for generate (decode's accuracy).
+ACTIVATION_QUANTIZATIONS = ("auto", "int8x2", "int8")
 # auto: cuda where torch sees a CUDA device, else cpu (resolved by the worker, which imports torch).
 # "cuda:N" names one GPU of several.
 DEVICES = ("auto", "cpu", "cuda")
@@ -37,6 +42,7 @@ class EngineConfig:
     attention_backend: str = "auto"
     kv_cache_dtype: str = "auto"
     quantization: str = "auto"
+    activation_quantization: str = "auto"  # one of ACTIVATION_QUANTIZATIONS
     enable_prefix_caching: bool = True
     device: str = "cpu"  # one of DEVICES, or "cuda:N"
     # Decode-only steps of a quantized model run their layers as one kernel program where eligible
@@ -67,6 +73,9 @@ class EngineConfig:
             raise ValueError(f"kv cache dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
+        if self.activation_quantization not in ACTIVATION_QUANTIZATIONS:
+            raise ValueError(f"activation quantization must be one of {', '.join(ACTIVATION_QUANTIZATIONS)}, "
+                             f"got {self.activation_quantization!r}")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
                              f"got {self.scheduling_policy!r}")
@@ -89,6 +98,14 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks must be positive, got {self.num_kv_blocks}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
+
+
+    @property
+    def activation_mode(self) -> str:
+        """The activation quantization the quantized kernels run (auto resolved by the task)."""
+        if self.activation_quantization != "auto":
+            return self.activation_quantization
+        return "int8x2" if self.task == "generate" else "int8"
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)

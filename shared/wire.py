@@ -147,6 +147,8 @@ class WorkerReady(_Message, frozen=True, tag="ready"):
     vocab_size: Count
     stats: WorkerStats
     speculative_decoding: str = "off"  # or the method and its settings (shared/speculative_config.py)
+    # How the quantized kernels quantize activations (int8x2, int8), or "none" without quantized weights.
+    activation_quantization: str = "none"
 
 
 # One sampled token's logprob entry: [token_id, logprob, [[token_id, logprob], ...]] (the top alternatives).

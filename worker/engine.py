@@ -75,7 +75,11 @@ class LLMEngine:
             config.block_size)
         self.layer_ops = get_layer_ops(self.attention_backend, mc, self.device)
         quant = self._quant_plan()
+        if quant is not None:
+            quant.activations = config.activation_mode
         self.quantization = "none" if quant is None else quant.summary()
+        # What /health reports beside it: "none" where no weight is quantized (the flag then changes nothing).
+        self.activation_quantization = "none" if quant is None else quant.activations
         model = load_model(config.model, mc, self.attention_backend, self.dtype, self.max_model_len,
                            device=self.device, ops=self.layer_ops, quant=quant)
         if packing_supported(self.dtype, self.device):

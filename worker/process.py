@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     outbox.put(wire.WorkerReady(model=args.served_model_name, architecture=mc.architecture, dtype=str(engine.dtype).removeprefix("torch."),
                                 device=str(engine.device),
                                 attention_backend=engine.attention_backend.name, quantization=engine.quantization,
+                                activation_quantization=engine.activation_quantization,
                                 decode_graphs=engine.runner.decode_graphs_status,
                                 speculative_decoding=engine.speculative,
                                 max_model_len=engine.max_model_len,

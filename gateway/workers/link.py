@@ -169,10 +169,10 @@ class WorkerLink:
             self.ready = message
             self.down_reason = ""
             self._set_stats(message.stats)
-            log.info("worker %d ready: %s on %s, %s, attention %s, quantization %s, max_model_len %d, "
-                     "speculative decoding %s", self.index, message.architecture, message.device, message.dtype,
-                     message.attention_backend, message.quantization, message.max_model_len,
-                     message.speculative_decoding)
+            log.info("worker %d ready: %s on %s, %s, attention %s, quantization %s (activations %s), "
+                     "max_model_len %d, speculative decoding %s", self.index, message.architecture, message.device,
+                     message.dtype, message.attention_backend, message.quantization,
+                     message.activation_quantization, message.max_model_len, message.speculative_decoding)
 
     def _delta_fits(self, delta: wire.TokenDelta, handle: RequestHandle) -> bool:
         """A delta names one of its request's choices and tokens of the model's vocabulary (a worker bug

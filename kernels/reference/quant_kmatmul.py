@@ -1,5 +1,6 @@
 """NumPy reference for the K-quant-file matmul (kernels/quant_kmatmul.mojo): the kernel's own block
-arithmetic on the same two-part activations as the main kernel's (kernels/reference/quant_matmul.py), with the
+arithmetic on the same activations (two int8 parts or one) as the main kernel's (kernels/reference/quant_matmul.py),
+with the
 integer dot products exact in int64 and the float32 epilogue block by block, so it differs from the
 kernel only by fused multiply-adds. The float64 product with gguf.quants' dequantization and the
 activations' error bound are kernels/reference/quant_matmul.py's (they hold for any GGUF type).
@@ -14,9 +15,12 @@ from kernels.formats.kblocks import split_kblocks
 from kernels.reference.quant_matmul import quantize_activations
 
 
-def qkmatmul_blocks(x: np.ndarray, raw: np.ndarray, qtype: QT, bias: np.ndarray | None = None) -> np.ndarray:
-    """x: [M, K] float32, raw: GGUF rows [N, ...] of Q5_0, Q5_1, Q4_K or Q6_K -> [M, N] float32."""
-    qa, da, sa = quantize_activations(x)  # [M, nb, 32] int64 (= 254 q1 + q2), [M, nb] float32, [M, nb] int64
+def qkmatmul_blocks(x: np.ndarray, raw: np.ndarray, qtype: QT, bias: np.ndarray | None = None,
+                    activations: str = "int8x2") -> np.ndarray:
+    """x: [M, K] float32, raw: GGUF rows [N, ...] of Q5_0, Q5_1, Q4_K or Q6_K -> [M, N] float32, with the
+    activations quantized in the given mode (int8x2 or int8)."""
+    # [M, nb, 32] int64 (int8x2: 254 q1 + q2; int8: q1), [M, nb] float32, [M, nb] int64
+    qa, da, sa = quantize_activations(x, activations)
     kb = split_kblocks(raw, qtype)
     qw = kb.q.astype(np.int64)  # [N, nb, 32]
     lo = np.einsum("mbk,nbk->mnb", qa[..., :16], qw[..., :16])  # exact

@@ -4,6 +4,8 @@ Qwen3-Reranker-style causal model, and a Qwen3 sequence classifier; each with th
 
 from __future__ import annotations
 
+import os
+import random
 import shutil
 from pathlib import Path
 
@@ -21,6 +23,14 @@ def build_embedding_model(out_dir: Path, seed: int, pooling: str, normalize: boo
         append_eos(out_dir)
     write_sentence_transformers_files(out_dir, pooling, normalize)
     return out_dir
+
+
+def module_embedding_model(tmp_path_factory, name: str) -> Path:
+    """For a test module: a Qwen3-Embedding-like tiny model (last token, Normalize, EOS appended) on a fresh seed,
+    printed (MILI_TEST_SEED=<n> replays it)."""
+    seed = int(os.environ.get("MILI_TEST_SEED", random.randrange(2**31)))
+    print(f"\n[{name}] MILI_TEST_SEED={seed}")
+    return build_embedding_model(tmp_path_factory.mktemp("embed") / name, seed, "last", normalize=True)
 
 
 def build_reranker_model(out_dir: Path, seed: int) -> Path:

@@ -118,7 +118,8 @@ class DecoderForCausalLM(nn.Module):
         for name in [*plan.matrices, *plan.mixed]:
             if name == HEAD:
                 self._quant_head = QuantLinear(self.config.hidden_size, self.config.vocab_size, False,
-                                               self.embed_tokens.weight.dtype, out_dtype=torch.float32)
+                                               self.embed_tokens.weight.dtype, out_dtype=torch.float32,
+                                               activations=plan.activations)
                 if not self.config.tie_word_embeddings:
                     del self.lm_head
                     skipped.add("lm_head.weight")
@@ -126,7 +127,7 @@ class DecoderForCausalLM(nn.Module):
             parent_name, _, child = name.rpartition(".")
             parent, linear = self.get_submodule(parent_name), self.get_submodule(name)
             setattr(parent, child, QuantLinear(linear.in_features, linear.out_features, linear.bias is not None,
-                                               linear.weight.dtype))
+                                               linear.weight.dtype, activations=plan.activations))
             skipped.add(f"{name}.weight")
         if plan.embedding is not None:
             qtype, raw, keep_alive = plan.embedding

@@ -89,8 +89,12 @@ class QuantLinear(nn.Module):
     a Q6_K v) several runs, each through its own kernel, concatenated."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
-                 device: torch.device | str = "meta", out_dtype: torch.dtype | None = None):
+                 device: torch.device | str = "meta", out_dtype: torch.dtype | None = None,
+                 activations: str = "int8x2"):
         super().__init__()
+        # How its kernels quantize the activations (kernels/quant_operands.py's ACTIVATION_MODES): the server's
+        # choice, the same for every call, so a row's result never depends on its batch.
+        self.activations = activations
         self.in_features, self.out_features = in_features, out_features
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device), requires_grad=False) \
             if bias else None
@@ -124,16 +128,18 @@ class QuantLinear(nn.Module):
         """x: [rows, in_features] -> [rows, out_features]."""
         out_dtype = self.out_dtype or x.dtype
         if len(self.segments) == 1:
-            return _matmul(self._module, x, self.qtype, self.packed, self.out_features, self._bias_f32, out_dtype)
+            return _matmul(self._module, x, self.qtype, self.packed, self.out_features, self._bias_f32, out_dtype,
+                           self.activations)
         parts, row0 = [], 0
         for qtype, packed, rows, module in self.segments:
             bias = None if self._bias_f32 is None else self._bias_f32[row0:row0 + rows]
-            parts.append(_matmul(module, x, qtype, packed, rows, bias, out_dtype))
+            parts.append(_matmul(module, x, qtype, packed, rows, bias, out_dtype, self.activations))
             row0 += rows
         return torch.cat(parts, dim=1)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, type={self.qtype and self.type_name}"
+        return (f"in={self.in_features}, out={self.out_features}, type={self.qtype and self.type_name}, "
+                f"activations={self.activations}")
 
     def scratch_bytes(self, rows: int) -> int:
         """The activation scratch its kernels need for `rows` rows (one, whatever the segments: they share it)."""
@@ -154,7 +160,8 @@ class QuantLinear(nn.Module):
         calls, col0 = [], 0
         for qtype, packed, n, module in self.segments:
             bias = None if self._bias_f32 is None else self._bias_f32[col0:col0 + n]
-            calls.append(_prebuilt_call(module, x, qtype, packed, n, bias, out[:, col0:col0 + n], scratch))
+            calls.append(_prebuilt_call(module, x, qtype, packed, n, bias, out[:, col0:col0 + n], scratch,
+                                        self.activations))
             col0 += n
         if not all(same_activations(calls[0].params, call.params) for call in calls[1:]):
             raise ValueError(f"the segments of {self.type_name} do not share one activation quantization")
@@ -180,16 +187,19 @@ class PrebuiltMatmul:
 
 
 def _prebuilt_call(module: ModuleType, x: torch.Tensor, qtype: QT, packed: torch.Tensor, n: int,
-                   bias: torch.Tensor | None, out: torch.Tensor, scratch: torch.Tensor) -> PrebuiltMatmul:
+                   bias: torch.Tensor | None, out: torch.Tensor, scratch: torch.Tensor,
+                   activations: str) -> PrebuiltMatmul:
     """One segment's checked call: x [rows, K] -> out [rows, n] (possibly a column slice of a wider output)."""
     from kernels import quant_kmatmul, quant_matmul
     from kernels.quant_operands import TILE
 
     tiles = -(-n // TILE)
     if qtype in KERNEL_KINDS:
-        params = quant_matmul.qmatmul_params(x, packed, KERNEL_KINDS[qtype], n, bias, out, scratch)
+        params = quant_matmul.qmatmul_params(x, packed, KERNEL_KINDS[qtype], n, bias, out, scratch,
+                                             activations=activations)
         return PrebuiltMatmul(module, quant_matmul.ENTRIES, params, tiles, quant_matmul.ROWS_PARAM, quant_matmul.AMX_PARAM)
-    params = quant_kmatmul.qmatmul_k_params(x, packed, KQUANT_KINDS[qtype], n, bias, out, scratch)
+    params = quant_kmatmul.qmatmul_k_params(x, packed, KQUANT_KINDS[qtype], n, bias, out, scratch,
+                                            activations=activations)
     return PrebuiltMatmul(module, quant_kmatmul.ENTRIES, params, tiles, quant_kmatmul.ROWS_PARAM, quant_kmatmul.AMX_PARAM)
 
 
@@ -198,12 +208,14 @@ def module_for(qtype: QT) -> ModuleType | None:
 
 
 def _matmul(module: ModuleType, x: torch.Tensor, qtype: QT, packed: torch.Tensor, n: int,
-            bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+            bias: torch.Tensor | None, out_dtype: torch.dtype, activations: str) -> torch.Tensor:
     """x: [rows, K] -> [rows, n] through the kernel that serves qtype."""
     from kernels import quant_kmatmul, quant_matmul
     if qtype in KERNEL_KINDS:
-        return quant_matmul.qmatmul(module, x, packed, KERNEL_KINDS[qtype], n, bias=bias, out_dtype=out_dtype)
-    return quant_kmatmul.qmatmul_k(module, x, packed, KQUANT_KINDS[qtype], n, bias=bias, out_dtype=out_dtype)
+        return quant_matmul.qmatmul(module, x, packed, KERNEL_KINDS[qtype], n, bias=bias, out_dtype=out_dtype,
+                                    activations=activations)
+    return quant_kmatmul.qmatmul_k(module, x, packed, KQUANT_KINDS[qtype], n, bias=bias, out_dtype=out_dtype,
+                                   activations=activations)
 
 
 class BlockEmbedding(nn.Module):

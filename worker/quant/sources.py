@@ -54,6 +54,8 @@ class QuantPlan:
     # Fused module path -> its parts' runs of one type, in row order, where the types differ.
     mixed: dict[str, list[tuple[QT, RawLoader]]] = field(default_factory=dict)
     source_file: GGUFFile | None = None  # the mapped GGUF the blocks come from
+    # How the kernels quantize activations (EngineConfig.activation_mode: int8x2 or int8), for every projection.
+    activations: str = "int8x2"
 
     def drop_source_pages(self) -> None:
         """Once loaded, only the embedding reads the file (the rows each step needs): its other pages (the
@@ -70,7 +72,7 @@ class QuantPlan:
     def describe(self) -> str:
         head = self.matrices.get(HEAD)
         projections = len(self.matrices) - (head is not None) + len(self.mixed)
-        return (f"{self.summary()} ({projections} projections from {self.source}"
+        return (f"{self.summary()} ({projections} projections from {self.source}, activations {self.activations}"
                 f"{f', {len(self.mixed)} of them of mixed types' if self.mixed else ''}; "
                 f"head {type_name(head[0]) if head else 'not quantized'}; embedding "
                 f"{'from ' + self.embedding[0].name + ' blocks' if self.embedding else 'in the model dtype'})")

@@ -29,6 +29,7 @@ def test_health_models_openapi(server):
     assert health["decode_graphs"].startswith("on (captured") if torch.cuda.is_available() \
         else health["decode_graphs"] == "off (not on a CUDA device)"
     assert health["quantization"] == "none"  # a safetensors checkpoint under --quantization auto
+    assert health["activation_quantization"] == "none"  # nothing quantized: the flag changes nothing
     assert health["workers_ready"] == 1
     models = httpx2.get(f"{server.url}/v1/models").json()
     assert [m["id"] for m in models["data"]] == [SERVED_NAME]

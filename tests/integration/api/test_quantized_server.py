@@ -19,7 +19,8 @@ def test_quantized_server_reports_and_serves(tiny_model_dir, tmp_path):
     try:
         health = httpx2.get(f"{srv.url}/health").json()
         assert health["quantization"] == "q4_0"
-        assert "quantization q4_0" in srv.log_path.read_text(errors="replace")
+        assert health["activation_quantization"] == "int8x2"  # auto on a generating server: decode's accuracy
+        assert "quantization q4_0 (activations int8x2)" in srv.log_path.read_text(errors="replace")
         client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=60)
         reply = client.completions.create(model="tiny-q", prompt=[5, 17, 42, 99], max_tokens=10, temperature=0.0,
                                           extra_body={"ignore_eos": True})

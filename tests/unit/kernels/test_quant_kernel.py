@@ -1,9 +1,10 @@
 """The quantized-weight matmul (kernels/quant_matmul.mojo) against NumPy, on fresh random blocks every run.
 
-Two references: the kernel's own block arithmetic done exactly in NumPy (int8 activations, int64 dot
-products, float32 epilogue: only fused multiply-adds differ, so the tolerance is tight), and gguf.quants'
-dequantization with a float64 matmul, off by at most the int8 activations' rounding (a bound computed
-per output). Outputs are poisoned with NaN first, so an element the kernel skips cannot pass. Also:
+Two references, in both activation modes (two int8 parts, "int8x2", and one, "int8"): the kernel's own
+block arithmetic done exactly in NumPy (int8 activations, int64 dot products, float32 epilogue: only fused
+multiply-adds differ, so the tolerance is tight), and gguf.quants' dequantization with a float64 matmul,
+off by at most the int8 activations' rounding (a bound computed per output and mode).
+Outputs are poisoned with NaN first, so an element the kernel skips cannot pass. Also:
 every row's result is bit-identical whatever the batch it is computed in, whichever thread runs it and
 whichever path (vpdpbusd or AMX tiles) computes it, and bad arguments raise before the kernel runs.
 """
@@ -18,10 +19,12 @@ from gguf.quants import dequantize, quantize
 
 from kernels import quant_matmul
 from kernels.formats.blocks import KERNEL_KINDS, repack, split_blocks
+from kernels.quant_operands import ACTIVATION_MODES
 from kernels.reference.quant_matmul import (activation_error_bound, dequantized_matmul, qmatmul_blocks,
                                             quantize_activations, split_activations)
 
 TYPES = [QT.Q4_0, QT.Q4_1, QT.Q8_0]
+MODES = list(ACTIVATION_MODES)
 # (M, N, K): decode rows, odd row counts around the 4-row groups, N not a multiple of the 16-row tile,
 # single-block K, and the default model's shapes.
 SHAPES = [(1, 40, 96), (3, 17, 32), (5, 33, 64), (7, 1, 160), (13, 50, 128), (1, 960, 576), (9, 576, 1536),
@@ -45,30 +48,45 @@ def _case(seed: int, m: int, n: int, k: int, qtype: QT):
 
 
 def _run(module, x: np.ndarray, packed, qtype: QT, n: int, bias=None, threading="omp",
-         dtype=torch.float32, out_dtype=torch.float32, path="auto") -> np.ndarray:
+         dtype=torch.float32, out_dtype=torch.float32, path="auto", activations="int8x2") -> np.ndarray:
     out = torch.full((x.shape[0], n), float("nan"), dtype=out_dtype)
     quant_matmul.qmatmul(module, torch.from_numpy(x).to(dtype), packed, KERNEL_KINDS[qtype], n,
                        bias=None if bias is None else torch.from_numpy(bias), out_dtype=out_dtype, out=out,
-                       threading=threading, path=path)
+                       threading=threading, path=path, activations=activations)
     return out.float().numpy()
 
 
+@pytest.mark.parametrize("activations", MODES)
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_matches_block_arithmetic_and_dequantized_matmul(module, qtype, shape, test_seed):
+def test_matches_block_arithmetic_and_dequantized_matmul(module, qtype, shape, activations, test_seed):
     m, n, k = shape
     x, raw, bias = _case(test_seed, m, n, k, qtype)
     packed = repack(raw, qtype)
     for use_bias in (False, True):
         b = bias if use_bias else None
-        ours = _run(module, x, packed, qtype, n, b)
+        ours = _run(module, x, packed, qtype, n, b, activations=activations)
         assert np.isfinite(ours).all()
-        exact = qmatmul_blocks(x, raw, qtype, b)
+        exact = qmatmul_blocks(x, raw, qtype, b, activations)
         # Same integer sums and float32 steps; only fused multiply-adds round differently.
         scale = np.abs(x).max() * np.abs(dequantize(raw, qtype)).sum(axis=1).max() + 1.0
         np.testing.assert_allclose(ours, exact, rtol=1e-5, atol=1e-6 * scale)
         full = dequantized_matmul(x, raw, qtype) + (0 if b is None else b)
-        assert (np.abs(ours - full) <= activation_error_bound(x, raw, qtype)).all()
+        assert (np.abs(ours - full) <= activation_error_bound(x, raw, qtype, activations)).all()
+
+
+def test_the_modes_are_told_apart(module, test_seed):
+    """Each mode's result matches its own reference and not the other's: the tolerance above is far
+    tighter than the gap between 8- and 15-bit activations, so a call in the wrong mode cannot pass."""
+    x, raw, _ = _case(test_seed, 9, 64, 256, QT.Q8_0)
+    packed = repack(raw, QT.Q8_0)
+    one, two = (_run(module, x, packed, QT.Q8_0, 64, activations=mode) for mode in ("int8", "int8x2"))
+    ref_one, ref_two = (qmatmul_blocks(x, raw, QT.Q8_0, activations=mode) for mode in ("int8", "int8x2"))
+    scale = np.abs(x).max() * np.abs(dequantize(raw, QT.Q8_0)).sum(axis=1).max() + 1.0
+    assert np.abs(one - ref_two).max() > 100 * 1e-6 * scale
+    assert np.abs(two - ref_one).max() > 100 * 1e-6 * scale
+    np.testing.assert_allclose(one, ref_one, rtol=1e-5, atol=1e-6 * scale)
+    np.testing.assert_allclose(two, ref_two, rtol=1e-5, atol=1e-6 * scale)
 
 
 def test_reference_bound_is_tight_enough_to_fail(test_seed):
@@ -81,35 +99,39 @@ def test_reference_bound_is_tight_enough_to_fail(test_seed):
     assert not (np.abs(bad - dequantized_matmul(x, raw, QT.Q8_0)) <= activation_error_bound(x, raw, QT.Q8_0)).all()
 
 
+@pytest.mark.parametrize("activations", MODES)
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
-def test_bfloat16_activations(module, qtype, test_seed):
+def test_bfloat16_activations(module, qtype, activations, test_seed):
     x, raw, bias = _case(test_seed, 6, 80, 192, qtype)
     x_bf16 = torch.from_numpy(x).bfloat16()
-    ours = _run(module, x, repack(raw, qtype), qtype, 80, bias, dtype=torch.bfloat16, out_dtype=torch.bfloat16)
-    exact = qmatmul_blocks(x_bf16.float().numpy(), raw, qtype, bias)
+    ours = _run(module, x, repack(raw, qtype), qtype, 80, bias, dtype=torch.bfloat16, out_dtype=torch.bfloat16,
+                activations=activations)
+    exact = qmatmul_blocks(x_bf16.float().numpy(), raw, qtype, bias, activations)
     # bfloat16 output: one rounding of the float32 result.
     np.testing.assert_allclose(ours, torch.from_numpy(exact).bfloat16().float().numpy(), rtol=1e-2, atol=1e-3)
-    ours_f32 = _run(module, x, repack(raw, qtype), qtype, 80, bias, dtype=torch.bfloat16)
+    ours_f32 = _run(module, x, repack(raw, qtype), qtype, 80, bias, dtype=torch.bfloat16, activations=activations)
     np.testing.assert_allclose(ours_f32, exact, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("activations", MODES)
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
-def test_rows_are_batch_and_thread_invariant(module, qtype, test_seed):
+def test_rows_are_batch_and_thread_invariant(module, qtype, activations, test_seed):
     """A row's result is the same bits alone, at any place in batches of any size, and on any thread."""
     x, raw, bias = _case(test_seed, 37, 200, 320, qtype)
     packed = repack(raw, qtype)
-    full = _run(module, x, packed, qtype, 200, bias)
-    assert np.array_equal(full, _run(module, x, packed, qtype, 200, bias, threading="caller"))
+    full = _run(module, x, packed, qtype, 200, bias, activations=activations)
+    assert np.array_equal(full, _run(module, x, packed, qtype, 200, bias, threading="caller", activations=activations))
     for i in (0, 5, 36):
-        assert np.array_equal(_run(module, x[i:i + 1], packed, qtype, 200, bias)[0], full[i])
+        assert np.array_equal(_run(module, x[i:i + 1], packed, qtype, 200, bias, activations=activations)[0], full[i])
     for start, size in ((3, 4), (1, 9), (10, 27)):
-        part = _run(module, x[start:start + size], packed, qtype, 200, bias)
+        part = _run(module, x[start:start + size], packed, qtype, 200, bias, activations=activations)
         assert np.array_equal(part, full[start:start + size])
 
 
 @pytest.mark.skipif(not quant_matmul.amx_available(), reason="the CPU has no AMX int8 tiles (or Linux refused them)")
+@pytest.mark.parametrize("activations", MODES)
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
-def test_amx_tiles_give_the_vnni_bits(module, qtype, test_seed):
+def test_amx_tiles_give_the_vnni_bits(module, qtype, activations, test_seed):
     """The many-row path (AMX int8 tiles, whole groups of 16 rows, the rest by vpdpbusd) gives every row
     the same bits as the one-row vpdpbusd GEMV, in float32 and bfloat16, with and without bias; fresh
     random inputs, odd shapes (a partial column tile, K of one block, row counts around 16)."""
@@ -117,22 +139,26 @@ def test_amx_tiles_give_the_vnni_bits(module, qtype, test_seed):
         x, raw, bias = _case(test_seed + i, m, n, k, qtype)
         packed = repack(raw, qtype)
         for b, dtype in ((None, torch.float32), (bias, torch.bfloat16)):
-            amx = _run(module, x, packed, qtype, n, b, dtype=dtype, out_dtype=dtype, path="amx")
+            amx = _run(module, x, packed, qtype, n, b, dtype=dtype, out_dtype=dtype, path="amx",
+                       activations=activations)
             assert np.isfinite(amx).all()
-            vnni = _run(module, x, packed, qtype, n, b, dtype=dtype, out_dtype=dtype, path="vnni")
+            vnni = _run(module, x, packed, qtype, n, b, dtype=dtype, out_dtype=dtype, path="vnni",
+                        activations=activations)
             assert np.array_equal(amx, vnni), (m, n, k)
             for r in (0, 15, m - 1):
-                alone = _run(module, x[r:r + 1], packed, qtype, n, b, dtype=dtype, out_dtype=dtype, path="vnni")
+                alone = _run(module, x[r:r + 1], packed, qtype, n, b, dtype=dtype, out_dtype=dtype, path="vnni",
+                             activations=activations)
                 assert np.array_equal(alone[0], amx[r]), (m, n, k, r)
-        exact = qmatmul_blocks(x, raw, qtype, bias)
-        ours = _run(module, x, packed, qtype, n, bias, path="amx")
+        exact = qmatmul_blocks(x, raw, qtype, bias, activations)
+        ours = _run(module, x, packed, qtype, n, bias, path="amx", activations=activations)
         scale = np.abs(x).max() * np.abs(dequantize(raw, qtype)).sum(axis=1).max() + 1.0
         np.testing.assert_allclose(ours, exact, rtol=1e-5, atol=1e-6 * scale)
 
 
 @pytest.mark.skipif(not quant_matmul.amx_available(), reason="the CPU has no AMX int8 tiles (or Linux refused them)")
+@pytest.mark.parametrize("activations", MODES)
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
-def test_amx_row_chunks_give_the_vnni_bits(module, qtype, test_seed):
+def test_amx_row_chunks_give_the_vnni_bits(module, qtype, activations, test_seed):
     """A wide K makes the AMX path run its rows in several chunks (as many whole 16-row groups as keep
     512 KiB of q1 and q2 in cache: 32 rows at K = 8192, 80 at K = 3072), each tile's weights unpacked
     once per chunk, the M % 16 rows last by vpdpbusd. Several column tiles per thread, so a chunk that
@@ -142,13 +168,14 @@ def test_amx_row_chunks_give_the_vnni_bits(module, qtype, test_seed):
         x, raw, bias = _case(test_seed + i, m, n, k, qtype)
         packed = repack(raw, qtype)
         for b, dtype in ((bias, torch.bfloat16), (None, torch.float32)):
-            amx = _run(module, x, packed, qtype, n, b, dtype=dtype, path="amx")  # float32 out
+            amx = _run(module, x, packed, qtype, n, b, dtype=dtype, path="amx", activations=activations)  # f32 out
             assert np.isfinite(amx).all()
-            vnni = _run(module, x, packed, qtype, n, b, dtype=dtype, path="vnni")
+            vnni = _run(module, x, packed, qtype, n, b, dtype=dtype, path="vnni", activations=activations)
             assert np.array_equal(amx, vnni), (m, n, k, dtype)
             for r in (0, 31, 32, 79, 80, 95, 96, 160, 191, m - 1):
                 if r < m:
-                    alone = _run(module, x[r:r + 1], packed, qtype, n, b, dtype=dtype, path="vnni")
+                    alone = _run(module, x[r:r + 1], packed, qtype, n, b, dtype=dtype, path="vnni",
+                                 activations=activations)
                     assert np.array_equal(alone[0], amx[r]), (m, k, r, dtype)
 
 
@@ -199,10 +226,11 @@ def test_bad_arguments_raise_before_the_kernel(module):
         (dict(out_dtype=torch.int32), "unsupported output dtype"),
         (dict(threading="pool"), "threading"),
         (dict(path="gpu"), "path"),
+        (dict(activations="int4"), "activations must be one of"),
     ]
     for overrides, message in cases:
         args = dict(x=x, packed=packed, kind=kind, n=20, bias=None, out_dtype=None, out=None, threading="omp",
-                    path="auto")
+                    path="auto", activations="int8x2")
         args.update(overrides)
         with pytest.raises(ValueError, match=message):
             quant_matmul.qmatmul(module, **args)
@@ -224,3 +252,23 @@ def test_activation_parts_fit_int8_and_reach_15_bits(test_seed):
     amax = np.abs(blocks).max(axis=-1, keepdims=True)
     err = np.abs(blocks - d[..., None].astype(np.float64) * q)
     assert (err <= amax * (0.5 / 32258 + 1e-6)).all()
+
+
+def test_one_part_activations_are_llama_cpp_int8(test_seed):
+    """int8: one int8 per activation, q = round-half-even(x * 127 / max|x|) in [-127, 127] (the block's
+    largest reaching +-127), d = max|x| / 127, so d * q is within half a step (max|x| / 254) of x."""
+    rng = np.random.default_rng(test_seed)
+    x = (rng.standard_normal((64, 256)) * np.exp(rng.uniform(-20, 20, (64, 1)))).astype(np.float32)
+    x[0, :32] = 0.0
+    halves = np.arange(31, dtype=np.float32) - np.float32(15.5)  # -15.5 .. 14.5: every t a tie (max|x| = 127)
+    x[2, :32] = np.concatenate([[np.float32(127)], halves])
+    q, d, s = quantize_activations(x, "int8")
+    assert [int(v) for v in q[2, 0, 1:]] == [round(float(v)) for v in halves]  # Python's round: half to even
+    q1, _ = split_activations(x)
+    assert np.array_equal(q, q1)  # the two-part mode's first part
+    assert np.abs(q).max() <= 127 and np.array_equal(s, q.sum(axis=-1))
+    blocks = x.astype(np.float64).reshape(64, -1, 32)
+    amax = np.abs(blocks).max(axis=-1)
+    assert (np.abs(q).max(axis=-1)[amax > 0] == 127).all()
+    err = np.abs(blocks - d[..., None].astype(np.float64) * q)
+    assert (err <= amax[..., None] * (0.5 / 127 + 1e-6)).all()

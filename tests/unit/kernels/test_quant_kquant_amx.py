@@ -19,6 +19,7 @@ from gguf import GGMLQuantizationType as QT
 from kernels import quant_kmatmul as mojo_quant_k
 from kernels import quant_matmul
 from kernels.formats.kblocks import KQUANT_KINDS, repack_k
+from kernels.quant_operands import ACTIVATION_MODES
 from kernels.reference.quant_kmatmul import qkmatmul_blocks
 from tests.unit.kernels.test_quant_kquant_kernel import extreme_blocks
 from worker.quant.kencode import quantize_k, random_kblocks
@@ -27,6 +28,7 @@ pytestmark = pytest.mark.skipif(not quant_matmul.amx_available(),
                                 reason="the CPU has no AMX int8 tiles (or Linux refused them)")
 
 TYPES = [QT.Q5_0, QT.Q5_1, QT.Q4_K, QT.Q6_K]
+MODES = list(ACTIVATION_MODES)  # two int8 activation parts or one: the same bits on both paths in each
 ROW_COUNTS = [1, 15, 16, 17, 33, 64, 100]
 # (N, K) per row count, in turn: N not a multiple of 16; K of one block (an odd block count: the AMX
 # loop takes two blocks a turn) and of several super-blocks.
@@ -58,33 +60,35 @@ def _case(seed: int, m: int, n: int, k: int, qtype: QT):
 
 
 def _run(module, x: np.ndarray, packed, qtype: QT, n: int, bias, dtype, path: str,
-         out_dtype: torch.dtype | None = None) -> torch.Tensor:
+         out_dtype: torch.dtype | None = None, activations: str = "int8x2") -> torch.Tensor:
     out = torch.full((x.shape[0], n), float("nan"), dtype=out_dtype or dtype)
     mojo_quant_k.qmatmul_k(module, torch.from_numpy(x).to(dtype), packed, KQUANT_KINDS[qtype], n,
                            bias=None if bias is None else torch.from_numpy(bias), out_dtype=out.dtype, out=out,
-                           path=path)
+                           path=path, activations=activations)
     return out
 
 
+@pytest.mark.parametrize("activations", MODES)
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
-def test_amx_tiles_give_the_vnni_bits_at_every_row_count(module, qtype, test_seed):
+def test_amx_tiles_give_the_vnni_bits_at_every_row_count(module, qtype, activations, test_seed):
     for i, (m, (n, k)) in enumerate(zip(ROW_COUNTS, _sizes(qtype))):
         x, raw, bias = _case(test_seed + i, m, n, k, qtype)
         packed = repack_k(raw, qtype)
         for b in (None, bias):
             for dtype, out_dtype in DTYPES:
-                amx = _run(module, x, packed, qtype, n, b, dtype, "amx", out_dtype)
+                amx = _run(module, x, packed, qtype, n, b, dtype, "amx", out_dtype, activations)
                 assert torch.isfinite(amx).all()
-                vnni = _run(module, x, packed, qtype, n, b, dtype, "vnni", out_dtype)
+                vnni = _run(module, x, packed, qtype, n, b, dtype, "vnni", out_dtype, activations)
                 assert torch.equal(amx, vnni), (qtype.name, m, n, k, b is not None, dtype, out_dtype)
-        exact = qkmatmul_blocks(x, raw, qtype, bias)
-        ours = _run(module, x, packed, qtype, n, bias, torch.float32, "amx").numpy()
+        exact = qkmatmul_blocks(x, raw, qtype, bias, activations)
+        ours = _run(module, x, packed, qtype, n, bias, torch.float32, "amx", activations=activations).numpy()
         scale = np.abs(x).max() * np.abs(exact).max() + 1.0
         np.testing.assert_allclose(ours, exact, rtol=1e-5, atol=1e-6 * scale)
 
 
+@pytest.mark.parametrize("activations", MODES)
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
-def test_a_row_alone_equals_the_row_inside_a_64_row_amx_call(module, qtype, test_seed):
+def test_a_row_alone_equals_the_row_inside_a_64_row_amx_call(module, qtype, activations, test_seed):
     """Batch invariance across paths: "auto" runs a 64-row call on AMX tiles and a one-row call on
     vpdpbusd, and every row gets the same bits from both (also rows in the vpdpbusd tail of 70 rows)."""
     n, k = (72, 512) if qtype in (QT.Q4_K, QT.Q6_K) else (72, 320)
@@ -92,30 +96,32 @@ def test_a_row_alone_equals_the_row_inside_a_64_row_amx_call(module, qtype, test
     packed = repack_k(raw, qtype)
     assert quant_matmul.use_amx(64) and not quant_matmul.use_amx(1)
     for dtype in (torch.float32, torch.bfloat16):
-        batch = _run(module, x[:64], packed, qtype, n, bias, dtype, "auto")
-        tail = _run(module, x, packed, qtype, n, bias, dtype, "auto")
+        batch = _run(module, x[:64], packed, qtype, n, bias, dtype, "auto", activations=activations)
+        tail = _run(module, x, packed, qtype, n, bias, dtype, "auto", activations=activations)
         assert torch.equal(tail[:64], batch)
         for r in (0, 1, 15, 16, 40, 63, 64, 69):
-            alone = _run(module, x[r:r + 1], packed, qtype, n, bias, dtype, "auto")
+            alone = _run(module, x[r:r + 1], packed, qtype, n, bias, dtype, "auto", activations=activations)
             assert torch.equal(alone[0], tail[r]), (r, dtype)
 
 
+@pytest.mark.parametrize("activations", MODES)
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
-def test_row_chunks_give_the_vnni_bits(module, qtype, test_seed):
+def test_row_chunks_give_the_vnni_bits(module, qtype, activations, test_seed):
     """A wide K makes the AMX path run its rows in several chunks (as many rows as keep 512 KiB of
     activations in cache: 32 rows at K = 8192), each tile unpacked per chunk, the M % 16 rows last."""
     m, n, k = 100, 40, 8192
     x, raw, bias = _case(test_seed, m, n, k, qtype)
     packed = repack_k(raw, qtype)
-    amx = _run(module, x, packed, qtype, n, bias, torch.bfloat16, "amx", torch.float32)
-    assert torch.equal(amx, _run(module, x, packed, qtype, n, bias, torch.bfloat16, "vnni", torch.float32))
+    amx = _run(module, x, packed, qtype, n, bias, torch.bfloat16, "amx", torch.float32, activations)
+    assert torch.equal(amx, _run(module, x, packed, qtype, n, bias, torch.bfloat16, "vnni", torch.float32, activations))
     for r in (0, 31, 32, 70, 95, 96, 99):
-        alone = _run(module, x[r:r + 1], packed, qtype, n, bias, torch.bfloat16, "vnni", torch.float32)
+        alone = _run(module, x[r:r + 1], packed, qtype, n, bias, torch.bfloat16, "vnni", torch.float32, activations)
         assert torch.equal(alone[0], amx[r]), r
 
 
+@pytest.mark.parametrize("activations", MODES)
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
-def test_amx_tiles_keep_the_largest_integer_sums_exact(module, qtype, test_seed):
+def test_amx_tiles_keep_the_largest_integer_sums_exact(module, qtype, activations, test_seed):
     """16 rows of full-scale activations (|q| = 32258 everywhere) against weights at the ends of their
     ranges: tdpbsud's sums equal vpdpbusd's and the reference's (Q6_K's halves are 2^31 - 2^25)."""
     rng = np.random.default_rng(test_seed)
@@ -126,9 +132,10 @@ def test_amx_tiles_keep_the_largest_integer_sums_exact(module, qtype, test_seed)
     x[1] = np.abs(x[1])
     x[2] = -np.abs(x[2])
     packed = repack_k(raw, qtype)
-    amx = _run(module, x, packed, qtype, n, None, torch.float32, "amx")
-    assert torch.equal(amx, _run(module, x, packed, qtype, n, None, torch.float32, "vnni"))
-    np.testing.assert_allclose(amx.numpy(), qkmatmul_blocks(x, raw, qtype), rtol=1e-5, atol=1e-5)
+    amx = _run(module, x, packed, qtype, n, None, torch.float32, "amx", activations=activations)
+    assert torch.equal(amx, _run(module, x, packed, qtype, n, None, torch.float32, "vnni", activations=activations))
+    np.testing.assert_allclose(amx.numpy(), qkmatmul_blocks(x, raw, qtype, activations=activations), rtol=1e-5,
+                               atol=1e-5)
 
 
 def test_the_prebuilt_call_carries_the_amx_switch(test_seed):

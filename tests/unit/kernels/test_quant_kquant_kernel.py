@@ -3,14 +3,17 @@ NumPy, on fresh random blocks every run.
 
 Two references, as for the Q4_0/Q4_1/Q8_0 kernel: the kernel's own block arithmetic done exactly in
 NumPy (int64 dot products, float32 epilogue; only fused multiply-adds differ, so the tolerance is
-tight), and gguf.quants' dequantization with a float64 matmul, off by at most the two-part activations'
-rounding to about 15 bits (a bound computed per output). Blocks come two ways: uniformly random quants and scales
+tight), and gguf.quants' dequantization with a float64 matmul, off by at most the activations' rounding
+(a bound computed per output), in both activation modes (two int8 parts, "int8x2"; one, "int8").
+Blocks come two ways: uniformly random quants and scales
 (every bit pattern of the format), and round-to-nearest encodings of float weights. Outputs are
 poisoned with NaN first. Also: the block codec against gguf.quants' decoder, the tile layout decoded
 independently, batch and thread invariance, and bad arguments raising before the kernel.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import pytest
@@ -20,11 +23,13 @@ from gguf.quants import dequantize
 
 from kernels import quant_kmatmul
 from kernels.formats.kblocks import KQUANT_KINDS, pack_kblocks, repack_k, split_kblocks
+from kernels.quant_operands import ACTIVATION_MODES
 from kernels.reference.quant_kmatmul import qkmatmul_blocks
 from kernels.reference.quant_matmul import activation_error_bound, dequantized_matmul
 from worker.quant.kencode import quantize_k, random_kblocks
 
 TYPES = [QT.Q5_0, QT.Q5_1, QT.Q4_K, QT.Q6_K]
+MODES = list(ACTIVATION_MODES)
 # (M, N, K): decode rows, odd row counts around the 4-row groups, N not a multiple of the 16-row tile;
 # K-quants need K % 256 == 0, Q5_x only K % 32 == 0 (the SmolLM2-width fallback: 576).
 SHAPES = {
@@ -58,33 +63,34 @@ def _case(seed: int, m: int, n: int, k: int, qtype: QT, encoded: bool):
 
 
 def _run(module, x: np.ndarray, packed, qtype: QT, n: int, bias=None, threading="omp",
-         dtype=torch.float32, out_dtype=torch.float32) -> np.ndarray:
+         dtype=torch.float32, out_dtype=torch.float32, activations="int8x2") -> np.ndarray:
     out = torch.full((x.shape[0], n), float("nan"), dtype=out_dtype)
     quant_kmatmul.qmatmul_k(module, torch.from_numpy(x).to(dtype), packed, KQUANT_KINDS[qtype], n,
                            bias=None if bias is None else torch.from_numpy(bias), out_dtype=out_dtype, out=out,
-                           threading=threading)
+                           threading=threading, activations=activations)
     return out.float().numpy()
 
 
 CASES = [(q, s, e) for q in TYPES for s in _shapes(q) for e in (False, True)]
 
 
+@pytest.mark.parametrize("activations", MODES)
 @pytest.mark.parametrize(("qtype", "shape", "encoded"), CASES,
                          ids=[f"{q.name}-{'x'.join(map(str, s))}-{'rtn' if e else 'random'}" for q, s, e in CASES])
-def test_matches_block_arithmetic_and_dequantized_matmul(module, qtype, shape, encoded, test_seed):
+def test_matches_block_arithmetic_and_dequantized_matmul(module, qtype, shape, encoded, activations, test_seed):
     m, n, k = shape
     x, raw, bias = _case(test_seed, m, n, k, qtype, encoded)
     packed = repack_k(raw, qtype)
     w = dequantize(raw, qtype)
     for use_bias in (False, True):
         b = bias if use_bias else None
-        ours = _run(module, x, packed, qtype, n, b)
+        ours = _run(module, x, packed, qtype, n, b, activations=activations)
         assert np.isfinite(ours).all()
-        exact = qkmatmul_blocks(x, raw, qtype, b)
+        exact = qkmatmul_blocks(x, raw, qtype, b, activations)
         scale = np.abs(x).max() * np.abs(w).sum(axis=1).max() + 1.0
         np.testing.assert_allclose(ours, exact, rtol=1e-5, atol=1e-6 * scale)
         full = dequantized_matmul(x, raw, qtype) + (0 if b is None else b)
-        assert (np.abs(ours - full) <= activation_error_bound(x, raw, qtype)).all()
+        assert (np.abs(ours - full) <= activation_error_bound(x, raw, qtype, activations)).all()
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
@@ -170,29 +176,33 @@ def test_repack_keeps_every_weight(qtype, test_seed):
     assert not w[n:].any()  # padding rows are zero weights
 
 
+@pytest.mark.parametrize("activations", MODES)
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
-def test_bfloat16_activations(module, qtype, test_seed):
+def test_bfloat16_activations(module, qtype, activations, test_seed):
     x, raw, bias = _case(test_seed, 6, 80, 256, qtype, encoded=True)
     x_bf16 = torch.from_numpy(x).bfloat16()
     packed = repack_k(raw, qtype)
-    ours = _run(module, x, packed, qtype, 80, bias, dtype=torch.bfloat16, out_dtype=torch.bfloat16)
-    exact = qkmatmul_blocks(x_bf16.float().numpy(), raw, qtype, bias)
+    ours = _run(module, x, packed, qtype, 80, bias, dtype=torch.bfloat16, out_dtype=torch.bfloat16,
+                activations=activations)
+    exact = qkmatmul_blocks(x_bf16.float().numpy(), raw, qtype, bias, activations)
     np.testing.assert_allclose(ours, torch.from_numpy(exact).bfloat16().float().numpy(), rtol=1e-2, atol=1e-3)
-    ours_f32 = _run(module, x, packed, qtype, 80, bias, dtype=torch.bfloat16)
+    ours_f32 = _run(module, x, packed, qtype, 80, bias, dtype=torch.bfloat16, activations=activations)
     np.testing.assert_allclose(ours_f32, exact, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("activations", MODES)
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
-def test_rows_are_batch_and_thread_invariant(module, qtype, test_seed):
+def test_rows_are_batch_and_thread_invariant(module, qtype, activations, test_seed):
     """A row's result is the same bits alone, at any place in batches of any size, and on any thread."""
     x, raw, bias = _case(test_seed, 37, 200, 512, qtype, encoded=False)
     packed = repack_k(raw, qtype)
-    full = _run(module, x, packed, qtype, 200, bias)
-    assert np.array_equal(full, _run(module, x, packed, qtype, 200, bias, threading="caller"))
+    run = functools.partial(_run, module, packed=packed, qtype=qtype, n=200, bias=bias, activations=activations)
+    full = run(x)
+    assert np.array_equal(full, run(x, threading="caller"))
     for i in (0, 5, 36):
-        assert np.array_equal(_run(module, x[i:i + 1], packed, qtype, 200, bias)[0], full[i])
+        assert np.array_equal(run(x[i:i + 1])[0], full[i])
     for start, size in ((3, 4), (1, 9), (10, 27)):
-        assert np.array_equal(_run(module, x[start:start + size], packed, qtype, 200, bias), full[start:start + size])
+        assert np.array_equal(run(x[start:start + size]), full[start:start + size])
 
 
 def extreme_blocks(rng: np.random.Generator, n: int, k: int, qtype: QT) -> np.ndarray:
@@ -208,9 +218,10 @@ def extreme_blocks(rng: np.random.Generator, n: int, k: int, qtype: QT) -> np.nd
     return pack_kblocks(kb, qtype)
 
 
+@pytest.mark.parametrize("activations", MODES)
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
-def test_extreme_blocks_keep_exact_integer_sums(module, qtype, test_seed):
-    """Activation blocks at full scale everywhere (|q| = 32258 for every element, of either sign) against
+def test_extreme_blocks_keep_exact_integer_sums(module, qtype, activations, test_seed):
+    """Activation blocks at full scale everywhere (|q| = 32258 for every element, of either sign; 127 in int8) against
     weights at the ends of their ranges: the largest integer sums the kernel makes (Q6_K's two scaled
     halves are 2^31 - 2^25 each) stay exact, so the kernel still matches both references."""
     rng = np.random.default_rng(test_seed)
@@ -219,9 +230,10 @@ def test_extreme_blocks_keep_exact_integer_sums(module, qtype, test_seed):
     signs = np.where(rng.integers(0, 2, (4, k // 32)) == 0, -1.0, 1.0)
     x = (np.repeat(signs, 32, axis=1) * rng.uniform(0.5, 3.0, (4, 1))).astype(np.float32)
     x[1] = np.abs(x[1])  # one row of a single sign throughout
-    ours = _run(module, x, repack_k(raw, qtype), qtype, n)
-    np.testing.assert_allclose(ours, qkmatmul_blocks(x, raw, qtype), rtol=1e-5, atol=1e-5)
-    assert (np.abs(ours - dequantized_matmul(x, raw, qtype)) <= activation_error_bound(x, raw, qtype)).all()
+    ours = _run(module, x, repack_k(raw, qtype), qtype, n, activations=activations)
+    np.testing.assert_allclose(ours, qkmatmul_blocks(x, raw, qtype, activations=activations), rtol=1e-5, atol=1e-5)
+    bound = activation_error_bound(x, raw, qtype, activations)
+    assert (np.abs(ours - dequantized_matmul(x, raw, qtype)) <= bound).all()
 
 
 def test_reference_bound_is_tight_enough_to_fail(test_seed):
@@ -257,10 +269,11 @@ def test_bad_arguments_raise_before_the_kernel(module):
         (dict(out_dtype=torch.int32), "unsupported output dtype"),
         (dict(threading="pool"), "threading"),
         (dict(path="gpu"), "path"),
+        (dict(activations="fp8"), "activations must be one of"),
     ]
     for overrides, message in cases:
         args = dict(x=x, packed=packed, kind=kind, n=20, bias=None, out_dtype=None, out=None, threading="omp",
-                    path="auto")
+                    path="auto", activations="int8")
         args.update(overrides)
         with pytest.raises(ValueError, match=message):
             quant_kmatmul.qmatmul_k(module, **args)
