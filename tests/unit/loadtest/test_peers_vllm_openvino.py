@@ -1,0 +1,98 @@
+"""vLLM's CPU backend and OpenVINO GenAI as peers: how each is started in its best configuration (and marked
+when it is not), the sweep's equal context for vLLM, and the offline comparison's table. The peers themselves
+are installed on first use of the benchmarks, not here (each is a venv of about a gigabyte)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loadtest import bench_offline
+from loadtest.peers import vllm_cpu
+from loadtest.servers import vllm_cpu_spec
+from loadtest.sweep import SERVERS, parse_args
+
+
+@pytest.fixture
+def preloads_present(monkeypatch, tmp_path):
+    """tcmalloc and Intel OpenMP where the peer looks for them."""
+    tcmalloc = tmp_path / "libtcmalloc_minimal.so.4"
+    tcmalloc.write_bytes(b"")
+    monkeypatch.setattr(vllm_cpu, "TCMALLOC", tcmalloc)
+    iomp = tmp_path / "libiomp5.so"
+    iomp.write_bytes(b"")
+    monkeypatch.setattr(vllm_cpu, "intel_openmp", lambda: iomp)
+    return tcmalloc, iomp
+
+
+def test_vllm_runs_its_server_module_in_bfloat16_with_the_sweeps_kv_capacity(preloads_present):
+    spec = vllm_cpu_spec(Path("/models/smol"), "smol", threads=2, kv_tokens=16384)
+    argv = spec.command(8123, 8)
+    assert argv[0] == str(vllm_cpu.python_path())
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]  # its `vllm` console script fails
+    assert argv[argv.index("--model") + 1] == "/models/smol" and argv[argv.index("--port") + 1] == "8123"
+    assert argv[argv.index("--dtype") + 1] == "bfloat16"
+    blocks = int(argv[argv.index("--num-gpu-blocks-override") + 1])
+    assert blocks * int(argv[argv.index("--block-size") + 1]) == 16384
+    assert "16384 tokens" in spec.context
+    # One server for every level (its scheduler batches), started outside the repository.
+    assert not spec.restart_per_level and spec.cwd == vllm_cpu.install_dir()
+
+
+def test_vllm_best_configuration_environment(preloads_present):
+    tcmalloc, iomp = preloads_present
+    spec = vllm_cpu_spec(Path("/models/smol"), "smol", threads=2)
+    env = spec.env
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # the engine in the API process
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert env["LD_PRELOAD"].split(":")[:2] == [str(tcmalloc), str(iomp)]
+    assert env["HF_HUB_OFFLINE"] == "1"
+    assert spec.best and "missing" not in spec.config and "libtcmalloc_minimal.so.4" in spec.config
+
+
+def test_vllm_without_tcmalloc_is_not_at_its_best(monkeypatch, preloads_present, tmp_path):
+    monkeypatch.setattr(vllm_cpu, "TCMALLOC", tmp_path / "absent.so")
+    spec = vllm_cpu_spec(Path("/models/smol"), "smol", threads=2)
+    assert not spec.best  # the report then gives no ratio against it
+    assert "missing tcmalloc (apt-get install libtcmalloc-minimal4)" in spec.config
+    assert str(tmp_path / "absent.so") not in spec.env.get("LD_PRELOAD", "")
+
+
+def test_the_sweep_offers_vllm_with_the_others():
+    assert "vllm-cpu" in SERVERS
+    args = parse_args(["--servers", "mili,llama-server,vllm-cpu", "--concurrency", "1,8"])
+    assert args.servers.split(",") == ["mili", "llama-server", "vllm-cpu"]
+
+
+def _offline_results() -> dict:
+    ov = {"1": {"output_throughput": 80.0, "pipeline": "stateful LLMPipeline",
+                "all": {"continuous batching": 60.0, "stateful LLMPipeline": 80.0}, "requests": 4},
+          "8": {"output_throughput": 400.0, "pipeline": "continuous batching", "all": {"continuous batching": 400.0},
+                "requests": 32}}
+    return {"machine": {"cpu": "Test CPU 9000", "cores": 2, "torch": "2.13.0+cpu",
+                        "openvino": "openvino-genai 2026.4.1.0 (OpenVINO 2026.4.1), optimum-intel 2.2.0"},
+            "settings": {"model": "m.gguf", "requests_per_level": 4, "input_len": 128, "mean_prompt_tokens": 131.0,
+                         "output_len": 64, "threads": 2, "context_tokens": 16384, "seed": 0},
+            "started": "now", "levels": {"1": {"mili": 120.0, "openvino_genai": ov["1"]},
+                                         "8": {"mili": 600.0, "openvino_genai": ov["8"]}}}
+
+
+def test_offline_table_names_the_cpu_says_it_is_offline_and_keeps_openvinos_fastest():
+    table = bench_offline.markdown(_offline_results())
+    assert "Test CPU 9000" in table and "**Offline, no HTTP**" in table
+    assert "--group-size 32" in table and "64 output tokens each, greedy, ignore_eos" in table
+    assert "| 1 | 120.0 | 80.0 | stateful LLMPipeline | 1.50x |" in table
+    assert "| 8 | 600.0 | 400.0 | continuous batching | 1.50x |" in table
+    assert "c=1: continuous batching 60.0, stateful LLMPipeline 80.0" in table
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--concurrency", "0,8"], "at least 1"),
+    (["--requests-per-level", "0"], "at least 1"),
+    (["--concurrency", "64", "--context-tokens", "4096"], "does not hold 64 requests"),
+])
+def test_offline_refuses_a_workload_that_cannot_run(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        bench_offline.parse_args(argv)
+    assert message in capsys.readouterr().err
