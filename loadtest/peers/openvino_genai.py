@@ -75,8 +75,9 @@ def run_offline(ov_model: Path, prompts: list[list[int]], levels: list[int], out
     """Runs the script half in the venv; returns its JSON: per level, output tok/s and the pipeline chosen."""
     job = {"model": str(ov_model), "prompts": prompts, "levels": levels, "output_len": output_len,
            "threads": threads, "requests_per_level": requests_per_level}
-    # Its progress lines (stderr) pass through; its result is the last line on stdout.
-    run = subprocess.run([str(python_path()), str(JOB_SCRIPT)], input=json.dumps(job), stdout=subprocess.PIPE,
+    # Its progress lines (stderr) pass through; its result is the last line on stdout. -P: the script's folder stays
+    # off sys.path, or `import openvino_genai` would find this module instead of OpenVINO's.
+    run = subprocess.run([str(python_path()), "-P", str(JOB_SCRIPT)], input=json.dumps(job), stdout=subprocess.PIPE,
                          text=True, cwd=install_dir(), env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if run.returncode != 0:
         raise RuntimeError(f"OpenVINO GenAI's run exited with code {run.returncode} (its error is printed above)")

@@ -16,6 +16,7 @@ import sys
 import time
 
 KV_CACHE_GIB = 2  # the continuous-batching pipeline's KV cache, as vLLM's
+BATCHED_TOKENS = 2048  # tokens one scheduler step may take (its default, 256, chops 128-token prompts); MILI's too
 
 
 def _generation_config(ov_genai, output_len: int):
@@ -57,6 +58,7 @@ def _time_continuous(ov_genai, model: str, prompts: list[list[int]], output_len:
     scheduler = ov_genai.SchedulerConfig()
     scheduler.max_num_seqs = concurrency
     scheduler.cache_size = KV_CACHE_GIB
+    scheduler.max_num_batched_tokens = BATCHED_TOKENS
     pipe = ov_genai.ContinuousBatchingPipeline(model, scheduler, "CPU", _properties(threads))
     config = _generation_config(ov_genai, output_len)
     pipe.generate([_ids(prompts[0][:16])], [config])  # warm-up

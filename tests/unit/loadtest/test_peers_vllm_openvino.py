@@ -96,3 +96,49 @@ def test_offline_refuses_a_workload_that_cannot_run(argv, message, capsys):
     with pytest.raises(SystemExit):
         bench_offline.parse_args(argv)
     assert message in capsys.readouterr().err
+
+
+def test_llama_bench_is_printed_beside_the_sweeps_table():
+    from loadtest.report import markdown
+
+    stats = {"mean_ms": 10.0, "median_ms": 10.0, "p99_ms": 20.0}
+    run = {"output_throughput": 150.0, "ttft": stats, "tpot": stats, "itl": stats, "e2e_latency": stats, "errors": 0}
+    results = {
+        "machine": {"cpu": "test cpu", "cores": 2, "memory_gib": 1.0, "isa": [], "python": "3", "torch": "2"},
+        "settings": {"input_len": 128, "output_len": 64, "prompts_per_level": 4, "min_prompts": 8},
+        "started": "now",
+        "servers": {"mili": {"levels": {"1": run}, "ttft_long_prompt": run, "peak_rss_mib": 700},
+                    "llama-server": {"levels": {"1": {**run, "output_throughput": 160.0}}, "ttft_long_prompt": run,
+                                     "peak_rss_mib": 300}},
+        "llama_bench": {"threads": 2, "repetitions": 5, "pp512": 2500.0, "tg128": 200.0},
+    }
+    table = markdown(results)
+    assert "llama-bench on the same GGUF (2 threads, mean of 5" in table
+    assert "pp512 2500.0 tok/s, tg128 200.0 tok/s" in table
+    assert "at concurrency 1 llama-server serves 160.0 tok/s, 80% of tg." in table
+
+
+def test_the_sweep_runs_llama_bench_unless_told_not_to():
+    assert parse_args(["--servers", "mili,llama-server", "--concurrency", "1"]).llama_bench
+    assert not parse_args(["--servers", "mili,llama-server", "--concurrency", "1", "--no-llama-bench"]).llama_bench
+
+
+def test_a_named_servers_children_are_measured_by_their_process_names(tmp_path):
+    """vLLM's server starts its engine core as a second process; both are found, named as the kernel names them."""
+    import time
+
+    from loadtest.servers import RunningServer, ServerSpec
+
+    spec = ServerSpec("srv", lambda port, c: ["sh", "-c", "sleep 30 & sleep 30 & wait"], restart_per_level=False,
+                      model_processes="named")
+    server = RunningServer(spec, 0, 1, tmp_path / "srv.log", "m")
+    try:
+        deadline = time.monotonic() + 10
+        while len(server.processes()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        roles = server.processes()
+    finally:
+        server.stop()
+    assert roles["srv"] == server.proc.pid
+    sleeps = sorted(r for r in roles if r.startswith("sleep"))
+    assert len(sleeps) == 2 and sleeps[0] == "sleep" and sleeps[1].startswith("sleep-")
