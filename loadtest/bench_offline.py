@@ -32,12 +32,13 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def make_prompts(model_dir: Path, count: int, words: int, seed: int) -> list[list[int]]:
-    """The sweep's kind of prompt (random common words, about one token each), as token ids."""
-    from transformers import AutoTokenizer
+    """The sweep's kind of prompt (random common words, about one token each), as token ids: the model's own
+    tokenizer.json through the `tokenizers` library, as MILI's gateway reads it (no transformers in this process)."""
+    from tokenizers import Tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     rng = random.Random(seed)
-    return [tokenizer.encode(random_prompt(rng, words), add_special_tokens=False) for _ in range(count)]
+    return [tokenizer.encode(random_prompt(rng, words), add_special_tokens=False).ids for _ in range(count)]
 
 
 def time_mili(model_dir: Path, prompts: list[list[int]], concurrency: int, output_len: int,

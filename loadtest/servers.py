@@ -117,11 +117,12 @@ def vllm_cpu_spec(model_dir: Path, served_name: str, threads: int, kv_tokens: in
     from loadtest.peers import vllm_cpu
 
     found, missing = vllm_cpu.preloads()
-    config = (f"bfloat16, engine in the API process, VLLM_CPU_KVCACHE_SPACE={vllm_cpu.KV_CACHE_SPACE_GIB}, "
-              f"{len(found) and 'preloaded ' + ' + '.join(p.name for p in found) or 'nothing preloaded'}")
+    preloaded = "preloaded " + " + ".join(p.name for p in found) if found else "nothing preloaded"
+    config = (f"bfloat16, VLLM_ENABLE_V1_MULTIPROCESSING=0 (its server still runs the engine core as a second "
+              f"process), VLLM_CPU_KVCACHE_SPACE={vllm_cpu.KV_CACHE_SPACE_GIB}, {preloaded}")
     if missing:
         config += f"; missing {', '.join(missing)}"
-    context = ("VLLM_CPU_KVCACHE_SPACE 2 GiB, its default capacity" if kv_tokens is None else
+    context = (f"VLLM_CPU_KVCACHE_SPACE {vllm_cpu.KV_CACHE_SPACE_GIB} GiB, all of it" if kv_tokens is None else
                f"KV cache {kv_tokens} tokens ({kv_tokens // vllm_cpu.BLOCK_SIZE} blocks of {vllm_cpu.BLOCK_SIZE}), "
                f"one pool for all sequences")
     return ServerSpec("vllm-cpu", lambda port, _: vllm_cpu.server_command(model_dir, served_name, port, kv_tokens),

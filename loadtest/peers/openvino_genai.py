@@ -62,9 +62,14 @@ def export_int4(model_dir: Path) -> Path:
         return out
     optimum_cli = python_path().with_name("optimum-cli")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # a local directory only
-    subprocess.run([str(optimum_cli), "export", "openvino", "--model", str(model_dir), "--task",
-                    "text-generation-with-past", "--weight-format", "int4", "--group-size", str(GROUP_SIZE),
-                    str(out)], check=True, env=env, cwd=install_dir())
+    log = out.with_name(out.name + ".log")  # the exporter's tracing warnings and NNCF's tables
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as f:
+        run = subprocess.run([str(optimum_cli), "export", "openvino", "--model", str(model_dir), "--task",
+                              "text-generation-with-past", "--weight-format", "int4", "--group-size", str(GROUP_SIZE),
+                              str(out)], stdout=f, stderr=subprocess.STDOUT, env=env, cwd=install_dir())
+    if run.returncode != 0:
+        raise RuntimeError(f"optimum-cli's int4 export exited with code {run.returncode}; see {log}")
     (out / EXPORT_RECORD).write_text(json.dumps({"source": str(model_dir), "weight_format": "int4",
                                                  "group_size": GROUP_SIZE}) + "\n")
     return out
