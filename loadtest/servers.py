@@ -118,7 +118,7 @@ def vllm_cpu_spec(model_dir: Path, served_name: str, threads: int, kv_tokens: in
 
     found, missing = vllm_cpu.preloads()
     preloaded = "preloaded " + " + ".join(p.name for p in found) if found else "nothing preloaded"
-    config = (f"bfloat16, VLLM_ENABLE_V1_MULTIPROCESSING=0 (its server still runs the engine core as a second "
+    config = (f"bfloat16, VLLM_ENABLE_V1_MULTIPROCESSING=0 (the model in the engine-core process, no worker "
               f"process), VLLM_CPU_KVCACHE_SPACE={vllm_cpu.KV_CACHE_SPACE_GIB}, {preloaded}")
     if missing:
         config += f"; missing {', '.join(missing)}"

