@@ -5,9 +5,9 @@ same token ids, same workload. No gateway, no HTTP, no tokenizer on either side:
     python -m loadtest.bench_offline [--concurrency 1,8,32] [--requests-per-level 4] [--gguf FILE.gguf]
 
 At each concurrency c: requests-per-level x c prompts of about --input-len tokens (the sweep's random words,
-tokenized once with the model's tokenizer), all queued at once with at most c in flight (MILI: max_num_seqs c;
-OpenVINO: its continuous-batching scheduler's max_num_seqs c, or at c = 1 its stateful LLMPipeline if that is
-faster), --output-len tokens each, greedy, ignore_eos. Each side is warmed up before it is timed. OpenVINO is
+tokenized once with the model's tokenizer), at most c in flight, --output-len tokens each, greedy, ignore_eos.
+MILI: all queued at once, max_num_seqs c. OpenVINO, the faster of its two ways: its continuous-batching pipeline
+(all queued at once, max_num_seqs c) or its stateful LLMPipeline on left-padded batches of c, batch after batch. Each side is warmed up before it is timed. OpenVINO is
 installed and the model exported on first use (loadtest/peers/openvino_genai.py, a venv of its own under
 build/peers/). Results go to loadtest/results/<name>.json and .md, the CPU named.
 """
@@ -68,8 +68,10 @@ def markdown(results: dict) -> str:
         f"MILI with torch {results['machine']['torch']}.",
         f"Run {results['started']}. **Offline, no HTTP** (OpenVINO GenAI has no server): both engines driven in "
         f"process, engine against engine, on the same token ids: {s['requests_per_level']} x concurrency prompts "
-        f"of {s['mean_prompt_tokens']:.0f} tokens on average, all queued at once with at most `concurrency` in "
-        f"flight, {s['output_len']} output tokens each, greedy, ignore_eos; {s['threads']} threads each.",
+        f"of {s['mean_prompt_tokens']:.0f} tokens on average, at most `concurrency` in flight (MILI: all queued "
+        f"at once; OpenVINO GenAI: the faster of its continuous-batching pipeline, all queued at once, and its "
+        f"stateful LLMPipeline on batches of `concurrency`), {s['output_len']} output tokens each, greedy, "
+        f"ignore_eos; {s['threads']} threads each.",
         f"Model: {s['model']}. MILI serves the GGUF's own quantized blocks; OpenVINO GenAI its int4 export "
         f"(optimum-intel, --weight-format int4 --group-size {openvino_genai.GROUP_SIZE}).",
         "",
