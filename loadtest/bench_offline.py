@@ -1,0 +1,152 @@
+"""Offline throughput against OpenVINO GenAI, which has no HTTP server: MILI's engine in process (serving the
+GGUF's quantized blocks) beside OpenVINO GenAI's own pipelines on the same model exported to int4 (groups of 32),
+same token ids, same workload. No gateway, no HTTP, no tokenizer on either side: engine against engine.
+
+    python -m loadtest.bench_offline [--concurrency 1,8,32] [--requests-per-level 4] [--gguf FILE.gguf]
+
+At each concurrency c: requests-per-level x c prompts of about --input-len tokens (the sweep's random words,
+tokenized once with the model's tokenizer), at most c in flight, --output-len tokens each, greedy, ignore_eos.
+MILI: all queued at once, max_num_seqs c. OpenVINO, the faster of its two ways: its continuous-batching pipeline
+(all queued at once, max_num_seqs c) or its stateful LLMPipeline on left-padded batches of c, batch after batch. Each side is warmed up before it is timed. OpenVINO is
+installed and the model exported on first use (loadtest/peers/openvino_genai.py, a venv of its own under
+build/peers/). Results go to loadtest/results/<name>.json and .md, the CPU named.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+from loadtest.bench_serve import random_prompt
+from loadtest.machine import cpu_name
+from loadtest.peers import openvino_genai
+from shared.default_model import DEFAULT_SERVED_NAME, converted_gguf, default_gguf_path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def make_prompts(model_dir: Path, count: int, words: int, seed: int) -> list[list[int]]:
+    """The sweep's kind of prompt (random common words, about one token each), as token ids: the model's own
+    tokenizer.json through the `tokenizers` library, as MILI's gateway reads it (no transformers in this process)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    rng = random.Random(seed)
+    return [tokenizer.encode(random_prompt(rng, words), add_special_tokens=False).ids for _ in range(count)]
+
+
+def time_mili(model_dir: Path, prompts: list[list[int]], concurrency: int, output_len: int,
+              context_tokens: int) -> float:
+    """Output tok/s of MILI's engine on `prompts`, at most `concurrency` sequences in flight."""
+    from shared.config import EngineConfig
+    from shared.sampling_params import SamplingParams
+    from worker.engine import LLMEngine
+
+    engine = LLMEngine(EngineConfig(model=str(model_dir), max_num_seqs=concurrency,
+                                    num_kv_blocks=context_tokens // 16))
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    engine.generate([p[:16] for p in prompts[:concurrency]], params)  # warm-up: first-step costs stay out
+    t0 = time.perf_counter()
+    done = engine.generate(prompts, params)
+    elapsed = time.perf_counter() - t0
+    produced = sum(len(ids) for c in done for ids in c.token_ids)
+    del engine
+    gc.collect()
+    return produced / elapsed
+
+
+def markdown(results: dict) -> str:
+    s = results["settings"]
+    lines = [
+        f"Machine: {results['machine']['cpu']}, {results['machine']['cores']} cores; {results['machine']['openvino']}; "
+        f"MILI with torch {results['machine']['torch']}.",
+        f"Run {results['started']}. **Offline, no HTTP** (OpenVINO GenAI has no server): both engines driven in "
+        f"process, engine against engine, on the same token ids: {s['requests_per_level']} x concurrency prompts "
+        f"of {s['mean_prompt_tokens']:.0f} tokens on average, at most `concurrency` in flight (MILI: all queued "
+        f"at once; OpenVINO GenAI: the faster of its continuous-batching pipeline, all queued at once, and its "
+        f"stateful LLMPipeline on batches of `concurrency`), {s['output_len']} output tokens each, greedy, "
+        f"ignore_eos; {s['threads']} threads each.",
+        f"Model: {s['model']}. MILI serves the GGUF's own quantized blocks; OpenVINO GenAI its int4 export "
+        f"(optimum-intel, --weight-format int4 --group-size {openvino_genai.GROUP_SIZE}).",
+        "",
+        "Output tokens/s by concurrency:",
+        "",
+        "| concurrency | mili (engine) | openvino-genai | openvino-genai pipeline | mili / openvino-genai |",
+        "|---|---|---|---|---|",
+    ]
+    for c, run in results["levels"].items():
+        ov = run["openvino_genai"]
+        lines.append(f"| {c} | {run['mili']:.1f} | {ov['output_throughput']:.1f} | {ov['pipeline']} | "
+                     f"{run['mili'] / ov['output_throughput']:.2f}x |")
+    tried = [f"c={c}: " + ", ".join(f"{k} {v:.1f}" for k, v in run["openvino_genai"]["all"].items())
+             for c, run in results["levels"].items() if len(run["openvino_genai"]["all"]) > 1]
+    if tried:
+        lines += ["", "OpenVINO GenAI pipelines tried (output tok/s; the table keeps its fastest): " + "; ".join(tried)
+                  + "."]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gguf", type=Path, help="the model (default: the default model's GGUF)")
+    p.add_argument("--concurrency", default="1,8,32", type=lambda s: [int(c) for c in s.split(",")])
+    p.add_argument("--requests-per-level", type=int, default=4, help="requests per level: this x concurrency")
+    p.add_argument("--input-len", type=int, default=128, help="prompt length in words (about as many tokens)")
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--context-tokens", type=int, default=16384, help="MILI's KV capacity, in tokens")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--name", default="offline-openvino", help="result file name")
+    p.add_argument("--out-dir", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+    if min(args.concurrency) < 1 or args.requests_per_level < 1:
+        p.error("--concurrency levels and --requests-per-level must be at least 1")
+    if args.context_tokens < max(args.concurrency) * (args.input_len + args.output_len) * 2:
+        p.error(f"--context-tokens {args.context_tokens} does not hold {max(args.concurrency)} requests of "
+                f"{args.input_len} + {args.output_len} tokens with room to spare")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    gguf = args.gguf or default_gguf_path()
+    model_dir = converted_gguf(gguf, DEFAULT_SERVED_NAME if args.gguf is None else gguf.stem)
+    prompts = make_prompts(model_dir, args.requests_per_level * max(args.concurrency), args.input_len, args.seed)
+    print(f"OpenVINO GenAI: installing and exporting on first use ({openvino_genai.install_dir()})", flush=True)
+    ov_model = openvino_genai.export_int4(model_dir)
+    ov = openvino_genai.run_offline(ov_model, prompts, args.concurrency, args.output_len, args.threads,
+                                    args.requests_per_level)
+    levels = {}
+    for c in args.concurrency:
+        mili = time_mili(model_dir, prompts[:args.requests_per_level * c], c, args.output_len, args.context_tokens)
+        levels[str(c)] = {"mili": mili, "openvino_genai": ov["levels"][str(c)]}
+        print(f"  mili           c={c:<3} {mili:8.1f} tok/s; mili / openvino-genai "
+              f"{mili / ov['levels'][str(c)]['output_throughput']:.2f}x", flush=True)
+    results = {
+        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
+                    "openvino": openvino_genai.version()},
+        "settings": {"model": gguf.name, "requests_per_level": args.requests_per_level, "input_len": args.input_len,
+                     "mean_prompt_tokens": sum(map(len, prompts)) / len(prompts), "output_len": args.output_len,
+                     "threads": args.threads, "context_tokens": args.context_tokens, "seed": args.seed},
+        "started": started, "levels": levels,
+    }
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / f"{args.name}.json").write_text(json.dumps(results, indent=2))
+    table = markdown(results)
+    (args.out_dir / f"{args.name}.md").write_text(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
