@@ -3,18 +3,17 @@ guesses stop paying), and the engine's cumulative counts (vLLM's spec_decode met
 
 A verification step costs more than a plain decode step (every drafted token is one more row through the
 model), so a sequence whose drafts keep being rejected (open-ended text) would run slower than without
-speculation. The rule, one per sequence:
-- It starts by probing: a draft of at most PROBE_TOKENS, judged alone. A probe whose accepted fraction
-  reaches min_acceptance (higher in a bigger batch) lets the sequence draft freely, its run average started
-  afresh from the probe; a failed probe pauses drafting for next_pause decode steps, which doubles on every
-  failure (PAUSE_STEPS up to MAX_PAUSE_STEPS), and the sequence probes again after the pause.
-- Drafting freely, its drafts are one token longer than its recent accepted runs (draft_length), and it is
-  judged over its last WINDOW drafted tokens (once it holds MIN_JUDGED): below min_acceptance it pauses and
-  goes back to probing; a full window at or above it resets next_pause to PAUSE_STEPS.
-So a sequence that cannot be guessed pays one row per probe, at pauses that grow 8, 16, 32, ..., rather
-than a window of drafts after each pause (the rule before this one drafted until MIN_JUDGED tokens were
-judged, and any accepted token reset its backoff: open-ended text ran at 0.87x of plain decoding at 4
-sequences).
+speculation. The rule, one per sequence: it starts on probation, and goes back on probation after every
+pause. On probation each draft is judged alone: one whose accepted fraction is below min_acceptance (higher
+in a bigger batch) pauses drafting for next_pause decode steps, which doubles on every pause (PAUSE_STEPS
+up to MAX_PAUSE_STEPS). Probation ends when the last WINDOW drafted tokens hold at least MIN_JUDGED and meet
+min_acceptance; that resets next_pause to PAUSE_STEPS. Off probation the window is what is judged (below the
+bar: a pause). Drafts are one token longer than the recent accepted runs (draft_length), the first after a
+start or a pause PROBE_TOKENS long, so a probe that fails costs one row.
+So a sequence that cannot be guessed pays a row or two per probe, at pauses that grow 8, 16, 32, ... (the
+rule before this one drafted until MIN_JUDGED tokens were judged after each pause, and any accepted token
+reset its backoff: open-ended text ran at 0.87x of plain decoding at 4 sequences), while quoted text, whose
+drafts are accepted, leaves probation within two or three drafts.
 """
 
 from __future__ import annotations
@@ -42,18 +41,17 @@ def min_acceptance(num_decoding: int) -> float:
 class AcceptanceTracker:
     def __init__(self):
         self._recent: deque[bool] = deque(maxlen=WINDOW)  # accepted? per drafted token, latest last
-        self._probing = True  # the next draft is a probe (at the start and after every pause)
+        self._probation = True  # each draft judged alone (at the start and after every pause)
         self._pause = 0  # decode steps left without drafting
         self._next_pause = PAUSE_STEPS
-        self._run = None  # moving average of the tokens accepted per draft (None before the first)
+        self._run = None  # moving average of the tokens accepted per draft (None: none since the last pause)
 
     def draft_length(self, k: int) -> int:
-        """How many tokens to draft, at most k: a probe's PROBE_TOKENS, else one more than the recent
-        accepted run, so that on a CPU, where every verified row costs nearly a decode row's compute at high
-        batch, rejected rows stay few while long accepted runs grow the draft back to k."""
-        if self._probing:
-            return min(k, PROBE_TOKENS)
-        return k if self._run is None else max(1, min(k, int(self._run) + 1))
+        """How many tokens to draft, at most k: PROBE_TOKENS when nothing is known of the current stretch,
+        else one more than the recent accepted run, so that on a CPU, where every verified row costs nearly a
+        decode row's compute at high batch, rejected rows stay few while long accepted runs grow the draft
+        back to k."""
+        return min(k, PROBE_TOKENS) if self._run is None else max(1, min(k, int(self._run) + 1))
 
     def may_draft(self) -> bool:
         """Whether to draft this step (a paused sequence counts the step towards its pause)."""
@@ -65,28 +63,23 @@ class AcceptanceTracker:
     def record(self, num_drafted: int, num_accepted: int, min_acceptance: float = MIN_ACCEPTANCE) -> None:
         # A fully accepted draft says nothing of how much longer the run would have gone: count it as one more.
         run = num_accepted + (num_accepted == num_drafted)
-        drafted = [True] * num_accepted + [False] * (num_drafted - num_accepted)
-        if self._probing:
-            if num_accepted >= min_acceptance * num_drafted:
-                self._probing, self._run = False, run
-                self._recent.extend(drafted)
-            else:
-                self._pause_drafting()
-            return
         self._run = run if self._run is None else RUN_DECAY * self._run + (1 - RUN_DECAY) * run
-        self._recent.extend(drafted)
+        self._recent.extend([True] * num_accepted + [False] * (num_drafted - num_accepted))
+        if self._probation and num_accepted < min_acceptance * num_drafted:
+            self._pause_drafting()
+            return
         if len(self._recent) < MIN_JUDGED:
-            return  # too few to judge
+            return  # too few to judge the window
         if sum(self._recent) / len(self._recent) < min_acceptance:
             self._pause_drafting()
         else:
-            self._next_pause = PAUSE_STEPS
+            self._probation, self._next_pause = False, PAUSE_STEPS
 
     def _pause_drafting(self) -> None:
         self._pause = self._next_pause
         self._next_pause = min(2 * self._next_pause, MAX_PAUSE_STEPS)
         self._recent.clear()
-        self._probing = True
+        self._probation, self._run = True, None
 
 
 class SpecCounters:

@@ -83,6 +83,20 @@ def test_a_failed_probe_pauses_and_a_lucky_token_does_not_reset_the_backoff():
     assert tracker.draft_length(5) == PROBE_TOKENS
 
 
+def test_probation_ends_once_a_window_pays():
+    quoted = AcceptanceTracker()
+    for _ in range(3):
+        n = quoted.draft_length(5)
+        quoted.record(n, n)  # 1, 3 and 4 tokens, all accepted: a window of MIN_JUDGED that pays
+    assert quoted.draft_length(5) == 5
+    quoted.record(5, 0)  # off probation, one rejected draft is judged with the window (8 of 13 accepted)
+    assert quoted.may_draft()
+    fresh = AcceptanceTracker()
+    fresh.record(1, 1)
+    fresh.record(3, 0)  # on probation, the same rejection pauses
+    assert not fresh.may_draft()
+
+
 def _simulate(acceptance: float, num_decoding: int, steps: int = 128, k: int = 5, seed: int = 0) -> tuple[int, int]:
     """One sequence under the rule for `steps` decode steps, each drafted token accepted with probability
     `acceptance` (a draft stops at its first rejection): (rows drafted, tokens emitted)."""
