@@ -1,10 +1,14 @@
-"""Speculative decoding's speed on the default model: the engine with `--speculative-config` against the
-same engine without it, in one process, at several concurrencies, on two workloads:
+"""Speculative decoding's speed: the engine with `--speculative-config` against the same engine without it,
+in one process, at several concurrencies, on two workloads:
 
   grounded:   rewrite a 300-600-word text given in the prompt (the output quotes the input);
   open-ended: write a story (nothing to look up).
 
-    python -m loadtest.bench_spec [--concurrency 1 4 16] [--max-tokens 128] [--spec JSON]
+    python -m loadtest.bench_spec [--model PATH] [--concurrency 1 4 16] [--max-tokens 128] [--spec JSON]
+    python -m loadtest.bench_spec --http [--model PATH.gguf] ...   # servers, against llama-server: bench_spec_serve
+
+--model: an HF-format directory or a .gguf file (default: the default model; a random Qwen3-0.6B-shaped one
+comes from `python -m loadtest.fixtures.make_gguf --shape qwen3-0.6b --type q4_k_m FILE`).
 
 Prints generated tokens per second for both and their ratio, per workload and concurrency (greedy, the
 same requests for both engines, whose outputs are also compared; each the best of --repeats runs,
@@ -17,11 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
+import sys
 import time
+from pathlib import Path
 
+from loadtest.machine import cpu_name
 from shared.config import EngineConfig
-from shared.default_model import default_model_path
+from shared.default_model import converted_gguf, default_gguf_path, default_model_path
 from shared.sampling_params import SamplingParams
 from worker.engine import LLMEngine
 
@@ -58,6 +64,31 @@ def open_prompt(i: int) -> str:
     return f"Write a short story about {topics[i % len(topics)]}."
 
 
+WORKLOADS = {"grounded": grounded_prompt, "open-ended": open_prompt}
+
+
+def chat_text(tokenizer, workload: str, i: int) -> str:
+    """Request i of a workload as the model's chat template renders it (what both engines are sent)."""
+    return tokenizer.apply_chat_template([{"role": "user", "content": WORKLOADS[workload](i)}],
+                                         add_generation_prompt=True, tokenize=False)
+
+
+def model_dir(model: Path | None) -> Path:
+    """The HF-format directory the engine loads for --model (a .gguf is converted once, into the cache)."""
+    if model is None:
+        return default_model_path()
+    return converted_gguf(model, model.stem) if model.suffix == ".gguf" else model
+
+
+def model_gguf(model: Path | None) -> Path:
+    """The .gguf file the servers load for --model (default: the default model's)."""
+    if model is None:
+        return default_gguf_path()
+    if model.suffix != ".gguf":
+        raise SystemExit(f"--http needs a .gguf file (llama-server reads only GGUF), got {model}")
+    return model
+
+
 def run(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[list[int]]]:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     start = time.perf_counter()
@@ -67,28 +98,29 @@ def run(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> tuple[f
 
 
 def main() -> None:
+    if "--http" in sys.argv[1:]:
+        from loadtest import bench_spec_serve
+
+        bench_spec_serve.main([a for a in sys.argv[1:] if a != "--http"])
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, help="an HF-format directory or a .gguf (default: the default model)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--spec", default=json.dumps(DEFAULT_SPEC))
-    parser.add_argument("--workloads", nargs="+", default=["grounded", "open-ended"])
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
-    model = default_model_path()
+    model = model_dir(args.model)
     tokenizer = AutoTokenizer.from_pretrained(str(model))
     plain = LLMEngine(EngineConfig(model=str(model)))
     spec = LLMEngine(EngineConfig(model=str(model), speculative_config=json.loads(args.spec)))
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
-    print(f"model {model.name}, {cpu}, speculative {spec.speculative}, greedy, max_tokens {args.max_tokens}")
-    make = {"grounded": grounded_prompt, "open-ended": open_prompt}
+    print(f"model {model.name}, {cpu_name()}, speculative {spec.speculative}, greedy, max_tokens {args.max_tokens}")
     for workload in args.workloads:
         for c in args.concurrency:
-            prompts = [tokenizer.encode(tokenizer.apply_chat_template(
-                [{"role": "user", "content": make[workload](i)}], add_generation_prompt=True, tokenize=False),
-                add_special_tokens=False) for i in range(c)]
+            prompts = [tokenizer.encode(chat_text(tokenizer, workload, i), add_special_tokens=False) for i in range(c)]
             run(plain, prompts[:1], 4)  # warm both (first-step costs) before timing
             run(spec, prompts[:1], 4)
             before = spec.speculator.counters.num_draft_tokens, spec.speculator.counters.num_accepted_tokens
