@@ -12,8 +12,8 @@ comes from `python -m loadtest.fixtures.make_gguf --shape qwen3-0.6b --type q4_k
 
 Prints generated tokens per second for both and their ratio, per workload and concurrency (greedy, the
 same requests for both engines, whose outputs are also compared; each the best of --repeats runs,
-alternated). The c requests start together and the batch ends with its last one. Nothing here asserts;
-it measures.
+alternated), and writes the same to loadtest/results/spec-inprocess-<model>.md. The c requests start
+together and the batch ends with its last one. Nothing here asserts; it measures.
 The goals the project set: >= 2x at concurrency 1 on grounded text, >= 1.3x at 16, >= 0.95x open-ended.
 """
 
@@ -27,10 +27,11 @@ from pathlib import Path
 
 from loadtest.machine import cpu_name
 from shared.config import EngineConfig
-from shared.default_model import converted_gguf, default_gguf_path, default_model_path
+from shared.default_model import DEFAULT_SERVED_NAME, converted_gguf, default_gguf_path, default_model_path
 from shared.sampling_params import SamplingParams
 from worker.engine import LLMEngine
 
+RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_SPEC = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
 
 _SENTENCES = [
@@ -110,6 +111,7 @@ def main() -> None:
     parser.add_argument("--spec", default=json.dumps(DEFAULT_SPEC))
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--out", type=Path, help="result file (default: loadtest/results/spec-inprocess-<model>.md)")
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
@@ -117,7 +119,8 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(model))
     plain = LLMEngine(EngineConfig(model=str(model)))
     spec = LLMEngine(EngineConfig(model=str(model), speculative_config=json.loads(args.spec)))
-    print(f"model {model.name}, {cpu_name()}, speculative {spec.speculative}, greedy, max_tokens {args.max_tokens}")
+    lines = [f"model {model.name}, {cpu_name()}, speculative {spec.speculative}, greedy, max_tokens {args.max_tokens}"]
+    print(lines[0], flush=True)
     for workload in args.workloads:
         for c in args.concurrency:
             prompts = [tokenizer.encode(chat_text(tokenizer, workload, i), add_special_tokens=False) for i in range(c)]
@@ -134,9 +137,15 @@ def main() -> None:
             accepted = (spec.speculator.counters.num_accepted_tokens - before[1]) // args.repeats
             n_plain, n_spec = sum(map(len, out_plain)), sum(map(len, out_spec))
             same = sum(a == b for a, b in zip(out_plain, out_spec))
-            print(f"{workload:10s} c={c:<3d} plain {n_plain / t_plain:7.1f} tok/s  spec {n_spec / t_spec:7.1f} tok/s  "
-                  f"ratio {(n_spec / t_spec) / (n_plain / t_plain):5.2f}x  acceptance "
-                  f"{accepted}/{drafted}  identical outputs {same}/{c}", flush=True)
+            lines.append(f"{workload:10s} c={c:<3d} plain {n_plain / t_plain:7.1f} tok/s  spec {n_spec / t_spec:7.1f} "
+                         f"tok/s  ratio {(n_spec / t_spec) / (n_plain / t_plain):5.2f}x  acceptance "
+                         f"{accepted}/{drafted}  identical outputs {same}/{c}")
+            print(lines[-1], flush=True)
+    out = args.out or RESULTS / f"spec-inprocess-{args.model.stem if args.model else DEFAULT_SERVED_NAME}.md"
+    out.write_text(f"# Speculative decoding in process against plain decoding, {model.name}\n\n"
+                   f"`python -m loadtest.bench_spec {' '.join(sys.argv[1:])}`, best of {args.repeats}\n\n```\n"
+                   + "\n".join(lines) + "\n```\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
