@@ -27,6 +27,7 @@ import asyncio
 import json
 import os
 import re
+import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
              for w in args.workloads}
     lines = [f"# Speculative decoding over HTTP: MILI against llama-server, {gguf.name}", "",
              f"CPU: {cpu_name()}, {args.threads} threads. llama-server: {version()}.",
-             f"`{' '.join(['python -m loadtest.bench_spec --http', *(argv or [])])}`", "",
+             f"`{shlex.join(['python', '-m', 'loadtest.bench_spec', '--http', *(argv or [])])}`", "",
              f"Greedy, max_tokens {args.max_tokens}, /v1/completions with the same prompt text, the c requests "
              f"started together, prompts cached first, best of {args.repeats}. MILI speculative: `{args.spec}`.", ""]
     servers = Servers(served, args.port)
