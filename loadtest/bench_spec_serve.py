@@ -13,9 +13,9 @@ Calibration runs are the best of --calibrate-repeats.
 
 Calibration first: llama-server's n-gram types (`--spec-type`) with a couple of draft sizes each
 (LLAMA_CONFIGS) on both workloads at --calibrate-concurrency; the one with the best tok/s per workload
-(summed over those levels) is llama-server's "best" in the comparison. llama-server restarts for every
-timed run (with -np = c): ngram-mod's hash pool is shared by all slots and kept between requests, so a
-server that had already decoded the same prompts would draft from their earlier outputs.
+(summed over those levels) is llama-server's "best" in the comparison. Each server starts once (llama-server
+with -np the largest concurrency and 1024 tokens of context a slot), except llama-server with a type that
+keeps drafting state between requests (`stateful`), which starts afresh for every timed run.
 
 Writes loadtest/results/spec-serve-<model>.md (the CPU named) and prints the same tables.
 """
@@ -68,6 +68,17 @@ LLAMA_CONFIGS: dict[str, tuple[str, ...]] = {
 }
 
 
+STATEFUL_TYPES = ("ngram-mod", "ngram-cache")  # their drafting state outlives a request
+
+
+def stateful(config: str) -> bool:
+    """Whether the configuration's server must start afresh for every timed run: ngram-mod's hash pool is shared
+    by all slots and kept between requests, so a server that had decoded the same prompts before would draft
+    from their earlier outputs (ngram-cache is restarted too, its context statistics being kept per slot)."""
+    flags = LLAMA_CONFIGS[config]
+    return flags[flags.index("--spec-type") + 1] in STATEFUL_TYPES
+
+
 @dataclass
 class Run:
     """One timed level: generated tokens per second, the texts, and drafted / accepted tokens if known."""
@@ -117,34 +128,43 @@ def timed(server: RunningServer, prompts: list[str], max_tokens: int) -> Run:
 
 
 class Servers:
-    """Starts each spec's server: MILI's once (kept for every level), llama-server's afresh for every run."""
+    """Starts each spec's server once and keeps it (MILI's two side by side, llama-server's with -np the largest
+    concurrency), except a `fresh` run's: a server of its own, started for that run and stopped after it."""
 
-    def __init__(self, served_name: str, port: int):
-        self.served_name, self.port = served_name, port
+    def __init__(self, served_name: str, port: int, slots: int):
+        self.served_name, self.port, self.slots = served_name, port, slots
         self._running: dict[str, RunningServer] = {}
-        self._ports: dict[str, int] = {}  # one per server name: MILI's two run side by side
+        self._ports: dict[str, int] = {}  # one per server name
 
-    def run(self, spec: ServerSpec, prompts: list[str], max_tokens: int) -> Run:
-        server = self._running.get(spec.name)
-        if server is None:
-            port = self._ports.setdefault(spec.name, self.port + len(self._ports))
-            server = start_server(spec, port, len(prompts), LOGS, self.served_name)
-            asyncio.run(_send(server.url, self.served_name, ["Hello"], 4))  # first-request costs
-            if not spec.restart_per_level:
-                self._running[spec.name] = server
-        try:
-            return timed(server, prompts, max_tokens)
-        finally:
-            if spec.restart_per_level:
+    def _start(self, spec: ServerSpec) -> RunningServer:
+        port = self._ports.setdefault(spec.name, self.port + len(self._ports))
+        server = start_server(spec, port, self.slots, LOGS, self.served_name)
+        asyncio.run(_send(server.url, self.served_name, ["Hello"], 4))  # first-request costs
+        return server
+
+    def run(self, spec: ServerSpec, prompts: list[str], max_tokens: int, fresh: bool = False) -> Run:
+        if fresh:
+            self.stop(spec.name)
+            server = self._start(spec)
+            try:
+                return timed(server, prompts, max_tokens)
+            finally:
+                server.stop()
+        if spec.name not in self._running:
+            self._running[spec.name] = self._start(spec)
+        return timed(self._running[spec.name], prompts, max_tokens)
+
+    def stop(self, name: str | None = None) -> None:
+        """Stops the server of that name (None: every one)."""
+        for key in [name] if name else list(self._running):
+            server = self._running.pop(key, None)
+            if server is not None:
                 server.stop()
 
-    def stop(self) -> None:
-        for server in self._running.values():
-            server.stop()
 
-
-def best_of(servers: Servers, spec: ServerSpec, prompts: list[str], max_tokens: int, repeats: int) -> Run:
-    runs = [servers.run(spec, prompts, max_tokens) for _ in range(repeats)]
+def best_of(servers: Servers, spec: ServerSpec, prompts: list[str], max_tokens: int, repeats: int,
+            fresh: bool = False) -> Run:
+    runs = [servers.run(spec, prompts, max_tokens, fresh) for _ in range(repeats)]
     return max(runs, key=lambda r: r.tok_s)
 
 
@@ -183,7 +203,8 @@ def main(argv: list[str] | None = None) -> None:
 
     def llama(config: str | None) -> ServerSpec:
         # -c: 1024 tokens a slot (the grounded prompts are about 550, plus the output).
-        return llama_server_spec(binary, gguf, served, args.threads, name="llama-server",
+        slug = re.sub(r"[^a-z0-9]+", "-", config.lower()).strip("-") if config else "plain"
+        return llama_server_spec(binary, gguf, served, args.threads, name=f"llama-server-{slug}",
                                  extra_args=LLAMA_CONFIGS[config] if config else ())
 
     texts = {w: [chat_text(tokenizer, w, i) for i in range(max(args.concurrency + args.calibrate_concurrency))]
@@ -193,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
              f"`{shlex.join(['python', '-m', 'loadtest.bench_spec', '--http', *(argv or [])])}`", "",
              f"Greedy, max_tokens {args.max_tokens}, /v1/completions with the same prompt text, the c requests "
              f"started together, prompts cached first, best of {args.repeats}. MILI speculative: `{args.spec}`.", ""]
-    servers = Servers(served, args.port)
+    servers = Servers(served, args.port, max(args.concurrency + args.calibrate_concurrency))
     started = time.monotonic()
     try:
         # Calibration: every llama-server configuration on each workload; the best (summed tok/s) per workload.
@@ -208,7 +229,8 @@ def main(argv: list[str] | None = None) -> None:
                 totals[config] = 0.0
                 for c in args.calibrate_concurrency:
                     try:
-                        run = best_of(servers, llama(config), texts[w][:c], args.max_tokens, args.calibrate_repeats)
+                        run = best_of(servers, llama(config), texts[w][:c], args.max_tokens, args.calibrate_repeats,
+                                      stateful(config))
                     except (RuntimeError, httpx2.HTTPError) as e:  # a type that exits or fails a request
                         line = f"| {config} | {w} | {c} | failed: {str(e)[:80]} | | |"
                         totals[config] = float("-inf")
@@ -218,6 +240,7 @@ def main(argv: list[str] | None = None) -> None:
                                 f"| {run.acceptance()} |")
                     lines.append(line)
                     print(line, flush=True)
+                servers.stop(llama(config).name)
             best[w] = max(totals, key=totals.get)
         lines += ["", "Best per workload: " + ", ".join(f"{w}: {c}" for w, c in best.items()), ""]
         # The comparison.
@@ -231,8 +254,9 @@ def main(argv: list[str] | None = None) -> None:
                 mp, ms, lp, ls = (Run(0.0, []) for _ in range(4))
                 for _ in range(args.repeats):  # alternated, best of each: other load only slows a run
                     mp, ms, lp, ls = (max(old, new, key=lambda r: r.tok_s) for old, new in zip(
-                        (mp, ms, lp, ls), (servers.run(s, prompts, args.max_tokens)
-                                           for s in (mili["plain"], mili["spec"], llama(None), llama(best[w])))))
+                        (mp, ms, lp, ls), (servers.run(s, prompts, args.max_tokens, fresh) for s, fresh in (
+                            (mili["plain"], False), (mili["spec"], False), (llama(None), False),
+                            (llama(best[w]), stateful(best[w]))))))
                 same_mili = sum(a == b for a, b in zip(mp.texts, ms.texts))
                 same_llama = sum(a == b for a, b in zip(lp.texts, ls.texts))
                 line = (f"| {w} | {c} | {mp.tok_s:.1f} | {ms.tok_s:.1f} | {lp.tok_s:.1f} | {ls.tok_s:.1f} "
