@@ -4,16 +4,17 @@ guesses stop paying), and the engine's cumulative counts (vLLM's spec_decode met
 A verification step costs more than a plain decode step (every drafted token is one more row through the
 model), so a sequence whose drafts keep being rejected (open-ended text) would run slower than without
 speculation. The rule, one per sequence: it starts on probation, and goes back on probation after every
-pause. On probation each draft is judged alone: one whose accepted fraction is below min_acceptance (higher
-in a bigger batch) pauses drafting for next_pause decode steps, which doubles on every pause (PAUSE_STEPS
-up to MAX_PAUSE_STEPS). Probation ends when the last WINDOW drafted tokens hold at least MIN_JUDGED and meet
-min_acceptance; that resets next_pause to PAUSE_STEPS. Off probation the window is what is judged (below the
-bar: a pause). Drafts are one token longer than the recent accepted runs (draft_length), the first after a
-start or a pause PROBE_TOKENS long, so a probe that fails costs one row.
-So a sequence that cannot be guessed pays a row or two per probe, at pauses that grow 8, 16, 32, ... (the
-rule before this one drafted until MIN_JUDGED tokens were judged after each pause, and any accepted token
-reset its backoff: open-ended text ran at 0.87x of plain decoding at 4 sequences), while quoted text, whose
-drafts are accepted, leaves probation within two or three drafts.
+pause. Its first draft on probation is a probe of PROBE_TOKENS (a failed one costs one row); once a probe is
+accepted it drafts k again. On probation each draft is judged alone: one whose accepted fraction is below
+min_acceptance (higher in a bigger batch) pauses drafting for next_pause decode steps, which doubles on every
+pause (PAUSE_STEPS up to MAX_PAUSE_STEPS). Probation ends when the last WINDOW drafted tokens hold at least
+MIN_JUDGED and meet min_acceptance; that resets next_pause to PAUSE_STEPS. Off probation the window is what
+is judged (below the bar: a pause), and drafts are one token longer than the recent accepted runs
+(draft_length).
+So a sequence that cannot be guessed pays a row per probe, and a few more after a lucky one, at pauses
+that grow 8, 16, 32, ...; the rule before this one drafted until MIN_JUDGED tokens were judged after each
+pause, and any accepted token reset its backoff (open-ended text ran at 0.87x of plain decoding at 4
+sequences). Quoted text, whose drafts are accepted, leaves probation within two drafts.
 """
 
 from __future__ import annotations
@@ -44,14 +45,17 @@ class AcceptanceTracker:
         self._probation = True  # each draft judged alone (at the start and after every pause)
         self._pause = 0  # decode steps left without drafting
         self._next_pause = PAUSE_STEPS
-        self._run = None  # moving average of the tokens accepted per draft (None: none since the last pause)
+        self._probe = True  # the next draft is a probe
+        self._run = None  # moving average of the tokens accepted per draft (None: none since the last probe)
 
     def draft_length(self, k: int) -> int:
-        """How many tokens to draft, at most k: PROBE_TOKENS when nothing is known of the current stretch,
-        else one more than the recent accepted run, so that on a CPU, where every verified row costs nearly a
+        """How many tokens to draft, at most k: a probe's PROBE_TOKENS, k after an accepted probe, else one
+        more than the recent accepted run, so that on a CPU, where every verified row costs nearly a
         decode row's compute at high batch, rejected rows stay few while long accepted runs grow the draft
         back to k."""
-        return min(k, PROBE_TOKENS) if self._run is None else max(1, min(k, int(self._run) + 1))
+        if self._probe:
+            return min(k, PROBE_TOKENS)
+        return k if self._run is None else max(1, min(k, int(self._run) + 1))
 
     def may_draft(self) -> bool:
         """Whether to draft this step (a paused sequence counts the step towards its pause)."""
@@ -63,7 +67,10 @@ class AcceptanceTracker:
     def record(self, num_drafted: int, num_accepted: int, min_acceptance: float = MIN_ACCEPTANCE) -> None:
         # A fully accepted draft says nothing of how much longer the run would have gone: count it as one more.
         run = num_accepted + (num_accepted == num_drafted)
-        self._run = run if self._run is None else RUN_DECAY * self._run + (1 - RUN_DECAY) * run
+        if self._probe:  # an accepted probe says the stretch may be quoted: the next draft is k long
+            self._probe = False
+        else:
+            self._run = run if self._run is None else RUN_DECAY * self._run + (1 - RUN_DECAY) * run
         self._recent.extend([True] * num_accepted + [False] * (num_drafted - num_accepted))
         if self._probation and num_accepted < min_acceptance * num_drafted:
             self._pause_drafting()
@@ -79,7 +86,7 @@ class AcceptanceTracker:
         self._pause = self._next_pause
         self._next_pause = min(2 * self._next_pause, MAX_PAUSE_STEPS)
         self._recent.clear()
-        self._probation, self._run = True, None
+        self._probation, self._run, self._probe = True, None, True
 
 
 class SpecCounters:

@@ -59,10 +59,13 @@ def test_turn_down_pauses_failing_speculation_longer_each_time():
 def test_draft_length_follows_the_accepted_runs():
     tracker = AcceptanceTracker()
     assert tracker.draft_length(5) == PROBE_TOKENS  # nothing known yet: a probe
-    tracker.record(PROBE_TOKENS, PROBE_TOKENS)  # the probe accepted: drafting freely from here
-    assert tracker.draft_length(5) > PROBE_TOKENS
+    tracker.record(PROBE_TOKENS, PROBE_TOKENS)  # the probe accepted: the full k next
+    assert tracker.draft_length(5) == 5
+    for _ in range(2):
+        tracker.record(5, 5)  # off probation now: a window of 11 accepted tokens
     for _ in range(6):
         tracker.record(tracker.draft_length(5), 1)
+        assert tracker.may_draft()  # half or more accepted at the end: no pause alone
     assert tracker.draft_length(5) == 2  # runs of one accepted token: draft two
     for _ in range(6):
         n = tracker.draft_length(5)
@@ -85,15 +88,14 @@ def test_a_failed_probe_pauses_and_a_lucky_token_does_not_reset_the_backoff():
 
 def test_probation_ends_once_a_window_pays():
     quoted = AcceptanceTracker()
-    for _ in range(3):
-        n = quoted.draft_length(5)
-        quoted.record(n, n)  # 1, 3 and 4 tokens, all accepted: a window of MIN_JUDGED that pays
-    assert quoted.draft_length(5) == 5
-    quoted.record(5, 0)  # off probation, one rejected draft is judged with the window (8 of 13 accepted)
+    quoted.record(1, 1)  # the probe
+    quoted.record(5, 5)
+    quoted.record(5, 5)  # 11 accepted: a window of MIN_JUDGED that pays
+    quoted.record(5, 0)  # off probation, one rejected draft is judged with the window (11 of 16 accepted)
     assert quoted.may_draft()
     fresh = AcceptanceTracker()
     fresh.record(1, 1)
-    fresh.record(3, 0)  # on probation, the same rejection pauses
+    fresh.record(5, 0)  # on probation, the same rejection pauses
     assert not fresh.may_draft()
 
 
