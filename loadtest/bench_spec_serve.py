@@ -5,7 +5,7 @@ configuration, serving the same GGUF (MILI its quantized blocks), in one run:
     python -m loadtest.bench_spec --http [--model PATH.gguf] [--concurrency 1 4 16] [--max-tokens 128]
 
 Every server gets the same requests: /v1/completions with the same prompt text (the workloads of
-loadtest/bench_spec.py rendered by the model's chat template), temperature 0, the same max_tokens; the c
+loadtest/spec_workloads.py rendered by the model's chat template), temperature 0, the same max_tokens; the c
 requests of a level start together and the level ends with its last one; tok/s is the completion tokens
 the servers report over that time, the best of --repeats runs. Before each timed run the same prompts are
 sent with max_tokens 1, so every server holds them in its prompt cache and the runs time decoding.
@@ -34,9 +34,9 @@ from pathlib import Path
 
 import httpx2
 
-from loadtest.bench_spec import DEFAULT_SPEC, WORKLOADS, chat_text, model_dir, model_gguf
 from loadtest.machine import cpu_name
 from loadtest.servers import RunningServer, ServerSpec, llama_server_spec, mili_spec, start_server
+from loadtest.spec_workloads import DEFAULT_SPEC, WORKLOADS, chat_text, model_dir, model_gguf
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LOGS = Path(__file__).resolve().parent.parent / "build" / "bench-logs"
