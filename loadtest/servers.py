@@ -53,11 +53,12 @@ MILI_BLOCK_SIZE = 16  # `mili serve`'s default --block-size
 
 def mili_spec(threads: int, model: str = "default", served_name: str | None = None,
               quantization: str = "auto", name: str = "mili", kv_tokens: int | None = None,
-              kv_cache_dtype: str = "auto") -> ServerSpec:
+              kv_cache_dtype: str = "auto", extra_args: tuple[str, ...] = ()) -> ServerSpec:
     """MILI serving `model` (a .gguf, an HF directory or "default"); quantization "auto" serves a GGUF's
     quantized blocks as they are, "none" the model dtype (bfloat16 here). kv_tokens: the KV cache's size in
-    tokens (None: its default, --kv-cache-memory 1GiB)."""
+    tokens (None: its default, --kv-cache-memory 1GiB). extra_args: more `mili serve` flags."""
     extra = ["--served-model-name", served_name] if served_name else []
+    extra += list(extra_args)
     extra += ["--kv-cache-dtype", kv_cache_dtype]
     if kv_tokens is not None:
         if kv_tokens <= 0 or kv_tokens % MILI_BLOCK_SIZE:
@@ -74,12 +75,12 @@ def mili_spec(threads: int, model: str = "default", served_name: str | None = No
 
 def llama_server_spec(binary: Path, gguf: Path, served_name: str, threads: int, repack: str = "auto",
                       kv_tokens: int | None = None, kv_cache_type: str | None = None,
-                      name: str = "llama-server") -> ServerSpec:
+                      name: str = "llama-server", extra_args: tuple[str, ...] = ()) -> ServerSpec:
     """repack "auto": llama-server's default (its repacked and AMX weight buffers, its fastest kernels), and
     --no-repack only if that exits before it is ready. On this machine's AMX CPU it does, for every type
     tried (Q4_1, Q4_0, Q4_K): ggml's AMX matmul segfaults in the warm-up; without the extra buffers
     llama-server runs its AVX-512 kernels. "on" / "off" force one or the other. kv_cache_type: its K and V
-    cache type (-ctk/-ctv, e.g. q8_0; None: its default f16)."""
+    cache type (-ctk/-ctv, e.g. q8_0; None: its default f16). extra_args: more llama-server flags."""
     kv_type = ["-ctk", kv_cache_type, "-ctv", kv_cache_type] if kv_cache_type else []
     # -c is the total context its -np slots split (each kv_tokens / c); without kv_tokens each slot gets 1024
     # tokens, as the longest benchmark request is 512 + 64.
@@ -90,7 +91,7 @@ def llama_server_spec(binary: Path, gguf: Path, served_name: str, threads: int, 
         return ServerSpec(name, lambda port, c: [
             str(binary), "-m", str(gguf), "--alias", served_name, "--host", "127.0.0.1", "--port", str(port),
             "-np", str(c), "-c", str(context(c)), "-t", str(threads), "-tb", str(threads), "--no-webui",
-            *kv_type, *([] if with_repack else ["--no-repack"])],
+            *kv_type, *([] if with_repack else ["--no-repack"]), *extra_args],
             restart_per_level=True, fallback=fallback, best=with_repack,
             config="default weight buffers (repack)" if with_repack else
             "--no-repack" + (" (the default exited before it was ready)" if repack == "auto" else ""),
@@ -179,3 +180,19 @@ class RunningServer:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self.log.close()
+
+
+def start_server(spec: ServerSpec, port: int, concurrency: int, log_dir: Path, served_name: str) -> RunningServer:
+    """The spec's server, started and ready; where it exits before it is ready, its fallback's instead (the
+    returned server's .spec says which runs)."""
+    server = RunningServer(spec, port, concurrency, log_dir / f"{spec.name}.log", served_name)
+    try:
+        server.wait_ready()
+    except RuntimeError as e:  # exited before it was ready
+        if spec.fallback is None:
+            raise
+        print(f"  {spec.name} ({spec.config}) {e}; using {spec.fallback.config}", flush=True)
+        server.stop()
+        server = RunningServer(spec.fallback, port, concurrency, log_dir / f"{spec.name}.log", served_name)
+        server.wait_ready()
+    return server

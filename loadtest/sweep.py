@@ -44,8 +44,8 @@ import torch
 from loadtest import bench_serve, report
 from loadtest.fixtures.probes import peak_rss_mib
 from loadtest.machine import cpu_name
-from loadtest.servers import (RunningServer, ServerSpec, llama_server_spec, mili_spec, transformers_spec,
-                              vllm_cpu_spec)
+from loadtest.servers import (RunningServer, ServerSpec, llama_server_spec, mili_spec, start_server,
+                              transformers_spec, vllm_cpu_spec)
 from shared.default_model import DEFAULT_SERVED_NAME, converted_gguf, default_gguf_path
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -97,17 +97,8 @@ def sweep_server(spec: ServerSpec, args, log_dir: Path) -> dict:
         if server is None or spec.restart_per_level:
             if server is not None:
                 server.stop()
-            server = RunningServer(spec, args.port, c, log_dir / f"{spec.name}.log", args.served_name)
-            try:
-                server.wait_ready()
-            except RuntimeError as e:  # exited before it was ready
-                if spec.fallback is None:
-                    raise
-                print(f"  {spec.name} ({spec.config}) {e}; using {spec.fallback.config}", flush=True)
-                server.stop()
-                spec = spec.fallback
-                server = RunningServer(spec, args.port, c, log_dir / f"{spec.name}.log", args.served_name)
-                server.wait_ready()
+            server = start_server(spec, args.port, c, log_dir, args.served_name)
+            spec = server.spec  # its fallback, where it exited before it was ready
             measure(server, 2, 2, 16, 8, seed=999)  # warm-up: first-request costs stay out of the numbers
         if key == "ttft_long_prompt":
             out[key] = measure(server, 1, args.ttft_prompts, input_len, args.output_len, args.seed + 1)

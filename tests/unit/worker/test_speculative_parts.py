@@ -3,9 +3,12 @@ drafts keep failing, and the gateway's series built from workers' running totals
 
 from __future__ import annotations
 
+import random
+
 from gateway.metrics.mili_metrics import Metrics
 from shared import wire
-from worker.spec.acceptance import MAX_PAUSE_STEPS, MIN_ACCEPTANCE, PAUSE_STEPS, AcceptanceTracker, min_acceptance
+from worker.spec.acceptance import (MAX_PAUSE_STEPS, MIN_ACCEPTANCE, PAUSE_STEPS, PROBE_TOKENS, AcceptanceTracker,
+                                    min_acceptance)
 from worker.spec.ngram import NgramProposer
 from worker.spec.verify import num_emitted
 
@@ -55,14 +58,73 @@ def test_turn_down_pauses_failing_speculation_longer_each_time():
 
 def test_draft_length_follows_the_accepted_runs():
     tracker = AcceptanceTracker()
-    assert tracker.draft_length(5) == 5  # nothing known yet: the full k
+    assert tracker.draft_length(5) == PROBE_TOKENS  # nothing known yet: a probe
+    tracker.record(PROBE_TOKENS, PROBE_TOKENS)  # the probe accepted: the full k next
+    assert tracker.draft_length(5) == 5
+    for _ in range(2):
+        tracker.record(5, 5)  # off probation now: a window of 11 accepted tokens
     for _ in range(6):
         tracker.record(tracker.draft_length(5), 1)
+        assert tracker.may_draft()  # half or more accepted at the end: no pause alone
     assert tracker.draft_length(5) == 2  # runs of one accepted token: draft two
     for _ in range(6):
         n = tracker.draft_length(5)
         tracker.record(n, n)  # every draft accepted: the length grows back to k
     assert tracker.draft_length(5) == 5
+
+
+def test_a_failed_probe_pauses_and_a_lucky_token_does_not_reset_the_backoff():
+    tracker = AcceptanceTracker()
+    tracker.record(1, 0)  # the first probe rejected: a pause at once, not a window of drafts first
+    assert [tracker.may_draft() for _ in range(PAUSE_STEPS + 1)] == [False] * PAUSE_STEPS + [True]
+    assert tracker.draft_length(5) == PROBE_TOKENS  # after a pause, a probe again
+    tracker.record(1, 1)  # a lucky probe: drafting resumes ...
+    while tracker.may_draft():
+        tracker.record(tracker.draft_length(5), 0)  # ... and fails its window
+    skipped = 1 + sum(1 for _ in iter(lambda: tracker.may_draft(), True))
+    assert skipped == 2 * PAUSE_STEPS  # the backoff kept growing: only a window that pays resets it
+    assert tracker.draft_length(5) == PROBE_TOKENS
+
+
+def test_probation_ends_once_a_window_pays():
+    quoted = AcceptanceTracker()
+    quoted.record(1, 1)  # the probe
+    quoted.record(5, 5)
+    quoted.record(5, 5)  # 11 accepted: a window of MIN_JUDGED that pays
+    quoted.record(5, 0)  # off probation, one rejected draft is judged with the window (11 of 16 accepted)
+    assert quoted.may_draft()
+    fresh = AcceptanceTracker()
+    fresh.record(1, 1)
+    fresh.record(5, 0)  # on probation, the same rejection pauses
+    assert not fresh.may_draft()
+
+
+def _simulate(acceptance: float, num_decoding: int, steps: int = 128, k: int = 5, seed: int = 0) -> tuple[int, int]:
+    """One sequence under the rule for `steps` decode steps, each drafted token accepted with probability
+    `acceptance` (a draft stops at its first rejection): (rows drafted, tokens emitted)."""
+    rng, tracker = random.Random(seed), AcceptanceTracker()
+    drafted = emitted = 0
+    for _ in range(steps):
+        emitted += 1
+        if not tracker.may_draft():
+            continue
+        n = tracker.draft_length(k)
+        accepted = next((i for i in range(n) if rng.random() >= acceptance), n)
+        tracker.record(n, accepted, min_acceptance(num_decoding))
+        drafted, emitted = drafted + n, emitted + accepted
+    return drafted, emitted
+
+
+def test_unguessable_text_costs_few_rows_and_guessable_text_keeps_its_drafts():
+    for c in (1, 4, 16):
+        # Open-ended text (a quarter of drafted tokens accepted): under 15% more rows than plain decoding
+        # (the rule before probes drafted 33-48 rows here).
+        rows = [_simulate(0.25, c, seed=s)[0] for s in range(20)]
+        assert sum(rows) / len(rows) < 0.15 * 128, (c, rows)
+    # Quoted text (95% accepted): several tokens a step, fewer beside 15 others, where the bar is higher.
+    for c, least in ((1, 4), (4, 4), (16, 2.5)):
+        emitted = [_simulate(0.95, c, seed=s)[1] for s in range(10)]
+        assert sum(emitted) / len(emitted) > least * 128, (c, emitted)
 
 
 def _stats(**spec) -> wire.WorkerStats:
