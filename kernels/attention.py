@@ -70,8 +70,10 @@ class StepPlan:
 
     @classmethod
     def build(cls, block_tables: torch.Tensor, context_lens: tuple[int, ...], query_lens: tuple[int, ...],
-              slot_mapping: torch.Tensor, block_size: int, max_query_len: int | None = None) -> "StepPlan":
-        """max_query_len: sequences with longer chunks get no work items (another kernel attends them)."""
+              slot_mapping: torch.Tensor, block_size: int, max_query_len: int | None = None,
+              skip: frozenset[int] = frozenset()) -> "StepPlan":
+        """max_query_len: sequences with longer chunks get no work items (another kernel attends them); so do the
+        sequences in skip. Every sequence's new K/V is written either way."""
         _require(len(context_lens) == len(query_lens) == block_tables.shape[0], "batch sizes disagree")
         _require(all(1 <= q <= c for q, c in zip(query_lens, context_lens)),
                  "every sequence needs 1 <= query length <= context length")
@@ -81,7 +83,7 @@ class StepPlan:
         rows = []
         for seq, q_len in enumerate(query_lens):
             starts.append(starts[-1] + q_len)
-            if max_query_len is None or q_len <= max_query_len:
+            if (max_query_len is None or q_len <= max_query_len) and seq not in skip:
                 rows += [(seq, r, min(r + ROWS_PER_ITEM, q_len)) for r in range(0, q_len, ROWS_PER_ITEM)]
         _require(slot_mapping.dtype == torch.int64 and slot_mapping.numel() == starts[-1],
                  "slot_mapping must be int64 with one slot per token")

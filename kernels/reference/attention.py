@@ -4,7 +4,8 @@ Written for obviousness: gather each sequence's pages into contiguous K/V, build
 explicitly, and hand both to torch's scaled_dot_product_attention (whose CPU kernel accumulates in
 float32 for bfloat16 inputs, the precision the Mojo kernels promise). Decode rows (one query token)
 are batched into one padded gather so the reference stays usable as a serving backend; prefill rows go
-one sequence at a time.
+one sequence at a time, on the CPU in aligned tiles of query positions so a row's bits do not depend on how its
+prompt was chunked (_prefill_tiles).
 
 Everything that depends only on the step's shape (indices, masks) is computed once per step in
 `plan_attention` and reused by every layer.
@@ -59,11 +60,12 @@ class AttentionPlan:
 
 
 def plan_attention(block_tables: torch.Tensor, context_lens: list[int], query_lens: list[int],
-                   block_size: int) -> AttentionPlan:
+                   block_size: int, single_prompt_rows: frozenset[int] = frozenset()) -> AttentionPlan:
     """block_tables: [batch, max_blocks]; context_lens[i] keys of sequence i (new tokens included);
-    query_lens[i] its new tokens, the last query_lens[i] of its context."""
+    query_lens[i] its new tokens, the last query_lens[i] of its context. single_prompt_rows: sequences whose one
+    new token is a prompt position, attended as a prompt chunk rather than as a decode row."""
     starts = _exclusive_cumsum(query_lens)
-    decode_rows = [i for i, n in enumerate(query_lens) if n == 1]
+    decode_rows = [i for i, n in enumerate(query_lens) if n == 1 and i not in single_prompt_rows]
     decode = []
     if len(decode_rows) == len(query_lens) and _padding_is_cheap([context_lens[i] for i in decode_rows]):
         decode.append(_decode_rows(None, decode_rows, block_tables, context_lens, block_size))
@@ -76,7 +78,7 @@ def plan_attention(block_tables: torch.Tensor, context_lens: list[int], query_le
             decode.append(_decode_rows(tokens, group, block_tables, context_lens, block_size))
     prefills = []
     for i, q_len in enumerate(query_lens):
-        if q_len > 1:
+        if q_len > 1 or i in single_prompt_rows:
             ctx = context_lens[i]
             query_pos = torch.arange(ctx - q_len, ctx).view(-1, 1)
             prefills.append(PrefillRow(starts[i], q_len, ctx, block_tables[i, :_blocks(ctx, block_size)].long(),
@@ -190,8 +192,44 @@ def _prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     """One sequence's chunk. query: [q_len, num_heads, head_dim] -> same shape."""
     k = _gather_kv(k_cache, row.block_ids, row.context_len)  # [kv_heads, context_len, head_dim]
     v = _gather_kv(v_cache, row.block_ids, row.context_len)
+    if query.device.type == "cpu":
+        return _prefill_tiles(query, k, v, row.context_len - row.q_len, scale)
     out = _sdpa(query.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), row.visible, scale)
     return out[0].transpose(0, 1)
+
+
+# Query positions per attention call on the CPU, aligned to the sequence's start (a multiple of 16, the blocks).
+PREFILL_TILE = 64
+
+
+def _prefill_tiles(query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: int, scale: float) -> torch.Tensor:
+    """A chunk's attention, the same bits for each row however its prompt was chunked.
+
+    torch's CPU attention splits its work by the call's query and key counts, so one call per chunk gives a row
+    different roundings depending on where the chunk began and ended: that is, on what else the step held (the
+    token budget), on prefix-cache hits and on preemption. Here every call covers one tile of PREFILL_TILE query
+    positions aligned to the sequence's start and attends keys 0 .. the tile's end: a row's call has the same
+    shape and the same visible keys in every chunking (positions of the tile outside the chunk are zero queries,
+    and keys past the context zeros that the causal mask hides), so it gets the same bits.
+
+    query: [q_len, num_heads, head_dim], positions first .. first + q_len - 1; k, v: [kv_heads, first + q_len,
+    head_dim]. Returns [q_len, num_heads, head_dim] in query's dtype."""
+    q_len = query.shape[0]
+    end = first + q_len
+    tile0 = first - first % PREFILL_TILE
+    padded_end = -(-end // PREFILL_TILE) * PREFILL_TILE
+    k = F.pad(k, (0, 0, 0, padded_end - end))  # [kv_heads, padded_end, head_dim]
+    v = F.pad(v, (0, 0, 0, padded_end - end))
+    q = F.pad(query.transpose(0, 1), (0, 0, first - tile0, padded_end - end))  # [heads, padded_end - tile0, d]
+    positions = torch.arange(padded_end)
+    tiles = []
+    for t0 in range(tile0, padded_end, PREFILL_TILE):
+        t1 = t0 + PREFILL_TILE
+        visible = positions[:t1].view(1, -1) <= positions[t0:t1].view(-1, 1)  # [tile, t1]
+        tiles.append(_sdpa(q[:, t0 - tile0:t1 - tile0].unsqueeze(0), k[:, :t1].unsqueeze(0), v[:, :t1].unsqueeze(0),
+                           visible, scale)[0])  # [heads, tile, head_dim]
+    out = torch.cat(tiles, dim=1)[:, first - tile0:first - tile0 + q_len]  # [heads, q_len, head_dim]
+    return out.transpose(0, 1)
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float) -> torch.Tensor:

@@ -26,6 +26,10 @@ class AttentionMetadata:
     context_lens_host: tuple[int, ...]
     query_lens_host: tuple[int, ...]
     block_size: int
+    # Attention rows whose one new token is a prompt position (a one-token prompt chunk: the prompt's last token
+    # after a prefix-cache hit or a token budget's remainder). They attend as a prompt chunk, not as a decode row,
+    # so a prompt's bits do not depend on how it was chunked (kernels/reference/attention.py, _prefill_tiles).
+    single_prompt_rows: frozenset[int] = frozenset()
     # True for a decode step replayed from a CUDA graph (worker/runner/decode_graphs.py): the host context lengths
     # are then upper bounds (the block tables' width), the step's own lengths live only on the device, and
     # the plan must come from the device tensors alone. Backends that can do that say capturable_decode.

@@ -47,11 +47,11 @@ class MojoAttentionBackend:
             raise ValueError("the CPU Mojo kernels plan from the step's own lengths, not from bounds")
         query_lens = meta.query_lens_host
         kernel = self._ops.StepPlan.build(meta.block_tables, meta.context_lens_host, query_lens, meta.slot_mapping,
-                                          meta.block_size, max_query_len=1)
+                                          meta.block_size, max_query_len=1, skip=meta.single_prompt_rows)
         ref_plan = None
-        if any(n > 1 for n in query_lens):
+        if meta.single_prompt_rows or any(n > 1 for n in query_lens):
             full = reference.plan_attention(meta.block_tables, list(meta.context_lens_host), list(query_lens),
-                                            meta.block_size)
+                                            meta.block_size, meta.single_prompt_rows)
             ref_plan = reference.AttentionPlan(decode=(), prefills=full.prefills)
         return MojoStepPlan(kernel, ref_plan, kernel_attends=bool(kernel.rows))
 

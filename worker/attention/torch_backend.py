@@ -21,7 +21,7 @@ class TorchAttentionBackend:
         if meta.lengths_are_bounds:
             return reference.plan_decode_on_device(meta.block_tables, meta.context_lens, meta.block_size)
         plan = reference.plan_attention(meta.block_tables, list(meta.context_lens_host),
-                                        list(meta.query_lens_host), meta.block_size)
+                                        list(meta.query_lens_host), meta.block_size, meta.single_prompt_rows)
         device = meta.block_tables.device
         return plan if device.type == "cpu" else plan_on(plan, device)
 

@@ -95,7 +95,7 @@ class DecodeProgram:
         tables fit the buffers."""
         lens = meta.query_lens_host
         return (0 < len(lens) <= self.max_rows and meta.block_tables.shape[1] <= self.max_blocks
-                and meta.block_size == self.block_size and all(n == 1 for n in lens))
+                and meta.block_size == self.block_size and all(n == 1 for n in lens) and not meta.single_prompt_rows)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:

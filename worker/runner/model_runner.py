@@ -110,6 +110,7 @@ class ModelRunner:
         prompt_targets: list[int] = []
         prompt_spans: list[PromptSpan] = []
         query_lens: list[int] = []
+        single_prompt_rows: set[int] = set()
         tables: list[list[int]] = []  # one per attention row: a verification's k + 1 rows share its table
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
             start = seq.num_computed_tokens
@@ -136,6 +137,8 @@ class ModelRunner:
                 logits_indices.extend(range(len(input_ids) - n, len(input_ids)))
                 sampling_rows.extend([i] * n)
                 continue
+            if n == 1 and end <= seq.num_prompt_tokens:
+                single_prompt_rows.add(len(query_lens))
             context_lens.append(end)
             query_lens.append(n)
             tables.append(table)
@@ -167,6 +170,7 @@ class ModelRunner:
             query_start_loc=query_start_loc,  # [attention rows + 1] int32
             context_lens_host=tuple(context_lens),
             query_lens_host=tuple(query_lens),
+            single_prompt_rows=frozenset(single_prompt_rows),
             block_size=bs,
         )
         return StepInputs(
@@ -198,7 +202,8 @@ class ModelRunner:
     def _program_hidden(self, inputs: StepInputs) -> torch.Tensor | None:
         """The final hidden states through the decode program, or None where the step is not one for it."""
         meta = inputs.meta
-        if self._program_reason is not None or not all(n == 1 for n in meta.query_lens_host):
+        if (self._program_reason is not None or meta.single_prompt_rows
+                or not all(n == 1 for n in meta.query_lens_host)):
             return None
         if self.decode_program is None:
             self.decode_program = DecodeProgram(self.model, self.kv_caches, *self._program_size, self.block_size)

@@ -82,3 +82,31 @@ def test_write_kv_scatters_through_the_slot_mapping(test_seed):
         assert torch.equal(k_cache[slot // 4, slot % 4], key[i])
         assert torch.equal(v_cache[slot // 4, slot % 4], value[i])
     assert int(torch.isnan(k_cache).any(dim=(-1, -2)).sum()) == 24 - 4  # nothing else written
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_prompt_gets_the_same_bits_however_it_is_chunked(test_seed, dtype):
+    """Chunked prefill cuts a prompt where the step's token budget, prefix-cache hits or preemption put the cut;
+    every chunking of a prompt gives each row the same bits, a one-token chunk (a prompt's last token after a
+    cache hit) included, when it is planned as a prompt row."""
+    rng = random.Random(test_seed)
+    torch.manual_seed(test_seed)
+    length, heads, kv_heads, head_dim, block_size = 300, 8, 2, 64, 16
+    blocks = -(-length // block_size)
+    k_cache = torch.randn(blocks + 4, block_size, kv_heads, head_dim).to(dtype)
+    v_cache = torch.randn(blocks + 4, block_size, kv_heads, head_dim).to(dtype)
+    table = torch.randperm(blocks + 4)[:blocks].to(torch.int32).view(1, -1)
+    query = torch.randn(length, heads, head_dim).to(dtype)
+
+    def attend(cuts: list[int]) -> torch.Tensor:
+        out = []
+        for a, b in zip(cuts, cuts[1:]):
+            plan = reference.plan_attention(table, [b], [b - a], block_size, frozenset({0}) if b - a == 1 else frozenset())
+            out.append(reference.paged_attention(query[a:b], k_cache, v_cache, plan, head_dim ** -0.5))
+        return torch.cat(out)
+
+    whole = attend([0, length])
+    chunkings = [[0, 100, length], [0, 64, 200, length], [0, length - 1, length], [0, 1, 2, 3, 250, length]]
+    chunkings += [[0, *sorted(rng.sample(range(1, length), 6)), length] for _ in range(4)]
+    for cuts in chunkings:
+        assert torch.equal(attend(cuts), whole), cuts
