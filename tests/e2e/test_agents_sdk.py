@@ -6,7 +6,7 @@ agent code sends; nothing here is MILI-specific."""
 from __future__ import annotations
 
 import asyncio
-from typing import Literal
+from typing import Annotated, Literal
 
 import pydantic
 import pytest
@@ -33,7 +33,7 @@ def model(server) -> OpenAIResponsesModel:
 
 def weather_agent(server, calls: list[str]) -> Agent:
     @function_tool
-    def get_weather(city: str) -> str:
+    def get_weather(city: Annotated[str, pydantic.Field(max_length=40)]) -> str:
         """Get the current weather in a city."""
         calls.append(city)
         return "sunny, 24 C"
