@@ -60,12 +60,14 @@ def export_int4(model_dir: Path) -> Path:
     out = install_dir() / "models" / f"{Path(model_dir).name}-int4-g{GROUP_SIZE}"
     if (out / EXPORT_RECORD).is_file():
         return out
-    optimum_cli = python_path().with_name("optimum-cli")
+    # The CLI as a module of the venv's python: a console script's shebang names the path the venv was created
+    # at, and breaks when the venv is reached through another path (a moved or symlinked build directory).
+    optimum_cli = [str(python_path()), "-m", "optimum.commands.optimum_cli"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # a local directory only
     log = out.with_name(out.name + ".log")  # the exporter's tracing warnings and NNCF's tables
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as f:
-        run = subprocess.run([str(optimum_cli), "export", "openvino", "--model", str(model_dir), "--task",
+        run = subprocess.run([*optimum_cli, "export", "openvino", "--model", str(model_dir), "--task",
                               "text-generation-with-past", "--weight-format", "int4", "--group-size", str(GROUP_SIZE),
                               str(out)], stdout=f, stderr=subprocess.STDOUT, env=env, cwd=install_dir())
     if run.returncode != 0:
