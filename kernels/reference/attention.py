@@ -42,7 +42,9 @@ class PrefillRow:
     q_len: int
     context_len: int
     block_ids: torch.Tensor  # [blocks covering context_len] int64
-    visible: torch.Tensor  # [q_len, context_len] bool: causal over the cached prefix and the chunk
+    # [q_len, context_len] bool, causal over the cached prefix and the chunk; None on the CPU, whose tiles
+    # (_prefill_tiles) build their own
+    visible: torch.Tensor | None
 
 
 @dataclass(frozen=True)
@@ -80,9 +82,11 @@ def plan_attention(block_tables: torch.Tensor, context_lens: list[int], query_le
     for i, q_len in enumerate(query_lens):
         if q_len > 1 or i in single_prompt_rows:
             ctx = context_lens[i]
-            query_pos = torch.arange(ctx - q_len, ctx).view(-1, 1)
+            visible = None
+            if block_tables.device.type != "cpu":
+                visible = torch.arange(ctx).view(1, -1) <= torch.arange(ctx - q_len, ctx).view(-1, 1)
             prefills.append(PrefillRow(starts[i], q_len, ctx, block_tables[i, :_blocks(ctx, block_size)].long(),
-                                       torch.arange(ctx).view(1, -1) <= query_pos))
+                                       visible))
     return AttentionPlan(tuple(decode), tuple(prefills))
 
 

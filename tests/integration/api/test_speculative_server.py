@@ -42,19 +42,18 @@ def client(spec_server):
 
 
 @pytest.fixture(scope="module")
-def plain_text(tiny_model_dir):
-    """The greedy continuation of PROMPT without speculation, and its tokenizer."""
-    from transformers import AutoTokenizer
-
+def plain_ids(tiny_model_dir) -> list[int]:
+    """The greedy continuation of PROMPT without speculation."""
     engine = LLMEngine(EngineConfig(model=str(tiny_model_dir), **ENGINE))
     [done] = engine.generate([PROMPT], SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
-    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
-    global PLAIN_IDS
-    PLAIN_IDS = list(done.token_ids[0])
-    return tokenizer.decode(done.token_ids[0])
+    return list(done.token_ids[0])
 
 
-PLAIN_IDS: list[int] = []  # the plain engine's greedy ids, set by plain_text
+@pytest.fixture(scope="module")
+def plain_text(tiny_model_dir, plain_ids) -> str:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_model_dir)).decode(plain_ids)
 
 
 def _lookup_finds_a_draft(output: list[int]) -> bool:
@@ -69,7 +68,7 @@ def test_health_and_log_say_what_runs(spec_server):
     assert "speculative decoding ngram" in spec_server.log_path.read_text(errors="replace")
 
 
-def test_greedy_text_is_the_plain_engines_and_counters_count(spec_server, client, plain_text):
+def test_greedy_text_is_the_plain_engines_and_counters_count(spec_server, client, plain_text, plain_ids):
     drafts_before = spec_server.metric("vllm:spec_decode_num_drafts_total")
     reply = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0.0,
                                       extra_body={"ignore_eos": True})
@@ -79,7 +78,7 @@ def test_greedy_text_is_the_plain_engines_and_counters_count(spec_server, client
         model=MODEL, prompt=PROMPT, max_tokens=40, temperature=0.0, stream=True, extra_body={"ignore_eos": True}))
     assert streamed == plain_text
     # Workers report their counts with their step stats; wait for a report after the requests.
-    if _lookup_finds_a_draft(PLAIN_IDS):
+    if _lookup_finds_a_draft(plain_ids):
         deadline = time.monotonic() + 10
         while spec_server.metric("vllm:spec_decode_num_drafts_total") <= drafts_before and time.monotonic() < deadline:
             time.sleep(0.1)
