@@ -195,10 +195,18 @@ def attention_scratch(n_items: int, k_cache: torch.Tensor) -> torch.Tensor:
     return torch.empty(n_items, _scratch_width(k_cache), dtype=torch.float32)
 
 
+# attention_chunks.mojo's CHUNK, MAX_GROUP and KEYS: what a thread's scratch holds on that path.
+_CHUNK, _MAX_GROUP, _KEYS = 256, 4, 16
+
+
 def _scratch_width(k_cache: torch.Tensor) -> int:
-    """Per work item: two head_dim vectors and four heads' page of scores (see attention.mojo)."""
-    block_size, head_dim = k_cache.shape[1], kv_int8.head_dim_of(k_cache)
-    return 2 * head_dim + 4 * max(block_size, 8)
+    """Float32 scratch per work item: for head_dim 64 and 128 (attention_chunks.mojo, which uses its range's first
+    item's) a chunk's scores and key offsets and a group of keys widened to bfloat16 with their scales; for
+    others (attention.mojo's _attend_rows) two head_dim vectors and a group of 16 keys' scores."""
+    head_dim = kv_int8.head_dim_of(k_cache)
+    if head_dim in (64, 128):
+        return _MAX_GROUP * _CHUNK + 2 * _CHUNK + _KEYS * head_dim // 2 + _KEYS
+    return 2 * head_dim + 16
 
 
 def attention_params(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: StepPlan,
@@ -233,7 +241,8 @@ def _attention_params(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         out.data_ptr(), query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), plan.block_tables.data_ptr(),
         plan.context_lens.data_ptr(), plan.query_start.data_ptr(), items.data_ptr(), items.shape[0], query.shape[1],
         kv_heads, kv_int8.head_dim_of(k_cache), block_size, plan.block_tables.shape[1], query.stride(0),
-        out.stride(0), float_bits(scale), scratch.data_ptr(), DTYPE_CODES[query.dtype], int(kv_int8.is_int8(k_cache)))
+        out.stride(0), float_bits(scale), scratch.data_ptr(), DTYPE_CODES[query.dtype], int(kv_int8.is_int8(k_cache)),
+        expected)
 
 
 def float_bits(x: float) -> int:

@@ -156,3 +156,48 @@ def test_openmp_bridge_shares_torchs_runtime_and_has_a_fallback(module, test_see
     monkeypatch.setattr(mojo_attention, "omp_team", lambda: None)
     fallback = mojo_attention.paged_attention(module, query, k_cache, v_cache, plan, 0.125, threading="omp")
     torch.testing.assert_close(fallback, on_team, rtol=0, atol=0)  # items are independent: bit-identical
+
+
+def _paged_copy(rng: random.Random, keys: torch.Tensor, values: torch.Tensor, block_size: int):
+    """keys/values [ctx, kv_heads, head_dim] scattered over a paged cache of block_size in a random page order,
+    with spare pages of noise: (k_cache, v_cache, block table row)."""
+    ctx = keys.shape[0]
+    needed = -(-ctx // block_size)
+    pages = list(range(needed + 3))
+    rng.shuffle(pages)
+    k_cache = torch.randn(needed + 3, block_size, *keys.shape[1:]).to(keys.dtype)
+    v_cache = torch.randn_like(k_cache)
+    for p in range(ctx):
+        k_cache[pages[p // block_size], p % block_size] = keys[p]
+        v_cache[pages[p // block_size], p % block_size] = values[p]
+    return k_cache, v_cache, pages[:needed]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+def test_a_rows_bits_depend_on_neither_block_size_nor_batch(module, test_seed, dtype, head_dim):
+    """The same keys and query give the same bits in caches of every block size, alone or beside other sequences
+    (the engine's batch invariance and its exact recompute after preemption rest on it)."""
+    rng = random.Random(test_seed)
+    torch.manual_seed(test_seed)
+    kv_heads, group, ctx = 2, 3, rng.randrange(300, 700)  # more than one 256-key chunk
+    keys, values = torch.randn(ctx, kv_heads, head_dim).to(dtype), torch.randn(ctx, kv_heads, head_dim).to(dtype)
+    query = torch.randn(1, kv_heads * group, head_dim).to(dtype)
+    outs = []
+    for block_size in (8, 16, 32):
+        k_cache, v_cache, table = _paged_copy(rng, keys, values, block_size)
+        for others in (0, 3):  # alone, then third in a batch of decodes over the spare pages
+            rows = [([rng.choice(range(len(table) + 3))], rng.randrange(1, block_size + 1), 1) for _ in range(others)]
+            rows.insert(min(2, others), (table, ctx, 1))
+            width = max(len(t) for t, _, _ in rows)
+            tables = torch.tensor([t + [0] * (width - len(t)) for t, _, _ in rows], dtype=torch.int32)
+            slots = torch.tensor([t[(c - 1) // block_size] * block_size + (c - 1) % block_size for t, c, _ in rows])
+            plan = mojo_attention.StepPlan.build(tables, tuple(c for _, c, _ in rows), (1,) * len(rows), slots,
+                                                 block_size)
+            batch_query = torch.randn(len(rows), kv_heads * group, head_dim).to(dtype)
+            batch_query[min(2, others)] = query[0]
+            out = mojo_attention.paged_attention(module, batch_query, k_cache, v_cache, plan, head_dim ** -0.5,
+                                                 threading="omp")
+            outs.append(out[min(2, others)])
+    for out in outs[1:]:
+        assert torch.equal(out, outs[0])
