@@ -137,11 +137,20 @@ class ModelRunner:
                 logits_indices.extend(range(len(input_ids) - n, len(input_ids)))
                 sampling_rows.extend([i] * n)
                 continue
-            if n == 1 and end <= seq.num_prompt_tokens:
-                single_prompt_rows.add(len(query_lens))
-            context_lens.append(end)
-            query_lens.append(n)
-            tables.append(table)
+            # Output tokens computed again (a sequence preempted by recompute) attend, like a verification's rows,
+            # as one-token decodes at their own positions, as they did when they were generated: their K/V, and so
+            # everything after them, get the bits they had, and an output does not depend on whether other
+            # requests made it yield its blocks. Prompt positions attend as a prompt chunk.
+            outputs_from = min(max(start, seq.num_prompt_tokens), end)
+            if outputs_from > start:
+                if outputs_from - start == 1:
+                    single_prompt_rows.add(len(query_lens))
+                context_lens.append(outputs_from)
+                query_lens.append(outputs_from - start)
+                tables.append(table)
+            context_lens.extend(range(outputs_from + 1, end + 1))
+            query_lens.extend([1] * (end - outputs_from))
+            tables.extend([table] * (end - outputs_from))
             if end == seq.num_tokens and seq.num_output_tokens < seq.max_tokens:
                 logits_indices.append(len(input_ids) - 1)
                 sampling_rows.append(i)
