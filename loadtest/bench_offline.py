@@ -3,10 +3,12 @@ GGUF's quantized blocks) beside OpenVINO GenAI's own pipelines on the same model
 same token ids, same workload. No gateway, no HTTP, no tokenizer on either side: engine against engine.
 
     python -m loadtest.bench_offline [--concurrency 1,8,32] [--requests-per-level 4] [--gguf FILE.gguf]
+                                     [--activation-modes int8x2,int8]
 
 At each concurrency c: requests-per-level x c prompts of about --input-len tokens (the sweep's random words,
 tokenized once with the model's tokenizer), at most c in flight, --output-len tokens each, greedy, ignore_eos.
-MILI: all queued at once, max_num_seqs c. OpenVINO, the faster of its two ways: its continuous-batching pipeline
+MILI: all queued at once, max_num_seqs c, in each of --activation-modes (its quantized kernels' activations: int8x2,
+what `mili serve` runs by default, and int8, llama.cpp's arithmetic, `--activation-quantization int8`). OpenVINO, the faster of its two ways: its continuous-batching pipeline
 (all queued at once, max_num_seqs c) or its stateful LLMPipeline on left-padded batches of c, batch after batch. Each side is warmed up before it is timed. OpenVINO is
 installed and the model exported on first use (loadtest/peers/openvino_genai.py, a venv of its own under
 build/peers/). Results go to loadtest/results/<name>.json and .md, the CPU named.
@@ -29,6 +31,8 @@ from loadtest.peers import openvino_genai
 from shared.default_model import DEFAULT_SERVED_NAME, converted_gguf, default_gguf_path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+ACTIVATION_NOTES = {"int8x2": "two int8 parts, `mili serve`'s default", "int8": "one int8 part, llama.cpp's arithmetic, "
+                    "`--activation-quantization int8`"}
 
 
 def make_prompts(model_dir: Path, count: int, words: int, seed: int) -> list[list[int]]:
@@ -42,14 +46,15 @@ def make_prompts(model_dir: Path, count: int, words: int, seed: int) -> list[lis
 
 
 def time_mili(model_dir: Path, prompts: list[list[int]], concurrency: int, output_len: int,
-              context_tokens: int) -> float:
-    """Output tok/s of MILI's engine on `prompts`, at most `concurrency` sequences in flight."""
+              context_tokens: int, activations: str = "auto") -> float:
+    """Output tok/s of MILI's engine on `prompts`, at most `concurrency` sequences in flight, its quantized kernels'
+    activations in mode `activations` (shared/config.py)."""
     from shared.config import EngineConfig
     from shared.sampling_params import SamplingParams
     from worker.engine import LLMEngine
 
     engine = LLMEngine(EngineConfig(model=str(model_dir), max_num_seqs=concurrency,
-                                    num_kv_blocks=context_tokens // 16))
+                                    num_kv_blocks=context_tokens // 16, activation_quantization=activations))
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
     engine.generate([p[:16] for p in prompts[:concurrency]], params)  # warm-up: first-step costs stay out
     t0 = time.perf_counter()
@@ -63,6 +68,7 @@ def time_mili(model_dir: Path, prompts: list[list[int]], concurrency: int, outpu
 
 def markdown(results: dict) -> str:
     s = results["settings"]
+    modes = s["activation_modes"]
     lines = [
         f"Machine: {results['machine']['cpu']}, {results['machine']['cores']} cores; {results['machine']['openvino']}; "
         f"MILI with torch {results['machine']['torch']}.",
@@ -72,18 +78,22 @@ def markdown(results: dict) -> str:
         f"at once; OpenVINO GenAI: the faster of its continuous-batching pipeline, all queued at once, and its "
         f"stateful LLMPipeline on batches of `concurrency`), {s['output_len']} output tokens each, greedy, "
         f"ignore_eos; {s['threads']} threads each.",
-        f"Model: {s['model']}. MILI serves the GGUF's own quantized blocks; OpenVINO GenAI its int4 export "
-        f"(optimum-intel, --weight-format int4 --group-size {openvino_genai.GROUP_SIZE}).",
+        f"Model: {s['model']}. MILI serves the GGUF's own quantized blocks, its activations in "
+        + " and ".join(f"{m} ({ACTIVATION_NOTES[m]})" for m in modes)
+        + f"; OpenVINO GenAI its int4 export (optimum-intel, --weight-format int4 --group-size "
+        f"{openvino_genai.GROUP_SIZE}).",
         "",
         "Output tokens/s by concurrency:",
         "",
-        "| concurrency | mili (engine) | openvino-genai | openvino-genai pipeline | mili / openvino-genai |",
-        "|---|---|---|---|---|",
+        "| concurrency | " + " | ".join(f"mili {m} (engine)" for m in modes) + " | openvino-genai | "
+        "openvino-genai pipeline | " + " | ".join(f"mili {m} / openvino-genai" for m in modes) + " |",
+        "|---" * (3 + 2 * len(modes)) + "|",
     ]
     for c, run in results["levels"].items():
-        ov = run["openvino_genai"]
-        lines.append(f"| {c} | {run['mili']:.1f} | {ov['output_throughput']:.1f} | {ov['pipeline']} | "
-                     f"{run['mili'] / ov['output_throughput']:.2f}x |")
+        ov = run["openvino_genai"]["output_throughput"]
+        lines.append(f"| {c} | " + " | ".join(f"{run['mili'][m]:.1f}" for m in modes)
+                     + f" | {ov:.1f} | {run['openvino_genai']['pipeline']} | "
+                     + " | ".join(f"{run['mili'][m] / ov:.2f}x" for m in modes) + " |")
     tried = [f"c={c}: " + ", ".join(f"{k} {v:.1f}" for k, v in run["openvino_genai"]["all"].items())
              for c, run in results["levels"].items() if len(run["openvino_genai"]["all"]) > 1]
     if tried:
@@ -102,9 +112,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--context-tokens", type=int, default=16384, help="MILI's KV capacity, in tokens")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--activation-modes", default="int8x2,int8", type=lambda s: s.split(","),
+                   help="MILI's activation modes to time, comma-separated (int8x2, int8)")
     p.add_argument("--name", default="offline-openvino", help="result file name")
     p.add_argument("--out-dir", type=Path, default=RESULTS)
     args = p.parse_args(argv)
+    if not set(args.activation_modes) <= set(ACTIVATION_NOTES):
+        p.error(f"--activation-modes: choose from {', '.join(ACTIVATION_NOTES)}")
     if min(args.concurrency) < 1 or args.requests_per_level < 1:
         p.error("--concurrency levels and --requests-per-level must be at least 1")
     if args.context_tokens < max(args.concurrency) * (args.input_len + args.output_len) * 2:
@@ -128,16 +142,20 @@ def main(argv: list[str] | None = None) -> int:
                                     args.requests_per_level)
     levels = {}
     for c in args.concurrency:
-        mili = time_mili(model_dir, prompts[:args.requests_per_level * c], c, args.output_len, args.context_tokens)
+        mili = {}
+        for mode in args.activation_modes:
+            mili[mode] = time_mili(model_dir, prompts[:args.requests_per_level * c], c, args.output_len,
+                                   args.context_tokens, mode)
+            print(f"  mili {mode:<7}   c={c:<3} {mili[mode]:8.1f} tok/s; mili / openvino-genai "
+                  f"{mili[mode] / ov['levels'][str(c)]['output_throughput']:.2f}x", flush=True)
         levels[str(c)] = {"mili": mili, "openvino_genai": ov["levels"][str(c)]}
-        print(f"  mili           c={c:<3} {mili:8.1f} tok/s; mili / openvino-genai "
-              f"{mili / ov['levels'][str(c)]['output_throughput']:.2f}x", flush=True)
     results = {
         "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
                     "openvino": openvino_genai.version()},
         "settings": {"model": gguf.name, "requests_per_level": args.requests_per_level, "input_len": args.input_len,
                      "mean_prompt_tokens": sum(map(len, prompts)) / len(prompts), "output_len": args.output_len,
-                     "threads": args.threads, "context_tokens": args.context_tokens, "seed": args.seed},
+                     "threads": args.threads, "context_tokens": args.context_tokens, "seed": args.seed,
+                     "activation_modes": args.activation_modes},
         "started": started, "levels": levels,
     }
     args.out_dir.mkdir(parents=True, exist_ok=True)

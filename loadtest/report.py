@@ -1,6 +1,7 @@
 """Turns a sweep's results into the markdown table and the PNG plot committed under loadtest/results/.
 
-The first server in the results is the one the ratios are about (MILI); every other server is a peer. A peer
+The first server in the results is the one the ratios are about (MILI); every other server is a peer. Other MILI
+configurations in the run (servers named mili-*) also get their ratios against the peers that are not MILI. A peer
 that ran a fallback configuration (`best_configuration` false: not the peer at its best) gets no speed ratio,
 only its numbers and a note saying why: a ratio against a crippled peer would overstate MILI.
 """
@@ -31,9 +32,18 @@ def at_its_best(results: dict, server: str) -> bool:
     return results["servers"][server].get("best_configuration", True)
 
 
+def ratio_pairs(servers: list[str]) -> list[tuple[str, str]]:
+    """(server, peer) for each ratio column: the first server against every other, then each other MILI
+    configuration against every server that is not MILI."""
+    main, rest = servers[0], servers[1:]
+    others = [s for s in rest if s.startswith("mili")]
+    return [(main, p) for p in rest] + [(o, p) for o in others for p in rest if not p.startswith("mili")]
+
+
 def markdown(results: dict) -> str:
     servers = list(results["servers"])
     main, peers = servers[0], servers[1:]
+    pairs = ratio_pairs(servers)
 
     def ratio(server: str, a: float | None, b: float | None) -> str:
         return _ratio(a, b) if at_its_best(results, server) else FALLBACK
@@ -50,8 +60,8 @@ def markdown(results: dict) -> str:
         "",
         "Output tokens/s by concurrency:",
         "",
-        "| concurrency | " + " | ".join(servers) + "".join(f" | {main} / {p}" for p in peers) + " |",
-        "|---" * (1 + len(servers) + len(peers)) + "|",
+        "| concurrency | " + " | ".join(servers) + "".join(f" | {a} / {b}" for a, b in pairs) + " |",
+        "|---" * (1 + len(servers) + len(pairs)) + "|",
     ]
 
     def throughput(server: str, level: str) -> float | None:
@@ -60,7 +70,7 @@ def markdown(results: dict) -> str:
 
     for level in _levels(results):
         row = [level] + [_fmt(throughput(x, level)) for x in servers]
-        row += [ratio(p, throughput(main, level), throughput(p, level)) for p in peers]
+        row += [ratio(b, throughput(a, level), throughput(b, level)) for a, b in pairs]
         lines.append("| " + " | ".join(row) + " |")
 
     if "llama_bench" in results:
@@ -79,7 +89,7 @@ def markdown(results: dict) -> str:
     ttft = {x: results["servers"][x]["ttft_long_prompt"]["ttft"]["median_ms"] for x in servers}
     lines += ["", "Time to first token for 512-token prompts at concurrency 1, median: "
               + ", ".join(f"{x} {ttft[x]:.1f} ms" for x in servers)
-              + "".join(f"; {main} / {p} {ratio(p, ttft[main], ttft[p])}" for p in peers) + ".",
+              + "".join(f"; {a} / {b} {ratio(b, ttft[a], ttft[b])}" for a, b in pairs) + ".",
               "", "Peak resident memory (VmHWM; for servers of several processes, each one's peak, summed): "
               + ", ".join(f"{x} {_rss(results['servers'][x])}" for x in servers)
               + "".join(f"; {main} / {p} {_ratio(results['servers'][main]['peak_rss_mib'], results['servers'][p]['peak_rss_mib'])}"

@@ -70,7 +70,8 @@ def mili_spec(threads: int, model: str = "default", served_name: str | None = No
     return ServerSpec(name, lambda port, _: [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port),
                                              "--worker-threads", str(threads), "--model", model,
                                              "--quantization", quantization, *extra],
-                      restart_per_level=False, model_processes="children", context=context)
+                      restart_per_level=False, model_processes="children", context=context,
+                      config=" ".join(extra_args))
 
 
 def llama_server_spec(binary: Path, gguf: Path, served_name: str, threads: int, repack: str = "auto",

@@ -31,6 +31,25 @@ def test_markdown_ratios_and_skipped_levels():
     assert "mili 700 MiB, llama-server 1300 MiB, transformers 1100 MiB" in table
 
 
+
+def test_other_mili_configurations_get_ratios_against_the_peers_only():
+    results = {
+        "machine": {"cpu": "test cpu", "cores": 2, "memory_gib": 1.0, "isa": ["avx512f"], "python": "3", "torch": "2"},
+        "settings": {"input_len": 128, "output_len": 64, "prompts_per_level": 4, "min_prompts": 8},
+        "started": "now",
+        "servers": {
+            "mili": {"levels": {"32": _run(600, 300)}, "ttft_long_prompt": _run(30, 100), "peak_rss_mib": 700},
+            "mili-int8": {"levels": {"32": _run(900, 200)}, "ttft_long_prompt": _run(30, 60), "peak_rss_mib": 700},
+            "llama-server": {"levels": {"32": _run(300, 8000)}, "ttft_long_prompt": _run(20, 1200),
+                             "peak_rss_mib": 1300},
+        },
+    }
+    table = markdown(results)
+    assert ("| concurrency | mili | mili-int8 | llama-server | mili / mili-int8 | mili / llama-server "
+            "| mili-int8 / llama-server |") in table
+    assert "| 32 | 600.0 | 900.0 | 300.0 | 0.67x | 2.00x | 3.00x |" in table
+    assert "mili-int8 / llama-server 0.05x" in table
+
 def test_markdown_memory_by_process_and_context():
     results = {
         "machine": {"cpu": "test cpu", "cores": 2, "memory_gib": 1.0, "isa": ["avx512f"], "python": "3", "torch": "2"},

@@ -87,17 +87,21 @@ def _offline_results() -> dict:
     return {"machine": {"cpu": "Test CPU 9000", "cores": 2, "torch": "2.13.0+cpu",
                         "openvino": "openvino-genai 2026.4.1.0 (OpenVINO 2026.4.1), optimum-intel 2.2.0"},
             "settings": {"model": "m.gguf", "requests_per_level": 4, "input_len": 128, "mean_prompt_tokens": 131.0,
-                         "output_len": 64, "threads": 2, "context_tokens": 16384, "seed": 0},
-            "started": "now", "levels": {"1": {"mili": 120.0, "openvino_genai": ov["1"]},
-                                         "8": {"mili": 600.0, "openvino_genai": ov["8"]}}}
+                         "output_len": 64, "threads": 2, "context_tokens": 16384, "seed": 0,
+                         "activation_modes": ["int8x2", "int8"]},
+            "started": "now", "levels": {"1": {"mili": {"int8x2": 120.0, "int8": 160.0}, "openvino_genai": ov["1"]},
+                                         "8": {"mili": {"int8x2": 600.0, "int8": 800.0}, "openvino_genai": ov["8"]}}}
 
 
 def test_offline_table_names_the_cpu_says_it_is_offline_and_keeps_openvinos_fastest():
     table = bench_offline.markdown(_offline_results())
     assert "Test CPU 9000" in table and "**Offline, no HTTP**" in table
     assert "--group-size 32" in table and "64 output tokens each, greedy, ignore_eos" in table
-    assert "| 1 | 120.0 | 80.0 | stateful LLMPipeline | 1.50x |" in table
-    assert "| 8 | 600.0 | 400.0 | continuous batching | 1.50x |" in table
+    assert ("| concurrency | mili int8x2 (engine) | mili int8 (engine) | openvino-genai | openvino-genai pipeline "
+            "| mili int8x2 / openvino-genai | mili int8 / openvino-genai |") in table
+    assert "| 1 | 120.0 | 160.0 | 80.0 | stateful LLMPipeline | 1.50x | 2.00x |" in table
+    assert "| 8 | 600.0 | 800.0 | 400.0 | continuous batching | 1.50x | 2.00x |" in table
+    assert "--activation-quantization int8" in table
     assert "c=1: continuous batching 60.0, stateful LLMPipeline 80.0" in table
 
 
@@ -105,6 +109,7 @@ def test_offline_table_names_the_cpu_says_it_is_offline_and_keeps_openvinos_fast
     (["--concurrency", "0,8"], "at least 1"),
     (["--requests-per-level", "0"], "at least 1"),
     (["--concurrency", "64", "--context-tokens", "4096"], "does not hold 64 requests"),
+    (["--activation-modes", "int4"], "choose from"),
 ])
 def test_offline_refuses_a_workload_that_cannot_run(argv, message, capsys):
     with pytest.raises(SystemExit):
