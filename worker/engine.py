@@ -125,7 +125,7 @@ class LLMEngine:
         self.speculative = "off" if spec is None else spec.describe()
         log.info("engine ready: %s on %s, dtype %s, attention %s, quantization %s, %d KV blocks of %d tokens in %s, "
                  "max_model_len %d, decode steps as one kernel program: %s, as CUDA graphs: %s, "
-                 "speculative decoding: %s", mc.architecture, self.device, self.dtype, self.attention_backend.name,
+                 "speculative decoding: %s", mc.architecture, self.device, self.dtype, self.attention_backend.describe(),
                  "none" if quant is None else quant.describe(),
                  num_blocks, config.block_size, self.kv_dtype, self.max_model_len, self.runner.decode_program_status,
                  self.runner.decode_graphs_status, self.speculative)

@@ -31,6 +31,9 @@ class MojoCudaAttentionBackend:
     # width, the kernel's max_cache_len), so a plan built from bounds is valid for any lengths within them.
     capturable_decode = True
 
+    def describe(self) -> str:
+        return f"{self.name} (GPU)"
+
     def __init__(self, shape: GpuShape, dtype: torch.dtype, block_size: int, device: torch.device,
                  self_check: bool = True):
         reason = unsupported_reason(shape, dtype, block_size)

@@ -43,6 +43,9 @@ class AttentionBackend(Protocol):
     name: str
     capturable_decode: bool  # plans decode steps whose lengths are bounds (meta.lengths_are_bounds)
 
+    def describe(self) -> str:
+        """The backend and how it serves, for the start log."""
+
     def plan(self, meta: AttentionMetadata) -> Any: ...
 
     def write_kv(self, k_cache: torch.Tensor, v_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

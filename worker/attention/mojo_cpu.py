@@ -12,6 +12,17 @@ from kernels.reference import attention as reference
 from worker.attention.metadata import AttentionMetadata
 
 
+PREFILL_CHOICES = ("kernel", "sdpa")
+
+
+def default_prefill() -> str:
+    """Who attends prefill chunks on this CPU: SDPA where it has AMX tiles (its matrix products run on them), else
+    the kernel (see MojoAttentionBackend)."""
+    from kernels.builder.target import cpu_flags
+
+    return "sdpa" if "amx_bf16" in cpu_flags() else "kernel"
+
+
 @dataclass(frozen=True)
 class MojoStepPlan:
     kernel: Any  # kernels.attention.StepPlan: KV writes, and the rows the Mojo kernel attends
@@ -29,23 +40,39 @@ class MojoAttentionBackend:
     step of the default model at batch 32 took 40.3 ms instead of 46.3 with the reference's gather +
     SDPA, and 60.1 instead of 72.4 at batch 64 (loadtest/profile_step.py, 2-core x86-64).
 
-    Prefill chunks go to the reference's SDPA over gathered pages: the Mojo kernel computes them
-    correctly (its tests cover them) but one query row at a time, several times slower than SDPA's
-    matrix products, so serving them there would lengthen time to first token.
+    Prefill chunks: the kernel computes each query row on its own, so on a CPU without AMX it is faster
+    than torch's SDPA (whose bfloat16 matrix products run MKL's generic path there: 1.5-2.4x at 128-2048
+    tokens, 2-core AMD EPYC, loadtest/bench_kernels.py) and a prompt's rows get the same bits however it is
+    chunked and whichever step holds them. Where the CPU has AMX tiles, SDPA's matrix products run on them and
+    are several times faster than row-at-a-time, so prefill chunks go to the reference's SDPA over the
+    gathered pages (kernels/reference/attention.py's tiles keep those bits chunk-invariant too).
     """
 
     name = "mojo"
     capturable_decode = False  # plans from the host lengths; CUDA graphs are a GPU matter anyway
 
-    def __init__(self):
+    def __init__(self, prefill: str | None = None):
+        """prefill: who attends prefill chunks, "kernel" or "sdpa" (None: default_prefill())."""
         from kernels import attention as mojo_attention
+
+        prefill = prefill or default_prefill()
+        if prefill not in PREFILL_CHOICES:
+            raise ValueError(f"prefill must be one of {', '.join(PREFILL_CHOICES)}, got {prefill!r}")
         self._ops = mojo_attention
         self._module = mojo_attention.load_module()
+        self.prefill = prefill
+
+    def describe(self) -> str:
+        return f"mojo (prefill chunks: {'the kernel' if self.prefill == 'kernel' else 'SDPA'})"
 
     def plan(self, meta: AttentionMetadata) -> MojoStepPlan:
         if meta.lengths_are_bounds:
             raise ValueError("the CPU Mojo kernels plan from the step's own lengths, not from bounds")
         query_lens = meta.query_lens_host
+        if self.prefill == "kernel":  # every row
+            kernel = self._ops.StepPlan.build(meta.block_tables, meta.context_lens_host, query_lens, meta.slot_mapping,
+                                              meta.block_size)
+            return MojoStepPlan(kernel, None, kernel_attends=True)
         kernel = self._ops.StepPlan.build(meta.block_tables, meta.context_lens_host, query_lens, meta.slot_mapping,
                                           meta.block_size, max_query_len=1, skip=meta.single_prompt_rows)
         ref_plan = None

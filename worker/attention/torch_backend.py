@@ -17,6 +17,9 @@ class TorchAttentionBackend:
     name = "torch"
     capturable_decode = True
 
+    def describe(self) -> str:
+        return self.name
+
     def plan(self, meta: AttentionMetadata) -> reference.AttentionPlan:
         if meta.lengths_are_bounds:
             return reference.plan_decode_on_device(meta.block_tables, meta.context_lens, meta.block_size)

@@ -201,3 +201,17 @@ def test_a_rows_bits_depend_on_neither_block_size_nor_batch(module, test_seed, d
             outs.append(out[min(2, others)])
     for out in outs[1:]:
         assert torch.equal(out, outs[0])
+
+
+def test_prefill_chunks_go_to_the_kernel_unless_the_cpu_has_amx(monkeypatch):
+    from kernels.builder import target
+    from worker.attention import mojo_cpu
+
+    assert mojo_cpu.MojoAttentionBackend(prefill="sdpa").describe() == "mojo (prefill chunks: SDPA)"
+    assert mojo_cpu.MojoAttentionBackend(prefill="kernel").describe() == "mojo (prefill chunks: the kernel)"
+    with pytest.raises(ValueError, match="prefill must be one of"):
+        mojo_cpu.MojoAttentionBackend(prefill="gemm")
+    monkeypatch.setattr(target, "cpu_flags", lambda *_: frozenset({"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}))
+    assert mojo_cpu.default_prefill() == "sdpa"
+    monkeypatch.setattr(target, "cpu_flags", lambda *_: frozenset({"avx512f", "avx512_bf16"}))
+    assert mojo_cpu.default_prefill() == "kernel"

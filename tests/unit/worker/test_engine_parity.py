@@ -1,5 +1,6 @@
 """The engine against transformers on random tiny Qwen3 / Qwen2 / Llama models, float32, with each
-attention backend (the torch reference and the Mojo kernels).
+attention backend (the torch reference and the Mojo kernels, their prefill chunks attended by the kernel and by
+SDPA: which one serves depends on the CPU, worker/attention/mojo_cpu.py, and both are tested on every CPU).
 
 Every sampled position's logits must match the reference forward pass (rtol 1e-4) and every greedy
 token must be the reference's argmax, through mixed batches, tiny prefill chunks, prefix-cache hits
@@ -11,13 +12,18 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers import parity_cases as cases
+from worker.attention import mojo_cpu
 from tests.helpers.tiny_models import TINY_MODELS, build_tiny_model
 
 
-@pytest.fixture(params=["torch", "mojo"])
-def backend(request) -> str:
+@pytest.fixture(params=["torch", "mojo-kernel-prefill", "mojo-sdpa-prefill"])
+def backend(request, monkeypatch) -> str:
     """Both attention backends must match transformers; "mojo" fails (never skips) if the kernels do not load."""
-    return request.param
+    if request.param == "torch":
+        return "torch"
+    prefill = request.param.split("-")[1]
+    monkeypatch.setattr(mojo_cpu, "default_prefill", lambda: prefill)
+    return "mojo"
 
 
 @pytest.fixture(params=sorted(TINY_MODELS))
