@@ -201,11 +201,11 @@ _CHUNK, _MAX_GROUP, _KEYS = 256, 4, 16
 
 def _scratch_width(k_cache: torch.Tensor) -> int:
     """Float32 scratch per work item: for head_dim 64 and 128 (attention_chunks.mojo, which uses its range's first
-    item's) a chunk's scores and key offsets and a group of keys widened to bfloat16 with their scales; for
+    item's) a chunk's scores and key offsets and a group of keys' int8 row scales; for
     others (attention.mojo's _attend_rows) two head_dim vectors and a group of 16 keys' scores."""
     head_dim = kv_int8.head_dim_of(k_cache)
     if head_dim in (64, 128):
-        return _MAX_GROUP * _CHUNK + 2 * _CHUNK + _KEYS * head_dim // 2 + _KEYS
+        return _MAX_GROUP * _CHUNK + 2 * _CHUNK + _KEYS
     return 2 * head_dim + 16
 
 

@@ -4,24 +4,24 @@
 # through the context together (up to 4 at a time, 2 at head_dim 128), in chunks of CHUNK keys, each in two
 # passes:
 #   1. scores: 16 keys at a time, every key leaves a 16-lane vector of partial sums of its dot product, and a
-#      tree of shuffles (four levels, three operations per pair of vectors) sums the 16 vectors lane-wise, so
-#      the group's 16 scores land in one vector with no per-key reduction. Where the CPU has AVX-512 BF16 and
-#      the queries are bfloat16, the partial sums are vdpbf16ps products (exact in float32) of the query and
-#      key rows as stored; an int8 cache's group of keys is widened to bfloat16 once (its integers are exact
-#      there) for every head, and the row scales multiply the scores. Otherwise they are float32 products.
+#      tree of shuffles (kernels/lane_tree.mojo) sums the 16 vectors lane-wise, so the group's 16 scores land
+#      in one vector with no per-key reduction. With bfloat16 queries the partial sums are integer or exact
+#      products of the rows as stored: over a bfloat16 cache, vdpbf16ps (where the CPU has AVX-512 BF16);
+#      over an int8 cache, vpdpwssd of the key's int8 values (sign-extended) and the query in 16-bit integers
+#      (its scale and the keys' row scales multiply the 16 scores). Otherwise they are float32 products.
 #   2. the chunk's softmax weights (its maximum folded into the running one, as an online softmax does
 #      between chunks), then V: each row widened to float32 once and added into every head's accumulator,
 #      weighted by its score read back from scratch (a broadcast load).
 # Scores and key offsets of a chunk live in the calling thread's scratch. Nothing depends on which other items
 # are in the call or on the thread: a row gets the same bits in any batch.
 
-from std.math import exp
-from std.memory import bitcast
+from std.math import exp, round
 from std.sys import CompilationTarget, llvm_intrinsic, size_of
 from std.sys.intrinsics import prefetch, PrefetchOptions
 from numerics import narrow
 from params import Params, param_int, param_ptr, param_float
 from kv_int8 import I8, row_scale, row_width
+from lane_tree import bitrev4, lane_sums
 
 comptime F32 = DType.float32
 comptime BF16 = DType.bfloat16
@@ -31,50 +31,13 @@ comptime GROUPS = CHUNK // KEYS
 comptime MAX_GROUP = 4  # query heads per pass (2 at head_dim 128: their accumulators fill 16 zmm)
 comptime F32x16 = SIMD[F32, KEYS]
 comptime BF16x32 = SIMD[BF16, 32]
+comptime I16x32 = SIMD[DType.int16, 32]
+comptime I32x16 = SIMD[DType.int32, KEYS]
 comptime HAS_BF16_DOT = CompilationTarget._has_feature["avx512bf16"]()
+comptime HAS_I16_DOT = CompilationTarget.has_vnni()
+comptime I16_MAX = Float32(32767)
 comptime NEG = Float32(-3.0e38)
 comptime AHEAD = 4  # groups of keys whose K rows are prefetched ahead of the one being scored
-
-
-def chunk_scratch_floats(head_dim: Int) -> Int:
-    """Float32 scratch per thread: scores [MAX_GROUP, CHUNK], key offsets [CHUNK] int64, a group of keys widened
-    to bfloat16 [KEYS, head_dim] and their scales [KEYS]."""
-    return MAX_GROUP * CHUNK + 2 * CHUNK + KEYS * head_dim // 2 + KEYS
-
-
-@always_inline
-def _bitrev4(j: Int) -> Int:
-    """The 4-bit reversal of j: the tree leaves slot j's sum in lane bitrev4(j)."""
-    return ((j & 1) << 3) | ((j & 2) << 1) | ((j & 4) >> 1) | ((j & 8) >> 3)
-
-
-@always_inline
-def _pair_sum[level: Int](a: F32x16, b: F32x16) -> F32x16:
-    """One level of the tree: halves the lanes that hold each slot's partial sums, interleaving a's and b's."""
-    comptime if level == 1:
-        return a.shuffle[0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23](b) + \
-            a.shuffle[8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31](b)
-    elif level == 2:
-        return a.shuffle[0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27](b) + \
-            a.shuffle[4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31](b)
-    elif level == 3:
-        return a.shuffle[0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29](b) + \
-            a.shuffle[2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31](b)
-    else:
-        return a.shuffle[0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30](b) + \
-            a.shuffle[1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31](b)
-
-
-@always_inline
-def _lane_sums(p: Array[F32x16, KEYS]) -> F32x16:
-    """Lane i of the result: the sum of the lanes of p[bitrev4(i)] (so key j's partials go in slot bitrev4(j))."""
-    var t = Array[F32x16, 8](fill=F32x16(0))
-    comptime for i in range(8):
-        t[i] = _pair_sum[1](p[2 * i], p[2 * i + 1])
-    var u = Array[F32x16, 4](fill=F32x16(0))
-    comptime for i in range(4):
-        u[i] = _pair_sum[2](t[2 * i], t[2 * i + 1])
-    return _pair_sum[4](_pair_sum[3](u[0], u[1]), _pair_sum[3](u[2], u[3]))
 
 
 @always_inline
@@ -92,6 +55,17 @@ def _partials_bf16[HD: Int](q: Pointer[Scalar[BF16], MutAnyOrigin], k: Pointer[S
     return acc
 
 
+
+@always_inline
+def _partials_i16[HD: Int](q: Array[I16x32, HD // 32], k: Pointer[Scalar[I8], MutAnyOrigin]) -> I32x16:
+    """16 partial sums of the 16-bit query q (HD values) . the int8 row k[:HD], exact (vpdpwssd: |q| <= 32767,
+    |k| <= 127, so a sum of 256 products stays far inside int32)."""
+    var acc = I32x16(0)
+    comptime for c in range(HD // 32):
+        acc = llvm_intrinsic["llvm.x86.avx512.vpdpwssd.512", I32x16](
+            acc, q[c], k.unsafe_offset(32 * c).unsafe_load[width=32]().cast[DType.int16]())
+    return acc
+
 @always_inline
 def _prefetch_rows[cdt: DType, RW: Int](cache: Pointer[Scalar[cdt], MutAnyOrigin],
                                         offsets: Pointer[Scalar[DType.int64], MutAnyOrigin], n: Int):
@@ -107,7 +81,8 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
     """Work items [begin, end) of kernels/attention.mojo's paged_attention (same parameters) for head_dim HD."""
     comptime RW = row_width[cdt](HD)
     comptime G = MAX_GROUP if HD <= 64 else 2
-    comptime BF16_DOT = HAS_BF16_DOT and dt == BF16 and (cdt == BF16 or cdt == I8)
+    comptime BF16_DOT = HAS_BF16_DOT and dt == BF16 and cdt == BF16
+    comptime I16_DOT = HAS_I16_DOT and dt == BF16 and cdt == I8
     var out = param_ptr[dt](args, 0)
     var query = param_ptr[dt](args, 1)
     var k_cache = param_ptr[cdt](args, 2)
@@ -124,12 +99,12 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
     var out_stride = param_int(args, 15)
     var scale = param_float(args, 16)
     var scratch_width = param_int(args, 20)
-    # This thread's scratch: the first item's (the items of one range run on one thread, one after another).
+    # This thread's scratch, the first item's (the items of one range run on one thread, one after another):
+    # scores [MAX_GROUP, CHUNK] float32, key offsets [CHUNK] int64, a group's int8 row scales [KEYS] float32
+    # (kernels/attention.py's _scratch_width allots it).
     var scores = param_ptr[F32](args, 17).unsafe_offset(begin * scratch_width)
     var offsets = Pointer[Scalar[DType.int64], MutAnyOrigin](unsafe_from_address=Int(scores.unsafe_offset(MAX_GROUP * CHUNK)))
-    var wide_keys = Pointer[Scalar[BF16], MutAnyOrigin](
-        unsafe_from_address=Int(scores.unsafe_offset(MAX_GROUP * CHUNK + 2 * CHUNK)))
-    var key_scales = scores.unsafe_offset(MAX_GROUP * CHUNK + 2 * CHUNK + KEYS * HD // 2)
+    var key_scales = scores.unsafe_offset(MAX_GROUP * CHUNK + 2 * CHUNK)
     var group = num_heads // kv_heads
     var row_stride = kv_heads * RW
     var lane = F32x16(0)
@@ -151,7 +126,18 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
                 var ng = min(G, group - g0)
                 var qp = query.unsafe_offset(token * q_stride + (kvh * group + g0) * HD)
                 var qf = Array[SIMD[F32, HD], G](fill=SIMD[F32, HD](0))  # scaled float32 queries
-                comptime if not BF16_DOT:
+                var q16 = Array[I16x32, G * (HD // 32)](fill=I16x32(0))  # I16_DOT: 16-bit queries ...
+                var q16_scale = Array[Float32, G](fill=Float32(0))  # ... and the factor that restores them
+                comptime if I16_DOT:
+                    comptime for g in range(G):
+                        if g < ng:
+                            var q = qp.unsafe_offset(g * HD).unsafe_load[width=HD]().cast[F32]()
+                            var qmax = abs(q).reduce_max()
+                            var qi = round(q * (I16_MAX / qmax if qmax > 0 else Float32(0))).cast[DType.int16]()
+                            comptime for c in range(HD // 32):
+                                q16[g * (HD // 32) + c] = qi.slice[32, offset=32 * c]()
+                            q16_scale[g] = qmax / I16_MAX * scale
+                elif not BF16_DOT:
                     comptime for g in range(G):
                         if g < ng:
                             qf[g] = qp.unsafe_offset(g * HD).unsafe_load[width=HD]().cast[F32]() * scale
@@ -185,39 +171,41 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
                                                     min(KEYS, nk - j0 - AHEAD * KEYS))
                         _prefetch_rows[cdt, RW](v_cache, offs, n)  # for pass 2
                         var row_scales = F32x16(1)
-                        comptime if BF16_DOT and cdt == I8:
+                        comptime if I16_DOT:
                             for j in range(KEYS):
-                                if j < n:
-                                    var row = k_cache.unsafe_offset(Int(offs[unsafe_offset=j]))
-                                    var f = row.unsafe_load[width=HD]().cast[F32]()
-                                    wide_keys.unsafe_offset(j * HD).unsafe_store(
-                                        bitcast[BF16, HD]((bitcast[DType.uint32, HD](f) >> 16).cast[DType.uint16]()))
-                                    key_scales[unsafe_offset=j] = row_scale[cdt](row, HD)
-                                else:
-                                    key_scales[unsafe_offset=j] = Float32(1)
+                                key_scales[unsafe_offset=j] = row_scale[cdt](
+                                    k_cache.unsafe_offset(Int(offs[unsafe_offset=j])), HD) if j < n else Float32(1)
                             row_scales = key_scales.unsafe_load[width=KEYS]()
                         comptime for g in range(G):
                             if g < ng:
-                                var p = Array[F32x16, KEYS](fill=F32x16(0))
-                                comptime for j in range(KEYS):
-                                    if j < n:
-                                        var k_row = k_cache.unsafe_offset(Int(offs[unsafe_offset=j]))
-                                        comptime if BF16_DOT:
-                                            var q_row = rebind[Pointer[Scalar[BF16], MutAnyOrigin]](
-                                                qp.unsafe_offset(g * HD))
-                                            comptime if cdt == I8:
-                                                p[_bitrev4(j)] = _partials_bf16[HD](q_row, wide_keys.unsafe_offset(j * HD))
+                                var s: F32x16
+                                comptime if I16_DOT:
+                                    var pi = Array[I32x16, KEYS](fill=I32x16(0))
+                                    var qg = Array[I16x32, HD // 32](fill=I16x32(0))
+                                    comptime for c in range(HD // 32):
+                                        qg[c] = q16[g * (HD // 32) + c]
+                                    comptime for j in range(KEYS):
+                                        if j < n:
+                                            pi[bitrev4(j)] = _partials_i16[HD](qg, rebind[Pointer[Scalar[I8], MutAnyOrigin]](
+                                                k_cache.unsafe_offset(Int(offs[unsafe_offset=j]))))
+                                    s = lane_sums(pi).cast[F32]() * row_scales * q16_scale[g]
+                                else:
+                                    var p = Array[F32x16, KEYS](fill=F32x16(0))
+                                    comptime for j in range(KEYS):
+                                        if j < n:
+                                            var k_row = k_cache.unsafe_offset(Int(offs[unsafe_offset=j]))
+                                            comptime if BF16_DOT:
+                                                p[bitrev4(j)] = _partials_bf16[HD](
+                                                    rebind[Pointer[Scalar[BF16], MutAnyOrigin]](qp.unsafe_offset(g * HD)),
+                                                    rebind[Pointer[Scalar[BF16], MutAnyOrigin]](k_row))
                                             else:
-                                                p[_bitrev4(j)] = _partials_bf16[HD](
-                                                    q_row, rebind[Pointer[Scalar[BF16], MutAnyOrigin]](k_row))
-                                        else:
-                                            var prod = (qf[g] * k_row.unsafe_load[width=HD]().cast[F32]()).reduce_add[KEYS]()
-                                            comptime if cdt == I8:
-                                                prod = prod * row_scale[cdt](k_row, HD)
-                                            p[_bitrev4(j)] = prod
-                                var s = _lane_sums(p)
-                                comptime if BF16_DOT:
-                                    s = s * row_scales * scale
+                                                var prod = (qf[g] * k_row.unsafe_load[width=HD]().cast[F32]()).reduce_add[KEYS]()
+                                                comptime if cdt == I8:
+                                                    prod = prod * row_scale[cdt](k_row, HD)
+                                                p[bitrev4(j)] = prod
+                                    s = lane_sums(p)
+                                    comptime if BF16_DOT:
+                                        s = s * scale
                                 s = lane.lt(F32x16(Float32(n))).select(s, F32x16(NEG))
                                 maxes[g] = max(maxes[g], s)
                                 scores.unsafe_offset(g * CHUNK + j0).unsafe_store(s)

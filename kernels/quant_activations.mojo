@@ -21,6 +21,7 @@
 
 from std.math import round
 from params import Params, param_int, param_ptr
+from lane_tree import bitrev4, lane_maxima, lane_sums
 
 comptime F32 = DType.float32
 comptime BF16 = DType.bfloat16
@@ -69,67 +70,9 @@ comptime F32x16 = SIMD[F32, GROUP]
 comptime I32x16 = SIMD[DType.int32, GROUP]
 
 
-@always_inline
-def _halve[level: Int, dt: DType](a: SIMD[dt, 16], b: SIMD[dt, 16]) -> Tuple[SIMD[dt, 16], SIMD[dt, 16]]:
-    """One level of a lane-wise reduction tree over 16 vectors: the two halves to combine (by max or +), each
-    holding half as many lanes of each of a's and b's slots, interleaved."""
-    comptime if level == 1:
-        return (a.shuffle[0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23](b),
-                a.shuffle[8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31](b))
-    elif level == 2:
-        return (a.shuffle[0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27](b),
-                a.shuffle[4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31](b))
-    elif level == 3:
-        return (a.shuffle[0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29](b),
-                a.shuffle[2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31](b))
-    else:
-        return (a.shuffle[0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30](b),
-                a.shuffle[1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31](b))
-
-
-@always_inline
-def _bitrev4(j: Int) -> Int:
-    """The tree leaves slot j's result in lane bitrev4(j): block j's vector goes in slot bitrev4(j)."""
-    return ((j & 1) << 3) | ((j & 2) << 1) | ((j & 4) >> 1) | ((j & 8) >> 3)
-
-
-@always_inline
-def _lane_max(v: Array[F32x16, GROUP]) -> F32x16:
-    """Lane i: the largest lane of v[bitrev4(i)] (exact: max neither rounds nor depends on order)."""
-    var t = Array[F32x16, 8](fill=F32x16(0))
-    comptime for i in range(8):
-        var h = _halve[1](v[2 * i], v[2 * i + 1])
-        t[i] = max(h[0], h[1])
-    var u = Array[F32x16, 4](fill=F32x16(0))
-    comptime for i in range(4):
-        var h = _halve[2](t[2 * i], t[2 * i + 1])
-        u[i] = max(h[0], h[1])
-    var a = _halve[3](u[0], u[1])
-    var b = _halve[3](u[2], u[3])
-    var c = _halve[4](max(a[0], a[1]), max(b[0], b[1]))
-    return max(c[0], c[1])
-
-
-@always_inline
-def _lane_sums(v: Array[I32x16, GROUP]) -> I32x16:
-    """Lane i: the sum of the lanes of v[bitrev4(i)] (exact: int32, no overflow at these magnitudes)."""
-    var t = Array[I32x16, 8](fill=I32x16(0))
-    comptime for i in range(8):
-        var h = _halve[1](v[2 * i], v[2 * i + 1])
-        t[i] = h[0] + h[1]
-    var u = Array[I32x16, 4](fill=I32x16(0))
-    comptime for i in range(4):
-        var h = _halve[2](t[2 * i], t[2 * i + 1])
-        u[i] = h[0] + h[1]
-    var a = _halve[3](u[0], u[1])
-    var b = _halve[3](u[2], u[3])
-    var c = _halve[4](a[0] + a[1], b[0] + b[1])
-    return c[0] + c[1]
-
-
 def _quantize_rows[dt: DType, two: Bool](p: Params, begin: Int, end: Int):
     """Up to GROUP blocks of a row at a time: their maxima, 127 / max, and sums are reduced lane-wise by a tree
-    (no per-block horizontal reduction), then stored per block. The same operations per value as one block at a
+    (kernels/lane_tree.mojo: no per-block horizontal reduction), then stored per block. The same operations per value as one block at a
     time, so the same bits (kernels/reference/quant_matmul.py)."""
     var x = param_ptr[dt](p, P_X)
     var m = param_int(p, P_M)
@@ -150,8 +93,8 @@ def _quantize_rows[dt: DType, two: Bool](p: Params, begin: Int, end: Int):
                 if j < n:
                     var v = x.unsafe_offset(r * k + (b0 + j) * QK).unsafe_load[width=QK]().cast[F32]()
                     var a = abs(v)
-                    peaks[_bitrev4(j)] = max(a.slice[16, offset=0](), a.slice[16, offset=16]())
-            var amax = _lane_max(peaks)  # lane j: block b0 + j's max |x|
+                    peaks[bitrev4(j)] = max(a.slice[16, offset=0](), a.slice[16, offset=16]())
+            var amax = lane_maxima(peaks)  # lane j: block b0 + j's max |x|
             var inv = amax.gt(F32x16(0)).select(F32x16(127) / amax, F32x16(0))
             var lo_parts = Array[I32x16, GROUP](fill=I32x16(0))
             var hi_parts = Array[I32x16, GROUP](fill=I32x16(0))
@@ -168,10 +111,10 @@ def _quantize_rows[dt: DType, two: Bool](p: Params, begin: Int, end: Int):
                         var q2i = round(t * 254).cast[DType.int32]() - q1i * 254
                         qa2.unsafe_offset(at).unsafe_store(q2i.cast[DType.int8]())
                         q = q1i * 254 + q2i
-                    lo_parts[_bitrev4(j)] = q.slice[16, offset=0]()  # |lo| <= 16 * 32258
-                    hi_parts[_bitrev4(j)] = q.slice[16, offset=16]()
-            var lo = _lane_sums(lo_parts)
-            var s = lo + _lane_sums(hi_parts)  # |s| <= 32 * 32258
+                    lo_parts[bitrev4(j)] = q.slice[16, offset=0]()  # |lo| <= 16 * 32258
+                    hi_parts[bitrev4(j)] = q.slice[16, offset=16]()
+            var lo = lane_sums(lo_parts)
+            var s = lo + lane_sums(hi_parts)  # |s| <= 32 * 32258
             var d = amax / Float32(32258 if two else 127)
             var d_s = d * s.cast[F32]()
             for j in range(n):
