@@ -123,9 +123,11 @@ def test_padded_rows_write_only_the_scratch_block(tiny, test_seed, graphs_on_cpu
     for engine in (eager, padded):
         run_greedy(engine, prompts, 12, stagger=2)
     assert 3 in graph_rows, "no step padded its rows (3 rows run as 4)"
+    # float32 attention over a step's rows padded to 4 rounds differently from 3 rows, and later tokens' K/V
+    # inherit that (1.1e-5 seen, MILI_TEST_SEED=475591585); a row that read the marker would be off by far more.
     for (k_e, v_e), (k_p, v_p) in zip(eager.runner.kv_caches, padded.runner.kv_caches):
-        torch.testing.assert_close(k_p[:scratch], k_e[:scratch], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(v_p[:scratch], v_e[:scratch], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(k_p[:scratch], k_e[:scratch], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(v_p[:scratch], v_e[:scratch], rtol=1e-4, atol=1e-4)
         for cache in (k_p, v_p):
             assert (cache[scratch, 0] != marker).all(), "the padded rows did not write the scratch block's slot 0"
             assert (cache[scratch, 1:] == marker).all(), "something else wrote the scratch block"
