@@ -22,7 +22,7 @@ from std.math import exp
 from std.sys import simd_width_of
 from numerics import narrow
 from params import Params, param_int, param_ptr, param_float
-from kv_int8 import I8, quantize_row, row_scale, row_width
+from kv_int8 import I8, quantize_row, scale_at, scale_offset, value_offset
 from attention_chunks import attend_chunks
 
 comptime F32 = DType.float32
@@ -78,12 +78,14 @@ comptime GROUP_KEYS = 16  # keys per online-softmax update in _attend_rows
 
 
 @always_inline
-def _row_offset(block_tables: Pointer[Scalar[DType.int32], MutAnyOrigin], table: Int, pos: Int, block_size: Int,
-                row_stride: Int, head_offset: Int) -> Int:
-    """The cache offset of position pos's row for one KV head (head_offset) in the sequence whose table starts at
-    block_tables[table]."""
+def _row_place[cdt: DType](block_tables: Pointer[Scalar[DType.int32], MutAnyOrigin], table: Int, pos: Int,
+                           block_size: Int, kv_heads: Int, head: Int, head_dim: Int) -> Tuple[Int, Int]:
+    """(values offset, scale offset) of position pos's row for KV head `head` in the sequence whose table starts
+    at block_tables[table] (kernels/kv_int8.mojo)."""
     var page = Int(block_tables[unsafe_offset=table + pos // block_size])
-    return (page * block_size + pos % block_size) * row_stride + head_offset
+    var in_page = pos % block_size
+    return (value_offset[cdt](page, in_page, head, block_size, kv_heads, head_dim),
+            scale_offset[cdt](page, in_page, head, block_size, kv_heads, head_dim))
 
 
 def _attend_rows[dt: DType, cdt: DType](args: Params, begin: Int, end: Int):
@@ -106,13 +108,11 @@ def _attend_rows[dt: DType, cdt: DType](args: Params, begin: Int, end: Int):
     var scale = param_float(args, 16)
     var scratch = param_ptr[F32](args, 17)
     var group = num_heads // kv_heads
-    var rw = row_width[cdt](head_dim)  # one head's row in the cache
-    var row_stride = kv_heads * rw  # between consecutive tokens of a page
     var scratch_per_item = param_int(args, SCRATCH_WIDTH_PARAM)
 
     def item(i: Int) {imm out, imm query, imm k_cache, imm v_cache, imm block_tables, imm context_lens,
                       imm query_start, imm items, imm head_dim, imm block_size, imm max_blocks, imm q_stride,
-                      imm out_stride, imm scale, imm scratch, imm group, imm rw, imm row_stride,
+                      imm out_stride, imm scale, imm scratch, imm group, imm kv_heads,
                       imm scratch_per_item}:
         var seq = Int(items[unsafe_offset=4 * i])
         var kvh = Int(items[unsafe_offset=4 * i + 1])
@@ -142,9 +142,9 @@ def _attend_rows[dt: DType, cdt: DType](args: Params, begin: Int, end: Int):
                     var n = min(GROUP_KEYS, visible - k0)
                     var block_max = Float32(-3.0e38)
                     for j in range(n):
-                        var k_row = k_cache.unsafe_offset(_row_offset(block_tables, seq * max_blocks, k0 + j, block_size,
-                                                                      row_stride, kvh * rw))
-                        var s = _dot[cdt](q, k_row, head_dim) * row_scale[cdt](k_row, head_dim)
+                        var at = _row_place[cdt](block_tables, seq * max_blocks, k0 + j, block_size, kv_heads, kvh,
+                                                 head_dim)
+                        var s = _dot[cdt](q, k_cache.unsafe_offset(at[0]), head_dim) * scale_at[cdt](k_cache, at[1])
                         scores[unsafe_offset=j] = s
                         block_max = max(block_max, s)
                     var new_m = max(m, block_max)
@@ -154,10 +154,10 @@ def _attend_rows[dt: DType, cdt: DType](args: Params, begin: Int, end: Int):
                         var w = exp(scores[unsafe_offset=j] - new_m)
                         l += w
                         # The correction applies once per group; later keys of the group add with corr 1.
-                        var v_row = v_cache.unsafe_offset(_row_offset(block_tables, seq * max_blocks, k0 + j, block_size,
-                                                                      row_stride, kvh * rw))
-                        _scale_add[cdt](acc, corr if j == 0 else Float32(1), w * row_scale[cdt](v_row, head_dim),
-                                        v_row, head_dim)
+                        var at = _row_place[cdt](block_tables, seq * max_blocks, k0 + j, block_size, kv_heads, kvh,
+                                                 head_dim)
+                        _scale_add[cdt](acc, corr if j == 0 else Float32(1), w * scale_at[cdt](v_cache, at[1]),
+                                        v_cache.unsafe_offset(at[0]), head_dim)
                     m = new_m
                     k0 += GROUP_KEYS
                 var inv = Float32(1) / l
@@ -218,15 +218,19 @@ def _quantize_rows[dt: DType](p: Params):
     var key_stride = param_int(p, 7)
     var value_stride = param_int(p, 8)
     var head_dim = param_int(p, 11)
+    var block_size = param_int(p, 12)
     var kv_heads = param_int(p, 6) // head_dim
-    var rw = row_width[I8](head_dim)
     for t in range(num_tokens):
         var slot = Int(slots[unsafe_offset=t])
+        var page = slot // block_size
+        var in_page = slot % block_size
         for h in range(kv_heads):
-            var dst = (slot * kv_heads + h) * rw
-            quantize_row[dt](k_cache.unsafe_offset(dst), key.unsafe_offset(t * key_stride + h * head_dim), head_dim)
-            quantize_row[dt](v_cache.unsafe_offset(dst), value.unsafe_offset(t * value_stride + h * head_dim),
-                             head_dim)
+            var at = value_offset[I8](page, in_page, h, block_size, kv_heads, head_dim)
+            var scale = scale_offset[I8](page, in_page, h, block_size, kv_heads, head_dim)
+            quantize_row[dt](k_cache.unsafe_offset(at), k_cache.unsafe_offset(scale),
+                             key.unsafe_offset(t * key_stride + h * head_dim), head_dim)
+            quantize_row[dt](v_cache.unsafe_offset(at), v_cache.unsafe_offset(scale),
+                             value.unsafe_offset(t * value_stride + h * head_dim), head_dim)
 
 
 def _copy_rows[dt: DType](p: Params):

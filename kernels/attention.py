@@ -159,7 +159,8 @@ def write_kv(module: ModuleType, k_cache: torch.Tensor, v_cache: torch.Tensor, k
     check_slots(plan, k_cache)
     params = kernel_params(k_cache.data_ptr(), v_cache.data_ptr(), key.data_ptr(), value.data_ptr(),
                            plan.slot_mapping.data_ptr(), plan.num_tokens, kv_heads * head_dim, key.stride(0),
-                           value.stride(0), DTYPE_CODES[key.dtype], int(kv_int8.is_int8(k_cache)), head_dim)
+                           value.stride(0), DTYPE_CODES[key.dtype], int(kv_int8.is_int8(k_cache)), head_dim,
+                           k_cache.shape[1])
     module.write_kv((params.buffer_info()[0],))
 
 
@@ -201,11 +202,11 @@ _CHUNK, _MAX_GROUP, _KEYS = 256, 4, 16
 
 def _scratch_width(k_cache: torch.Tensor) -> int:
     """Float32 scratch per work item: for head_dim 64 and 128 (attention_chunks.mojo, which uses its range's first
-    item's) a chunk's scores and key offsets and a group of keys' int8 row scales; for
+    item's) a chunk's scores, its keys' values and scale offsets, and a group of keys' int8 row scales; for
     others (attention.mojo's _attend_rows) two head_dim vectors and a group of 16 keys' scores."""
     head_dim = kv_int8.head_dim_of(k_cache)
     if head_dim in (64, 128):
-        return _MAX_GROUP * _CHUNK + 2 * _CHUNK + _KEYS
+        return _MAX_GROUP * _CHUNK + 4 * _CHUNK + _KEYS
     return 2 * head_dim + 16
 
 

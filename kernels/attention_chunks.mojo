@@ -20,7 +20,7 @@ from std.sys import CompilationTarget, llvm_intrinsic, size_of
 from std.sys.intrinsics import prefetch, PrefetchOptions
 from numerics import narrow
 from params import Params, param_int, param_ptr, param_float
-from kv_int8 import I8, row_scale, row_width
+from kv_int8 import I8, scale_at, scale_offset, value_offset
 from lane_tree import bitrev4, lane_sums
 
 comptime F32 = DType.float32
@@ -67,19 +67,23 @@ def _partials_i16[HD: Int](q: Array[I16x32, HD // 32], k: Pointer[Scalar[I8], Mu
     return acc
 
 @always_inline
-def _prefetch_rows[cdt: DType, RW: Int](cache: Pointer[Scalar[cdt], MutAnyOrigin],
-                                        offsets: Pointer[Scalar[DType.int64], MutAnyOrigin], n: Int):
-    """Software prefetch (into L2) of the n cache rows at offsets[:n], one request per 64-byte line."""
+def _prefetch_rows[cdt: DType, HD: Int](cache: Pointer[Scalar[cdt], MutAnyOrigin],
+                                        offsets: Pointer[Scalar[DType.int64], MutAnyOrigin],
+                                        scale_offsets: Pointer[Scalar[DType.int64], MutAnyOrigin], n: Int):
+    """Software prefetch (into L2) of the n cache rows' values at offsets[:n], one request per 64-byte line, and
+    of an int8 cache's row scales at scale_offsets[:n]."""
     comptime per_line = 64 // size_of[cdt]()
     for t in range(n):
         var row = cache.unsafe_offset(Int(offsets[unsafe_offset=t]))
-        comptime for e in range(0, RW, per_line):
+        comptime for e in range(0, HD, per_line):
             prefetch[PrefetchOptions().for_read().medium_locality()](row.unsafe_offset(e))
+        comptime if cdt == I8:
+            prefetch[PrefetchOptions().for_read().medium_locality()](
+                cache.unsafe_offset(Int(scale_offsets[unsafe_offset=t])))
 
 
 def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end: Int):
     """Work items [begin, end) of kernels/attention.mojo's paged_attention (same parameters) for head_dim HD."""
-    comptime RW = row_width[cdt](HD)
     comptime G = MAX_GROUP if HD <= 64 else 2
     comptime BF16_DOT = HAS_BF16_DOT and dt == BF16 and cdt == BF16
     comptime I16_DOT = HAS_I16_DOT and dt == BF16 and cdt == I8
@@ -100,13 +104,14 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
     var scale = param_float(args, 16)
     var scratch_width = param_int(args, 20)
     # This thread's scratch, the first item's (the items of one range run on one thread, one after another):
-    # scores [MAX_GROUP, CHUNK] float32, key offsets [CHUNK] int64, a group's int8 row scales [KEYS] float32
-    # (kernels/attention.py's _scratch_width allots it).
+    # scores [MAX_GROUP, CHUNK] float32, the keys' values and (int8) scale offsets [2, CHUNK] int64, a group's
+    # int8 row scales [KEYS] float32 (kernels/attention.py's _scratch_width allots it).
     var scores = param_ptr[F32](args, 17).unsafe_offset(begin * scratch_width)
     var offsets = Pointer[Scalar[DType.int64], MutAnyOrigin](unsafe_from_address=Int(scores.unsafe_offset(MAX_GROUP * CHUNK)))
-    var key_scales = scores.unsafe_offset(MAX_GROUP * CHUNK + 2 * CHUNK)
+    var scale_offsets = offsets.unsafe_offset(CHUNK)
+    var key_scales = scores.unsafe_offset(MAX_GROUP * CHUNK + 4 * CHUNK)
     var group = num_heads // kv_heads
-    var row_stride = kv_heads * RW
+    var row_stride = kv_heads * HD  # between a page's consecutive tokens' values
     var lane = F32x16(0)
     comptime for j in range(KEYS):
         lane[j] = Float32(j)
@@ -148,18 +153,23 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
                 while c0 < visible:
                     var nk = min(CHUNK, visible - c0)
                     var n_groups = (nk + KEYS - 1) // KEYS
-                    # Each key's row offset in the cache (K and V share the layout).
+                    # Each key's values offset (and an int8 row's scale offset) in the cache; K and V share the
+                    # layout (kernels/kv_int8.mojo).
                     var t = 0
                     while t < nk:
                         var pos = c0 + t
                         var page = Int(table[unsafe_offset=pos // block_size])
                         var in_page = pos % block_size
                         var run = min(block_size - in_page, nk - t)
-                        var base = (page * block_size + in_page) * row_stride + kvh * RW
+                        var base = value_offset[cdt](page, in_page, kvh, block_size, kv_heads, HD)
                         for u in range(run):
                             offsets[unsafe_offset=t + u] = Int64(base + u * row_stride)
+                        comptime if cdt == I8:
+                            var scale_base = scale_offset[cdt](page, in_page, kvh, block_size, kv_heads, HD)
+                            for u in range(run):
+                                scale_offsets[unsafe_offset=t + u] = Int64(scale_base + u * kv_heads * 4)
                         t += run
-                    _prefetch_rows[cdt, RW](k_cache, offsets, min(nk, AHEAD * KEYS))
+                    _prefetch_rows[cdt, HD](k_cache, offsets, scale_offsets, min(nk, AHEAD * KEYS))
                     # Pass 1: the chunk's scores, each head's running maximum in a vector.
                     var maxes = Array[F32x16, G](fill=F32x16(NEG))
                     for gi in range(n_groups):
@@ -167,14 +177,15 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
                         var n = min(KEYS, nk - j0)
                         var offs = offsets.unsafe_offset(j0)
                         if j0 + AHEAD * KEYS < nk:
-                            _prefetch_rows[cdt, RW](k_cache, offsets.unsafe_offset(j0 + AHEAD * KEYS),
+                            _prefetch_rows[cdt, HD](k_cache, offsets.unsafe_offset(j0 + AHEAD * KEYS),
+                                                    scale_offsets.unsafe_offset(j0 + AHEAD * KEYS),
                                                     min(KEYS, nk - j0 - AHEAD * KEYS))
-                        _prefetch_rows[cdt, RW](v_cache, offs, n)  # for pass 2
+                        _prefetch_rows[cdt, HD](v_cache, offs, scale_offsets.unsafe_offset(j0), n)  # for pass 2
                         var row_scales = F32x16(1)
                         comptime if I16_DOT:
                             for j in range(KEYS):
-                                key_scales[unsafe_offset=j] = row_scale[cdt](
-                                    k_cache.unsafe_offset(Int(offs[unsafe_offset=j])), HD) if j < n else Float32(1)
+                                key_scales[unsafe_offset=j] = scale_at[cdt](
+                                    k_cache, Int(scale_offsets[unsafe_offset=j0 + j])) if j < n else Float32(1)
                             row_scales = key_scales.unsafe_load[width=KEYS]()
                         comptime for g in range(G):
                             if g < ng:
@@ -201,7 +212,8 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
                                             else:
                                                 var prod = (qf[g] * k_row.unsafe_load[width=HD]().cast[F32]()).reduce_add[KEYS]()
                                                 comptime if cdt == I8:
-                                                    prod = prod * row_scale[cdt](k_row, HD)
+                                                    prod = prod * scale_at[cdt](
+                                                        k_cache, Int(scale_offsets[unsafe_offset=j0 + j]))
                                                 p[bitrev4(j)] = prod
                                     s = lane_sums(p)
                                     comptime if BF16_DOT:
@@ -225,9 +237,8 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
                             m[g] = new_m
                     # Pass 2: V rows, each widened once and added into every head's accumulator.
                     for t2 in range(nk):
-                        var v_row = v_cache.unsafe_offset(Int(offsets[unsafe_offset=t2]))
-                        var v = v_row.unsafe_load[width=HD]().cast[F32]()
-                        var vs = row_scale[cdt](v_row, HD)
+                        var v = v_cache.unsafe_offset(Int(offsets[unsafe_offset=t2])).unsafe_load[width=HD]().cast[F32]()
+                        var vs = scale_at[cdt](v_cache, Int(scale_offsets[unsafe_offset=t2]))
                         comptime for g in range(G):
                             if g < ng:
                                 var w = scores[unsafe_offset=g * CHUNK + t2]

@@ -1,9 +1,11 @@
-# The int8 KV cache's rows, shared by the KV writes (attention.mojo, layers.mojo) and attention's reads.
+# The KV cache's layout (every dtype) and the int8 cache's rule, shared by the KV writes (attention.mojo,
+# layers.mojo) and attention's reads (attention.mojo, attention_chunks.mojo).
 #
-# Layout and rule (kernels/kv_int8.py, the torch form the tests compare against bit for bit): a row of one
-# token and one KV head is head_dim int8 values, then their float32 scale in 4 bytes;
-# q = round-half-even(x * (127 / max|x|)), scale = max|x| / 127, a zero row stores zeros. A cache of
-# another dtype (float32, bfloat16) has rows of head_dim values and scale 1.
+# Layout and rule (kernels/kv_int8.py, the torch form the tests compare against bit for bit): a block holds
+# block_size x kv_heads rows of head_dim values, row (t, h) at (t * kv_heads + h) * head_dim; an int8 cache's
+# block then holds the rows' float32 scales, in the same order, in its last block_size x kv_heads x 4 bytes.
+# q = round-half-even(x * (127 / max|x|)), scale = max|x| / 127, a zero row stores zeros. A cache of another
+# dtype (float32, bfloat16) has no scales (scale 1).
 
 from std.math import round
 from std.memory import bitcast
@@ -15,16 +17,43 @@ comptime SCALE_BYTES = 4
 
 @always_inline
 def row_width[cdt: DType](head_dim: Int) -> Int:
-    """Elements per cache row of one token and one KV head."""
+    """Elements per (token, KV head) in a block: its values, and an int8 row's scale bytes."""
     comptime if cdt == I8:
         return head_dim + SCALE_BYTES
     else:
         return head_dim
 
 
-def quantize_row[dt: DType](dst: Pointer[Scalar[I8], MutAnyOrigin], src: Pointer[Scalar[dt], MutAnyOrigin],
-                            head_dim: Int):
-    """dst[:head_dim + 4] = the int8 row of src[:head_dim] (head_dim a multiple of 8)."""
+@always_inline
+def value_offset[cdt: DType](page: Int, in_page: Int, head: Int, block_size: Int, kv_heads: Int,
+                             head_dim: Int) -> Int:
+    """Elements from the cache's start to the values of token in_page of block page, KV head head."""
+    return page * block_size * kv_heads * row_width[cdt](head_dim) + (in_page * kv_heads + head) * head_dim
+
+
+@always_inline
+def scale_offset[cdt: DType](page: Int, in_page: Int, head: Int, block_size: Int, kv_heads: Int,
+                             head_dim: Int) -> Int:
+    """Bytes from an int8 cache's start to the scale of that row (0 for other dtypes: they have none)."""
+    comptime if cdt == I8:
+        return page * block_size * kv_heads * (head_dim + SCALE_BYTES) + block_size * kv_heads * head_dim \
+            + (in_page * kv_heads + head) * SCALE_BYTES
+    else:
+        return 0
+
+
+@always_inline
+def scale_at[cdt: DType](cache: Pointer[Scalar[cdt], MutAnyOrigin], offset: Int) -> Float32:
+    """The scale at scale_offset `offset` of an int8 cache (1 for a cache that is not int8)."""
+    comptime if cdt == I8:
+        return bitcast[F32, 1](cache.unsafe_offset(offset).unsafe_load[width=SCALE_BYTES]())
+    else:
+        return Float32(1)
+
+
+def quantize_row[dt: DType](values: Pointer[Scalar[I8], MutAnyOrigin], scale: Pointer[Scalar[I8], MutAnyOrigin],
+                            src: Pointer[Scalar[dt], MutAnyOrigin], head_dim: Int):
+    """values[:head_dim] and the 4 bytes at scale = the int8 row of src[:head_dim] (head_dim a multiple of 8)."""
     var m = SIMD[F32, 8](0)
     var d = 0
     while d < head_dim:
@@ -36,15 +65,6 @@ def quantize_row[dt: DType](dst: Pointer[Scalar[I8], MutAnyOrigin], src: Pointer
     while d < head_dim:
         # round() is half-to-even; one product and no sum, so no FMA contraction can change a value.
         var t = src.unsafe_offset(d).unsafe_load[width=8]().cast[F32]() * inv
-        dst.unsafe_offset(d).unsafe_store(round(t).cast[DType.int32]().cast[I8]())
+        values.unsafe_offset(d).unsafe_store(round(t).cast[DType.int32]().cast[I8]())
         d += 8
-    dst.unsafe_offset(head_dim).unsafe_store(bitcast[I8, SCALE_BYTES](SIMD[F32, 1](amax / 127)))
-
-
-@always_inline
-def row_scale[cdt: DType](row: Pointer[Scalar[cdt], MutAnyOrigin], head_dim: Int) -> Float32:
-    """The scale of the cache row starting at `row` (1 for a cache that is not int8)."""
-    comptime if cdt == I8:
-        return bitcast[F32, 1](row.unsafe_offset(head_dim).unsafe_load[width=SCALE_BYTES]())
-    else:
-        return Float32(1)
+    scale.unsafe_store(bitcast[I8, SCALE_BYTES](SIMD[F32, 1](amax / 127)))

@@ -19,7 +19,7 @@ from std.math import exp, sqrt
 from std.sys import simd_width_of
 from numerics import narrow, round_to
 from params import Params, param_int, param_ptr, param_float
-from kv_int8 import I8, quantize_row, row_width
+from kv_int8 import I8, quantize_row, row_width, scale_offset, value_offset
 
 comptime F32 = DType.float32
 comptime BF16 = DType.bfloat16
@@ -183,12 +183,12 @@ def _rope_write_kv[dt: DType, cdt: DType](args: Params, begin: Int, end: Int):
     var eps = param_float(args, 15)
     var scratch = param_ptr[F32](args, 16)  # [tokens, 2 * head_dim] float32
     var has_norm = param_int(args, 8) != 0
-    var rw = row_width[cdt](head_dim)
-    var kv_row = kv_heads * rw
+    var block_size = param_int(args, 19)
+    var kv_row = kv_heads * row_width[cdt](head_dim)  # a float cache's token: its heads' rows together
 
     def token(t: Int) {imm args, imm q_out, imm qkv, imm slots, imm positions, imm cos,
                        imm sin_signed, imm q_norm, imm k_norm, imm heads, imm kv_heads, imm head_dim,
-                       imm qkv_stride, imm eps, imm scratch, imm has_norm, imm rw, imm kv_row}:
+                       imm qkv_stride, imm eps, imm scratch, imm has_norm, imm block_size, imm kv_row}:
         var src = qkv.unsafe_offset(t * qkv_stride)
         var pos = Int(positions[unsafe_offset=t])
         var c = cos.unsafe_offset(pos * head_dim)
@@ -204,11 +204,15 @@ def _rope_write_kv[dt: DType, cdt: DType](args: Params, begin: Int, end: Int):
         comptime if cdt == I8:
             var k_i8 = param_ptr[I8](args, 2)
             var v_i8 = param_ptr[I8](args, 3)
+            var page = slot // block_size
+            var in_page = slot % block_size
             for h in range(kv_heads):
                 _rope_head[dt, F32](rotated, k_src.unsafe_offset(h * head_dim), k_norm, has_norm, eps, c, s, tmp,
                                     head_dim)
-                quantize_row[F32](k_i8.unsafe_offset(slot * kv_row + h * rw), rotated, head_dim)
-                quantize_row[dt](v_i8.unsafe_offset(slot * kv_row + h * rw), v_src.unsafe_offset(h * head_dim),
+                var at = value_offset[I8](page, in_page, h, block_size, kv_heads, head_dim)
+                var scale_at = scale_offset[I8](page, in_page, h, block_size, kv_heads, head_dim)
+                quantize_row[F32](k_i8.unsafe_offset(at), k_i8.unsafe_offset(scale_at), rotated, head_dim)
+                quantize_row[dt](v_i8.unsafe_offset(at), v_i8.unsafe_offset(scale_at), v_src.unsafe_offset(h * head_dim),
                                  head_dim)
         else:
             var k_dst = param_ptr[dt](args, 2)

@@ -63,7 +63,7 @@ def kernel(cfg: ModelConfig, batch: int, context: int, rounds: int) -> None:
     torch.manual_seed(0)
     heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     b = random_paged_batch(rng, [(context, 1)] * batch, 16, kv_heads, head_dim, torch.bfloat16)
-    caches = {"bfloat16": (b.k_cache, b.v_cache), "int8": (kv_int8.quantize(b.k_cache), kv_int8.quantize(b.v_cache))}
+    caches = {"bfloat16": (b.k_cache, b.v_cache), "int8": (kv_int8.to_cache(b.k_cache), kv_int8.to_cache(b.v_cache))}
     query = torch.randn(batch, heads, head_dim).to(torch.bfloat16)
     fns = {name: (lambda k=k, v=v: mojo_attention.paged_attention(module, query, k, v, b.plan, head_dim ** -0.5))
            for name, (k, v) in caches.items()}

@@ -11,8 +11,9 @@ Everything that depends only on the step's shape (indices, masks) is computed on
 `plan_attention` and reused by every layer.
 
 Cache layout, per layer: K and V as [num_blocks, block_size, num_kv_heads, head_dim], or an int8 cache's
-[num_blocks, block_size, num_kv_heads, head_dim + 4] rows of values and scale (kernels/kv_int8.py): written
-by quantizing each new row, read by dequantizing the gathered rows to float32, and attended in float32.
+[num_blocks, block_size, num_kv_heads, head_dim + 4] bytes per block, its rows' values then their scales
+(kernels/kv_int8.py): written by quantizing each new row, read by dequantizing the gathered blocks to float32,
+and attended in float32.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, key: torch.Tensor, va
              slot_mapping: torch.Tensor) -> None:
     """Scatter the step's new K/V rows into the paged cache. key/value: [num_tokens, kv_heads, head_dim];
     slot_mapping: [num_tokens] int64 flat slot (block * block_size + offset)."""
-    num_blocks, block_size, kv_heads, row = k_cache.shape
     if kv_int8.is_int8(k_cache):
-        key, value = kv_int8.quantize(key), kv_int8.quantize(value)  # [num_tokens, kv_heads, head_dim + 4]
+        kv_int8.write(k_cache, slot_mapping, key)
+        kv_int8.write(v_cache, slot_mapping, value)
+        return
+    num_blocks, block_size, kv_heads, row = k_cache.shape
     k_cache.view(num_blocks * block_size, kv_heads, row).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
     v_cache.view(num_blocks * block_size, kv_heads, row).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
 
@@ -176,10 +179,10 @@ def _gather_kv(cache: torch.Tensor, block_ids: torch.Tensor, length: int) -> tor
     num_blocks, block_size, kv_heads, row = cache.shape
     lead = block_ids.shape[:-1]
     # index_select over whole blocks copies contiguous rows; advanced indexing would go element-wise.
-    blocks = cache.view(num_blocks, -1).index_select(0, block_ids.reshape(-1))
-    rows = blocks.view(*lead, -1, kv_heads, row)[..., :length, :, :]  # [..., length, kv_heads, row]
+    blocks = cache.view(num_blocks, -1).index_select(0, block_ids.reshape(-1)).view(-1, block_size, kv_heads, row)
     if kv_int8.is_int8(cache):
-        rows = kv_int8.dequantize(rows)  # [..., length, kv_heads, head_dim] float32
+        blocks = kv_int8.dequantize(blocks)  # [n_blocks, block_size, kv_heads, head_dim] float32
+    rows = blocks.reshape(*lead, -1, kv_heads, blocks.shape[-1])[..., :length, :, :]  # [..., length, kv_heads, d]
     return rows.transpose(-3, -2)
 
 

@@ -32,21 +32,39 @@ def test_rows_round_trip_within_half_a_step(test_seed):
     x = torch.randn(50, 3, 64, generator=g) * torch.rand(50, 3, 1, generator=g) * 10
     x[7, 1] = 0  # a zero row: scale 0, values 0
     x[9, 2, 5] = 1e4  # an outlier sets its row's scale
-    rows = kv_int8.quantize(x)
-    assert rows.dtype == torch.int8 and rows.shape == (50, 3, 64 + kv_int8.SCALE_BYTES)
-    scale = kv_int8.scales(rows)  # [50, 3, 1]
-    assert torch.equal(scale, x.abs().amax(-1, keepdim=True) / 127)
-    assert rows[..., :64].abs().max() <= 127 and (rows[..., :64].abs().amax(-1) == 127)[scale[..., 0] > 0].all()
-    err = (kv_int8.dequantize(rows) - x).abs()
-    assert (err <= scale / 2 * (1 + 1e-6)).all()  # round to nearest: at most half a step
-    assert torch.equal(kv_int8.dequantize(rows[7, 1]), torch.zeros(64))
-    assert kv_int8.head_dim_of(rows) == 64 and kv_int8.row_width(64, torch.int8) == 68
+    q, scale = kv_int8.quantize_rows(x)
+    assert q.dtype == torch.int8 and q.shape == (50, 3, 64) and scale.shape == (50, 3)
+    assert torch.equal(scale, x.abs().amax(-1) / 127)
+    assert q.abs().max() <= 127 and (q.abs().amax(-1) == 127)[scale > 0].all()
+    # A cache of those rows (50 tokens in blocks of 10) gives them back within half a step.
+    cache = kv_int8.to_cache(x.view(5, 10, 3, 64))
+    assert cache.dtype == torch.int8 and cache.shape == (5, 10, 3, 64 + kv_int8.SCALE_BYTES)
+    err = (kv_int8.dequantize(cache).view(50, 3, 64) - x).abs()
+    assert (err <= scale.unsqueeze(-1) / 2 * (1 + 1e-6)).all()  # round to nearest: at most half a step
+    assert torch.equal(kv_int8.dequantize(cache).view(50, 3, 64)[7, 1], torch.zeros(64))
+    assert kv_int8.head_dim_of(cache) == 64 and kv_int8.row_width(64, torch.int8) == 68
+
+
+def test_a_blocks_values_come_before_its_scales(test_seed):
+    """The layout the kernels read: in each block, row (t, h)'s values at bytes (t * kv_heads + h) * head_dim,
+    then every row's float32 scale in the same order."""
+    g = torch.Generator().manual_seed(test_seed)
+    x = torch.randn(4, 16, 3, 64, generator=g)
+    cache = kv_int8.to_cache(x)
+    q, scale = kv_int8.quantize_rows(x)
+    block = cache.view(4, -1)[2]
+    assert torch.equal(block[:16 * 3 * 64].view(16, 3, 64), q[2])
+    assert torch.equal(block[16 * 3 * 64:].view(torch.float32).view(16, 3), scale[2])
+    # write() puts a token's rows where to_cache does.
+    written = torch.zeros_like(cache)
+    kv_int8.write(written, torch.arange(64), x.view(64, 3, 64))
+    assert torch.equal(written, cache)
 
 
 def int8_batch(rng: random.Random, block_size, kv_heads, head_dim, dtype, seqs):
     """A random paged batch whose caches are the int8 rows of its random float caches."""
     b = random_paged_batch(rng, seqs, block_size, kv_heads, head_dim, dtype)
-    return b, kv_int8.quantize(b.k_cache), kv_int8.quantize(b.v_cache)
+    return b, kv_int8.to_cache(b.k_cache), kv_int8.to_cache(b.v_cache)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
@@ -88,7 +106,7 @@ def test_rope_write_kv_stores_the_int8_rows_of_what_a_float_cache_holds(layers_m
     q_float, k_float, v_float = run(dtype)
     q_int8, k_int8, v_int8 = run(torch.int8)
     assert torch.equal(q_int8, q_float)
-    assert torch.equal(k_int8, kv_int8.quantize(k_float)) and torch.equal(v_int8, kv_int8.quantize(v_float))
+    assert torch.equal(k_int8, kv_int8.to_cache(k_float)) and torch.equal(v_int8, kv_int8.to_cache(v_float))
 
 
 def check_against_reference(module, rng, block_size, kv_heads, group, head_dim, dtype, seqs):
@@ -135,7 +153,7 @@ def test_error_against_a_bfloat16_cache_is_bounded(module, test_seed):
     b = random_paged_batch(rng, [(c, 1) for c in (5, 64, 300, 1500)], 16, 2, 64, torch.bfloat16)
     query = (torch.randn(b.plan.num_tokens, 8, 64) * 2).to(torch.bfloat16)
     exact = reference.paged_attention(query.float(), b.k_cache.float(), b.v_cache.float(), b.ref_plan, 0.125)
-    int8 = mojo_attention.paged_attention(module, query, kv_int8.quantize(b.k_cache), kv_int8.quantize(b.v_cache),
+    int8 = mojo_attention.paged_attention(module, query, kv_int8.to_cache(b.k_cache), kv_int8.to_cache(b.v_cache),
                                           b.plan, 0.125)
     bf16 = mojo_attention.paged_attention(module, query, b.k_cache, b.v_cache, b.plan, 0.125)
     bound = 0.02 * exact.abs().amax()
