@@ -80,14 +80,15 @@ def markdown(results: dict) -> str:
               "| server | concurrency | TTFT | TPOT | ITL | end-to-end | errors |", "|---|---|---|---|---|---|---|"]
     for server in servers:
         runs = list(results["servers"][server]["levels"].items())
-        runs.append(("1, 512-token prompts", results["servers"][server]["ttft_long_prompt"]))
+        runs.append((f"1, {s.get('ttft_input_len', 512)}-token prompts", results["servers"][server]["ttft_long_prompt"]))
         for level, run in runs:
             cells = [f"{run[k]['median_ms']:.1f} / {run[k]['p99_ms']:.1f}" for k in ("ttft", "tpot", "itl",
                                                                                     "e2e_latency")]
             lines.append(f"| {server} | {level} | " + " | ".join(cells) + f" | {run['errors']} |")
 
     ttft = {x: results["servers"][x]["ttft_long_prompt"]["ttft"]["median_ms"] for x in servers}
-    lines += ["", "Time to first token for 512-token prompts at concurrency 1, median: "
+    long_prompt = s.get("ttft_input_len", 512)
+    lines += ["", f"Time to first token for {long_prompt}-token prompts at concurrency 1, median: "
               + ", ".join(f"{x} {ttft[x]:.1f} ms" for x in servers)
               + "".join(f"; {a} / {b} {ratio(b, ttft[a], ttft[b])}" for a, b in pairs) + ".",
               "", "Peak resident memory (VmHWM; for servers of several processes, each one's peak, summed): "

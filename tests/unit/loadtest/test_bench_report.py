@@ -49,6 +49,10 @@ def test_other_mili_configurations_get_ratios_against_the_peers_only():
             "| mili-int8 / llama-server |") in table
     assert "| 32 | 600.0 | 900.0 | 300.0 | 0.67x | 2.00x | 3.00x |" in table
     assert "mili-int8 / llama-server 0.05x" in table
+    assert "Time to first token for 512-token prompts" in table  # the sweep's default when settings omit it
+    results["settings"]["ttft_input_len"] = 2048
+    table = markdown(results)
+    assert "Time to first token for 2048-token prompts" in table and "| mili | 1, 2048-token prompts |" in table
 
 def test_markdown_memory_by_process_and_context():
     results = {
