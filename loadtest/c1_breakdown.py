@@ -9,7 +9,7 @@ building, the decoder (the quantized decode program: embedding and input copies,
 for every layer), the output head, the sampler, and the rest of `step` (bookkeeping, outputs, the KV audit).
 Each is reported as the median over --steps steady decode steps, in wall time and in the main thread's CPU
 time (the program's OpenMP threads are not in the latter). Bytes per token: every quantized projection's
-packed blocks, the head's, and the context's K and V, over the measured copy bandwidth: the floor a
+packed blocks, the head's, and the context's K and V, over the measured read bandwidth: the floor a
 bandwidth-bound decoder cannot go below. On a shared machine wall times carry others' load: read shares.
 """
 
@@ -26,7 +26,7 @@ import torch
 
 from gateway.serve import resolve_model
 from loadtest.bench_engine import make_prompts
-from loadtest.bench_kernels import copy_bandwidth
+from loadtest.bench_kernels import read_bandwidth
 from loadtest.machine import cpu_name
 from shared.config import EngineConfig
 from shared.sampling_params import SamplingParams
@@ -107,11 +107,11 @@ def engine_breakdown(args: argparse.Namespace) -> float:
     for n in STAGES:
         print(f"| {n} | {med[n] * 1e3:.3f} | {med[n] / step:.0%} | {cpu[n] * 1e3:.3f} |")
     print(f"| whole step | {step * 1e3:.3f} | 100% | {cpu['step'] * 1e3:.3f} |")
-    bw = copy_bandwidth()
+    bw = read_bandwidth()
     b = bytes_per_token(engine, args.context)
     total = sum(b.values())
     print(f"\nbytes per token: linears {b['linears'] / 1e6:.1f} MB, head {b['head'] / 1e6:.1f} MB, "
-          f"KV {b['kv'] / 1e6:.1f} MB = {total / 1e6:.1f} MB; copy bandwidth {bw / 1e9:.1f} GB/s -> floor "
+          f"KV {b['kv'] / 1e6:.1f} MB = {total / 1e6:.1f} MB; read bandwidth {bw / 1e9:.1f} GB/s -> floor "
           f"{total / bw * 1e3:.2f} ms; decoder + head took {(med['decoder'] + med['head']) * 1e3:.2f} ms "
           f"({total / (med['decoder'] + med['head']) / 1e9:.1f} GB/s)")
     return step
