@@ -27,7 +27,6 @@ comptime F32 = DType.float32
 comptime BF16 = DType.bfloat16
 comptime KEYS = 16  # keys scored together: one float32 vector of scores per query head
 comptime CHUNK = 256  # keys per two-pass chunk: a multiple of KEYS
-comptime GROUPS = CHUNK // KEYS
 comptime MAX_GROUP = 4  # query heads per pass (2 at head_dim 128: their accumulators fill 16 zmm)
 comptime F32x16 = SIMD[F32, KEYS]
 comptime BF16x32 = SIMD[BF16, 32]
