@@ -82,8 +82,9 @@ def bytes_per_token(engine: LLMEngine, context: int) -> dict[str, int]:
 
 
 def engine_breakdown(args: argparse.Namespace) -> float:
+    # One 2048-token sequence's KV, whatever the model's size (a fixed budget held too few tokens for Qwen3-0.6B's).
     engine = LLMEngine(EngineConfig(model=str(resolve_model(args.model)[0]), max_model_len=2048,
-                                    kv_cache_dtype=args.kv_cache_dtype, kv_cache_memory=128 << 20))
+                                    kv_cache_dtype=args.kv_cache_dtype, num_kv_blocks=2048 // 16))
     prompt = make_prompts(1, args.context, args.context, engine.model_config.vocab_size, seed=1)[0]
     engine.add_request("c1", prompt, SamplingParams(temperature=0.0, max_tokens=2 * args.steps + 16,
                                                     ignore_eos=True))
