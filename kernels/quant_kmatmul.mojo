@@ -308,22 +308,37 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int, two: Bool](p: Params, t: Int, r
         _finish_row[out_dt](p, y[r], row0 + r, t)
 
 
+def _row_groups[kind: Int, out_dt: DType, two: Bool](p: Params, t: Int, start: Int, end: Int):
+    """Rows start .. end-1 of tile t in groups of rows_per_block, the rest in halving groups (6 rows of 4 a
+    group run as 4 + 2, not 4 + 1 + 1): each group unpacks a weight block once for all its rows, and a
+    few-row step (a speculating sequence's verification rows) pays few passes. A row's arithmetic is the
+    same in every group size, so its bits do not depend on the batch."""
+    comptime R = rows_per_block[kind, two]()
+    var r = start
+    while r + R <= end:
+        _tile_rows[kind, out_dt, R, two](p, t, r)
+        r += R
+    comptime if R >= 8:
+        if r + 4 <= end:
+            _tile_rows[kind, out_dt, 4, two](p, t, r)
+            r += 4
+    comptime if R >= 4:
+        if r + 2 <= end:
+            _tile_rows[kind, out_dt, 2, two](p, t, r)
+            r += 2
+    if r < end:
+        _tile_rows[kind, out_dt, 1, two](p, t, r)
+
+
 def _tiles[kind: Int, out_dt: DType, two: Bool](p: Params, begin: Int, end: Int):
     var m = param_int(p, 4)
-    comptime R = rows_per_block[kind, two]()
     # Rows in chunks that keep their int8 activations in cache while the thread's tiles pass over them.
     var chunk = row_chunk[two](param_int(p, P_K))
     var r0 = 0
     while r0 < m:
         var r1 = min(r0 + chunk, m)
         for t in range(begin, end):
-            var r = r0
-            while r + R <= r1:
-                _tile_rows[kind, out_dt, R, two](p, t, r)
-                r += R
-            while r < r1:
-                _tile_rows[kind, out_dt, 1, two](p, t, r)
-                r += 1
+            _row_groups[kind, out_dt, two](p, t, r0, r1)
         r0 = r1
 
 
@@ -467,7 +482,6 @@ def _tiles_amx[kind: Int, out_dt: DType, two: Bool](p: Params, begin: Int, end: 
     else:
         amx_configure()
     var full = m - m % TN
-    comptime R = rows_per_block[kind, two]()
     # Rows in chunks whose int8 activations (q1 and q2) stay in cache while the thread's tiles pass over
     # them; each tile's weights are unpacked once per chunk. The last chunk also runs the M % 16 rows.
     var chunk = amx_row_chunk(k)
@@ -502,13 +516,7 @@ def _tiles_amx[kind: Int, out_dt: DType, two: Bool](p: Params, begin: Int, end: 
                     _finish_row[out_dt](p, y[r], g0 + r, t)
                 g0 += TN
             if r1 == full:
-                var r = full
-                while r + R <= m:
-                    _tile_rows[kind, out_dt, R, two](p, t, r)
-                    r += R
-                while r < m:
-                    _tile_rows[kind, out_dt, 1, two](p, t, r)
-                    r += 1
+                _row_groups[kind, out_dt, two](p, t, full, m)
         if r1 == full:
             break
         r0 = r1

@@ -247,22 +247,37 @@ def _finish_row[out_dt: DType](p: Params, y: F32x16, row: Int, t: Int):
     _store_tile[out_dt](dst.unsafe_offset(row * ldc + col0), v, count)
 
 
+def _row_groups[kind: Int, out_dt: DType, two: Bool](p: Params, t: Int, start: Int, end: Int):
+    """Rows start .. end-1 of tile t in groups of rows_per_block, the rest in halving groups (6 rows of 4 a
+    group run as 4 + 2, not 4 + 1 + 1): each group unpacks a weight block once for all its rows, and a
+    few-row step (a speculating sequence's verification rows) pays few passes. A row's arithmetic is the
+    same in every group size, so its bits do not depend on the batch."""
+    comptime R = rows_per_block[two]()
+    var r = start
+    while r + R <= end:
+        _tile_rows[kind, out_dt, R, two](p, t, r)
+        r += R
+    comptime if R >= 8:
+        if r + 4 <= end:
+            _tile_rows[kind, out_dt, 4, two](p, t, r)
+            r += 4
+    comptime if R >= 4:
+        if r + 2 <= end:
+            _tile_rows[kind, out_dt, 2, two](p, t, r)
+            r += 2
+    if r < end:
+        _tile_rows[kind, out_dt, 1, two](p, t, r)
+
+
 def _tiles[kind: Int, out_dt: DType, two: Bool](p: Params, begin: Int, end: Int):
     var m = param_int(p, 4)
-    comptime R = rows_per_block[two]()
     # Rows in chunks that keep their int8 activations in cache while the thread's tiles pass over them.
     var chunk = row_chunk[two](param_int(p, P_K))
     var r0 = 0
     while r0 < m:
         var r1 = min(r0 + chunk, m)
         for t in range(begin, end):
-            var r = r0
-            while r + R <= r1:
-                _tile_rows[kind, out_dt, R, two](p, t, r)
-                r += R
-            while r < r1:
-                _tile_rows[kind, out_dt, 1, two](p, t, r)
-                r += 1
+            _row_groups[kind, out_dt, two](p, t, r0, r1)
         r0 = r1
 
 
@@ -393,7 +408,6 @@ def _tiles_amx[kind: Int, out_dt: DType, two: Bool](p: Params, begin: Int, end: 
     var bufs = Int(stack_allocation[4096, UInt8, alignment=64]())  # two sets of [C1 | C2] sums
     amx_configure()
     var full = m - m % TN
-    comptime R = rows_per_block[two]()
     var chunk = amx_row_chunk(k)
     var r0 = 0
     while True:  # row chunks; the last one also runs the M % 16 rows
@@ -408,13 +422,7 @@ def _tiles_amx[kind: Int, out_dt: DType, two: Bool](p: Params, begin: Int, end: 
                 _group_amx[kind, out_dt, False, two](p, t, g0, tile_rec, wtile, bufs)
                 g0 += TN
             if r1 == full:
-                var r = full
-                while r + R <= m:
-                    _tile_rows[kind, out_dt, R, two](p, t, r)
-                    r += R
-                while r < m:
-                    _tile_rows[kind, out_dt, 1, two](p, t, r)
-                    r += 1
+                _row_groups[kind, out_dt, two](p, t, full, m)
         if r1 == full:
             break
         r0 = r1

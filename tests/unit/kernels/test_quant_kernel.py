@@ -123,7 +123,7 @@ def test_rows_are_batch_and_thread_invariant(module, qtype, activations, test_se
     assert np.array_equal(full, _run(module, x, packed, qtype, 200, bias, threading="caller", activations=activations))
     for i in (0, 5, 36):
         assert np.array_equal(_run(module, x[i:i + 1], packed, qtype, 200, bias, activations=activations)[0], full[i])
-    for start, size in ((3, 4), (1, 9), (10, 27)):
+    for start, size in ((3, 4), (2, 7), (1, 9), (10, 27)):  # row groups of 8, 4, 2 and 1
         part = _run(module, x[start:start + size], packed, qtype, 200, bias, activations=activations)
         assert np.array_equal(part, full[start:start + size])
 
