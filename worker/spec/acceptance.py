@@ -24,19 +24,31 @@ from collections import deque
 WINDOW = 16  # drafted tokens the acceptance rate is judged over
 MIN_JUDGED = 8  # ... once it holds at least this many
 MIN_ACCEPTANCE = 0.3  # alone (min_acceptance raises it with the batch)
-ACCEPTANCE_PER_SEQUENCE = 0.05
-MAX_MIN_ACCEPTANCE = 0.7
+# A step's cost is about a + b * rows: a reads every weight once, b is one more row's compute. a / b, in rows:
+# on a 2-core Zen 4 (SmolLM2-135M, Q4_1, loadtest/profile_step.py --batch 1..16): 4.3 ms alone, about 1.1-1.3
+# ms a row more from 3 rows on. A machine whose rows are cheaper (AMX) would pay drafts back sooner.
+STEP_COST_IN_ROWS = 2.5
+MAX_MIN_ACCEPTANCE = 0.9
+# A batch is crowded where a drafted row must be accepted more often than not to pay (about 2 sequences and
+# more here). There an accepted probe is followed by PROBE_TOKENS + 1 drafts, not k (the accepted runs grow
+# it from there), and prompt lookup drafts only from its longest n-grams (worker/spec/ngram.py).
+CROWDED_ACCEPTANCE = 0.5
 PROBE_TOKENS = 1  # the longest draft of a probe: a rejected probe costs one row
 PAUSE_STEPS = 8
 MAX_PAUSE_STEPS = 256
 RUN_DECAY = 0.5  # weight of the past in the accepted-run average that sets the draft length
 
 
+def crowded(min_acceptance: float) -> bool:
+    return min_acceptance > CROWDED_ACCEPTANCE
+
+
 def min_acceptance(num_decoding: int) -> float:
-    """The acceptance below which a sequence stops drafting, with num_decoding sequences decoding. Alone,
-    a step reads every weight for one row, so extra rows cost little and a third accepted pays; with
-    many, the step is compute-bound and a rejected row costs about what a decode row does."""
-    return min(MAX_MIN_ACCEPTANCE, MIN_ACCEPTANCE + ACCEPTANCE_PER_SEQUENCE * (num_decoding - 1))
+    """The acceptance below which a sequence stops drafting, with num_decoding (n) sequences decoding. With a
+    step costing a + b * rows, a plain token costs a / n + b and a drafted row b; the row pays when the chance
+    that it becomes a token is at least b / (a / n + b) = n / (n + a / b). Alone, the weights' read dominates
+    and a third accepted pays; beside 15 others, nearly every drafted row must be accepted."""
+    return min(MAX_MIN_ACCEPTANCE, max(MIN_ACCEPTANCE, num_decoding / (num_decoding + STEP_COST_IN_ROWS)))
 
 
 class AcceptanceTracker:
@@ -48,14 +60,16 @@ class AcceptanceTracker:
         self._probe = True  # the next draft is a probe
         self._run = None  # moving average of the tokens accepted per draft (None: none since the last probe)
 
-    def draft_length(self, k: int) -> int:
-        """How many tokens to draft, at most k: a probe's PROBE_TOKENS, k after an accepted probe, else one
-        more than the recent accepted run, so that on a CPU, where every verified row costs nearly a
-        decode row's compute at high batch, rejected rows stay few while long accepted runs grow the draft
-        back to k."""
+    def draft_length(self, k: int, min_acceptance: float = MIN_ACCEPTANCE) -> int:
+        """How many tokens to draft, at most k: a probe's PROBE_TOKENS; after an accepted probe k, or in a
+        crowded batch PROBE_TOKENS + 1; then one more than the recent accepted run, so that where every
+        verified row costs nearly a decode row's compute, rejected rows stay few while long accepted runs
+        grow the draft back to k."""
         if self._probe:
             return min(k, PROBE_TOKENS)
-        return k if self._run is None else max(1, min(k, int(self._run) + 1))
+        if self._run is None:
+            return min(k, PROBE_TOKENS + 1) if crowded(min_acceptance) else k
+        return max(1, min(k, int(self._run) + 1))
 
     def may_draft(self) -> bool:
         """Whether to draft this step (a paused sequence counts the step towards its pause)."""

@@ -45,8 +45,9 @@ class DraftModelProposer:
         self._shadows: dict[tuple[str, int], tuple[Sequence, Sequence]] = {}  # (request, choice) -> (target, shadow)
         self._params = SamplingParams(temperature=0.0)
 
-    def propose_many(self, wanted: list[tuple[Sequence, int]]) -> list[list[int]]:
-        """Up to k greedy draft tokens for each (sequence, k)."""
+    def propose_many(self, wanted: list[tuple[Sequence, int]], crowded: bool = False) -> list[list[int]]:
+        """Up to k greedy draft tokens for each (sequence, k). crowded is not used: the acceptance rule
+        (worker/spec/acceptance.py) alone keeps a crowded batch's drafts short."""
         self._free_finished()
         shadows = [self._sync(seq) for seq, _ in wanted]
         drafts: list[list[int]] = [[] for _ in wanted]

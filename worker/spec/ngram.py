@@ -20,16 +20,23 @@ class NgramProposer:
             raise ValueError(f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {min_n}..{max_n}")
         self.min_n, self.max_n = min_n, max_n
 
-    def propose_many(self, wanted: list[tuple[Sequence, int]]) -> list[list[int]]:
-        return [self.propose(seq.token_ids, k) for seq, k in wanted]
+    def propose_many(self, wanted: list[tuple[Sequence, int]], crowded: bool = False) -> list[list[int]]:
+        """crowded: only the longest n-grams (max_n tokens) are looked up. Text being quoted matches them;
+        open-ended text's shorter recurrences ("of the") guess right about a third of the time (SmolLM2's
+        stories: 30% of tokens drafted from 2-token matches accepted, 40% from 4-token ones; a quoted
+        rewrite 97% from 4-token ones), which pays alone but not beside many sequences."""
+        min_n = self.max_n if crowded else self.min_n
+        return [self.propose(seq.token_ids, k, min_n) for seq, k in wanted]
 
-    def propose(self, token_ids: list[int], k: int) -> list[int]:
-        """Up to k tokens guessed to follow token_ids; [] when no suffix of min_n+ tokens recurs."""
+    def propose(self, token_ids: list[int], k: int, min_n: int | None = None) -> list[int]:
+        """Up to k tokens guessed to follow token_ids; [] when no suffix of min_n+ tokens (default: the
+        configured minimum) recurs."""
+        min_n = self.min_n if min_n is None else min_n
         num = len(token_ids)
-        if k < 1 or num < self.min_n + 1:
+        if k < 1 or num < min_n + 1:
             return []
         data = array("i", token_ids).tobytes()
-        for n in range(min(self.max_n, num - 1), self.min_n - 1, -1):
+        for n in range(min(self.max_n, num - 1), min_n - 1, -1):
             suffix = data[(num - n) * 4:]
             # The occurrence must end before the suffix starts, so that some token follows it.
             end = (num - 1) * 4

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 from shared.speculative_config import SpeculativeConfig
 from worker.core.sequence import Sequence, SequenceStatus
-from worker.spec.acceptance import MIN_ACCEPTANCE, AcceptanceTracker, SpecCounters, min_acceptance
+from worker.spec.acceptance import MIN_ACCEPTANCE, AcceptanceTracker, SpecCounters, crowded, min_acceptance
 from worker.spec.draft_model import DraftModelProposer
 from worker.spec.ngram import NgramProposer
 
 
 class Speculator:
     def __init__(self, config: SpeculativeConfig, max_model_len: int, proposer):
-        """proposer: propose_many([(sequence, k)]) -> up to k drafts each (make_proposer builds it)."""
+        """proposer: propose_many([(sequence, k)], crowded) -> up to k drafts each (make_proposer builds it;
+        crowded: the batch pays only for confident drafts)."""
         self.config = config
         self.k = config.num_speculative_tokens
         self.max_model_len = max_model_len
@@ -45,10 +46,10 @@ class Speculator:
             if seq.spec_state is None:
                 seq.spec_state = AcceptanceTracker()
             if seq.spec_state.may_draft():
-                wanted.append((seq, seq.spec_state.draft_length(k)))
+                wanted.append((seq, seq.spec_state.draft_length(k, self._min_acceptance)))
         if not wanted:
             return
-        for (seq, _), drafts in zip(wanted, self.proposer.propose_many(wanted)):
+        for (seq, _), drafts in zip(wanted, self.proposer.propose_many(wanted, crowded(self._min_acceptance))):
             if drafts and seq.grammar is not None:
                 del drafts[seq.grammar.valid_prefix(drafts):]
             seq.draft_token_ids = drafts

@@ -212,9 +212,12 @@ def test_sampled_distribution_is_the_plain_samplers(tmp_path, test_seed):
     build_tiny_model("qwen3", test_seed, path, vocab_size=vocab)
     prompt = list(range(vocab)) * 2 + [5, 6]  # every token: the 1-gram lookup matches whatever was sampled
     n = 500
+    # 1-grams only: a crowded batch looks up only the longest n-grams (worker/spec/ngram.py)
+    one_gram = {**SPEC, "prompt_lookup_min": 1, "prompt_lookup_max": 1}
 
     def samples(spec: bool, seed_base: int) -> list[tuple[int, ...]]:
-        eng = engine(path, spec, max_num_seqs=128)
+        eng = make_engine(path, attention_backend="mojo", quantization="q8_0", max_num_seqs=128,
+                          speculative_config=one_gram if spec else None)
         params = [SamplingParams(temperature=1.0, top_k=16, top_p=0.95, frequency_penalty=0.3, logit_bias={7: 1.0},
                                  max_tokens=4, ignore_eos=True, seed=seed_base + i) for i in range(n)]
         out = run(eng, [prompt] * n, params, check=False)
