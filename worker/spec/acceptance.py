@@ -5,11 +5,12 @@ A verification step costs more than a plain decode step (every drafted token is 
 model), so a sequence whose drafts keep being rejected (open-ended text) would run slower than without
 speculation. The rule, one per sequence: it starts on probation, and goes back on probation after every
 pause. Its first draft on probation is a probe of PROBE_TOKENS (a failed one costs one row); once a probe is
-accepted it drafts k again. On probation each draft is judged alone: one whose accepted fraction is below
-min_acceptance (higher in a bigger batch) pauses drafting for next_pause decode steps, which doubles on every
-pause (PAUSE_STEPS up to MAX_PAUSE_STEPS). Probation ends when the last WINDOW drafted tokens hold at least
-MIN_JUDGED and meet min_acceptance; that resets next_pause to PAUSE_STEPS. Off probation the window is what
-is judged (below the bar: a pause), and drafts are one token longer than the recent accepted runs
+accepted it drafts k again (2 in a crowded batch). On probation each draft is judged alone: one whose accepted
+fraction is below min_acceptance (what a drafted row must reach to pay for itself, higher in a bigger batch)
+pauses drafting for next_pause decode steps, which doubles on every pause (PAUSE_STEPS up to MAX_PAUSE_STEPS).
+Probation ends when the last WINDOW drafted tokens hold at least MIN_JUDGED and meet min_acceptance; that
+resets next_pause to PAUSE_STEPS. Off probation the window is what is judged (below the bar: a pause), and
+drafts are one token longer than the recent accepted runs, and no longer than their rows pay for
 (draft_length).
 So a sequence that cannot be guessed pays a row per probe, and a few more after a lucky one, at pauses
 that grow 8, 16, 32, ...; the rule before this one drafted until MIN_JUDGED tokens were judged after each
@@ -37,6 +38,11 @@ PROBE_TOKENS = 1  # the longest draft of a probe: a rejected probe costs one row
 PAUSE_STEPS = 8
 MAX_PAUSE_STEPS = 256
 RUN_DECAY = 0.5  # weight of the past in the accepted-run average that sets the draft length
+MAX_PAYING_LENGTH = 64
+# A sequence's chance that a reached draft token is accepted starts from the engine's recent drafts, worth this
+# many of its own tokens (EngineAcceptance); its own drafts since its last pause outweigh it as they come.
+PRIOR_TOKENS = 8
+ENGINE_DECAY = 0.99  # per draft, in the engine-wide counts
 
 
 def crowded(min_acceptance: float) -> bool:
@@ -59,17 +65,33 @@ class AcceptanceTracker:
         self._next_pause = PAUSE_STEPS
         self._probe = True  # the next draft is a probe
         self._run = None  # moving average of the tokens accepted per draft (None: none since the last probe)
+        self._reached = [0, 0]  # draft tokens accepted, and drafts with a rejected token, since the last pause
 
-    def draft_length(self, k: int, min_acceptance: float = MIN_ACCEPTANCE) -> int:
+    def draft_length(self, k: int, min_acceptance: float = MIN_ACCEPTANCE, prior: float = 0.5) -> int:
         """How many tokens to draft, at most k: a probe's PROBE_TOKENS; after an accepted probe k, or in a
-        crowded batch PROBE_TOKENS + 1; then one more than the recent accepted run, so that where every
-        verified row costs nearly a decode row's compute, rejected rows stay few while long accepted runs
-        grow the draft back to k."""
+        crowded batch PROBE_TOKENS + 1; then one more than the recent accepted run, and no more than pay
+        for their rows (_paying_length; prior: EngineAcceptance.chance), so that where every verified row
+        costs nearly a decode row's compute, rejected rows stay few while long accepted runs grow the draft
+        back to k."""
         if self._probe:
             return min(k, PROBE_TOKENS)
         if self._run is None:
             return min(k, PROBE_TOKENS + 1) if crowded(min_acceptance) else k
-        return max(1, min(k, int(self._run) + 1))
+        return max(1, min(k, int(self._run) + 1, self._paying_length(min_acceptance, prior)))
+
+    def _paying_length(self, min_acceptance: float, prior: float) -> int:
+        """The longest draft whose every row pays: token i of a draft becomes a token only if the i before it
+        were accepted, about p^i for p the chance that a reached token is accepted, and a row pays at
+        min_acceptance. p is estimated from the sequence's drafts since its last pause (rejections come in
+        clusters, where quoted text was edited, so a short memory would overreact) and PRIOR_TOKENS of the
+        engine's. At 74% a token beside 3 others (a bar of 62%) that is one token; quoted text (97%) drafts
+        k beside 3 others and 4 beside 15."""
+        accepted, rejected = self._reached
+        p = (accepted + PRIOR_TOKENS * prior) / (accepted + rejected + PRIOR_TOKENS)
+        length, reach = 0, p
+        while reach >= min_acceptance and length < MAX_PAYING_LENGTH:
+            length, reach = length + 1, reach * p
+        return max(1, length)
 
     def may_draft(self) -> bool:
         """Whether to draft this step (a paused sequence counts the step towards its pause)."""
@@ -86,6 +108,8 @@ class AcceptanceTracker:
         else:
             self._run = run if self._run is None else RUN_DECAY * self._run + (1 - RUN_DECAY) * run
         self._recent.extend([True] * num_accepted + [False] * (num_drafted - num_accepted))
+        self._reached[0] += num_accepted
+        self._reached[1] += num_accepted < num_drafted
         if self._probation and num_accepted < min_acceptance * num_drafted:
             self._pause_drafting()
             return
@@ -100,7 +124,25 @@ class AcceptanceTracker:
         self._pause = self._next_pause
         self._next_pause = min(2 * self._next_pause, MAX_PAUSE_STEPS)
         self._recent.clear()
+        self._reached = [0, 0]
         self._probation, self._run, self._probe = True, None, True
+
+
+class EngineAcceptance:
+    """The chance that a reached draft token is accepted, over the engine's recent drafts (counts decayed by
+    ENGINE_DECAY a draft, one accepted and one rejected token of prior): what a sequence with little history
+    of its own is assumed to get. Where the workload quotes its prompts, new sequences' drafts grow long at
+    once; where it tells stories, they stay short."""
+
+    def __init__(self):
+        self._accepted = self._rejected = 0.0
+
+    def record(self, num_drafted: int, num_accepted: int) -> None:
+        self._accepted = ENGINE_DECAY * self._accepted + num_accepted
+        self._rejected = ENGINE_DECAY * self._rejected + (num_accepted < num_drafted)
+
+    def chance(self) -> float:
+        return (self._accepted + 1) / (self._accepted + self._rejected + 2)
 
 
 class SpecCounters:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from shared.speculative_config import SpeculativeConfig
 from worker.core.sequence import Sequence, SequenceStatus
-from worker.spec.acceptance import MIN_ACCEPTANCE, AcceptanceTracker, SpecCounters, crowded, min_acceptance
+from worker.spec.acceptance import (MIN_ACCEPTANCE, AcceptanceTracker, EngineAcceptance, SpecCounters, crowded,
+                                   min_acceptance)
 from worker.spec.draft_model import DraftModelProposer
 from worker.spec.ngram import NgramProposer
 
@@ -26,6 +27,7 @@ class Speculator:
         self.max_model_len = max_model_len
         self.proposer = proposer
         self.counters = SpecCounters(self.k)
+        self.engine_acceptance = EngineAcceptance()
         self._min_acceptance = MIN_ACCEPTANCE  # for the batch drafted last
 
     def describe(self) -> str:
@@ -35,6 +37,7 @@ class Speculator:
         """Set the drafts of each of seqs for its next step (none where it should not speculate now)."""
         wanted = []
         self._min_acceptance = min_acceptance(len(seqs))
+        prior = self.engine_acceptance.chance()
         for seq in seqs:
             seq.draft_token_ids = []
             if seq.status is not SequenceStatus.RUNNING or seq.num_computed_tokens != seq.num_tokens - 1:
@@ -46,7 +49,7 @@ class Speculator:
             if seq.spec_state is None:
                 seq.spec_state = AcceptanceTracker()
             if seq.spec_state.may_draft():
-                wanted.append((seq, seq.spec_state.draft_length(k, self._min_acceptance)))
+                wanted.append((seq, seq.spec_state.draft_length(k, self._min_acceptance, prior)))
         if not wanted:
             return
         for (seq, _), drafts in zip(wanted, self.proposer.propose_many(wanted, crowded(self._min_acceptance))):
@@ -56,6 +59,7 @@ class Speculator:
 
     def record(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
         self.counters.record(num_drafted, num_accepted)
+        self.engine_acceptance.record(num_drafted, num_accepted)
         seq.spec_state.record(num_drafted, num_accepted, self._min_acceptance)
 
 

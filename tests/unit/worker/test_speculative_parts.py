@@ -8,7 +8,7 @@ import random
 from gateway.metrics.mili_metrics import Metrics
 from shared import wire
 from worker.spec.acceptance import (MAX_MIN_ACCEPTANCE, MAX_PAUSE_STEPS, MIN_ACCEPTANCE, PAUSE_STEPS, PROBE_TOKENS,
-                                    STEP_COST_IN_ROWS, AcceptanceTracker, crowded, min_acceptance)
+                                    STEP_COST_IN_ROWS, AcceptanceTracker, EngineAcceptance, crowded, min_acceptance)
 from worker.spec.ngram import NgramProposer
 from worker.spec.verify import num_emitted
 
@@ -115,15 +115,16 @@ def test_probation_ends_once_a_window_pays():
 def _simulate(acceptance: float, num_decoding: int, steps: int = 128, k: int = 5, seed: int = 0) -> tuple[int, int]:
     """One sequence under the rule for `steps` decode steps, each drafted token accepted with probability
     `acceptance` (a draft stops at its first rejection): (rows drafted, tokens emitted)."""
-    rng, tracker = random.Random(seed), AcceptanceTracker()
+    rng, tracker, engine = random.Random(seed), AcceptanceTracker(), EngineAcceptance()
     drafted = emitted = 0
     for _ in range(steps):
         emitted += 1
         if not tracker.may_draft():
             continue
-        n = tracker.draft_length(k, min_acceptance(num_decoding))
+        n = tracker.draft_length(k, min_acceptance(num_decoding), engine.chance())
         accepted = next((i for i in range(n) if rng.random() >= acceptance), n)
         tracker.record(n, accepted, min_acceptance(num_decoding))
+        engine.record(n, accepted)
         drafted, emitted = drafted + n, emitted + accepted
     return drafted, emitted
 
@@ -133,13 +134,15 @@ def _modeled_speedup(acceptance: float, num_decoding: int, seed: int, tokens: in
     in the rule's own cost model: a step costs STEP_COST_IN_ROWS + rows (in rows' compute), shared by the
     sequences in it, so a sequence's step costs STEP_COST_IN_ROWS / n plus its own rows."""
     rng, tracker, bar = random.Random(seed), AcceptanceTracker(), min_acceptance(num_decoding)
+    engine = EngineAcceptance()  # the others draft alike: this sequence's drafts stand for the engine's
     emitted, cost = 0, 0.0
     while emitted < tokens:
         rows, emitted = 1, emitted + 1
         if tracker.may_draft() and emitted < tokens:
-            n = min(tracker.draft_length(k, bar), tokens - emitted)
+            n = min(tracker.draft_length(k, bar, engine.chance()), tokens - emitted)
             accepted = next((i for i in range(n) if rng.random() >= acceptance), n)
             tracker.record(n, accepted, bar)
+            engine.record(n, accepted)
             rows, emitted = rows + n, emitted + accepted
         cost += STEP_COST_IN_ROWS / num_decoding + rows
     return tokens * (STEP_COST_IN_ROWS / num_decoding + 1) / cost
@@ -214,4 +217,18 @@ def test_an_accepted_probe_drafts_k_alone_and_grows_from_two_in_a_crowd():
     assert alone.draft_length(5, min_acceptance(1)) == 5
     assert crowd.draft_length(5, min_acceptance(16)) == PROBE_TOKENS + 1
     crowd.record(2, 2, min_acceptance(16))
-    assert crowd.draft_length(5, min_acceptance(16)) == 4  # a whole draft accepted counts as a run of 3: draft 4
+    # A whole draft accepted counts as a run of 3: draft 4, where the engine's drafts are mostly accepted
+    # (quoted text); where they are not, each further row would not pay beside 15 others: one.
+    assert crowd.draft_length(5, min_acceptance(16), prior=0.97) == 4
+    assert crowd.draft_length(5, min_acceptance(16), prior=0.5) == 1
+
+
+def test_the_engine_prior_follows_its_recent_drafts():
+    engine = EngineAcceptance()
+    assert engine.chance() == 0.5
+    for _ in range(50):
+        engine.record(5, 5)
+    assert engine.chance() > 0.97  # 250 accepted, none rejected
+    for _ in range(600):
+        engine.record(3, 1)  # a token accepted, then one rejected: the recent drafts outweigh the old
+    assert abs(engine.chance() - 0.5) < 0.02
