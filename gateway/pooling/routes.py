@@ -16,7 +16,7 @@ from gateway.pooling.output import (cohere_rerank_body, embeddings_body, encode_
                                     score_body)
 from gateway.pooling.prompts import PromptBuilder
 from gateway.pooling.run import pool_prompts
-from gateway.pooling.schema import CohereRerankRequest, EmbeddingRequest, RerankRequest, ScoreRequest
+from gateway.pooling.schema import SCORE_SIDES, CohereRerankRequest, EmbeddingRequest, RerankRequest, ScoreRequest
 from gateway.server.client_io import read_json
 from gateway.server.deadlines import request_deadline
 from gateway.server.errors import ApiError, invalid
@@ -76,13 +76,19 @@ async def cohere_rerank(request: Request) -> Response:
 async def score(request: Request) -> Response:
     state, req = await _body(request, "score", ScoreRequest)
     deadline = request_deadline(request, state.settings.request_timeout)
-    firsts = [req.text_1] if isinstance(req.text_1, str) else req.text_1
-    seconds = [req.text_2] if isinstance(req.text_2, str) else req.text_2
+    pair = req.named_pair()
+    if pair is None:
+        names = ", ".join(" and ".join(p) for p in SCORE_SIDES)
+        raise invalid(f"name the two sides to score as one of these pairs: {names}", SCORE_SIDES[0][0])
+    first_name, second_name = pair
+    first, second = getattr(req, first_name), getattr(req, second_name)
+    firsts = [first] if isinstance(first, str) else first
+    seconds = [second] if isinstance(second, str) else second
     if len(firsts) == 1:
         firsts = firsts * len(seconds)
     elif len(firsts) != len(seconds):
-        raise invalid(f"text_1 has {len(firsts)} texts and text_2 {len(seconds)}: a list of text_1 pairs with "
-                      "text_2 one to one", "text_2")
+        raise invalid(f"{first_name} has {len(firsts)} texts and {second_name} {len(seconds)}: a list of "
+                      f"{first_name} pairs with {second_name} one to one", second_name)
     prompts = _prompts(state).pairs(firsts, seconds, req.truncate_prompt_tokens, req.instruction)
     scores = [v[0] for v in await pool_prompts(request, prompts, deadline)]
     return JSONResponse(score_body(state.settings.served_model_name, scores, sum(map(len, prompts))))

@@ -48,14 +48,32 @@ class RerankRequest(_Model):
     instruction: Text | None = None
 
 
-class ScoreRequest(_Model):
-    """vLLM's /score: text_1 against each text_2 (one to one, one to many, or pairwise when both are lists)."""
+# The names vLLM's /score takes for its two sides (its ScoreRequest union: the text_1 / text_2 of its first
+# releases, then queries / documents, queries / items and data_1 / data_2); a request names one pair.
+SCORE_SIDES = (("text_1", "text_2"), ("queries", "documents"), ("queries", "items"), ("data_1", "data_2"))
+Side = Union[Text, Documents]
 
-    text_1: Union[Text, Documents]
-    text_2: Union[Text, Documents]
+
+class ScoreRequest(_Model):
+    """vLLM's /score: the first side against each text of the second (one to one, one to many, or pairwise
+    when both are lists), the sides named by one pair of SCORE_SIDES."""
+
+    text_1: Side | None = None
+    text_2: Side | None = None
+    queries: Side | None = None
+    documents: Side | None = None
+    items: Side | None = None
+    data_1: Side | None = None
+    data_2: Side | None = None
     model: str | None = None
     truncate_prompt_tokens: TruncatePromptTokens | None = None
     instruction: Text | None = None
+
+    def named_pair(self) -> tuple[str, str] | None:
+        """The pair of SCORE_SIDES this request names, and nothing else of them; None if not exactly one."""
+        given = {name for pair in SCORE_SIDES for name in pair if getattr(self, name) is not None}
+        pairs = [pair for pair in SCORE_SIDES if set(pair) == given]
+        return pairs[0] if pairs else None
 
 
 def _document_text(value: Any) -> Any:

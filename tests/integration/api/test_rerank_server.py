@@ -129,6 +129,13 @@ def test_instruction_and_score_route(reranker, reranker_dir):
                                                              "instruction": instruction}, timeout=60).json()
     for d, want in zip(pairwise["data"], data[:2]):
         assert abs(d["score"] - want["score"]) < 1e-6
+    # vLLM's later names for the two sides score the same.
+    for first, second in (("queries", "documents"), ("queries", "items"), ("data_1", "data_2")):
+        named = httpx2.post(f"{reranker.url}/score", json={first: QUERY, second: DOCS, "instruction": instruction},
+                            timeout=60)
+        assert named.status_code == 200, named.text
+        for d, want in zip(named.json()["data"], data):
+            assert abs(d["score"] - want["score"]) < 1e-6
 
 
 @pytest.mark.parametrize("path,body,param", [
@@ -138,6 +145,11 @@ def test_instruction_and_score_route(reranker, reranker_dir):
     ("/v1/rerank", {"query": QUERY, "documents": ["d"], "top_n": -1}, "top_n"),
     ("/v1/rerank", {"query": QUERY * 40, "documents": ["d"]}, "documents"),
     ("/score", {"text_1": [QUERY, QUERY], "text_2": DOCS}, "text_2"),
+    ("/score", {"queries": [QUERY, QUERY], "documents": DOCS}, "documents"),
+    ("/score", {"text_1": QUERY, "documents": DOCS}, "text_1"),  # two pairs' halves
+    ("/score", {"queries": QUERY, "documents": DOCS, "items": DOCS}, "text_1"),
+    ("/score", {"text_1": QUERY}, "text_1"),
+    ("/score", {"data_1": QUERY, "data_2": [""]}, "data_2"),
     ("/v1/embeddings", {"input": "x"}, None),
 ])
 def test_bad_inputs(reranker, path, body, param):
