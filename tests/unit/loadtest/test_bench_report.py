@@ -10,19 +10,24 @@ def _run(tput: float, ttft_ms: float) -> dict:
     return {"output_throughput": tput, "ttft": stats, "tpot": stats, "itl": stats, "e2e_latency": stats, "errors": 0}
 
 
-def test_markdown_ratios_and_skipped_levels():
-    results = {
+def _results(servers: dict) -> dict:
+    """A sweep's results on a test machine with the default settings, for these servers."""
+    return {
         "machine": {"cpu": "test cpu", "cores": 2, "memory_gib": 1.0, "isa": ["avx512f"], "python": "3", "torch": "2"},
         "settings": {"input_len": 128, "output_len": 64, "prompts_per_level": 4, "min_prompts": 8},
         "started": "now",
-        "servers": {
-            "mili": {"levels": {"1": _run(40, 50), "32": _run(900, 300)}, "ttft_long_prompt": _run(30, 100),
-                     "peak_rss_mib": 700},
-            "llama-server": {"levels": {"1": _run(50, 400), "32": _run(300, 8000)},
-                             "ttft_long_prompt": _run(20, 1600), "peak_rss_mib": 1300},
-            "transformers": {"levels": {"1": _run(25, 90)}, "ttft_long_prompt": _run(20, 200), "peak_rss_mib": 1100},
-        },
+        "servers": servers,
     }
+
+
+def test_markdown_ratios_and_skipped_levels():
+    results = _results({
+        "mili": {"levels": {"1": _run(40, 50), "32": _run(900, 300)}, "ttft_long_prompt": _run(30, 100),
+                 "peak_rss_mib": 700},
+        "llama-server": {"levels": {"1": _run(50, 400), "32": _run(300, 8000)},
+                         "ttft_long_prompt": _run(20, 1600), "peak_rss_mib": 1300},
+        "transformers": {"levels": {"1": _run(25, 90)}, "ttft_long_prompt": _run(20, 200), "peak_rss_mib": 1100},
+    })
     table = markdown(results)
     assert "| concurrency | mili | llama-server | transformers | mili / llama-server | mili / transformers |" in table
     assert "| 1 | 40.0 | 50.0 | 25.0 | 0.80x | 1.60x |" in table
@@ -31,19 +36,13 @@ def test_markdown_ratios_and_skipped_levels():
     assert "mili 700 MiB, llama-server 1300 MiB, transformers 1100 MiB" in table
 
 
-
 def test_other_mili_configurations_get_ratios_against_the_peers_only():
-    results = {
-        "machine": {"cpu": "test cpu", "cores": 2, "memory_gib": 1.0, "isa": ["avx512f"], "python": "3", "torch": "2"},
-        "settings": {"input_len": 128, "output_len": 64, "prompts_per_level": 4, "min_prompts": 8},
-        "started": "now",
-        "servers": {
-            "mili": {"levels": {"32": _run(600, 300)}, "ttft_long_prompt": _run(30, 100), "peak_rss_mib": 700},
-            "mili-int8": {"levels": {"32": _run(900, 200)}, "ttft_long_prompt": _run(30, 60), "peak_rss_mib": 700},
-            "llama-server": {"levels": {"32": _run(300, 8000)}, "ttft_long_prompt": _run(20, 1200),
-                             "peak_rss_mib": 1300},
-        },
-    }
+    results = _results({
+        "mili": {"levels": {"32": _run(600, 300)}, "ttft_long_prompt": _run(30, 100), "peak_rss_mib": 700},
+        "mili-int8": {"levels": {"32": _run(900, 200)}, "ttft_long_prompt": _run(30, 60), "peak_rss_mib": 700},
+        "llama-server": {"levels": {"32": _run(300, 8000)}, "ttft_long_prompt": _run(20, 1200),
+                         "peak_rss_mib": 1300},
+    })
     table = markdown(results)
     assert ("| concurrency | mili | mili-int8 | llama-server | mili / mili-int8 | mili / llama-server "
             "| mili-int8 / llama-server |") in table
@@ -53,6 +52,7 @@ def test_other_mili_configurations_get_ratios_against_the_peers_only():
     results["settings"]["ttft_input_len"] = 2048
     table = markdown(results)
     assert "Time to first token for 2048-token prompts" in table and "| mili | 1, 2048-token prompts |" in table
+
 
 def test_markdown_memory_by_process_and_context():
     results = {
