@@ -38,7 +38,6 @@ PROBE_TOKENS = 1  # the longest draft of a probe: a rejected probe costs one row
 PAUSE_STEPS = 8
 MAX_PAUSE_STEPS = 256
 RUN_DECAY = 0.5  # weight of the past in the accepted-run average that sets the draft length
-MAX_PAYING_LENGTH = 64
 # A sequence's chance that a reached draft token is accepted starts from the engine's recent drafts, worth this
 # many of its own tokens (EngineAcceptance); its own drafts since its last pause outweigh it as they come.
 PRIOR_TOKENS = 8
@@ -77,10 +76,10 @@ class AcceptanceTracker:
             return min(k, PROBE_TOKENS)
         if self._run is None:
             return min(k, PROBE_TOKENS + 1) if crowded(min_acceptance) else k
-        return max(1, min(k, int(self._run) + 1, self._paying_length(min_acceptance, prior)))
+        return max(1, min(int(self._run) + 1, self._paying_length(k, min_acceptance, prior)))
 
-    def _paying_length(self, min_acceptance: float, prior: float) -> int:
-        """The longest draft whose every row pays: token i of a draft becomes a token only if the i before it
+    def _paying_length(self, k: int, min_acceptance: float, prior: float) -> int:
+        """The longest draft, at most k, whose every row pays: token i of a draft becomes a token only if the i before it
         were accepted, about p^i for p the chance that a reached token is accepted, and a row pays at
         min_acceptance. p is estimated from the sequence's drafts since its last pause (rejections come in
         clusters, where quoted text was edited, so a short memory would overreact) and PRIOR_TOKENS of the
@@ -89,7 +88,7 @@ class AcceptanceTracker:
         accepted, rejected = self._reached
         p = (accepted + PRIOR_TOKENS * prior) / (accepted + rejected + PRIOR_TOKENS)
         length, reach = 0, p
-        while reach >= min_acceptance and length < MAX_PAYING_LENGTH:
+        while reach >= min_acceptance and length < k:
             length, reach = length + 1, reach * p
         return max(1, length)
 
