@@ -10,8 +10,11 @@
 #      over an int8 cache, vpdpwssd of the key's int8 values (sign-extended) and the query in 16-bit integers
 #      (its scale and the keys' row scales multiply the 16 scores). Otherwise they are float32 products.
 #   2. the chunk's softmax weights (its maximum folded into the running one, as an online softmax does
-#      between chunks), then V: each row widened to float32 once and added into every head's accumulator,
-#      weighted by its score read back from scratch (a broadcast load).
+#      between chunks), then V: each row widened to float32 and added into every head's accumulator,
+#      weighted by its score read back from scratch (a broadcast load). The accumulators are walked in slices
+#      of at most ACC_VALUES values across the heads, one pass over the chunk's keys per slice, so that a
+#      slice's accumulators stay in registers: 16 zmm of them at head_dim 128 spilled to the stack, and every
+#      key's update waited on a store. Each value still gets its keys' products added in key order.
 # Scores and key offsets of a chunk live in the calling thread's scratch. Nothing depends on which other items
 # are in the call or on the thread: a row gets the same bits in any batch.
 
@@ -28,6 +31,7 @@ comptime BF16 = DType.bfloat16
 comptime KEYS = 16  # keys scored together: one float32 vector of scores per query head
 comptime CHUNK = 256  # keys per two-pass chunk: a multiple of KEYS
 comptime MAX_GROUP = 4  # query heads per pass (2 at head_dim 128: their accumulators fill 16 zmm)
+comptime ACC_VALUES = 128  # float32 accumulators per pass over V, across the pass's heads: 8 zmm
 comptime F32x16 = SIMD[F32, KEYS]
 comptime BF16x32 = SIMD[BF16, 32]
 comptime I16x32 = SIMD[DType.int16, 32]
@@ -81,9 +85,35 @@ def _prefetch_rows[cdt: DType, HD: Int](cache: Pointer[Scalar[cdt], MutAnyOrigin
                 cache.unsafe_offset(Int(scale_offsets[unsafe_offset=t])))
 
 
+@always_inline
+def _add_values[cdt: DType, HD: Int, G: Int, S: Int, NG: Int](
+        mut acc: Array[SIMD[F32, S], G * (HD // S)], j: Int, v_cache: Pointer[Scalar[cdt], MutAnyOrigin],
+        offsets: Pointer[Scalar[DType.int64], MutAnyOrigin], scale_offsets: Pointer[Scalar[DType.int64], MutAnyOrigin],
+        scores: Pointer[Scalar[F32], MutAnyOrigin], nk: Int):
+    """Slice j (values j*S .. j*S+S-1) of the first NG heads' accumulators plus the chunk's nk V rows, each weighted
+    by its score in scratch, in key order. NG is a constant and the slice's NG * S / 16 accumulators stay in
+    registers for the whole walk."""
+    comptime NS = HD // S
+    var part = Array[SIMD[F32, S], NG](fill=SIMD[F32, S](0))
+    comptime for g in range(NG):
+        part[g] = acc[g * NS + j]
+    for t in range(nk):
+        var v = v_cache.unsafe_offset(Int(offsets[unsafe_offset=t]) + j * S).unsafe_load[width=S]().cast[F32]()
+        var vs = scale_at[cdt](v_cache, Int(scale_offsets[unsafe_offset=t]))
+        comptime for g in range(NG):
+            var w = scores[unsafe_offset=g * CHUNK + t]
+            comptime if cdt == I8:
+                w = w * vs
+            part[g] += v * w
+    comptime for g in range(NG):
+        acc[g * NS + j] = part[g]
+
+
 def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end: Int):
     """Work items [begin, end) of kernels/attention.mojo's paged_attention (same parameters) for head_dim HD."""
     comptime G = MAX_GROUP if HD <= 64 else 2
+    comptime S = min(HD, ACC_VALUES // G)  # values per accumulator slice (a multiple of 16)
+    comptime NS = HD // S
     comptime BF16_DOT = HAS_BF16_DOT and dt == BF16 and cdt == BF16
     comptime I16_DOT = HAS_I16_DOT and dt == BF16 and cdt == I8
     var out = param_ptr[dt](args, 0)
@@ -145,7 +175,8 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
                     comptime for g in range(G):
                         if g < ng:
                             qf[g] = qp.unsafe_offset(g * HD).unsafe_load[width=HD]().cast[F32]() * scale
-                var acc = Array[SIMD[F32, HD], G](fill=SIMD[F32, HD](0))
+                # Head g's accumulator as NS slices of S values: slice j at acc[g * NS + j].
+                var acc = Array[SIMD[F32, S], G * NS](fill=SIMD[F32, S](0))
                 var m = Array[Float32, G](fill=NEG)
                 var l = Array[Float32, G](fill=Float32(0))
                 var c0 = 0
@@ -232,21 +263,18 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
                                 sg.unsafe_offset(gi * KEYS).unsafe_store(e)
                                 total += e  # lanes past the context: exp(-3e38 - m) = 0
                             l[g] = l[g] * corr + total.reduce_add()
-                            acc[g] = acc[g] * corr
+                            comptime for j in range(NS):
+                                acc[g * NS + j] = acc[g * NS + j] * corr
                             m[g] = new_m
-                    # Pass 2: V rows, each widened once and added into every head's accumulator.
-                    for t2 in range(nk):
-                        var v = v_cache.unsafe_offset(Int(offsets[unsafe_offset=t2])).unsafe_load[width=HD]().cast[F32]()
-                        var vs = scale_at[cdt](v_cache, Int(scale_offsets[unsafe_offset=t2]))
-                        comptime for g in range(G):
-                            if g < ng:
-                                var w = scores[unsafe_offset=g * CHUNK + t2]
-                                comptime if cdt == I8:
-                                    w = w * vs
-                                acc[g] += v * w
+                    # Pass 2: V rows, one slice of S values at a time, added into every head's accumulator slice.
+                    comptime for n in range(1, G + 1):  # the head count as a constant: no branch in the key loop
+                        if ng == n:
+                            comptime for j in range(NS):
+                                _add_values[cdt, HD, G, S, n](acc, j, v_cache, offsets, scale_offsets, scores, nk)
                     c0 += CHUNK
                 var op = out.unsafe_offset(token * out_stride + (kvh * group + g0) * HD)
                 comptime for g in range(G):
                     if g < ng:
-                        op.unsafe_offset(g * HD).unsafe_store(narrow[dt, HD](acc[g] / l[g]))
+                        comptime for j in range(NS):
+                            op.unsafe_offset(g * HD + j * S).unsafe_store(narrow[dt, S](acc[g * NS + j] / l[g]))
                 g0 += G
