@@ -66,12 +66,15 @@ class StepPlan:
     max_slot: int
     min_block_id: int
     max_block_id: int
+    # False: items in row order (sequences, then KV heads), so that the first n x kv_heads items are the first n
+    # rows' (the decode program refills one plan for its max rows and runs a prefix of its items each step).
+    balanced: bool = True
     _items: dict[int, torch.Tensor] = field(default_factory=dict)
 
     @classmethod
     def build(cls, block_tables: torch.Tensor, context_lens: tuple[int, ...], query_lens: tuple[int, ...],
               slot_mapping: torch.Tensor, block_size: int, max_query_len: int | None = None,
-              skip: frozenset[int] = frozenset()) -> "StepPlan":
+              skip: frozenset[int] = frozenset(), balanced: bool = True) -> "StepPlan":
         """max_query_len: sequences with longer chunks get no work items (another kernel attends them); so do the
         sequences in skip. Every sequence's new K/V is written either way."""
         _require(len(context_lens) == len(query_lens) == block_tables.shape[0], "batch sizes disagree")
@@ -92,15 +95,47 @@ class StepPlan:
         min_block_id, max_block_id = table_range(tables.numpy(), lens.numpy(), block_size)
         return cls(block_tables=tables, context_lens=lens,
                    query_start=torch.tensor(starts, dtype=torch.int32), slot_mapping=slot_mapping.contiguous(),
-                   rows=rows, num_tokens=starts[-1], min_slot=int(slot_mapping.min()), max_slot=int(slot_mapping.max()),
+                   rows=rows, balanced=balanced, num_tokens=starts[-1], min_slot=int(slot_mapping.min()),
+                   max_slot=int(slot_mapping.max()),
                    min_block_id=min_block_id, max_block_id=max_block_id)
 
     def items(self, kv_heads: int) -> torch.Tensor:
-        """[n_items, 4] int32 work items: (sequence, KV head, first row, end row)."""
+        """[n_items, 4] int32 work items: (sequence, KV head, first row, end row), in an order whose equal-count
+        shares (how the OpenMP team splits them, omp_program.c) cost the threads about alike."""
         if kv_heads not in self._items:
-            self._items[kv_heads] = torch.tensor([(s, h, r0, r1) for s, r0, r1 in self.rows for h in range(kv_heads)],
-                                                 dtype=torch.int32).reshape(-1, 4)
+            rows = np.array(self.rows, dtype=np.int64).reshape(-1, 3)
+            seq, r0, r1 = rows[:, 0], rows[:, 1], rows[:, 2]
+            starts = self.query_start.numpy().astype(np.int64)
+            first_visible = self.context_lens.numpy()[seq] - (starts[seq + 1] - starts[seq]) + 1  # row 0's keys
+            n = r1 - r0
+            keys = n * (first_visible + r0) + n * (n - 1) // 2  # sum of the item's rows' visible keys
+            items = np.stack([np.repeat(seq, kv_heads), np.tile(np.arange(kv_heads), len(rows)),
+                              np.repeat(r0, kv_heads), np.repeat(r1, kv_heads)], axis=1)
+            shares = torch.get_num_threads() if self.balanced else 1
+            order = balanced_order(np.repeat(keys + ROW_COST_IN_KEYS * n, kv_heads), shares)
+            self._items[kv_heads] = torch.from_numpy(items[order].astype(np.int32))
         return self._items[kv_heads]
+
+
+# A query row's fixed work (its query, output and chunk bookkeeping) counted in keys, for balancing.
+ROW_COST_IN_KEYS = 32
+
+
+def balanced_order(costs: np.ndarray, shares: int) -> np.ndarray:
+    """An order of the items whose `shares` contiguous equal-count parts have about equal total cost: items are
+    dealt by falling cost to the parts in snake order (0, 1, .., k-1, k-1, .., 0, ..), then each part keeps its
+    items in their first order (a prompt's rows and heads next to each other, for the cache). Without it a
+    prompt's causal rows put three times the work of its first half on the thread given its second half."""
+    n = len(costs)
+    if shares <= 1 or n <= 1:
+        return np.arange(n)
+    by_cost = np.argsort(-costs, kind="stable")
+    rank = np.arange(n)
+    lane = rank % shares
+    part = np.where((rank // shares) % 2 == 0, lane, shares - 1 - lane)
+    owner = np.empty(n, dtype=np.int64)
+    owner[by_cost] = part
+    return np.lexsort((np.arange(n), owner))
 
 
 def table_range(tables: np.ndarray, context_lens: np.ndarray, block_size: int) -> tuple[int, int]:

@@ -80,7 +80,8 @@ class DecodeProgram:
         # The step's inputs, at fixed addresses: a plan for max_rows decode rows, refilled every step.
         self._positions = buffer(rows, dt=torch.int64)
         self._plan = mojo_attention.StepPlan.build(buffer(rows, max_blocks_per_seq, dt=torch.int32), (1,) * rows,
-                                             (1,) * rows, buffer(rows, dt=torch.int64), block_size, max_query_len=1)
+                                             (1,) * rows, buffer(rows, dt=torch.int64), block_size, max_query_len=1,
+                                             balanced=False)
         self._np = {name: t.numpy() for name, t in (("positions", self._positions), ("slots", self._plan.slot_mapping),
                                                    ("context_lens", self._plan.context_lens),
                                                    ("tables", self._plan.block_tables))}

@@ -215,3 +215,43 @@ def test_prefill_chunks_go_to_the_kernel_unless_the_cpu_has_amx(monkeypatch):
     assert mojo_cpu.default_prefill() == "sdpa"
     monkeypatch.setattr(target, "cpu_flags", lambda *_: frozenset({"avx512f", "avx512_bf16"}))
     assert mojo_cpu.default_prefill() == "kernel"
+
+
+@pytest.mark.parametrize("threads", [2, 3, 4])
+def test_work_items_are_ordered_so_equal_count_shares_cost_alike(test_seed, threads, monkeypatch):
+    """A prompt's causal rows cost in proportion to their position: the items' equal-count shares (the OpenMP
+    split) must each get about the same number of query-key pairs, and every item must appear exactly once."""
+    rng = random.Random(test_seed)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    q_lens = [rng.randrange(400, 2100), 1, rng.randrange(1, 40), 1]
+    ctx = [q_lens[0], rng.randrange(1, 3000), q_lens[2] + rng.randrange(0, 500), rng.randrange(1, 3000)]
+    width = max(-(-c // 16) for c in ctx)
+    plan = mojo_attention.StepPlan.build(torch.zeros(len(ctx), width, dtype=torch.int32), tuple(ctx), tuple(q_lens),
+                                         torch.arange(sum(q_lens), dtype=torch.int64), 16)
+    items = plan.items(kv_heads=2).numpy()
+    expected = sorted((s, h, r0, r1) for s, r0, r1 in plan.rows for h in range(2))
+    assert sorted(map(tuple, items.tolist())) == expected
+    starts = plan.query_start.numpy()
+
+    def cost(item):
+        s, _, r0, r1 = item
+        first = ctx[s] - (starts[s + 1] - starts[s]) + 1
+        return sum(first + r + mojo_attention.ROW_COST_IN_KEYS for r in range(r0, r1))
+
+    n = len(items)
+    shares = [sum(cost(it) for it in items[n * t // threads:n * (t + 1) // threads]) for t in range(threads)]
+    assert max(shares) <= 1.15 * min(shares), shares
+    # The first order (rows in order, heads inside) is what the balancing replaced: there the last share got the
+    # prompt's latest rows, far more than the first.
+    naive = [cost((s, h, r0, r1)) for s, r0, r1 in plan.rows for h in range(2)]
+    assert sum(naive[n * (threads - 1) // threads:]) > 1.5 * sum(naive[:n // threads])
+
+
+def test_an_unbalanced_plans_item_prefixes_are_its_first_rows(monkeypatch):
+    """The decode program refills one plan for its max rows and runs the first rows x kv_heads items each step."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    rows = 40
+    plan = mojo_attention.StepPlan.build(torch.zeros(rows, 4, dtype=torch.int32), tuple(range(1, rows + 1)),
+                                         (1,) * rows, torch.arange(rows, dtype=torch.int64), 16, balanced=False)
+    items = plan.items(kv_heads=3).tolist()
+    assert items == [[s, h, 0, 1] for s in range(rows) for h in range(3)]
