@@ -24,6 +24,7 @@ from worker.model.layer_ops import get_layer_ops
 from worker.model.weight_loader import load_model
 from worker.runner.kv_cache import allocate_kv_caches
 from worker.runner.model_runner import ModelRunner
+from worker.runner.sampler import greedy_tokens
 
 
 class DraftModelProposer:
@@ -67,7 +68,7 @@ class DraftModelProposer:
                 break
             inputs = self.runner.prepare(batch)
             logits = self.runner.execute(inputs).logits  # [len(batch), vocab]: each shadow samples once
-            tokens = logits[:, :self.vocab_size].argmax(dim=-1).tolist()
+            tokens = greedy_tokens(logits[:, :self.vocab_size]).tolist()
             next_active = []
             by_shadow = {id(s): t for s, t in zip(batch.seqs, tokens)}
             for i in active:

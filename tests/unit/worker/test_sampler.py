@@ -16,7 +16,7 @@ import torch
 
 from shared.request_limits import REPETITION_PENALTY
 from shared.sampling_params import SamplingParams, SamplingParamsError
-from worker.runner.sampler import Sampler, SamplingRow, apply_logit_processors, make_generator
+from worker.runner.sampler import Sampler, SamplingRow, apply_logit_processors, greedy_tokens, make_generator
 
 SEED = int(os.environ.get("MILI_TEST_SEED", secrets.randbits(32)))
 MAX_Z = 5.5
@@ -301,3 +301,21 @@ def test_empty_batch_and_shape_checks() -> None:
     with pytest.raises(ValueError):
         sampler(torch.zeros(1, 8), [make_row(), make_row()])
     assert math.isfinite(sampler(torch.zeros(1, 8), [make_row(logprobs=1)]).logprobs[0].logprob)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_greedy_tokens_take_each_rows_first_maximum(test_seed, dtype):
+    """NumPy's argmax on float32 CPU rows, torch's max otherwise: the same first-maximum rule as torch.argmax, on
+    rows with ties, -inf, a row of all -inf, and a strided view (the vocabulary sliced off padded logits)."""
+    g = torch.Generator().manual_seed(test_seed)
+    logits = (torch.randn(9, 1000, generator=g) * 3).round().to(dtype)  # rounding makes ties common
+    logits[1, ::2] = float("-inf")
+    logits[2] = float("-inf")
+    top = logits[3].max()
+    logits[3, [5, 700]] = top + 1  # a tie between two maxima: the first wins
+    padded = torch.cat([logits, torch.full((9, 24), 1e9, dtype=dtype)], dim=1)
+    for view in (logits, padded[:, :1000]):
+        got = greedy_tokens(view)
+        assert got.dtype == torch.int64
+        assert torch.equal(got, view.float().argmax(dim=-1))
+    assert greedy_tokens(logits)[3] == 5
