@@ -20,6 +20,7 @@ from kernels.attention import OmpTeam
 
 PHASE_WORDS = 4  # (range entry, params address, work items, flags), as omp_program.c reads them
 SAME_SPLIT = 1  # flag: no barrier before this phase (see ProgramBuilder.add)
+TAKEN = 2  # flag: threads take the phase's items in chunks as they finish (see ProgramBuilder.add)
 
 
 class ProgramBuilder:
@@ -32,17 +33,22 @@ class ProgramBuilder:
         self._phases: list[tuple[int, array.array, int | str, int, dict[int, str]]] = []
 
     def add(self, module: ModuleType, entry: str, params: array.array, n_items: int | str,
-            patches: dict[int, str] | None = None, same_split: bool = False) -> None:
+            patches: dict[int, str] | None = None, same_split: bool = False, taken: bool = False) -> None:
         """patches: parameter index -> the per-step value written there. same_split: this phase splits
         the same work-item count as the previous one, and each of its items reads only what the same item
-        there wrote, so a thread goes on to its share without waiting for the others."""
+        there wrote, so a thread goes on to its share without waiting for the others. taken: the threads
+        take the items in chunks as they finish their last one, rather than an equal share each, for phases
+        whose items are independent and long enough that a slower thread would keep the others waiting
+        (a matmul's column tiles, attention's work items); the items' results are the same either way."""
         if same_split and not (self._phases and self._phases[-1][2] == n_items):
             raise ValueError("same_split needs the previous phase's work-item count")
+        if same_split and (taken or self._phases[-1][3] & TAKEN):
+            raise ValueError("same_split needs equal shares in both phases: neither may be taken")
         for name in ([n_items] if isinstance(n_items, str) else []) + list((patches or {}).values()):
             if name not in self._values:
                 raise ValueError(f"unknown per-step value {name!r}")
         self._phases.append((self._team.entry_address(module, entry), params, n_items,
-                             SAME_SPLIT if same_split else 0, dict(patches or {})))
+                             (SAME_SPLIT if same_split else 0) | (TAKEN if taken else 0), dict(patches or {})))
 
     def build(self) -> "Program":
         """Phases that were given the same params array (a matmul's two phases) share one copy of it."""

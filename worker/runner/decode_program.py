@@ -151,7 +151,7 @@ class DecodeProgram:
             builder.add(first.module, first.entries[0], first.params, "rows", first.patches(),
                         same_split=after_row_phase)
             for call in calls:
-                builder.add(call.module, call.entries[1], call.params, call.tiles, call.patches())
+                builder.add(call.module, call.entries[1], call.params, call.tiles, call.patches(), taken=True)
 
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(model.layers, kv_caches)):
             attn, mlp = layer.self_attn, layer.mlp
@@ -170,7 +170,7 @@ class DecodeProgram:
             params = mojo_attention.attention_params(self._q, k_cache, v_cache, self._plan, attn.scale, self._attn,
                                                self._attn_scratch)
             builder.add(attention_module, "mili_paged_attention_range", params, "items",
-                        {mojo_attention.ATTENTION_ITEMS_PARAM: "items"})
+                        {mojo_attention.ATTENTION_ITEMS_PARAM: "items"}, taken=True)
             matmul(attn.o_proj, self._attn.view(rows, q_size), self._o, after_row_phase=False)
             norm(self._o, norm2.weight, norm2.eps, self._residual, self._h)
             matmul(mlp.gate_up_proj, self._h, self._gate_up)

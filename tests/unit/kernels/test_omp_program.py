@@ -50,7 +50,7 @@ def test_a_program_gives_the_bits_of_its_calls_one_by_one(modules, qtype, test_s
     params = quant_matmul.qmatmul_params(h, packed, KERNEL_KINDS[qtype], 2 * INTER, bias, y, scratch)
     builder.add(quant, quant_matmul.ENTRIES[0], params, "rows",
                 {quant_matmul.ROWS_PARAM: "rows", quant_matmul.AMX_PARAM: "amx"}, same_split=True)
-    builder.add(quant, quant_matmul.ENTRIES[1], params, -(-2 * INTER // 16))
+    builder.add(quant, quant_matmul.ENTRIES[1], params, -(-2 * INTER // 16), taken=True)  # tiles in chunks
     builder.add(layers, "mili_silu_mul_range", mojo_layers.silu_mul_params(y, act), "rows",
                 {mojo_layers.SILU_MUL_ROWS_PARAM: "rows"})
     program = builder.build()
@@ -147,6 +147,11 @@ def test_a_builder_refuses_what_it_cannot_run(modules):
     builder.add(layers, "mili_rms_norm_range", params, "rows")
     with pytest.raises(ValueError, match="same_split"):
         builder.add(layers, "mili_rms_norm_range", params, 4, same_split=True)  # a different split
+    with pytest.raises(ValueError, match="neither may be taken"):
+        builder.add(layers, "mili_rms_norm_range", params, "rows", same_split=True, taken=True)
+    builder.add(layers, "mili_rms_norm_range", params, "rows", taken=True)
+    with pytest.raises(ValueError, match="neither may be taken"):  # its items' threads are not known
+        builder.add(layers, "mili_rms_norm_range", params, "rows", same_split=True)
     with pytest.raises(ValueError, match="per-step value"):
         builder.add(layers, "mili_rms_norm_range", params, "tokens")
     with pytest.raises(ValueError, match="per-step value"):
