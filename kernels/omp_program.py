@@ -20,7 +20,7 @@ from kernels.attention import OmpTeam
 
 PHASE_WORDS = 4  # (range entry, params address, work items, flags), as omp_program.c reads them
 SAME_SPLIT = 1  # flag: no barrier before this phase (see ProgramBuilder.add)
-TAKEN = 2  # flag: threads take the phase's items in chunks as they finish (see ProgramBuilder.add)
+TAKEN = 2  # flag: a thread that has run out takes what is left of another's share (see ProgramBuilder.add)
 
 
 class ProgramBuilder:
@@ -36,10 +36,10 @@ class ProgramBuilder:
             patches: dict[int, str] | None = None, same_split: bool = False, taken: bool = False) -> None:
         """patches: parameter index -> the per-step value written there. same_split: this phase splits
         the same work-item count as the previous one, and each of its items reads only what the same item
-        there wrote, so a thread goes on to its share without waiting for the others. taken: the threads
-        take the items in chunks as they finish their last one, rather than an equal share each, for phases
-        whose items are independent and long enough that a slower thread would keep the others waiting
-        (a matmul's column tiles, attention's work items); the items' results are the same either way."""
+        there wrote, so a thread goes on to its share without waiting for the others. taken: each thread runs
+        its equal share and, once out of work, takes the back half of what is left of another's, for phases
+        whose items are independent and long enough that a slower thread would keep the others waiting (a
+        matmul's column tiles, attention's work items); the items' results are the same either way."""
         if same_split and not (self._phases and self._phases[-1][2] == n_items):
             raise ValueError("same_split needs the previous phase's work-item count")
         if same_split and (taken or self._phases[-1][3] & TAKEN):

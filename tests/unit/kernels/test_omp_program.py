@@ -159,3 +159,24 @@ def test_a_builder_refuses_what_it_cannot_run(modules):
     program = builder.build()
     with pytest.raises(ValueError, match="per-step values"):
         program.run()
+
+
+def test_a_phase_whose_shares_may_be_stolen_runs_every_item_once(modules, test_seed):
+    """Shares with stealing (taken=True): whatever the threads' speeds, every row is normed exactly once, with
+    the bits of the one-by-one call, at row counts from 1 (one thread idle) to many steps per share."""
+    team, layers, _ = modules
+    g = torch.Generator().manual_seed(test_seed)
+    capacity = 700
+    x = torch.randn(capacity, HIDDEN, generator=g) * 2
+    weight = torch.rand(HIDDEN, generator=g) + 0.5
+    out = torch.full((capacity, HIDDEN), float("nan"))
+    builder = ProgramBuilder(team, ("rows",))
+    builder.add(layers, "mili_rms_norm_range", mojo_layers.rms_norm_params(x, weight, 1e-6, None, out), "rows",
+                {mojo_layers.RMS_NORM_ROWS_PARAM: "rows"}, taken=True)
+    program = builder.build()
+    for rows in (1, 2, 3, 17, 250, capacity):
+        out.fill_(float("nan"))
+        for _ in range(3):
+            program.run(rows)
+        assert torch.equal(out[:rows], mojo_layers.rms_norm(layers, x[:rows], weight, 1e-6)), rows
+        assert out[rows:].isnan().all(), rows  # nothing past the step's rows
