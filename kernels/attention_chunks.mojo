@@ -41,6 +41,9 @@ comptime HAS_I16_DOT = CompilationTarget.has_vnni()
 comptime I16_MAX = Float32(32767)
 comptime NEG = Float32(-3.0e38)
 comptime AHEAD = 4  # groups of keys whose K rows are prefetched ahead of the one being scored
+# A KV head's K and V rows up to this size are still in cache (L2, else L3) when a prompt's next query row reads them
+# again: only a work item's first row prefetches them. At 2048 tokens (1 MiB a head) prefetching every row cost 10%.
+comptime REREAD_BYTES = 4096 * 1024
 
 
 @always_inline
@@ -155,6 +158,8 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
         for r in range(Int(items[unsafe_offset=4 * i + 2]), Int(items[unsafe_offset=4 * i + 3])):
             var token = q0_token + r
             var visible = ctx - q_len + r + 1  # causal: keys up to this token's own position
+            # A prompt's later rows find the keys the row before them read still in cache, unless there are too many.
+            var fetch = r == Int(items[unsafe_offset=4 * i + 2]) or visible * 2 * HD * size_of[cdt]() > REREAD_BYTES
             var g0 = 0
             while g0 < group:
                 var ng = min(G, group - g0)
@@ -199,18 +204,26 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
                             for u in range(run):
                                 scale_offsets[unsafe_offset=t + u] = Int64(scale_base + u * kv_heads * 4)
                         t += run
-                    _prefetch_rows[cdt, HD](k_cache, offsets, scale_offsets, min(nk, AHEAD * KEYS))
+                    # The last group's keys past the chunk read key 0's row instead: every group then scores 16 keys
+                    # with no per-key branch, and lanes past the chunk are masked below (a lane's score depends on
+                    # its own key only, lane_tree.mojo).
+                    for u in range(nk, n_groups * KEYS):
+                        offsets[unsafe_offset=u] = offsets[unsafe_offset=0]
+                        scale_offsets[unsafe_offset=u] = scale_offsets[unsafe_offset=0]
+                    if fetch:
+                        _prefetch_rows[cdt, HD](k_cache, offsets, scale_offsets, min(nk, AHEAD * KEYS))
                     # Pass 1: the chunk's scores, each head's running maximum in a vector.
                     var maxes = Array[F32x16, G](fill=F32x16(NEG))
                     for gi in range(n_groups):
                         var j0 = gi * KEYS
                         var n = min(KEYS, nk - j0)
                         var offs = offsets.unsafe_offset(j0)
-                        if j0 + AHEAD * KEYS < nk:
-                            _prefetch_rows[cdt, HD](k_cache, offsets.unsafe_offset(j0 + AHEAD * KEYS),
-                                                    scale_offsets.unsafe_offset(j0 + AHEAD * KEYS),
-                                                    min(KEYS, nk - j0 - AHEAD * KEYS))
-                        _prefetch_rows[cdt, HD](v_cache, offs, scale_offsets.unsafe_offset(j0), n)  # for pass 2
+                        if fetch:
+                            if j0 + AHEAD * KEYS < nk:
+                                _prefetch_rows[cdt, HD](k_cache, offsets.unsafe_offset(j0 + AHEAD * KEYS),
+                                                        scale_offsets.unsafe_offset(j0 + AHEAD * KEYS),
+                                                        min(KEYS, nk - j0 - AHEAD * KEYS))
+                            _prefetch_rows[cdt, HD](v_cache, offs, scale_offsets.unsafe_offset(j0), n)  # for pass 2
                         var row_scales = F32x16(1)
                         comptime if I16_DOT:
                             for j in range(KEYS):
@@ -226,25 +239,23 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
                                     comptime for c in range(HD // 32):
                                         qg[c] = q16[g * (HD // 32) + c]
                                     comptime for j in range(KEYS):
-                                        if j < n:
-                                            pi[bitrev4(j)] = _partials_i16[HD](qg, rebind[Pointer[Scalar[I8], MutAnyOrigin]](
-                                                k_cache.unsafe_offset(Int(offs[unsafe_offset=j]))))
+                                        pi[bitrev4(j)] = _partials_i16[HD](qg, rebind[Pointer[Scalar[I8], MutAnyOrigin]](
+                                            k_cache.unsafe_offset(Int(offs[unsafe_offset=j]))))
                                     s = lane_sums(pi).cast[F32]() * row_scales * q16_scale[g]
                                 else:
                                     var p = Array[F32x16, KEYS](fill=F32x16(0))
                                     comptime for j in range(KEYS):
-                                        if j < n:
-                                            var k_row = k_cache.unsafe_offset(Int(offs[unsafe_offset=j]))
-                                            comptime if BF16_DOT:
-                                                p[bitrev4(j)] = _partials_bf16[HD](
-                                                    rebind[Pointer[Scalar[BF16], MutAnyOrigin]](qp.unsafe_offset(g * HD)),
-                                                    rebind[Pointer[Scalar[BF16], MutAnyOrigin]](k_row))
-                                            else:
-                                                var prod = (qf[g] * k_row.unsafe_load[width=HD]().cast[F32]()).reduce_add[KEYS]()
-                                                comptime if cdt == I8:
-                                                    prod = prod * scale_at[cdt](
-                                                        k_cache, Int(scale_offsets[unsafe_offset=j0 + j]))
-                                                p[bitrev4(j)] = prod
+                                        var k_row = k_cache.unsafe_offset(Int(offs[unsafe_offset=j]))
+                                        comptime if BF16_DOT:
+                                            p[bitrev4(j)] = _partials_bf16[HD](
+                                                rebind[Pointer[Scalar[BF16], MutAnyOrigin]](qp.unsafe_offset(g * HD)),
+                                                rebind[Pointer[Scalar[BF16], MutAnyOrigin]](k_row))
+                                        else:
+                                            var prod = (qf[g] * k_row.unsafe_load[width=HD]().cast[F32]()).reduce_add[KEYS]()
+                                            comptime if cdt == I8:
+                                                prod = prod * scale_at[cdt](
+                                                    k_cache, Int(scale_offsets[unsafe_offset=j0 + j]))
+                                            p[bitrev4(j)] = prod
                                     s = lane_sums(p)
                                     comptime if BF16_DOT:
                                         s = s * scale
