@@ -11,9 +11,14 @@
 
 typedef void (*range_fn)(long long params, long long begin, long long end);
 
+/* Where thread t's equal share of n_items begins, in a team of nt (and ends: share_start(n_items, t + 1, nt)). */
+static long long share_start(long long n_items, long long t, long long nt) {
+    return n_items * t / nt;
+}
+
 static void run_share(range_fn fn, long long params, long long n_items) {
     long long t = omp_get_thread_num(), nt = omp_get_num_threads();
-    long long begin = n_items * t / nt, end = n_items * (t + 1) / nt;
+    long long begin = share_start(n_items, t, nt), end = share_start(n_items, t + 1, nt);
     if (begin < end) fn(params, begin, end);
 }
 
@@ -77,7 +82,8 @@ static void run_shares(range_fn fn, long long params, share_t *shares, long long
 
 /* Equal shares of n_items for a team of nt (run_share's split). */
 static void set_shares(share_t *shares, long long nt, long long n_items) {
-    for (long long t = 0; t < nt; t++) shares[t].range = pack(n_items * t / nt, n_items * (t + 1) / nt);
+    for (long long t = 0; t < nt; t++)
+        shares[t].range = pack(share_start(n_items, t, nt), share_start(n_items, t + 1, nt));
 }
 
 static long long team_size(void) {
