@@ -147,11 +147,18 @@ SAMPLED = [SamplingParams(temperature=0.5, top_p=0.9, max_tokens=64, ignore_eos=
 
 
 def test_seeded_sampling_draws_the_plain_tokens(model_dir, test_seed):
-    prompts = repetitive_prompts(test_seed + 2, len(SAMPLED))
-    expected = run(engine(model_dir, spec=False), prompts, SAMPLED)
-    spec = engine(model_dir, spec=True)
-    assert run(spec, prompts, SAMPLED) == expected
-    assert spec.speculator.counters.num_accepted_tokens > 0
+    # One prompt set in about 13 drafts nothing the sampler keeps (3 of 40 seeds drafted 4-8 tokens and
+    # kept none), so the test goes on to further sets until one has had drafts accepted.
+    accepted = 0
+    for attempt in range(4):
+        prompts = repetitive_prompts(test_seed + 2 + 1000 * attempt, len(SAMPLED))
+        expected = run(engine(model_dir, spec=False), prompts, SAMPLED)
+        spec = engine(model_dir, spec=True)
+        assert run(spec, prompts, SAMPLED) == expected
+        accepted = spec.speculator.counters.num_accepted_tokens
+        if accepted:
+            break
+    assert accepted > 0, "no prompt set had a draft accepted"
 
 
 def test_stop_tokens_max_tokens_and_logprobs(model_dir, test_seed):
