@@ -171,7 +171,7 @@ class TokenDelta(_Record, frozen=True):
     num_prompt_tokens: Count
     num_cached_tokens: Count
     logprobs: list[LogprobRow] | None = None
-    stop_token_id: Int | None = None
+    stop_token_id: Int | None = None  # on a finishing delta: the stop token (EOS or stop_token_ids) it ends with
     queue_time: Seconds | None = None  # seconds waited before first scheduled, on a choice's first delta
     prompt_logprobs: list[PromptLogprobRow] | None = None
     # A pooling request's result (--task embed|score), on its finishing delta: the embedding, or [score].

@@ -362,6 +362,7 @@ class LLMEngine:
             seq.stop_token_id = token
             return "stop"
         if token in self.eos_token_ids and not params.ignore_eos:
+            seq.stop_token_id = token
             return "stop"
         if seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
             return "length"

@@ -28,7 +28,8 @@ class SequenceOutput:
     finish_reason: str | None  # None while running; "stop", "length", "abort" or "deadline"
     num_prompt_tokens: int
     num_cached_tokens: int  # prompt tokens served from the prefix cache
-    stop_token_id: int | None = None  # the stop_token_ids entry that ended the choice
+    # The stop token (an EOS, or a stop_token_ids entry) that ended the choice: the last of its tokens.
+    stop_token_id: int | None = None
     queue_time: float | None = None  # seconds from arrival to first admission (None before admission)
     # Once per request when asked for, on the output that completes the prompt: entry i scores prompt token i + 1.
     prompt_logprobs: list[PromptTokenLogprob] | None = None

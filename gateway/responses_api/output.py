@@ -54,7 +54,8 @@ class ResponseBuilder:
             events += self._text_delta("response.reasoning_text.delta", e.reasoning)
         if e.text:
             text = self.pending_space + e.text
-            logprobs = self.pending_logprobs + self._logprobs(e.logprobs)
+            # The text's own tokens: a stop token in the same delta wrote none of it.
+            logprobs = self.pending_logprobs + self._logprobs(e.logprobs[:-1] if e.ends_on_stop_token else e.logprobs)
             if self._kind() == "function_call" and not text.strip():
                 # between calls, or after the last: no message item by itself
                 self.pending_space, self.pending_logprobs = text, logprobs

@@ -50,6 +50,9 @@ class ChoiceEvent:
     prompt_logprobs: list[PromptLogprob] | None = None
     tool_calls: list[ToolCallDelta] = field(default_factory=list)  # pieces of calls parsed out of the content
     stop_string: str | None = None  # the stop string that ended the choice, if one did
+    # The last of `logprobs` is the stop token that ended the choice: the chat and completions APIs list it (as
+    # vLLM does), the Responses API's text logprobs do not. A delta may carry text tokens before it.
+    ends_on_stop_token: bool = False
 
 
 @dataclass
@@ -88,7 +91,8 @@ class _Choice:
         self.num_tokens += taken
         event = ChoiceEvent(self.index, logprobs=[TokenLogprob(t, lp, [(a, b) for a, b in top])
                                                   for t, lp, top in (delta.logprobs or ())[:taken]],
-                            stop_string=self.stops.matched if hit and self.stops is not None else None)
+                            stop_string=self.stops.matched if hit and self.stops is not None else None,
+                            ends_on_stop_token=delta.stop_token_id is not None and not hit and taken > 0)
         if self.reasoning is not None:
             event.reasoning, text = self.reasoning.feed(text)
             if finish is not None:

@@ -13,8 +13,9 @@ from gateway.openai.response_bodies import TokenNames
 from gateway.responses_api.output import ResponseBuilder
 from gateway.responses_api.to_chat import parse_responses
 from gateway.server.errors import ApiError
-from gateway.streams.choice_stream import ChoiceEvent, TokenLogprob, Usage
+from gateway.streams.choice_stream import ChoiceEvent, TextOptions, TokenLogprob, Usage, _Choice
 from gateway.text.tool_call_parser import ToolCallDelta
+from shared import wire
 
 TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
 
@@ -183,6 +184,32 @@ def test_logprobs_of_the_message_tokens_when_included():
     assert deltas == part["logprobs"]
     added = next(e for e in stream if e["type"] == "response.content_part.added" and e["output_index"] == 1)
     assert added["part"]["logprobs"] == []
+
+
+def test_a_stop_token_in_the_same_delta_as_text_has_no_text_logprob():
+    """A slow reader gets several steps' tokens in one delta: the last text and the stop token after it. The
+    chat API lists the stop token's logprob; the Responses API's are the text's tokens only."""
+    builder = ResponseBuilder(parse(input="x", include=["message.output_text.logprobs"], top_logprobs=0),
+                              tokenizer(), Names())
+    builder.start()
+    steps = [ChoiceEvent(0, text="a", logprobs=[TokenLogprob(2, -0.25, [])]),
+             ChoiceEvent(0, text="bc", logprobs=[TokenLogprob(3, -1.0, []), TokenLogprob(9, -0.1, [])],
+                         finish_reason="stop", ends_on_stop_token=True)]
+    stream = [event for e in steps for event in builder.feed(e)] + builder.finish("stop", Usage(1, 3, 0))
+    part = stream[-1]["response"]["output"][0]["content"][0]
+    assert [entry["token"] for entry in part["logprobs"]] == ["t2", "t3"]
+    assert [entry for e in stream if e["type"] == "response.output_text.delta" for entry in e["logprobs"]] \
+        == part["logprobs"]
+
+
+@pytest.mark.parametrize("stop, ends_on_stop_token", [((), True), (("think",), False)])
+def test_the_choice_stream_marks_a_delta_ending_on_its_stop_token(stop, ends_on_stop_token):
+    """Text and the stop token in one delta; a stop string before the stop token cuts it, logprob and all."""
+    choice = _Choice(0, tokenizer(), [1], TextOptions(stop=stop))
+    rows = [[2, -0.5, []], [3, -0.5, []], [4, -0.5, []], [0, -0.1, []]]
+    event = choice.advance(wire.TokenDelta("r", 0, [2, 3, 4, 0], "stop", 1, 0, logprobs=rows, stop_token_id=0))
+    assert event.ends_on_stop_token is ends_on_stop_token
+    assert len(event.logprobs) == (4 if ends_on_stop_token else 3)
 
 
 def test_no_logprobs_unless_included():

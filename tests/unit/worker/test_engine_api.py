@@ -167,6 +167,8 @@ def test_stop_token_ids_min_tokens_and_eos(model, test_seed):
     assert r[("ignore", 0)]["tokens"] == [EOS] * 8 and r[("ignore", 0)]["finish"] == "length"
     assert len(r[("min", 0)]["tokens"]) == 6 and EOS not in r[("min", 0)]["tokens"][:5]
     assert r[("min", 0)]["tokens"][5] == EOS and r[("min", 0)]["finish"] == "stop"
+    # The stop token that ended a choice, EOS included, is named (the Responses API leaves its logprob out).
+    assert r[("eos", 0)]["stop_id"] == r[("min", 0)]["stop_id"] == EOS and r[("ignore", 0)]["stop_id"] is None
 
 
 def test_logprobs_through_the_engine(model, test_seed):
