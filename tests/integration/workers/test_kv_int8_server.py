@@ -20,9 +20,13 @@ PROMPTS = ["the quick brown fox", "a b c d e f g h i j k l m n o p " * 6, "one t
 
 @pytest.fixture(scope="module")
 def int8_server(tiny_model_dir, tmp_path_factory):
-    # Small prefill chunks, so the concurrent requests' prompts share steps with the others' decodes.
+    # Small prefill chunks, so the concurrent requests' prompts share steps with the others' decodes. Weights in
+    # q8_0: MILI's quantized matmuls give a row the same bits at any row count, as the int8 cache does; torch's
+    # float32 linear does not (its rows can differ in the last bit between 3 and 32 rows, and a row's int8 scale
+    # then differs too, which can part the greedy paths).
     srv = Server(tiny_model_dir, "--served-model-name", SERVED_NAME, "--kv-cache-dtype", "int8",
-                 "--num-kv-blocks", "256", "--max-num-batched-tokens", "32", "--enable-debug-faults",
+                 "--quantization", "q8_0", "--num-kv-blocks", "256", "--max-num-batched-tokens", "32",
+                 "--enable-debug-faults",
                  log_path=tmp_path_factory.mktemp("kv-int8") / "server.log").start()
     yield srv
     srv.stop()
