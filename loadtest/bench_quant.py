@@ -9,8 +9,9 @@ on torch's OpenMP team, by each of its paths (vpdpbusd; AMX int8 tiles where the
 (`--modes`: int8x2, two int8 parts per activation, what generating servers run; int8, one part, what
 embedding and scoring servers run), with each column's GOP/s beside bf16's GFLOP/s and the int8 / int8x2
 and AMX / vpdpbusd speed-ups. `--out FILE.md` also writes the table (the CPU named) to a file.
-`--before FILE` times the AMX path of an earlier build of the same kernel beside it
-(e.g. build/kernels/<hash>/mili_quant.so, left by running an earlier commit) and prints after / before.
+`--before FILE` times an earlier build of the same kernel beside it, on the fastest path the CPU has (AMX
+where available, vpdpbusd otherwise; e.g. build/kernels/<hash>/mili_quant.so, left by running an earlier
+commit), and prints after / before.
 Each figure is the 10th percentile of single-call times, one call of each column in turn, so a
 neighbour's burst of load (which stalls a call for milliseconds on a shared 2-core machine) hits
 every column alike and drops out. Also prints the weight bytes each reads per call.
@@ -115,7 +116,8 @@ def kernel_table(args: argparse.Namespace) -> list[str]:
     modules = {"": quant_matmul.load()}
     types = [QT[name] for name in args.types]
     paths = ["vnni", "amx"] if quant_matmul.amx_available() else ["vnni"]
-    if args.before and "amx" in paths:
+    fastest = paths[-1]  # the path an earlier build is timed on (--before)
+    if args.before:
         modules[" before"] = load_build(args.before)
     lines: list[str] = []
 
@@ -132,7 +134,7 @@ def kernel_table(args: argparse.Namespace) -> list[str]:
          "serves), int8 = one (llama.cpp's Q8_0 activations; what `--task embed` and `score` serve)")
     emit()
     columns = [f"{t.name} {path} {mode}" for t in types for path in paths for mode in args.modes] \
-        + [f"{t.name} amx {mode} before" for t in types for mode in args.modes if " before" in modules]
+        + [f"{t.name} {fastest} {mode} before" for t in types for mode in args.modes if " before" in modules]
     ratios = []
     if "int8" in args.modes and "int8x2" in args.modes:
         ratios += [(f"int8 / int8x2 ({t.name} {path})", f"{t.name} {path} int8x2", f"{t.name} {path} int8")
@@ -141,8 +143,8 @@ def kernel_table(args: argparse.Namespace) -> list[str]:
         ratios += [(f"amx / vnni ({t.name} {mode})", f"{t.name} vnni {mode}", f"{t.name} amx {mode}")
                    for t in types for mode in args.modes]
     if " before" in modules:
-        ratios += [(f"after / before ({t.name} {mode})", f"{t.name} amx {mode} before", f"{t.name} amx {mode}")
-                   for t in types for mode in args.modes]
+        ratios += [(f"after / before ({t.name} {mode})", f"{t.name} {fastest} {mode} before",
+                    f"{t.name} {fastest} {mode}") for t in types for mode in args.modes]
     emit("| shape | rows | bf16 us | bf16 GFLOP/s | " + " | ".join(f"{c} us | GOP/s | vs bf16" for c in columns)
          + "".join(f" | {head} speed-up" for head, _, _ in ratios) + " |")
     emit("|---|---:|---:|---:|" + "---:|---:|---:|" * len(columns) + "---:|" * len(ratios))
@@ -186,7 +188,7 @@ def main() -> None:
     ap.add_argument("--types", nargs="+", default=["Q4_1", "Q8_0"], choices=[t.name for t in TYPES])
     ap.add_argument("--modes", nargs="+", default=list(ACTIVATION_MODES), choices=list(ACTIVATION_MODES),
                     help="activation modes to time side by side (kernels/quant_operands.py)")
-    ap.add_argument("--before", metavar="FILE", help="an earlier build's mili_quant.so, its AMX path timed beside")
+    ap.add_argument("--before", metavar="FILE", help="an earlier build's mili_quant.so, timed beside on the fastest path")
     ap.add_argument("--out", metavar="FILE.md", help="also write the table to this markdown file "
                                                      "(e.g. loadtest/results/quant-kernels-quiet.md)")
     ap.add_argument("--engine", action="store_true", help="time engine decode steps instead (see above)")
