@@ -3,12 +3,14 @@ GGUF's quantized blocks) beside OpenVINO GenAI's own pipelines on the same model
 same token ids, same workload. No gateway, no HTTP, no tokenizer on either side: engine against engine.
 
     python -m loadtest.bench_offline [--concurrency 1,8,32] [--requests-per-level 4] [--gguf FILE.gguf]
-                                     [--activation-modes int8x2,int8]
+                                     [--configs int8x2,int8,int8+kv8]
 
 At each concurrency c: requests-per-level x c prompts of about --input-len tokens (the sweep's random words,
 tokenized once with the model's tokenizer), at most c in flight, --output-len tokens each, greedy, ignore_eos.
-MILI: all queued at once, max_num_seqs c, in each of --activation-modes (its quantized kernels' activations: int8x2,
-what `mili serve` runs by default, and int8, llama.cpp's arithmetic, `--activation-quantization int8`). OpenVINO, the faster of its two ways: its continuous-batching pipeline
+MILI: all queued at once, max_num_seqs c, in each of --configs (CONFIGS: its quantized kernels' activations and its
+KV cache's dtype: int8x2, what `mili serve` runs by default; int8, llama.cpp's arithmetic; int8+kv8, int8 with an
+int8 KV cache, what OpenVINO's CPU plugin runs by default, whose settings the table records). OpenVINO, the faster
+of its two ways: its continuous-batching pipeline
 (all queued at once, max_num_seqs c) or its stateful LLMPipeline on left-padded batches of c, batch after batch. Each side is warmed up before it is timed. OpenVINO is
 installed and the model exported on first use (loadtest/peers/openvino_genai.py, a venv of its own under
 build/peers/). Results go to loadtest/results/<name>.json and .md, the CPU named.
@@ -23,6 +25,7 @@ import os
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from loadtest.bench_serve import random_prompt
@@ -31,8 +34,23 @@ from loadtest.peers import openvino_genai
 from shared.default_model import DEFAULT_SERVED_NAME, converted_gguf, default_gguf_path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-ACTIVATION_NOTES = {"int8x2": "two int8 parts, `mili serve`'s default", "int8": "one int8 part, llama.cpp's arithmetic, "
-                    "`--activation-quantization int8`"}
+
+
+@dataclass(frozen=True)
+class MiliConfig:
+    activations: str  # --activation-quantization
+    kv_cache_dtype: str  # --kv-cache-dtype
+    note: str
+
+
+CONFIGS = {
+    "int8x2": MiliConfig("int8x2", "auto", "activations in two int8 parts and a bfloat16 KV cache, `mili serve`'s "
+                         "default"),
+    "int8": MiliConfig("int8", "auto", "activations in one int8 part, llama.cpp's arithmetic "
+                       "(`--activation-quantization int8`)"),
+    "int8+kv8": MiliConfig("int8", "int8", "one-part int8 activations and an int8 KV cache (`--activation-quantization "
+                           "int8 --kv-cache-dtype int8`), the arithmetic OpenVINO's CPU plugin runs by default"),
+}
 
 
 def make_prompts(model_dir: Path, count: int, words: int, seed: int) -> list[list[int]]:
@@ -46,15 +64,15 @@ def make_prompts(model_dir: Path, count: int, words: int, seed: int) -> list[lis
 
 
 def time_mili(model_dir: Path, prompts: list[list[int]], concurrency: int, output_len: int,
-              context_tokens: int, activations: str = "auto") -> float:
-    """Output tok/s of MILI's engine on `prompts`, at most `concurrency` sequences in flight, its quantized kernels'
-    activations in mode `activations` (shared/config.py)."""
+              context_tokens: int, config: MiliConfig) -> float:
+    """Output tok/s of MILI's engine on `prompts`, at most `concurrency` sequences in flight, in `config`."""
     from shared.config import EngineConfig
     from shared.sampling_params import SamplingParams
     from worker.engine import LLMEngine
 
     engine = LLMEngine(EngineConfig(model=str(model_dir), max_num_seqs=concurrency,
-                                    num_kv_blocks=context_tokens // 16, activation_quantization=activations))
+                                    num_kv_blocks=context_tokens // 16, activation_quantization=config.activations,
+                                    kv_cache_dtype=config.kv_cache_dtype))
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
     engine.generate([p[:16] for p in prompts[:concurrency]], params)  # warm-up: first-step costs stay out
     t0 = time.perf_counter()
@@ -68,7 +86,7 @@ def time_mili(model_dir: Path, prompts: list[list[int]], concurrency: int, outpu
 
 def markdown(results: dict) -> str:
     s = results["settings"]
-    modes = s["activation_modes"]
+    modes = s["configs"]
     lines = [
         f"Machine: {results['machine']['cpu']}, {results['machine']['cores']} cores; {results['machine']['openvino']}; "
         f"MILI with torch {results['machine']['torch']}.",
@@ -78,10 +96,10 @@ def markdown(results: dict) -> str:
         f"at once; OpenVINO GenAI: the faster of its continuous-batching pipeline, all queued at once, and its "
         f"stateful LLMPipeline on batches of `concurrency`), {s['output_len']} output tokens each, greedy, "
         f"ignore_eos; {s['threads']} threads each.",
-        f"Model: {s['model']}. MILI serves the GGUF's own quantized blocks, its activations in "
-        + " and ".join(f"{m} ({ACTIVATION_NOTES[m]})" for m in modes)
-        + f"; OpenVINO GenAI its int4 export (optimum-intel, --weight-format int4 --group-size "
-        f"{openvino_genai.GROUP_SIZE}).",
+        f"Model: {s['model']}. MILI serves the GGUF's own quantized blocks: "
+        + "; ".join(f"{m}: {CONFIGS[m].note}" for m in modes)
+        + f". OpenVINO GenAI its int4 export (optimum-intel, --weight-format int4 --group-size "
+        f"{openvino_genai.GROUP_SIZE})" + _ov_settings(results) + ".",
         "",
         "Output tokens/s by concurrency:",
         "",
@@ -102,6 +120,14 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _ov_settings(results: dict) -> str:
+    """OpenVINO's CPU plugin defaults as it reported them (the precisions it chose for this CPU), if it did."""
+    props = results.get("openvino_cpu_properties")
+    if not props:
+        return ""
+    return ", its CPU plugin's defaults as it reported them: " + ", ".join(f"{k} {v}" for k, v in props.items())
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gguf", type=Path, help="the model (default: the default model's GGUF)")
@@ -112,13 +138,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--context-tokens", type=int, default=16384, help="MILI's KV capacity, in tokens")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--activation-modes", default="int8x2,int8", type=lambda s: s.split(","),
-                   help="MILI's activation modes to time, comma-separated (int8x2, int8)")
+    p.add_argument("--configs", default=",".join(CONFIGS), type=lambda s: s.split(","),
+                   help=f"MILI's configurations to time, comma-separated ({', '.join(CONFIGS)})")
     p.add_argument("--name", default="offline-openvino", help="result file name")
     p.add_argument("--out-dir", type=Path, default=RESULTS)
     args = p.parse_args(argv)
-    if not set(args.activation_modes) <= set(ACTIVATION_NOTES):
-        p.error(f"--activation-modes: choose from {', '.join(ACTIVATION_NOTES)}")
+    if not set(args.configs) <= set(CONFIGS):
+        p.error(f"--configs: choose from {', '.join(CONFIGS)}")
     if min(args.concurrency) < 1 or args.requests_per_level < 1:
         p.error("--concurrency levels and --requests-per-level must be at least 1")
     if args.context_tokens < max(args.concurrency) * (args.input_len + args.output_len) * 2:
@@ -143,9 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     levels = {}
     for c in args.concurrency:
         mili = {}
-        for mode in args.activation_modes:
+        for mode in args.configs:
             mili[mode] = time_mili(model_dir, prompts[:args.requests_per_level * c], c, args.output_len,
-                                   args.context_tokens, mode)
+                                   args.context_tokens, CONFIGS[mode])
             print(f"  mili {mode:<7}   c={c:<3} {mili[mode]:8.1f} tok/s; mili / openvino-genai "
                   f"{mili[mode] / ov['levels'][str(c)]['output_throughput']:.2f}x", flush=True)
         levels[str(c)] = {"mili": mili, "openvino_genai": ov["levels"][str(c)]}
@@ -155,8 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"model": gguf.name, "requests_per_level": args.requests_per_level, "input_len": args.input_len,
                      "mean_prompt_tokens": sum(map(len, prompts)) / len(prompts), "output_len": args.output_len,
                      "threads": args.threads, "context_tokens": args.context_tokens, "seed": args.seed,
-                     "activation_modes": args.activation_modes},
-        "started": started, "levels": levels,
+                     "configs": args.configs},
+        "openvino_cpu_properties": ov.get("cpu_properties", {}), "started": started, "levels": levels,
     }
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / f"{args.name}.json").write_text(json.dumps(results, indent=2))

@@ -79,7 +79,8 @@ def export_int4(model_dir: Path) -> Path:
 
 def run_offline(ov_model: Path, prompts: list[list[int]], levels: list[int], output_len: int, threads: int,
                 requests_per_level: int) -> dict:
-    """Runs the script half in the venv; returns its JSON: per level, output tok/s and the pipeline chosen."""
+    """Runs the script half in the venv; returns its JSON: per level, output tok/s and the pipeline chosen, and the
+    CPU plugin's precision defaults (cpu_properties)."""
     job = {"model": str(ov_model), "prompts": prompts, "levels": levels, "output_len": output_len,
            "threads": threads, "requests_per_level": requests_per_level}
     # Its progress lines (stderr) pass through; its result is the last line on stdout. -P: the script's folder stays

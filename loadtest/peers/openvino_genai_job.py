@@ -84,11 +84,24 @@ def _time_continuous(ov_genai, model: str, prompts: list[list[int]], output_len:
     return produced / elapsed
 
 
+# The CPU plugin's precision defaults, which it picks per CPU: recorded beside the results, since a comparison is
+# like for like only where MILI runs the same arithmetic (int8 activations in groups of 32, an int8 KV cache).
+CPU_PROPERTIES = ("INFERENCE_PRECISION_HINT", "DYNAMIC_QUANTIZATION_GROUP_SIZE", "KEY_CACHE_PRECISION",
+                  "VALUE_CACHE_PRECISION")
+
+
+def _cpu_properties() -> dict:
+    import openvino as ov
+
+    core = ov.Core()
+    return {name: str(core.get_property("CPU", name)) for name in CPU_PROPERTIES}
+
+
 def main() -> None:
     import openvino_genai as ov_genai
 
     job = json.loads(sys.stdin.read())
-    out = {"levels": {}}
+    out = {"levels": {}, "cpu_properties": _cpu_properties()}
     for c in job["levels"]:
         prompts = job["prompts"][:job["requests_per_level"] * c]
         runs = {"continuous batching": _time_continuous(ov_genai, job["model"], prompts, job["output_len"],

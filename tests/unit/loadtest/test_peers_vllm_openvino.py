@@ -88,7 +88,9 @@ def _offline_results() -> dict:
                         "openvino": "openvino-genai 2026.4.1.0 (OpenVINO 2026.4.1), optimum-intel 2.2.0"},
             "settings": {"model": "m.gguf", "requests_per_level": 4, "input_len": 128, "mean_prompt_tokens": 131.0,
                          "output_len": 64, "threads": 2, "context_tokens": 16384, "seed": 0,
-                         "activation_modes": ["int8x2", "int8"]},
+                         "configs": ["int8x2", "int8"]},
+            "openvino_cpu_properties": {"KEY_CACHE_PRECISION": "<Type: 'uint8_t'>",
+                                        "DYNAMIC_QUANTIZATION_GROUP_SIZE": "32"},
             "started": "now", "levels": {"1": {"mili": {"int8x2": 120.0, "int8": 160.0}, "openvino_genai": ov["1"]},
                                          "8": {"mili": {"int8x2": 600.0, "int8": 800.0}, "openvino_genai": ov["8"]}}}
 
@@ -103,13 +105,22 @@ def test_offline_table_names_the_cpu_says_it_is_offline_and_keeps_openvinos_fast
     assert "| 8 | 600.0 | 800.0 | 400.0 | continuous batching | 1.50x | 2.00x |" in table
     assert "--activation-quantization int8" in table
     assert "c=1: continuous batching 60.0, stateful LLMPipeline 80.0" in table
+    assert "KEY_CACHE_PRECISION <Type: 'uint8_t'>, DYNAMIC_QUANTIZATION_GROUP_SIZE 32" in table
+
+
+def test_offline_times_mili_with_an_int8_kv_cache_by_default():
+    args = bench_offline.parse_args([])
+    assert args.configs == ["int8x2", "int8", "int8+kv8"]
+    config = bench_offline.CONFIGS["int8+kv8"]
+    assert (config.activations, config.kv_cache_dtype) == ("int8", "int8")
+    assert "--kv-cache-dtype int8" in config.note
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--concurrency", "0,8"], "at least 1"),
     (["--requests-per-level", "0"], "at least 1"),
     (["--concurrency", "64", "--context-tokens", "4096"], "does not hold 64 requests"),
-    (["--activation-modes", "int4"], "choose from"),
+    (["--configs", "int4"], "choose from"),
 ])
 def test_offline_refuses_a_workload_that_cannot_run(argv, message, capsys):
     with pytest.raises(SystemExit):
