@@ -358,10 +358,7 @@ class LLMEngine:
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         params = seq.params
-        if token in params.stop_token_ids:
-            seq.stop_token_id = token
-            return "stop"
-        if token in self.eos_token_ids and not params.ignore_eos:
+        if token in params.stop_token_ids or (token in self.eos_token_ids and not params.ignore_eos):
             seq.stop_token_id = token
             return "stop"
         if seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
