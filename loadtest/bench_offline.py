@@ -44,8 +44,8 @@ class MiliConfig:
 
 
 CONFIGS = {
-    "int8x2": MiliConfig("int8x2", "auto", "activations in two int8 parts and a bfloat16 KV cache, `mili serve`'s "
-                         "default"),
+    "int8x2": MiliConfig("int8x2", "auto", "activations in two int8 parts and the KV cache in the model's dtype, "
+                         "`mili serve`'s default"),
     "int8": MiliConfig("int8", "auto", "activations in one int8 part, llama.cpp's arithmetic "
                        "(`--activation-quantization int8`)"),
     "int8+kv8": MiliConfig("int8", "int8", "one-part int8 activations and an int8 KV cache (`--activation-quantization "
