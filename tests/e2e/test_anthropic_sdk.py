@@ -238,9 +238,10 @@ def test_rate_limited_and_overloaded(server):
 
 def test_error_event_in_a_started_stream(server, client):
     """A deadline that passes while the stream runs ends it with an `error` event (the 200 is sent); the SDK
-    raises it."""
+    raises it. Greedy decoding: the default model's greedy story runs past 2000 tokens (seconds of work), where a
+    sampled one may end with EOS inside the half second."""
     story = [{"role": "user", "content": "Write a long story about a dragon and a lighthouse."}]
-    body = {"model": MODEL, "max_tokens": 4000, "messages": story, "stream": True}
+    body = {"model": MODEL, "max_tokens": 4000, "messages": story, "stream": True, **GREEDY}
     with httpx2.stream("POST", f"{server.url}/v1/messages", json=body, timeout=120,
                        headers={"x-api-key": KEY, "X-Request-Timeout": "0.5"}) as r:
         assert r.status_code == 200
@@ -250,6 +251,6 @@ def test_error_event_in_a_started_stream(server, client):
     error = json.loads([line for line in lines if line.startswith("data: ")][-1][len("data: "):])
     assert error["type"] == "error" and error["error"]["type"] == "timeout_error"
     with pytest.raises(anthropic.APIStatusError):
-        with client.messages.stream(model=MODEL, max_tokens=4000, messages=story,
+        with client.messages.stream(model=MODEL, max_tokens=4000, messages=story, extra_body=GREEDY,
                                     extra_headers={"X-Request-Timeout": "0.5"}) as stream:
             stream.until_done()
