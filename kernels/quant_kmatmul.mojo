@@ -48,6 +48,7 @@ from std.memory import alloc, bitcast, stack_allocation
 from std.sys import llvm_intrinsic
 from numerics import narrow
 from params import Params, param_int, param_ptr
+from row_groups import row_groups
 from quant_activations import P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, P_SUM_LO, quantize_rows, row_chunk, \
     two_parts
 from quant_amx import TILE_A1, TILE_A1_HALF, TILE_A2, TILE_A2_HALF, TILE_B, TILE_B_HI, TILE_B_LO, TILE_C1, \
@@ -309,25 +310,12 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int, two: Bool](p: Params, t: Int, r
 
 
 def _row_groups[kind: Int, out_dt: DType, two: Bool](p: Params, t: Int, start: Int, end: Int):
-    """Rows start .. end-1 of tile t in groups of rows_per_block, the rest in halving groups (6 rows of 4 a
-    group run as 4 + 2, not 4 + 1 + 1): each group unpacks a weight block once for all its rows, and a
-    few-row step (a speculating sequence's verification rows) pays few passes. A row's arithmetic is the
-    same in every group size, so its bits do not depend on the batch."""
-    comptime R = rows_per_block[kind, two]()
-    var r = start
-    while r + R <= end:
-        _tile_rows[kind, out_dt, R, two](p, t, r)
-        r += R
-    comptime if R >= 8:
-        if r + 4 <= end:
-            _tile_rows[kind, out_dt, 4, two](p, t, r)
-            r += 4
-    comptime if R >= 4:
-        if r + 2 <= end:
-            _tile_rows[kind, out_dt, 2, two](p, t, r)
-            r += 2
-    if r < end:
-        _tile_rows[kind, out_dt, 1, two](p, t, r)
+    """Rows start .. end-1 of tile t, grouped by row_groups.mojo's rule."""
+    @always_inline
+    def rows[n: Int](p: Params, t: Int, r: Int):
+        _tile_rows[kind, out_dt, n, two](p, t, r)
+
+    row_groups[rows_per_block[kind, two](), rows](p, t, start, end)
 
 
 def _tiles[kind: Int, out_dt: DType, two: Bool](p: Params, begin: Int, end: Int):

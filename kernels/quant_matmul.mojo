@@ -36,6 +36,7 @@ from std.memory import alloc, bitcast, stack_allocation
 from std.sys import llvm_intrinsic
 from numerics import narrow
 from params import Params, param_int, param_ptr
+from row_groups import row_groups
 from quant_activations import P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, quantize_rows, row_chunk, two_parts
 from quant_amx import TILE_A1, TILE_A2, TILE_B, TILE_C1, TILE_C1_NEXT, TILE_C2, TILE_C2_NEXT, U8Ptr, amx_configure, \
     amx_release, amx_row_chunk, tile_dot_su, tile_load, tile_store, tile_zero
@@ -248,25 +249,12 @@ def _finish_row[out_dt: DType](p: Params, y: F32x16, row: Int, t: Int):
 
 
 def _row_groups[kind: Int, out_dt: DType, two: Bool](p: Params, t: Int, start: Int, end: Int):
-    """Rows start .. end-1 of tile t in groups of rows_per_block, the rest in halving groups (6 rows of 4 a
-    group run as 4 + 2, not 4 + 1 + 1): each group unpacks a weight block once for all its rows, and a
-    few-row step (a speculating sequence's verification rows) pays few passes. A row's arithmetic is the
-    same in every group size, so its bits do not depend on the batch."""
-    comptime R = rows_per_block[two]()
-    var r = start
-    while r + R <= end:
-        _tile_rows[kind, out_dt, R, two](p, t, r)
-        r += R
-    comptime if R >= 8:
-        if r + 4 <= end:
-            _tile_rows[kind, out_dt, 4, two](p, t, r)
-            r += 4
-    comptime if R >= 4:
-        if r + 2 <= end:
-            _tile_rows[kind, out_dt, 2, two](p, t, r)
-            r += 2
-    if r < end:
-        _tile_rows[kind, out_dt, 1, two](p, t, r)
+    """Rows start .. end-1 of tile t, grouped by row_groups.mojo's rule."""
+    @always_inline
+    def rows[n: Int](p: Params, t: Int, r: Int):
+        _tile_rows[kind, out_dt, n, two](p, t, r)
+
+    row_groups[rows_per_block[two](), rows](p, t, start, end)
 
 
 def _tiles[kind: Int, out_dt: DType, two: Bool](p: Params, begin: Int, end: Int):

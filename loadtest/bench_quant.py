@@ -53,16 +53,22 @@ TYPES = (QT.Q4_0, QT.Q4_1, QT.Q8_0)
 
 def interleaved_times(calls: dict, seconds: float = 0.5, min_samples: int = 40) -> dict[str, list[float]]:
     """Single-call times of every function, one call of each in turn, so a neighbour's burst of load
-    falls on all of them alike."""
+    falls on all of them alike. Each round starts one function later, so that every function follows every
+    other equally often: what a call leaves behind (caches, the threads' spinning) then falls on all alike too
+    (in a fixed order, one build of the kernel timed against itself read 0.73x at one row)."""
     for fn in calls.values():
         fn()  # warm-up
     times: dict[str, list[float]] = {key: [] for key in calls}
+    order = list(calls.items())
     start = time.perf_counter()
-    while len(times[next(iter(calls))]) < min_samples or time.perf_counter() - start < seconds:
-        for key, fn in calls.items():
+    rounds = 0
+    while len(times[order[0][0]]) < min_samples or time.perf_counter() - start < seconds:
+        shift = rounds % len(order)
+        for key, fn in order[shift:] + order[:shift]:
             t0 = time.perf_counter()
             fn()
             times[key].append(time.perf_counter() - t0)
+        rounds += 1
     return times
 
 
