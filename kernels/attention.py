@@ -204,19 +204,21 @@ THREADINGS = ("caller", "omp")
 
 def paged_attention(module: ModuleType, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     plan: StepPlan, scale: float, out: torch.Tensor | None = None,
-                    threading: str = "caller") -> torch.Tensor:
+                    threading: str = "caller", prompt_rows: bool = True) -> torch.Tensor:
     """query: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim], causal per sequence.
     `out`, when given, must be contiguous and shaped like query (tests pass one poisoned with NaN).
     threading: "caller" runs the work items on this thread; "omp" splits them over the process's OpenMP
     team (torch's threads; see omp_program.c), or runs them here when that bridge is unavailable. (Mojo's
-    own thread pool is not offered: it competes with torch's spinning threads for the cores.)"""
+    own thread pool is not offered: it competes with torch's spinning threads for the cores.)
+    prompt_rows=False runs every row on its own, never a prompt's rows together (attention_prompt.mojo, over
+    an int8 cache): the same bits, which the tests check."""
     _require(threading in THREADINGS, f"threading must be one of {THREADINGS}")
     items = _checked_attention(query, k_cache, v_cache, plan)
     if items.shape[0] == 0:
         return out if out is not None else torch.empty_like(query)
     if out is None:
         out = torch.empty(query.shape, dtype=query.dtype)
-    scratch = attention_scratch(items.shape[0], k_cache)
+    scratch = attention_scratch(items.shape[0], k_cache, prompt_rows)
     params = _attention_params(query, k_cache, v_cache, plan, scale, out, items, scratch)
     launch(module, "paged_attention", params, items.shape[0], threading)
     return out
@@ -226,22 +228,27 @@ def paged_attention(module: ModuleType, query: torch.Tensor, k_cache: torch.Tens
 ATTENTION_ITEMS_PARAM = 8
 
 
-def attention_scratch(n_items: int, k_cache: torch.Tensor) -> torch.Tensor:
-    """[n_items, floats per item] float32: the kernel's scratch for n_items work items."""
-    return torch.empty(n_items, _scratch_width(k_cache), dtype=torch.float32)
+def attention_scratch(n_items: int, k_cache: torch.Tensor, prompt_rows: bool = True) -> torch.Tensor:
+    """[n_items, floats per item] float32: the kernel's scratch for n_items work items. prompt_rows=False: for
+    items of one row each (a decode step), without the room the prompt-row path over an int8 cache takes."""
+    return torch.empty(n_items, _scratch_width(k_cache, prompt_rows), dtype=torch.float32)
 
 
-# attention_chunks.mojo's CHUNK, MAX_GROUP and KEYS: what a thread's scratch holds on that path.
+# attention_parts.mojo's CHUNK, MAX_GROUP and KEYS: what a thread's scratch holds on the chunked path; and
+# attention_prompt.mojo's prompt_scratch_floats(), what its prompt rows over an int8 cache take after that.
 _CHUNK, _MAX_GROUP, _KEYS = 256, 4, 16
+_PROMPT_ROWS_FLOATS = 24000
 
 
-def _scratch_width(k_cache: torch.Tensor) -> int:
+def _scratch_width(k_cache: torch.Tensor, prompt_rows: bool = True) -> int:
     """Float32 scratch per work item: for head_dim 64 and 128 (attention_chunks.mojo, which uses its range's first
-    item's) a chunk's scores, its keys' values and scale offsets, and a group of keys' int8 row scales; for
-    others (attention.mojo's _attend_rows) two head_dim vectors and a group of 16 keys' scores."""
+    item's) a chunk's scores, its keys' values and scale offsets, and a group of keys' int8 row scales, then over
+    an int8 cache (unless not prompt_rows) what attention_prompt.mojo takes to run an item's prompt rows together;
+    for others (attention.mojo's _attend_rows) two head_dim vectors and a group of 16 keys' scores."""
     head_dim = kv_int8.head_dim_of(k_cache)
     if head_dim in (64, 128):
-        return _MAX_GROUP * _CHUNK + 4 * _CHUNK + _KEYS
+        rows = _PROMPT_ROWS_FLOATS if prompt_rows and kv_int8.is_int8(k_cache) else 0
+        return _MAX_GROUP * _CHUNK + 4 * _CHUNK + _KEYS + rows
     return 2 * head_dim + 16
 
 
@@ -268,17 +275,17 @@ def _checked_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 def _attention_params(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: StepPlan,
                       scale: float, out: torch.Tensor, items: torch.Tensor, scratch: torch.Tensor) -> array.array:
     _require(out.shape == query.shape and out.dtype == query.dtype and out.is_contiguous(), "bad output tensor")
-    expected = _scratch_width(k_cache)
+    widths = sorted({_scratch_width(k_cache, True), _scratch_width(k_cache, False)})
     _require(scratch.dtype == torch.float32 and scratch.is_contiguous() and scratch.dim() == 2
-             and scratch.shape[0] >= items.shape[0] and scratch.shape[1] == expected,
-             f"scratch must be contiguous float32 [>= {items.shape[0]}, {expected}]")
+             and scratch.shape[0] >= items.shape[0] and scratch.shape[1] in widths,
+             f"scratch must be contiguous float32 [>= {items.shape[0]}, one of {widths}]")
     num_blocks, block_size, kv_heads = k_cache.shape[:3]
     return kernel_params(
         out.data_ptr(), query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), plan.block_tables.data_ptr(),
         plan.context_lens.data_ptr(), plan.query_start.data_ptr(), items.data_ptr(), items.shape[0], query.shape[1],
         kv_heads, kv_int8.head_dim_of(k_cache), block_size, plan.block_tables.shape[1], query.stride(0),
         out.stride(0), float_bits(scale), scratch.data_ptr(), DTYPE_CODES[query.dtype], int(kv_int8.is_int8(k_cache)),
-        expected)
+        scratch.shape[1])
 
 
 def float_bits(x: float) -> int:

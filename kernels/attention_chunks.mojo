@@ -23,32 +23,15 @@
 # Scores and key offsets of a chunk live in the calling thread's scratch. Nothing depends on which other items
 # are in the call or on the thread: a row gets the same bits in any batch.
 
-from std.math import exp, round
-from std.sys import CompilationTarget, llvm_intrinsic, size_of
-from std.sys.intrinsics import prefetch, PrefetchOptions
+from std.sys import llvm_intrinsic, size_of
 from numerics import narrow
 from params import Params, param_int, param_ptr, param_float
-from kv_int8 import I8, scale_at, scale_offset, value_offset
+from kv_int8 import I8, scale_at
 from lane_tree import bitrev4, lane_sums, level_sum
-
-comptime F32 = DType.float32
-comptime BF16 = DType.bfloat16
-comptime KEYS = 16  # keys scored together: one float32 vector of scores per query head
-comptime CHUNK = 256  # keys per two-pass chunk: a multiple of KEYS
-comptime MAX_GROUP = 4  # query heads per pass (2 at head_dim 128: their accumulators fill 16 zmm)
-comptime ACC_VALUES = 256  # float32 accumulators per pass over V, across the pass's heads: 16 zmm
-comptime F32x16 = SIMD[F32, KEYS]
-comptime BF16x32 = SIMD[BF16, 32]
-comptime I16x32 = SIMD[DType.int16, 32]
-comptime I32x16 = SIMD[DType.int32, KEYS]
-comptime HAS_BF16_DOT = CompilationTarget._has_feature["avx512bf16"]()
-comptime HAS_I16_DOT = CompilationTarget.has_vnni()
-comptime I16_MAX = Float32(32767)
-comptime NEG = Float32(-3.0e38)
-comptime AHEAD = 4  # groups of keys whose K rows are prefetched ahead of the one being scored
-# A KV head's K and V rows up to this size are still in cache (L2, else L3) when a prompt's next query row reads them
-# again: only a work item's first row prefetches them. At 2048 tokens (1 MiB a head) prefetching every row cost 10%.
-comptime REREAD_BYTES = 4096 * 1024
+from attention_parts import F32, BF16, KEYS, CHUNK, MAX_GROUP, ACC_VALUES, F32x16, BF16x32, I16x32, I32x16, \
+    HAS_BF16_DOT, HAS_I16_DOT, I16_MAX, NEG, AHEAD, REREAD_BYTES, heads_per_pass, chunk_offsets, prefetch_rows, \
+    fold_chunk, query_i16
+from attention_prompt import PROMPT_MIN_ROWS, PROMPT_SCRATCH_AT, prompt_scratch_floats, attend_prompt_rows
 
 
 @always_inline
@@ -68,7 +51,8 @@ def _partials_bf16[HD: Int](q: Pointer[Scalar[BF16], MutAnyOrigin], k: Pointer[S
 
 
 @always_inline
-def _key_sums_i16[HD: Int, G: Int, NG: Int](q16: Array[I16x32, G * (HD // 32)], k_cache: Pointer[Scalar[I8], MutAnyOrigin],
+def _key_sums_i16[HD: Int, G: Int, NG: Int](q16: Array[I16x32, G * (HD // 32)],
+                                         k_cache: Pointer[Scalar[I8], MutAnyOrigin],
                                          offs: Pointer[Scalar[DType.int64], MutAnyOrigin]) -> Array[I32x16, G]:
     """Lane j of result g (g < NG): the exact integer dot product of query head g's 16-bit values (HD of them)
     with the int8 row of key j at offs[j], by vpdpwssd (|q| <= 32767, |k| <= 127: a sum of 256 products stays
@@ -102,49 +86,9 @@ def _key_sums_i16[HD: Int, G: Int, NG: Int](q16: Array[I16x32, G * (HD // 32)], 
     return sums^
 
 
-@always_inline
-def _prefetch_rows[cdt: DType, HD: Int](cache: Pointer[Scalar[cdt], MutAnyOrigin],
-                                        offsets: Pointer[Scalar[DType.int64], MutAnyOrigin],
-                                        scale_offsets: Pointer[Scalar[DType.int64], MutAnyOrigin], n: Int):
-    """Software prefetch (into L2) of the n cache rows' values at offsets[:n], one request per 64-byte line, and
-    of an int8 cache's row scales at scale_offsets[:n]."""
-    comptime per_line = 64 // size_of[cdt]()
-    for t in range(n):
-        var row = cache.unsafe_offset(Int(offsets[unsafe_offset=t]))
-        comptime for e in range(0, HD, per_line):
-            prefetch[PrefetchOptions().for_read().medium_locality()](row.unsafe_offset(e))
-        comptime if cdt == I8:
-            prefetch[PrefetchOptions().for_read().medium_locality()](
-                cache.unsafe_offset(Int(scale_offsets[unsafe_offset=t])))
-
-
-@always_inline
-def _add_values[cdt: DType, HD: Int, G: Int, S: Int, NG: Int](
-        mut acc: Array[SIMD[F32, S], G * (HD // S)], j: Int, v_cache: Pointer[Scalar[cdt], MutAnyOrigin],
-        offsets: Pointer[Scalar[DType.int64], MutAnyOrigin], scale_offsets: Pointer[Scalar[DType.int64], MutAnyOrigin],
-        scores: Pointer[Scalar[F32], MutAnyOrigin], nk: Int):
-    """Slice j (values j*S .. j*S+S-1) of the first NG heads' accumulators plus the chunk's nk V rows, each weighted
-    by its score in scratch, in key order. NG is a constant and the slice's NG * S / 16 accumulators stay in
-    registers for the whole walk."""
-    comptime NS = HD // S
-    var part = Array[SIMD[F32, S], NG](fill=SIMD[F32, S](0))
-    comptime for g in range(NG):
-        part[g] = acc[g * NS + j]
-    for t in range(nk):
-        var v = v_cache.unsafe_offset(Int(offsets[unsafe_offset=t]) + j * S).unsafe_load[width=S]().cast[F32]()
-        var vs = scale_at[cdt](v_cache, Int(scale_offsets[unsafe_offset=t]))
-        comptime for g in range(NG):
-            var w = scores[unsafe_offset=g * CHUNK + t]
-            comptime if cdt == I8:
-                w = w * vs
-            part[g] += v * w
-    comptime for g in range(NG):
-        acc[g * NS + j] = part[g]
-
-
 def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end: Int):
     """Work items [begin, end) of kernels/attention.mojo's paged_attention (same parameters) for head_dim HD."""
-    comptime G = MAX_GROUP if HD <= 64 else 2
+    comptime G = heads_per_pass[HD]()
     comptime S = min(HD, ACC_VALUES // G)  # values per accumulator slice (a multiple of 16)
     comptime NS = HD // S
     comptime BF16_DOT = HAS_BF16_DOT and dt == BF16 and cdt == BF16
@@ -167,13 +111,13 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
     var scratch_width = param_int(args, 20)
     # This thread's scratch, the first item's (the items of one range run on one thread, one after another):
     # scores [MAX_GROUP, CHUNK] float32, the keys' values and (int8) scale offsets [2, CHUNK] int64, a group's
-    # int8 row scales [KEYS] float32 (kernels/attention.py's _scratch_width allots it).
+    # int8 row scales [KEYS] float32, and where kernels/attention.py's _scratch_width allots it for prompt rows
+    # over an int8 cache, attention_prompt.mojo's part.
     var scores = param_ptr[F32](args, 17).unsafe_offset(begin * scratch_width)
     var offsets = Pointer[Scalar[DType.int64], MutAnyOrigin](unsafe_from_address=Int(scores.unsafe_offset(MAX_GROUP * CHUNK)))
     var scale_offsets = offsets.unsafe_offset(CHUNK)
     var key_scales = scores.unsafe_offset(MAX_GROUP * CHUNK + 4 * CHUNK)
     var group = num_heads // kv_heads
-    var row_stride = kv_heads * HD  # between a page's consecutive tokens' values
     var lane = F32x16(0)
     comptime for j in range(KEYS):
         lane[j] = Float32(j)
@@ -185,11 +129,17 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
         var q0_token = Int(query_start[unsafe_offset=seq])
         var q_len = Int(query_start[unsafe_offset=seq + 1]) - q0_token
         var table = block_tables.unsafe_offset(seq * max_blocks)
-        for r in range(Int(items[unsafe_offset=4 * i + 2]), Int(items[unsafe_offset=4 * i + 3])):
+        var r_begin = Int(items[unsafe_offset=4 * i + 2])
+        var r_end = Int(items[unsafe_offset=4 * i + 3])
+        comptime if I16_DOT:  # a prompt's rows together where the scratch has room (the same bits)
+            if r_end - r_begin >= PROMPT_MIN_ROWS and scratch_width >= PROMPT_SCRATCH_AT + prompt_scratch_floats():
+                attend_prompt_rows[dt, HD](args, scores, seq, kvh, r_begin, r_end)
+                continue
+        for r in range(r_begin, r_end):
             var token = q0_token + r
             var visible = ctx - q_len + r + 1  # causal: keys up to this token's own position
             # A prompt's later rows find the keys the row before them read still in cache, unless there are too many.
-            var fetch = r == Int(items[unsafe_offset=4 * i + 2]) or visible * 2 * HD * size_of[cdt]() > REREAD_BYTES
+            var fetch = r == r_begin or visible * 2 * HD * size_of[cdt]() > REREAD_BYTES
             var g0 = 0
             while g0 < group:
                 var ng = min(G, group - g0)
@@ -200,12 +150,10 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
                 comptime if I16_DOT:
                     comptime for g in range(G):
                         if g < ng:
-                            var q = qp.unsafe_offset(g * HD).unsafe_load[width=HD]().cast[F32]()
-                            var qmax = abs(q).reduce_max()
-                            var qi = round(q * (I16_MAX / qmax if qmax > 0 else Float32(0))).cast[DType.int16]()
+                            var qi = query_i16[HD](qp.unsafe_offset(g * HD).unsafe_load[width=HD]().cast[F32](), scale)
                             comptime for c in range(HD // 32):
-                                q16[g * (HD // 32) + c] = qi.slice[32, offset=32 * c]()
-                            q16_scale[g] = qmax / I16_MAX * scale
+                                q16[g * (HD // 32) + c] = qi[0].slice[32, offset=32 * c]()
+                            q16_scale[g] = qi[1]
                 elif not BF16_DOT:
                     comptime for g in range(G):
                         if g < ng:
@@ -218,30 +166,9 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
                 while c0 < visible:
                     var nk = min(CHUNK, visible - c0)
                     var n_groups = (nk + KEYS - 1) // KEYS
-                    # Each key's values offset (and an int8 row's scale offset) in the cache; K and V share the
-                    # layout (kernels/kv_int8.mojo).
-                    var t = 0
-                    while t < nk:
-                        var pos = c0 + t
-                        var page = Int(table[unsafe_offset=pos // block_size])
-                        var in_page = pos % block_size
-                        var run = min(block_size - in_page, nk - t)
-                        var base = value_offset[cdt](page, in_page, kvh, block_size, kv_heads, HD)
-                        for u in range(run):
-                            offsets[unsafe_offset=t + u] = Int64(base + u * row_stride)
-                        comptime if cdt == I8:
-                            var scale_base = scale_offset[cdt](page, in_page, kvh, block_size, kv_heads, HD)
-                            for u in range(run):
-                                scale_offsets[unsafe_offset=t + u] = Int64(scale_base + u * kv_heads * 4)
-                        t += run
-                    # The last group's keys past the chunk read key 0's row instead: every group then scores 16 keys
-                    # with no per-key branch, and lanes past the chunk are masked below (a lane's score depends on
-                    # its own key only, lane_tree.mojo).
-                    for u in range(nk, n_groups * KEYS):
-                        offsets[unsafe_offset=u] = offsets[unsafe_offset=0]
-                        scale_offsets[unsafe_offset=u] = scale_offsets[unsafe_offset=0]
+                    chunk_offsets[cdt, HD](offsets, scale_offsets, table, c0, nk, kvh, block_size, kv_heads)
                     if fetch:
-                        _prefetch_rows[cdt, HD](k_cache, offsets, scale_offsets, min(nk, AHEAD * KEYS))
+                        prefetch_rows[cdt, HD](k_cache, offsets, scale_offsets, min(nk, AHEAD * KEYS))
                     # Pass 1: the chunk's scores, each head's running maximum in a vector.
                     var maxes = Array[F32x16, G](fill=F32x16(NEG))
                     for gi in range(n_groups):
@@ -250,10 +177,10 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
                         var offs = offsets.unsafe_offset(j0)
                         if fetch:
                             if j0 + AHEAD * KEYS < nk:
-                                _prefetch_rows[cdt, HD](k_cache, offsets.unsafe_offset(j0 + AHEAD * KEYS),
+                                prefetch_rows[cdt, HD](k_cache, offsets.unsafe_offset(j0 + AHEAD * KEYS),
                                                         scale_offsets.unsafe_offset(j0 + AHEAD * KEYS),
                                                         min(KEYS, nk - j0 - AHEAD * KEYS))
-                            _prefetch_rows[cdt, HD](v_cache, offs, scale_offsets.unsafe_offset(j0), n)  # for pass 2
+                            prefetch_rows[cdt, HD](v_cache, offs, scale_offsets.unsafe_offset(j0), n)  # for pass 2
                         var row_scales = F32x16(1)
                         comptime if I16_DOT:
                             for j in range(KEYS):
@@ -291,26 +218,7 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
                                 s = lane.lt(F32x16(Float32(n))).select(s, F32x16(NEG))
                                 maxes[g] = max(maxes[g], s)
                                 scores.unsafe_offset(g * CHUNK + j0).unsafe_store(s)
-                    # The chunk's weights, folded into the running softmax.
-                    comptime for g in range(G):
-                        if g < ng:
-                            var new_m = max(m[g], maxes[g].reduce_max())
-                            var corr = exp(m[g] - new_m)
-                            var total = F32x16(0)
-                            var sg = scores.unsafe_offset(g * CHUNK)
-                            for gi in range(n_groups):
-                                var e = exp(sg.unsafe_offset(gi * KEYS).unsafe_load[width=KEYS]() - new_m)
-                                sg.unsafe_offset(gi * KEYS).unsafe_store(e)
-                                total += e  # lanes past the context: exp(-3e38 - m) = 0
-                            l[g] = l[g] * corr + total.reduce_add()
-                            comptime for j in range(NS):
-                                acc[g * NS + j] = acc[g * NS + j] * corr
-                            m[g] = new_m
-                    # Pass 2: V rows, one slice of S values at a time, added into every head's accumulator slice.
-                    comptime for n in range(1, G + 1):  # the head count as a constant: no branch in the key loop
-                        if ng == n:
-                            comptime for j in range(NS):
-                                _add_values[cdt, HD, G, S, n](acc, j, v_cache, offsets, scale_offsets, scores, nk)
+                    fold_chunk[cdt, HD, G, S](acc, m, l, maxes, scores, ng, nk, v_cache, offsets, scale_offsets)
                     c0 += CHUNK
                 var op = out.unsafe_offset(token * out_stride + (kvh * group + g0) * HD)
                 comptime for g in range(G):

@@ -74,3 +74,16 @@ def lane_sums[dt: DType](v: Array[SIMD[dt, LANES], LANES]) -> SIMD[dt, LANES]:
 def lane_maxima[dt: DType](v: Array[SIMD[dt, LANES], LANES]) -> SIMD[dt, LANES]:
     """Lane i: the largest lane of v[bitrev4(i)]."""
     return _reduce[True](v)
+
+
+@always_inline
+def transpose16[dt: DType](mut v: Array[SIMD[dt, LANES], LANES]):
+    """v[i][j] becomes v[j][i]: the tree's levels as a network of block swaps (level l swaps the off-diagonal
+    blocks of side 16 >> l), with no sums."""
+    comptime for level in range(1, 5):
+        comptime side = LANES >> level
+        comptime for i in range(LANES):
+            comptime if i % (2 * side) < side:
+                var h = halves[level](v[i], v[i + side])
+                v[i] = h[0]
+                v[i + side] = h[1]

@@ -30,7 +30,8 @@ MODULES = {"mili_attention": "attention.mojo", "mili_layers": "layers.mojo",
            "mili_quant": "quant_matmul.mojo", "mili_quant_k": "quant_kmatmul.mojo",
            "mili_omp": "omp_program.c"}
 SHARED_SOURCES = ("numerics.mojo", "params.mojo", "kv_int8.mojo", "lane_tree.mojo", "attention_chunks.mojo",
-                  "quant_activations.mojo", "quant_amx.mojo", "row_groups.mojo")
+                  "attention_parts.mojo", "attention_prompt.mojo", "quant_activations.mojo", "quant_amx.mojo",
+                  "row_groups.mojo")
 # Extra compiler flags per module. The quantized matmuls' AMX tile paths need the AMX features at compile
 # time (added to the target's); they run only where the CPU has them (kernels/quant_matmul.py checks). For an
 # explicit target CPU the quantized matmuls also get the AVX-512 features their vpdpbusd path is written in:

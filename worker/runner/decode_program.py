@@ -76,7 +76,8 @@ class DecodeProgram:
         # One scratch serves every matmul: phases never overlap a matmul's use of it (barriers).
         self._mm_scratch = buffer(max(p.scratch_bytes(rows) for p in projections), dt=torch.uint8)
         self._rope_scratch = mojo_layers.rope_scratch(rows, cfg.head_dim)
-        self._attn_scratch = mojo_attention.attention_scratch(rows * self.kv_heads, self._k_cache)
+        self._attn_scratch = mojo_attention.attention_scratch(rows * self.kv_heads, self._k_cache,
+                                                               prompt_rows=False)  # decode rows only
         # The step's inputs, at fixed addresses: a plan for max_rows decode rows, refilled every step.
         self._positions = buffer(rows, dt=torch.int64)
         self._plan = mojo_attention.StepPlan.build(buffer(rows, max_blocks_per_seq, dt=torch.int32), (1,) * rows,

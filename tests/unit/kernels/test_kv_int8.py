@@ -138,6 +138,24 @@ def test_attention_over_int8_pages_matches_the_reference(module, test_seed, dtyp
     check_against_reference(module, rng, block_size, 2, group, head_dim, dtype, seqs)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_prompt_rows_together_give_each_row_its_own_bits(module, test_seed, head_dim):
+    """A prompt's rows over an int8 cache run together (attention_prompt.mojo: a chunk's keys scored for 16 rows
+    at once) with exactly the bits each row gets on its own: chunking or batching a prompt never changes them."""
+    rng = random.Random(test_seed)
+    torch.manual_seed(test_seed)
+    for group, kv_heads in ((1, 2), (2, 1), (3, 3), (4, 1), (5, 2), (8, 1)):
+        seqs = [(rng.randrange(8, 40), 8), (rng.randrange(300, 700), rng.randrange(9, 60)), (16, 16), (600, 1),
+                (rng.randrange(250, 270), 33)]  # prompt chunks over cached prefixes (chunk edges at 256), a decode
+        b, k_cache, v_cache = int8_batch(rng, 16, kv_heads, head_dim, torch.bfloat16, seqs)
+        query = torch.randn(b.plan.num_tokens, kv_heads * group, head_dim).to(torch.bfloat16)
+        for threading in mojo_attention.THREADINGS:
+            together, alone = (mojo_attention.paged_attention(module, query, k_cache, v_cache, b.plan, 0.125,
+                                                              threading=threading, prompt_rows=rows)
+                               for rows in (True, False))
+            assert torch.equal(together, alone), (group, kv_heads, threading)
+
+
 def test_other_head_dims_take_the_generic_path(module, test_seed):
     rng = random.Random(test_seed)
     torch.manual_seed(test_seed)
