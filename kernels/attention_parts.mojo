@@ -124,7 +124,7 @@ def fold_chunk[cdt: DType, HD: Int, G: Int, S: Int](
             for gi in range(n_groups):
                 var e = exp(sg.unsafe_offset(gi * KEYS).unsafe_load[width=KEYS]() - new_m)
                 sg.unsafe_offset(gi * KEYS).unsafe_store(e)
-                total += e  # lanes past the context: exp(-3e38 - m) = 0
+                total += e  # lanes past the context: about 4e-39 (exp's floor), not 0; V stops before them
             l[g] = l[g] * corr + total.reduce_add()
             comptime for j in range(NS):
                 acc[g * NS + j] = acc[g * NS + j] * corr
