@@ -24,6 +24,7 @@ from numerics import narrow
 from params import Params, param_int, param_ptr, param_float
 from kv_int8 import I8, quantize_row, scale_at, scale_offset, value_offset
 from attention_chunks import attend_chunks
+from attention_prompt import prompt_scratch_floats
 
 comptime F32 = DType.float32
 comptime BF16 = DType.bfloat16
@@ -42,6 +43,8 @@ def PyInit_mili_attention() abi("C") -> PythonObject:
         var m = PythonModuleBuilder("mili_attention")
         m.def_function[paged_attention]("paged_attention", docstring="ragged paged attention (decode + prefill)")
         m.def_function[write_kv]("write_kv", docstring="scatter new K/V rows into the paged cache")
+        m.def_function[prompt_rows_scratch]("prompt_rows_scratch",
+                                            docstring="scratch floats an item's prompt rows take over an int8 cache")
         return m.finalize()
     except e:
         abort(String("error creating module:", e))
@@ -199,6 +202,12 @@ def paged_attention(args: PythonObject) raises -> PythonObject:
     var p = Params(unsafe_from_address=Int(py=args[0]))
     _attend(p, 0, param_int(p, 8))
     return PythonObject(None)
+
+
+def prompt_rows_scratch(args: PythonObject) raises -> PythonObject:
+    """attention_prompt.mojo's scratch per work item beyond the row path's (args: ()): what kernels/attention.py
+    allots."""
+    return PythonObject(prompt_scratch_floats())
 
 
 @export

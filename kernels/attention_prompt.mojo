@@ -21,8 +21,8 @@ from numerics import narrow
 from params import Params, param_int, param_ptr, param_float
 from kv_int8 import I8, scale_at
 from lane_tree import transpose16
-from attention_parts import F32, BF16, KEYS, CHUNK, MAX_GROUP, ACC_VALUES, F32x16, I16x32, I32x16, NEG, AHEAD, \
-    heads_per_pass, chunk_offsets, prefetch_rows, fold_chunk, query_i16
+from attention_parts import F32, KEYS, CHUNK, MAX_GROUP, ACC_VALUES, F32x16, I32x16, NEG, AHEAD, heads_per_pass, \
+    chunk_offsets, prefetch_rows, fold_chunk, query_i16
 
 comptime ROWS = 16  # query rows per item at most (kernels/attention.py's ROWS_PER_ITEM): one lane each
 # Below this many rows the row path is faster: a score vector of 16 lanes serves only the item's rows.
@@ -40,6 +40,8 @@ comptime PROMPT_SCRATCH_AT = MAX_GROUP * CHUNK + 4 * CHUNK + KEYS  # after the r
 
 @always_inline
 def prompt_scratch_floats() -> Int:
+    """Scratch words an item takes here, beyond the row path's (kernels/attention.py allots them, and its tests
+    check its figure against this one)."""
     return QT_WORDS + KW_WORDS + SC_WORDS + CHUNK + STATE_WORDS
 
 

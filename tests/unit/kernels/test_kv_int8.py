@@ -156,6 +156,12 @@ def test_prompt_rows_together_give_each_row_its_own_bits(module, test_seed, head
             assert torch.equal(together, alone), (group, kv_heads, threading)
 
 
+def test_the_scratch_has_room_for_the_prompt_rows(module):
+    """The prompt path runs only where an item's scratch holds its part: kernels/attention.py's figure is the
+    kernel's own."""
+    assert mojo_attention._PROMPT_ROWS_FLOATS == module.prompt_rows_scratch(())
+
+
 def test_other_head_dims_take_the_generic_path(module, test_seed):
     rng = random.Random(test_seed)
     torch.manual_seed(test_seed)
