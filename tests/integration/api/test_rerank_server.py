@@ -35,6 +35,11 @@ ACTIVATION_ROUNDING = {"int8x2": 1e-3, "int8": 3e-2}
 Q8_0_WEIGHT_ROUNDING = 0.1
 
 
+# Two requests for the same pairs, scored by the float32 model: within the bound the scores keep against transformers
+# (1e-5 above), not bit for bit. A CI run saw two such requests 1.3e-6 apart (P(yes) near 0.25), where 1e-6 was asked.
+SAME_PAIRS = 1e-5
+
+
 def _seed() -> int:
     return int(os.environ.get("MILI_TEST_SEED", random.randrange(2**31)))
 
@@ -128,14 +133,14 @@ def test_instruction_and_score_route(reranker, reranker_dir):
     pairwise = httpx2.post(f"{reranker.url}/v1/score", json={"text_1": [QUERY, QUERY], "text_2": DOCS[:2],
                                                              "instruction": instruction}, timeout=60).json()
     for d, want in zip(pairwise["data"], data[:2]):
-        assert abs(d["score"] - want["score"]) < 1e-6
+        assert abs(d["score"] - want["score"]) < SAME_PAIRS
     # vLLM's later names for the two sides score the same.
     for first, second in (("queries", "documents"), ("queries", "items"), ("data_1", "data_2")):
         named = httpx2.post(f"{reranker.url}/score", json={first: QUERY, second: DOCS, "instruction": instruction},
                             timeout=60)
         assert named.status_code == 200, named.text
         for d, want in zip(named.json()["data"], data):
-            assert abs(d["score"] - want["score"]) < 1e-6
+            assert abs(d["score"] - want["score"]) < SAME_PAIRS
 
 
 @pytest.mark.parametrize("path,body,param", [
