@@ -28,8 +28,10 @@ DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that
 # (about 15 bits) move a tiny random reranker's P(yes) by 1e-4 at most (measured over 5 seeds: 2e-5 to 9e-5).
 # How far the kernels' activation rounding moves a score from the float computation over the same weights: the
 # two-part (~15-bit) activations, and the one-part int8 ones a scoring server uses by default (llama.cpp's own
-# rounding: llama-server differs from the F32 computation by up to 0.017 on these tiny models).
-ACTIVATION_ROUNDING = {"int8x2": 1e-3, "int8": 3e-2}
+# rounding: llama-server differs from the F32 computation by up to 0.017 on these tiny models). Measured on the
+# Q8_0 reranker of seeds 0-63: two-part at most 1e-4; one-part at most 0.029 (typically about 0.01), and a CI run's seed
+# reached 0.041, so its bound is twice that.
+ACTIVATION_ROUNDING = {"int8x2": 1e-3, "int8": 8e-2}
 # ... and against the safetensors weights it was quantized from: Q8_0's weight rounding, which on a random tiny
 # model (not trained, its logits steep) moved P(yes) by up to 0.044 over 8 seeds.
 Q8_0_WEIGHT_ROUNDING = 0.1
