@@ -30,7 +30,7 @@ from kv_int8 import I8, scale_at
 from lane_tree import bitrev4, lane_sums, level_sum
 from attention_parts import F32, BF16, KEYS, CHUNK, MAX_GROUP, ACC_VALUES, F32x16, BF16x32, I16x32, I32x16, \
     HAS_BF16_DOT, HAS_I16_DOT, I16_MAX, NEG, AHEAD, REREAD_BYTES, heads_per_pass, chunk_offsets, prefetch_rows, \
-    fold_chunk, query_i16
+    fold_chunk, query_i16, int8_scores, masked
 from attention_prompt import PROMPT_MIN_ROWS, PROMPT_SCRATCH_AT, prompt_scratch_floats, attend_prompt_rows
 
 
@@ -197,7 +197,7 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
                             if g < ng:
                                 var s: F32x16
                                 comptime if I16_DOT:
-                                    s = key_sums[g].cast[F32]() * row_scales * q16_scale[g]
+                                    s = int8_scores(key_sums[g], row_scales, q16_scale[g])
                                 else:
                                     var p = Array[F32x16, KEYS](fill=F32x16(0))
                                     comptime for j in range(KEYS):
@@ -215,7 +215,7 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
                                     s = lane_sums(p)
                                     comptime if BF16_DOT:
                                         s = s * scale
-                                s = lane.lt(F32x16(Float32(n))).select(s, F32x16(NEG))
+                                s = masked(s, n, lane)
                                 maxes[g] = max(maxes[g], s)
                                 scores.unsafe_offset(g * CHUNK + j0).unsafe_store(s)
                     fold_chunk[cdt, HD, G, S](acc, m, l, maxes, scores, ng, nk, v_cache, offsets, scale_offsets)

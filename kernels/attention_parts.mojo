@@ -136,6 +136,19 @@ def fold_chunk[cdt: DType, HD: Int, G: Int, S: Int](
 
 
 @always_inline
+def int8_scores(sums: I32x16, key_scales: F32x16, q_scale: Float32) -> F32x16:
+    """16 keys' scores over an int8 cache from their exact integer dot products with a query_i16 query: both paths
+    compute them by this one expression, so a row gets the same bits on either."""
+    return sums.cast[F32]() * key_scales * q_scale
+
+
+@always_inline
+def masked(s: F32x16, n: Int, lane: F32x16) -> F32x16:
+    """s with its lanes from n on (keys past the chunk or the row's context) at -3e38 (lane: 0, 1, .. 15)."""
+    return lane.lt(F32x16(Float32(n))).select(s, F32x16(NEG))
+
+
+@always_inline
 def query_i16[HD: Int](q: SIMD[F32, HD], scale: Float32) -> Tuple[SIMD[DType.int16, HD], Float32]:
     """A query head in 16-bit integers (round-half-even of q * 32767 / max|q|) and the factor that restores it,
     times the attention scale: what scores against an int8 cache's keys as exact integer dot products."""

@@ -22,7 +22,7 @@ from params import Params, param_int, param_ptr, param_float
 from kv_int8 import I8, scale_at
 from lane_tree import transpose16
 from attention_parts import F32, KEYS, CHUNK, MAX_GROUP, ACC_VALUES, F32x16, I32x16, NEG, AHEAD, heads_per_pass, \
-    chunk_offsets, prefetch_rows, fold_chunk, query_i16
+    chunk_offsets, prefetch_rows, fold_chunk, query_i16, int8_scores, masked
 
 comptime ROWS = 16  # query rows per item at most (kernels/attention.py's ROWS_PER_ITEM): one lane each
 # Below this many rows the row path is faster: a score vector of 16 lanes serves only the item's rows.
@@ -167,9 +167,8 @@ def attend_prompt_rows[dt: DType, HD: Int](args: Params, scratch: Pointer[Scalar
                     comptime for g in range(G):
                         if g < ng:
                             var at = (r * MAX_GROUP + g) * CHUNK + gi * KEYS
-                            var s = sc.unsafe_offset(at).unsafe_load[width=KEYS]().cast[F32]() * row_scales \
-                                * q_scales[unsafe_offset=r * MAX_GROUP + g]
-                            s = lane.lt(F32x16(Float32(n))).select(s, F32x16(NEG))
+                            var s = masked(int8_scores(sc.unsafe_offset(at).unsafe_load[width=KEYS](), row_scales,
+                                                       q_scales[unsafe_offset=r * MAX_GROUP + g]), n, lane)
                             maxes[g] = max(maxes[g], s)
                             scores.unsafe_offset(g * CHUNK + gi * KEYS).unsafe_store(s)
                 var acc = Array[SIMD[F32, S], G * NS](fill=SIMD[F32, S](0))
