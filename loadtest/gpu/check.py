@@ -16,6 +16,7 @@ with its reason, which is what CI can check of this script (tests/unit/loadtest/
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -187,12 +188,21 @@ def serve_bench_line(result: dict) -> str:
             f"{result['returncode']} in {result['seconds']} s")
 
 
+def per_test_timeout(seconds: float) -> list[str]:
+    """pytest-timeout's flag where it is installed: one hung test then fails alone instead of taking the suite's
+    whole time (and its JUnit file) with it."""
+    return [f"--timeout={seconds:.0f}"] if importlib.util.find_spec("pytest_timeout") else []
+
+
 def run_suite(name: str, args: list[str], env: dict[str, str], out: Path, timeout: float) -> dict:
     xml = out / f"junit-{len(list(out.glob('junit-*.xml')))}.xml"
     start = time.monotonic()
     try:
-        rc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-                             f"--junitxml={xml}", *args], cwd=ROOT, env=env, timeout=timeout).returncode
+        # -v: each test's outcome reaches the log as it ends, so a suite stopped by its timeout still says how far
+        # it got; --durations: where a device run's minutes went.
+        rc = subprocess.run([sys.executable, "-m", "pytest", "-v", "-rs", "--durations=10", "-p", "no:cacheprovider",
+                             *per_test_timeout(timeout / 2), f"--junitxml={xml}", *args], cwd=ROOT, env=env,
+                            timeout=timeout).returncode
     except subprocess.TimeoutExpired:
         rc = "timeout"
     result = {"suite": name, "returncode": rc, "seconds": round(time.monotonic() - start, 1),
@@ -239,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "build" / "gpu-check"))
     parser.add_argument("--dry-run", action="store_true",
                         help="install nothing; use this interpreter's packages (without CUDA: everything skips)")
+    parser.add_argument("--module-timeout", type=float, default=300.0,
+                        help="seconds for the carried modules' import and self-check (their PTX compiles then)")
     parser.add_argument("--suite-timeout", type=float, default=270.0,
                         help="seconds per suite before it is stopped (two suites fit one 10-minute device call)")
     parser.add_argument("--bench-timeout", type=float, default=150.0, help="seconds for the attention benchmark")
@@ -266,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     probe = subprocess.run([sys.executable, "-c", ENVIRONMENT], env=env, capture_output=True, text=True)
     environment = json.loads(probe.stdout) if probe.returncode == 0 else {"error": probe.stderr[-2000:]}
     environment["triton_ptxas"] = runtime.triton_ptxas()
-    modules = check_modules(env) if "modules" in parts else []
+    modules = check_modules(env, args.module_timeout) if "modules" in parts else []
     if suites_need_the_reference(modules, bool(environment.get("cuda_available"))):
         env["MILI_ATTENTION_BACKEND"] = "torch"
         print("a GPU attention module failed its check: the suites' servers use the torch reference "
