@@ -33,13 +33,17 @@ SITE = Path("/tmp/site")
 # --server-device starts on the GPU: the OpenAI API through the SDK, structured output, prompt scoring.
 INTEGRATION = ("tests/integration/api/test_api.py", "tests/integration/api/test_structured_output.py",
                "tests/integration/api/test_prompt_scoring.py")
+# The GPU attention module's tests run in a process of their own: a device fault is sticky (every later CUDA call
+# of the process fails), so a faulting kernel would otherwise fail every test after it, the torch path's too.
+MODULE_TESTS = "mojo or module"
 SUITES = {
-    "tests/gpu": ["tests/gpu"],
+    "tests/gpu": ["tests/gpu", "-k", f"not ({MODULE_TESTS})"],
+    "tests/gpu module": ["tests/gpu", "-k", MODULE_TESTS],
     "integration --server-device cuda": ["--server-device", "cuda", *INTEGRATION],
 }
 # What --only can pick: the carried modules' import check, the two suites (by their first word), the attention
 # benchmark, the engine benchmark.
-PARTS = ("modules", "tests/gpu", "integration", "bench", "engine-bench", "serve-bench")
+PARTS = ("modules", "tests/gpu", "integration", "bench", "engine-bench", "serve-bench", "diagnose")
 
 # Each carried module: does it import here, and (with CUDA) does it open the device and agree with the reference?
 MODULE_CHECK = """
@@ -290,6 +294,10 @@ def main(argv: list[str] | None = None) -> int:
                     if "engine-bench" in parts else None)
     serve_bench = (run_serve_benchmark(env, args.out, args.serve_bench_timeout, args.dry_run)
                    if "serve-bench" in parts else None)
+    # Where a module failed its check: which kernel faults, each alone (loadtest/gpu/diagnose.py).
+    diagnose = (run_benchmark_module("gpu.diagnose", ["--sanitizer", "--out", str(args.out / "diagnose.json")], env,
+                                     args.bench_timeout * 2, dry_run=False)
+                if "diagnose" in parts and (args.dry_run is False and suites_need_the_reference(modules, True)) else None)
     cuda = bool(environment.get("cuda_available"))
     ok = (all(r["returncode"] in (0, 5) and not r["failed"] and not r["errors"] for r in results)  # 5: none collected
           and all("error" not in m and m.get("self_check", "ok") == "ok" and ("skipped" not in m or args.dry_run)
@@ -300,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"dry_run": args.dry_run, "ok": ok, "environment": environment, "gpu_modules": modules,
               "suites_attention_backend": env.get("MILI_ATTENTION_BACKEND", "auto"),
               "suites": results, "benchmark": bench, "engine_benchmark": engine_bench,
-              "serve_benchmark": serve_bench}
+              "serve_benchmark": serve_bench, "diagnose": diagnose}
     (args.out / "gpu-check.json").write_text(json.dumps(report, indent=2) + "\n")
     for m in modules:
         status = m.get("error") or m.get("skipped") or (f"self-check {m['self_check']}" if "self_check" in m else

@@ -25,12 +25,12 @@ def test_dry_run_skips_everything_cleanly(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     report = json.loads((tmp_path / "gpu-check.json").read_text())
     assert report["ok"] and report["dry_run"] and report["environment"]["cuda_available"] is False
-    assert [s["suite"] for s in report["suites"]] == ["tests/gpu", "integration --server-device cuda"]
+    assert [s["suite"] for s in report["suites"]] == ["tests/gpu", "tests/gpu module", "integration --server-device cuda"]
     for suite in report["suites"]:
         assert suite["tests"] > 0 and suite["skipped"] == suite["tests"], suite
         assert suite["skip_reasons"] and all("CUDA" in r for r in suite["skip_reasons"]), suite
     table = run.stdout.rstrip().splitlines()
-    assert table[-5].startswith("suite") and table[-2].startswith("engine-bench: not run (dry run)")  # table last
+    assert table[-6].startswith("suite") and table[-2].startswith("engine-bench: not run (dry run)")  # table last
     assert table[-1].startswith("serve-bench: not run (dry run)")
     # Every carried GPU attention module is looked at first: imported where it is built (not run: no CUDA).
     assert len(report["gpu_modules"]) == len(CARRIED_SHAPES)

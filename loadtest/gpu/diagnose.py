@@ -1,0 +1,148 @@
+"""Which of the GPU attention module's kernels faults, and where: each kernel alone, in a process of its own.
+
+    python -m loadtest.gpu.diagnose [--out diagnose.json] [--shapes 4/2/64,16/8/128] [--sanitizer]
+
+A device fault (an illegal or misaligned address) is sticky: every later CUDA call of that process fails, so one
+faulting kernel makes a whole suite fail after it and hides which kernel it was. Here each case runs in a child
+process: the KV write alone (checked against the reference write), and the attention alone over caches the
+reference wrote, for decode rows only, one whole prompt, and a prefill chunk over a cached prefix (checked
+against the reference attention). With --sanitizer a faulting case runs again under compute-sanitizer's memcheck,
+which names the kernel and the access. Run where `make gpu-check` runs (it needs the carried module and CUDA).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+# (context length, query length) per sequence, by case.
+STEPS = {
+    "decode": ((15, 1), (16, 1), (17, 1), (300, 1)),
+    "prompt": ((33, 33),),
+    "chunk": ((40, 7),),
+    "mixed": ((15, 1), (16, 1), (17, 1), (40, 7), (33, 33)),
+}
+CASES = ("write_kv",) + tuple(f"attention:{name}" for name in STEPS)
+
+
+def run_case(case: str, shape_text: str, seed: int = 0) -> dict:
+    """In the child: one kernel, one step, synchronised; what it did against the reference."""
+    import torch
+
+    from kernels.builder.gpu_modules import PAGE_SIZE, GpuShape
+    from kernels.gpu_attention import GpuStepPlan, open_attention
+    from kernels.reference import attention as reference
+    from worker.attention.cuda import scattered_pages
+    from worker.attention.torch_backend import plan_on
+
+    shape = GpuShape(*map(int, shape_text.split("/")))
+    device = torch.device("cuda", 0)
+    ops = open_attention(shape, device)
+    seqs = STEPS["mixed" if case == "write_kv" else case.split(":")[1]]
+    gen = torch.Generator().manual_seed(seed)
+    tables, slots, num_blocks = scattered_pages(seqs, gen, spare_blocks=2)
+    num_tokens = sum(q for _, q in seqs)
+
+    def rand(*dims):
+        return torch.randn(*dims, generator=gen).to(torch.bfloat16).to(device)
+
+    cache_dims = (num_blocks, PAGE_SIZE, shape.num_kv_heads, shape.head_dim)
+    k_cache, v_cache = rand(*cache_dims), rand(*cache_dims)
+    key, value = rand(num_tokens, shape.num_kv_heads, shape.head_dim), rand(num_tokens, shape.num_kv_heads,
+                                                                             shape.head_dim)
+    query = rand(num_tokens, shape.num_heads, shape.head_dim)
+    ctx_lens, q_lens = tuple(c for c, _ in seqs), tuple(q for _, q in seqs)
+    starts = [0]
+    for q in q_lens:
+        starts.append(starts[-1] + q)
+    slot_mapping = torch.tensor(slots, dtype=torch.int64).to(device)
+    plan = GpuStepPlan.build(tables.to(device), torch.tensor(ctx_lens, dtype=torch.int32).to(device),
+                             torch.tensor(starts, dtype=torch.int32).to(device), slot_mapping, ctx_lens, q_lens,
+                             PAGE_SIZE)
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    reference.write_kv(ref_k, ref_v, key, value, slot_mapping)
+    result = {"case": case, "shape": shape_text}
+    if case == "write_kv":
+        ops.write_kv(k_cache, v_cache, key, value, plan)
+        torch.cuda.synchronize(device)
+        result["cache_equal"] = bool(torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v))
+        result["ok"] = result["cache_equal"]
+        return result
+    scale = shape.head_dim ** -0.5
+    out = ops.paged_attention(query, ref_k, ref_v, plan, scale, out=torch.full_like(query, float("nan")))
+    torch.cuda.synchronize(device)
+    ref_plan = reference.plan_attention(tables.to(device), list(ctx_lens), list(q_lens), PAGE_SIZE)
+    expected = reference.paged_attention(query.float(), ref_k.float(), ref_v.float(), plan_on(ref_plan, device), scale)
+    result["finite"] = bool(torch.isfinite(out).all())
+    result["relative_error"] = ((out.float() - expected.float()).abs().max()
+                                / expected.float().abs().max().clamp_min(1e-6)).item()
+    result["ok"] = result["finite"] and result["relative_error"] <= 1e-2
+    return result
+
+
+def sanitizer() -> str | None:
+    return shutil.which("compute-sanitizer") or next(
+        (str(p) for p in (Path("/usr/local/cuda/bin/compute-sanitizer"),) if p.exists()), None)
+
+
+def child(case: str, shape: str, timeout: float, wrap: list[str] | None = None) -> dict:
+    """The case's result from a child process; under a wrapper (the sanitizer), the tail of all it printed."""
+    cmd = [*(wrap or []), sys.executable, "-m", "loadtest.gpu.diagnose", "--child", case, "--shapes", shape]
+    try:
+        run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        return {"case": case, "shape": shape, "ok": False, "error": f"timeout after {timeout:.0f} s",
+                "output": str(e.stdout or "")[-3000:]}
+    if wrap:
+        return {"output": (run.stdout + "\n" + run.stderr)[-6000:]}
+    lines = [line for line in run.stdout.splitlines() if line.startswith("{")]
+    if run.returncode == 0 and lines:
+        return json.loads(lines[-1])
+    return {"case": case, "shape": shape, "ok": False, "returncode": run.returncode,
+            "error": (run.stderr + "\n" + run.stdout)[-4000:]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m loadtest.gpu.diagnose", description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="4/2/64,16/8/128", help="query heads/KV heads/head_dim, comma-separated")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "build" / "gpu-check")
+                    / "diagnose.json")
+    ap.add_argument("--timeout", type=float, default=90.0, help="seconds per case")
+    ap.add_argument("--sanitizer", action="store_true", help="rerun faulting cases under compute-sanitizer memcheck")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        try:
+            print(json.dumps(run_case(args.child, args.shapes)), flush=True)
+        except Exception as e:
+            print(json.dumps({"case": args.child, "shape": args.shapes, "ok": False,
+                              "error": f"{type(e).__name__}: {e}"[:3000]}), flush=True)
+        return 0
+    jobs = [(case, shape) for shape in args.shapes.split(",") for case in CASES]
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        results = list(pool.map(lambda job: child(*job, args.timeout), jobs))
+    tool = sanitizer() if args.sanitizer else None
+    faulted = [r for r in results if not r["ok"]]
+    if tool and faulted:
+        wrap = [tool, "--tool", "memcheck", "--print-limit", "8", "--show-backtrace", "device"]
+        with ThreadPoolExecutor(max_workers=len(faulted)) as pool:
+            memchecks = list(pool.map(lambda r: child(r["case"], r["shape"], 2 * args.timeout, wrap), faulted))
+        for r, m in zip(faulted, memchecks):
+            r["memcheck"] = m.get("output") or m.get("error")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"sanitizer": tool, "results": results}, indent=2) + "\n")
+    for r in results:
+        detail = "ok" if r["ok"] else (r.get("error") or json.dumps(r))[-600:]
+        print(f"{r['shape']:>10} {r['case']:<18} {detail}")
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
