@@ -15,8 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
-_UNIT = torch.int64  # the buffer's element: every field starts on an 8-byte boundary
+_UNIT = torch.int64  # the buffer's element
 _UNIT_BYTES = 8
+# Every field starts on a 64-byte boundary: kernels may read a field with vector loads that need an aligned base
+# (the GPU attention module's block tables: kernels/gpu_attention.py), and a few bytes of padding cost nothing.
+_FIELD_ALIGN_UNITS = 8
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,7 @@ def layout(tensors: list[torch.Tensor]) -> tuple[list[Field], int]:
     for t in tensors:
         field = Field(offset, t.numel(), tuple(t.shape), t.dtype)
         fields.append(field)
-        offset += field.units
+        offset += -(-field.units // _FIELD_ALIGN_UNITS) * _FIELD_ALIGN_UNITS
     return fields, offset
 
 

@@ -14,7 +14,7 @@ import torch
 from kernels import gpu_attention as gpu_mojo_ops
 from kernels.builder import gpu_modules as gpu_build
 from kernels.builder.gpu_modules import CARRIED_SHAPES, GpuShape
-from kernels.gpu_attention import GpuModuleUnavailable, GpuStepPlan
+from kernels.gpu_attention import TABLE_BASE_ALIGN, GpuModuleUnavailable, GpuStepPlan, aligned_block_tables
 from worker.attention.selection import get_attention_backend
 
 QWEN3_06B = GpuShape(16, 8, 128)
@@ -106,9 +106,32 @@ def test_step_plan_converts_to_modulars_cache_lengths(test_seed):
     # Modular counts the tokens cached BEFORE this step; MILI's context lengths include the step's tokens.
     assert plan.cache_lengths.tolist() == [c - n for c, n in seqs]
     assert plan.cache_lengths.dtype == torch.int32
-    assert plan.row_offsets.tolist() == starts.tolist() and plan.block_tables is tables
+    assert plan.row_offsets.tolist() == starts.tolist()
+    width = tables.shape[1]
+    assert torch.equal(plan.block_tables[:, :width], tables) and not plan.block_tables[:, width:].any()
     assert (plan.batch, plan.num_tokens) == (len(seqs), sum(n for _, n in seqs))
     assert plan.max_query_len == max(n for _, n in seqs) and plan.max_context_len == max(c for c, _ in seqs)
+
+
+def test_block_table_rows_are_16_byte_aligned_for_the_module():
+    """Modular's decode kernel reads table rows with 16-byte loads: a 19-block-wide table (76-byte rows) faulted
+    on a GPU. Rows are padded to 8 entries on an aligned base; an aligned table passes through untouched."""
+    seqs = [(15, 1), (16, 1), (17, 1), (300, 1)]  # the faulting step: 19 pages wide
+    tables, ctx, starts, slots, ctx_host, q_host = _step(seqs)
+    assert tables.shape[1] == 19
+    plan = GpuStepPlan.build(tables, ctx, starts, slots, ctx_host, q_host, 16)
+    assert plan.block_tables.shape == (4, 24) and plan.block_tables.is_contiguous()
+    assert plan.block_tables.stride(0) * 4 % 16 == 0 and plan.block_tables.data_ptr() % TABLE_BASE_ALIGN == 0
+    assert torch.equal(plan.block_tables[:, :19], tables) and not plan.block_tables[:, 19:].any()
+    wide = torch.zeros(4, 24, dtype=torch.int32)
+    wide[:, :19] = tables
+    assert aligned_block_tables(wide) is wide
+    # An aligned width on a misaligned base (a view 4 bytes into a buffer) is copied to an aligned base.
+    buffer = torch.zeros(1 + 4 * 24, dtype=torch.int32)
+    shifted = buffer[1:].view(4, 24)
+    assert shifted.data_ptr() % 16 != 0
+    moved = aligned_block_tables(shifted)
+    assert moved.data_ptr() % TABLE_BASE_ALIGN == 0 and torch.equal(moved, shifted)
 
 
 def test_step_plan_refuses_what_the_kernel_would_misread():

@@ -76,6 +76,8 @@ def test_packed_fields_round_trip():
         out = field.view(buffer)
         assert out.dtype == t.dtype and out.shape == t.shape and torch.equal(out, t)
         assert out.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()  # a view, not a copy
+        # Each field on a 64-byte boundary of the buffer: kernels may read one with aligned vector loads.
+        assert (out.data_ptr() - buffer.data_ptr()) % 64 == 0
     assert to_device(tensors, torch.device("cpu")) is tensors  # the CPU path does nothing
 
 
