@@ -134,8 +134,9 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.float() - want).abs().max() / want.abs().max()).item()
 
 
-def attend_step(ops, step: Step) -> torch.Tensor:
-    step.poison_new_slots()
+def attend_step(ops, step: Step, poison: bool = True) -> torch.Tensor:
+    if poison:
+        step.poison_new_slots()
     ops.write_kv(step.k_cache, step.v_cache, step.key, step.value, step.plan)
     return ops.paged_attention(step.query, step.k_cache, step.v_cache, step.plan, step.scale,
                                out=torch.full_like(step.query, float("nan")))
@@ -199,10 +200,13 @@ def test_runs_on_the_current_stream_without_host_syncs(ops, test_seed):
     want = step.expected()
     torch.cuda.synchronize()
     with torch.cuda.stream(side):
+        # The poison is the test's own (an indexed fill, which torch's debug mode counts as synchronising): before
+        # the mode is on.
+        step.poison_new_slots()
         torch.cuda.set_sync_debug_mode("error")
         try:
             step.plan = step.build_plan()  # as a step builds it: on this stream, from device tensors
-            got = attend_step(ops, step)
+            got = attend_step(ops, step, poison=False)
         finally:
             torch.cuda.set_sync_debug_mode("default")
         got = got.float().clone()  # torch work ordered after the module's on this stream
@@ -256,10 +260,13 @@ def test_engine_with_the_mojo_backend_follows_transformers(tiny, test_seed):
                                                    attention_backend="mojo", block_size=16, enforce_eager=True)
 
 
-def test_auto_serves_with_the_module_on_cuda_in_bfloat16(tiny):
+def test_auto_serves_with_the_torch_reference_on_cuda(tiny):
+    """Until this file's tests pass on a GPU, auto keeps the module out of serving (worker/attention/selection.py's
+    GPU_MODULE_STATUS); by name it serves."""
     if DEVICE == "cpu":
         pytest.skip("the mojo backend on CUDA needs CUDA")
-    assert make_engine(tiny[0], device=DEVICE, dtype="bfloat16", attention_backend="auto").attention_backend.name \
+    for dtype in ("bfloat16", "float32"):
+        assert make_engine(tiny[0], device=DEVICE, dtype=dtype, attention_backend="auto").attention_backend.name \
+            == "torch"
+    assert make_engine(tiny[0], device=DEVICE, dtype="bfloat16", attention_backend="mojo").attention_backend.name \
         == "mojo"
-    # float32 is not served by the module: auto keeps the torch reference (the float32 parity tests run there).
-    assert make_engine(tiny[0], device=DEVICE, attention_backend="auto").attention_backend.name == "torch"

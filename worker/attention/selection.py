@@ -20,7 +20,8 @@ def get_attention_backend(name: str, device: str | torch.device = "cpu", shape: 
 
     On CUDA the Mojo backend is MILI's GPU module (worker/attention/cuda.py) for the model's attention shape
     (a kernels.builder.gpu_modules.GpuShape), bfloat16 and 16-token blocks; `mojo` there fails with the reason when it
-    cannot serve."""
+    cannot serve. `auto` on CUDA serves with the torch reference until the module passes its GPU tests
+    (GPU_MODULE_STATUS says why)."""
     if name not in ("auto", "mojo", "torch"):
         raise ValueError(f"unknown attention backend {name!r} (choose auto, mojo or torch)")
     device = torch.device(device)
@@ -41,16 +42,28 @@ def get_attention_backend(name: str, device: str | torch.device = "cpu", shape: 
         return TorchAttentionBackend()
 
 
+# Why `auto` does not pick the GPU module on CUDA. On an H200 it was 2-3.4x faster than the torch reference and
+# right on decode-only steps and single prefills, but steps mixing sequences left output rows partly unwritten or
+# wrong in 15 of 52 GPU tests (intermittently: its own self-check passed in one process and failed in the next),
+# which reads like the event fork/join between torch's stream and Modular's not ordering the work. Until the tests
+# in tests/gpu/test_mojo_attention_cuda.py pass, it serves only when asked for by name.
+GPU_MODULE_STATUS = ("the GPU attention module failed its GPU tests on steps that mix sequences (rows left "
+                     "unwritten or wrong, intermittently)")
+
+
 def _cuda_backend(name: str, device: torch.device, shape: Any, dtype: torch.dtype | None,
                   block_size: int) -> AttentionBackend:
+    if name == "auto":
+        log.warning("attention on %s: the torch reference (auto), not the GPU attention module: %s; "
+                    "--attention-backend mojo uses it anyway", device, GPU_MODULE_STATUS)
+        return TorchAttentionBackend()
     try:
         if shape is None or dtype is None:
             raise ValueError("the GPU attention module needs the model's attention shape and dtype")
         from worker.attention.cuda import MojoCudaAttentionBackend
 
-        return MojoCudaAttentionBackend(shape, dtype, block_size, device)
+        backend = MojoCudaAttentionBackend(shape, dtype, block_size, device)
     except Exception as e:  # not built for this shape, not loadable, no device, a failed self-check, ...
-        if name == "mojo":
-            raise RuntimeError(f"the mojo attention backend is unavailable on {device}: {e}") from e
-        log.warning("MOJO GPU ATTENTION UNAVAILABLE on %s, falling back to the torch reference: %s", device, e)
-        return TorchAttentionBackend()
+        raise RuntimeError(f"the mojo attention backend is unavailable on {device}: {e}") from e
+    log.warning("MOJO GPU ATTENTION, UNVERIFIED: %s", GPU_MODULE_STATUS)
+    return backend
