@@ -1,8 +1,9 @@
 """Checked Python entry points to MILI's GPU attention module (kernels/gpu_attention.mojo).
 
-COMPILED FOR THE H100 (sm_90a) BUT NOT YET RUN ON A GPU: tests/gpu/test_mojo_attention_cuda.py is what verifies
-it, on a GPU machine (`make gpu-check`). Until then the backend built on this (worker/attention/cuda.py) checks
-itself against the torch reference when it loads and falls back loudly when anything disagrees.
+Compiled for Hopper (sm_90a); tests/gpu/test_mojo_attention_cuda.py verifies it on a GPU machine (`make gpu-check`).
+On an H200 it passed on decode-only steps and single prefills and failed on steps mixing sequences, so it serves
+only when named (worker/attention/selection.py), and the backend built on it (worker/attention/cuda.py) checks
+itself against the torch reference when it loads.
 
 The kernels trust their arguments, so everything the host can check without a device-to-host copy is checked
 here: dtypes, shapes, strides, devices, and the step's lengths (from AttentionMetadata's host copies). What lives

@@ -38,12 +38,13 @@ metadata (host scalars; the SM count comes from the context's device info); insi
 split-K scratch (a `mha_splitk_reduce` kernel is in the module), which Modular allocates stream-ordered on its
 context. On the Python side (kernels/gpu_attention.py): the step plan's cache lengths (one small device tensor per
 step) and each layer's output tensor, both from torch's caching allocator.
-To verify on the device (none of this has run on a GPU yet): that torch's pointers are valid in Modular's context
-(same device, primary context or unified addressing); that `create_external_stream` takes torch's streams (the
-legacy default stream, handle 0, is never passed: kernels/gpu_attention.py moves that case to a side stream joined
-by torch's events); that the event fork/join orders correctly (the kernel tests use fresh
-outputs poisoned with NaN and no synchronisation between the calls); whether the attention allocates scratch
-(split-K decode) in a way that breaks CUDA graph capture; the per-call host overhead.
+Seen on an H200: torch's pointers are valid in Modular's context (the kernels read and write torch's tensors);
+`create_external_stream` takes torch's streams (the KV write runs on them, exact); decode steps capture in a CUDA
+graph and replay right for three of the four carried shapes. Modular's sm_90a decode kernel reads block-table rows
+with 16-byte loads (kernels/gpu_attention.py aligns them). Not settled: steps mixing sequences leave output rows
+partly NaN or wrong, intermittently (the kernel tests poison outputs and new K/V slots with NaN and do not
+synchronise between the calls), which reads like the event fork/join not ordering the work; the per-call host
+overhead is unmeasured.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The Mojo attention backend on CUDA: MILI's GPU module (kernels/gpu_attention.mojo) for the KV writes and for
 the attention of every row, decode and prefill alike, on torch's current stream.
 
-COMPILED, NOT YET VERIFIED ON A GPU. Until tests/gpu/test_mojo_attention_cuda.py has passed on one, loading runs a
-self-check: a small ragged batch (decode rows and a prefill chunk over a cached prefix, contexts across page
+Not yet verified: on an H200 it failed tests/gpu/test_mojo_attention_cuda.py on steps mixing sequences (README, "On a
+GPU"), so `auto` does not choose it on CUDA. Until those tests pass, loading runs a self-check: a small ragged batch (decode rows and a prefill chunk over a cached prefix, contexts across page
 boundaries) through the module and through the torch reference on the same device; any error, or a difference
 beyond bf16 rounding, makes loading fail, so `auto` falls back loudly to the torch reference. The self-check is
 the one place that waits for the device (once, at startup).
