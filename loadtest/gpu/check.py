@@ -6,8 +6,8 @@ imports under this Python and, with CUDA, agrees with the torch reference on a s
 tests/gpu, the integration suite's API tests against `mili serve --device cuda`, the attention
 micro-benchmark (loadtest/gpu/bench_attention.py) and the engine benchmark against transformers `generate`
 (loadtest/gpu/bench_engine.py: gpu.json and gpu.md), writes the results as JSON (and the suites' JUnit XML) under
-$OUT (or build/gpu-check/), and prints a short table last. `--only` picks some of these (on an H200 one device call of 256 s held
-the module checks, the module's tests, bench and engine-bench with a 215 s budget).
+$OUT (or build/gpu-check/), and prints a short table last. `--only` picks some of these (on an H200 one device
+call of 256 s held the module checks, the module's tests, bench and engine-bench with a 215 s budget).
 
 `--dry-run` uses this interpreter's packages and installs nothing: on a machine without CUDA every test skips,
 with its reason, which is what CI can check of this script (tests/unit/loadtest/test_gpu_check.py).

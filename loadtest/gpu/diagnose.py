@@ -43,60 +43,38 @@ def run_case(case: str, shape_text: str, seed: int = 0) -> dict:
     """In the child: one kernel, one step, synchronised; what it did against the reference."""
     import torch
 
-    from kernels.builder.gpu_modules import PAGE_SIZE, GpuShape
-    from kernels.gpu_attention import GpuStepPlan, open_attention
-    from kernels.reference import attention as reference
-    from worker.attention.cuda import scattered_pages
-    from worker.attention.torch_backend import plan_on
+    from kernels.builder.gpu_modules import GpuShape
+    from kernels.gpu_attention import open_attention
+    from worker.attention.cuda import RandomStep
 
     shape = GpuShape(*map(int, shape_text.split("/")))
     device = torch.device("cuda", 0)
     ops = open_attention(shape, device)
     seqs = STEPS["mixed" if case == "write_kv" else case.split(":")[1]]
     mode = "synced" if case == "write_kv" else case.split(":")[2]
-    gen = torch.Generator().manual_seed(seed)
-    tables, slots, num_blocks = scattered_pages(seqs, gen, spare_blocks=2)
-    num_tokens = sum(q for _, q in seqs)
-
-    def rand(*dims):
-        return torch.randn(*dims, generator=gen).to(torch.bfloat16).to(device)
-
-    cache_dims = (num_blocks, PAGE_SIZE, shape.num_kv_heads, shape.head_dim)
-    k_cache, v_cache = rand(*cache_dims), rand(*cache_dims)
-    key, value = rand(num_tokens, shape.num_kv_heads, shape.head_dim), rand(num_tokens, shape.num_kv_heads,
-                                                                             shape.head_dim)
-    query = rand(num_tokens, shape.num_heads, shape.head_dim)
-    ctx_lens, q_lens = tuple(c for c, _ in seqs), tuple(q for _, q in seqs)
-    starts = [0]
-    for q in q_lens:
-        starts.append(starts[-1] + q)
-    slot_mapping = torch.tensor(slots, dtype=torch.int64).to(device)
-    plan = GpuStepPlan.build(tables.to(device), torch.tensor(ctx_lens, dtype=torch.int32).to(device),
-                             torch.tensor(starts, dtype=torch.int32).to(device), slot_mapping, ctx_lens, q_lens,
-                             PAGE_SIZE)
-    ref_k, ref_v = k_cache.clone(), v_cache.clone()
-    reference.write_kv(ref_k, ref_v, key, value, slot_mapping)
+    step = RandomStep.draw(shape, seqs, seed, device)
+    k_cache, v_cache, query, plan, slot_mapping = step.k_cache, step.v_cache, step.query, step.plan, step.slot_mapping
+    ref_k, ref_v = step.reference_caches()
     result = {"case": case, "shape": shape_text}
     if case == "write_kv":
-        ops.write_kv(k_cache, v_cache, key, value, plan)
+        ops.write_kv(k_cache, v_cache, step.key, step.value, plan)
         torch.cuda.synchronize(device)
         result["cache_equal"] = bool(torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v))
         result["ok"] = result["cache_equal"]
         return result
-    scale = shape.head_dim ** -0.5
+    scale = step.scale
     if mode == "synced":
         out = ops.paged_attention(query, ref_k, ref_v, plan, scale, out=torch.full_like(query, float("nan")))
         torch.cuda.synchronize(device)
     else:  # the new K/V poisoned, then written by the module, attended at once; read on torch's stream
         for cache in (k_cache, v_cache):
             cache.view(-1, *cache.shape[2:])[slot_mapping] = float("nan")
-        ops.write_kv(k_cache, v_cache, key, value, plan)
+        ops.write_kv(k_cache, v_cache, step.key, step.value, plan)
         out = ops.paged_attention(query, k_cache, v_cache, plan, scale, out=torch.full_like(query, float("nan")))
         out = out.clone()
         torch.cuda.synchronize(device)
         result["cache_equal"] = bool(torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v))
-    ref_plan = reference.plan_attention(tables.to(device), list(ctx_lens), list(q_lens), PAGE_SIZE)
-    expected = reference.paged_attention(query.float(), ref_k.float(), ref_v.float(), plan_on(ref_plan, device), scale)
+    expected = step.expected(ref_k, ref_v)
     result["finite"] = bool(torch.isfinite(out).all())
     result["relative_error"] = ((out.float() - expected.float()).abs().max()
                                 / expected.float().abs().max().clamp_min(1e-6)).item()

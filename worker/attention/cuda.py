@@ -2,13 +2,15 @@
 the attention of every row, decode and prefill alike, on torch's current stream.
 
 Not yet verified: on an H200 it failed tests/gpu/test_mojo_attention_cuda.py on steps mixing sequences (README, "On a
-GPU"), so `auto` does not choose it on CUDA. Until those tests pass, loading runs a self-check: a small ragged batch (decode rows and a prefill chunk over a cached prefix, contexts across page
-boundaries) through the module and through the torch reference on the same device; any error, or a difference
-beyond bf16 rounding, makes loading fail, so `auto` falls back loudly to the torch reference. The self-check is
-the one place that waits for the device (once, at startup).
+GPU"), so `auto` does not choose it on CUDA; `mojo` does. Loading runs a self-check: a small ragged batch (decode
+rows and a prefill chunk over a cached prefix, contexts across page boundaries) through the module and through the
+torch reference on the same device; any error, or a difference beyond bf16 rounding, makes loading fail. The
+self-check is the one place that waits for the device (once, at startup).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -95,37 +97,70 @@ def scattered_pages(seqs, gen: torch.Generator, spare_blocks: int) -> tuple[torc
     return tables, slots, num_blocks
 
 
+@dataclass
+class RandomStep:
+    """One random step of `seqs` ((context length, query length) pairs) on a device: bf16 caches with every
+    sequence's pages scattered, the step's new K/V and queries, the module's plan, and the reference's inputs."""
+
+    k_cache: torch.Tensor  # [blocks, 16, kv_heads, head_dim]
+    v_cache: torch.Tensor
+    key: torch.Tensor  # [tokens, kv_heads, head_dim]
+    value: torch.Tensor
+    query: torch.Tensor  # [tokens, heads, head_dim]
+    tables: torch.Tensor  # [seqs, max pages] int32, on the host
+    slot_mapping: torch.Tensor  # [tokens] int64
+    ctx_lens: tuple[int, ...]
+    q_lens: tuple[int, ...]
+    plan: GpuStepPlan
+    scale: float
+
+    @classmethod
+    def draw(cls, shape: GpuShape, seqs, seed: int, device: torch.device) -> "RandomStep":
+        gen = torch.Generator().manual_seed(seed)
+        tables, slots, num_blocks = scattered_pages(seqs, gen, spare_blocks=2)
+        num_tokens = sum(q for _, q in seqs)
+
+        def rand(*dims):
+            return torch.randn(*dims, generator=gen).to(torch.bfloat16).to(device)
+
+        cache_dims = (num_blocks, PAGE_SIZE, shape.num_kv_heads, shape.head_dim)
+        k_cache, v_cache = rand(*cache_dims), rand(*cache_dims)
+        key, value = (rand(num_tokens, shape.num_kv_heads, shape.head_dim) for _ in range(2))
+        query = rand(num_tokens, shape.num_heads, shape.head_dim)
+        ctx_lens, q_lens = tuple(c for c, _ in seqs), tuple(q for _, q in seqs)
+        starts = [0]
+        for q in q_lens:
+            starts.append(starts[-1] + q)
+        slot_mapping = torch.tensor(slots, dtype=torch.int64).to(device)
+        plan = GpuStepPlan.build(tables.to(device), torch.tensor(ctx_lens, dtype=torch.int32).to(device),
+                                 torch.tensor(starts, dtype=torch.int32).to(device), slot_mapping, ctx_lens, q_lens,
+                                 PAGE_SIZE)
+        return cls(k_cache, v_cache, key, value, query, tables, slot_mapping, ctx_lens, q_lens, plan,
+                   shape.head_dim ** -0.5)
+
+    def reference_caches(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of the caches with the step's K/V written by the reference."""
+        ref_k, ref_v = self.k_cache.clone(), self.v_cache.clone()
+        reference.write_kv(ref_k, ref_v, self.key, self.value, self.slot_mapping)
+        return ref_k, ref_v
+
+    def expected(self, ref_k: torch.Tensor, ref_v: torch.Tensor) -> torch.Tensor:
+        """The float32 reference attention over reference-written caches."""
+        device = self.query.device
+        ref_plan = reference.plan_attention(self.tables.to(device), list(self.ctx_lens), list(self.q_lens), PAGE_SIZE)
+        return reference.paged_attention(self.query.float(), ref_k.float(), ref_v.float(), plan_on(ref_plan, device),
+                                         self.scale)
+
+
 def run_step_pair(ops: GpuAttention, seqs, seed: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """(module output, reference output, whether the module's KV write equals the reference's) for one random
     step of `seqs` on ops' device. Outputs start as NaN so that rows a kernel leaves unwritten show."""
-    s, device = ops.shape, ops.device
-    gen = torch.Generator().manual_seed(seed)
-    tables, slots, num_blocks = scattered_pages(seqs, gen, spare_blocks=2)
-    num_tokens = sum(q for _, q in seqs)
-
-    def rand(*shape):
-        return torch.randn(*shape, generator=gen).to(torch.bfloat16).to(device)
-
-    k_cache, v_cache = rand(num_blocks, PAGE_SIZE, s.num_kv_heads, s.head_dim), rand(num_blocks, PAGE_SIZE,
-                                                                                     s.num_kv_heads, s.head_dim)
-    ref_k, ref_v = k_cache.clone(), v_cache.clone()
-    key, value = rand(num_tokens, s.num_kv_heads, s.head_dim), rand(num_tokens, s.num_kv_heads, s.head_dim)
-    query = rand(num_tokens, s.num_heads, s.head_dim)
-    ctx_lens, q_lens = tuple(c for c, _ in seqs), tuple(q for _, q in seqs)
-    starts = [0]
-    for q in q_lens:
-        starts.append(starts[-1] + q)
-    slot_mapping = torch.tensor(slots, dtype=torch.int64).to(device)
-    plan = GpuStepPlan.build(tables.to(device), torch.tensor(ctx_lens, dtype=torch.int32).to(device),
-                             torch.tensor(starts, dtype=torch.int32).to(device), slot_mapping, ctx_lens, q_lens,
-                             PAGE_SIZE)
-    scale = s.head_dim ** -0.5
-    ops.write_kv(k_cache, v_cache, key, value, plan)
-    out = ops.paged_attention(query, k_cache, v_cache, plan, scale,
-                              out=torch.full_like(query, float("nan")))
-    reference.write_kv(ref_k, ref_v, key, value, slot_mapping)
-    ref_plan = reference.plan_attention(tables.to(device), list(ctx_lens), list(q_lens), PAGE_SIZE)
-    expected = reference.paged_attention(query.float(), ref_k.float(), ref_v.float(), plan_on(ref_plan, device), scale)
-    torch.cuda.synchronize(device)
-    cache_equal = bool(torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v))
+    step = RandomStep.draw(ops.shape, seqs, seed, ops.device)
+    ref_k, ref_v = step.reference_caches()
+    ops.write_kv(step.k_cache, step.v_cache, step.key, step.value, step.plan)
+    out = ops.paged_attention(step.query, step.k_cache, step.v_cache, step.plan, step.scale,
+                              out=torch.full_like(step.query, float("nan")))
+    expected = step.expected(ref_k, ref_v)
+    torch.cuda.synchronize(ops.device)
+    cache_equal = bool(torch.equal(step.k_cache, ref_k) and torch.equal(step.v_cache, ref_v))
     return out, expected, cache_equal

@@ -205,3 +205,23 @@ def test_the_gpu_tests_tiny_models_have_carried_shapes():
 
     assert {tiny_shape(name) for name in MOJO_TINY} <= set(CARRIED_SHAPES)
     assert {s.num_heads // s.num_kv_heads for s in map(tiny_shape, MOJO_TINY)} == {1, 2, 4}
+
+
+def test_random_step_writes_each_new_token_into_its_own_page(test_seed):
+    """The GPU self-check's and diagnose's random step (worker/attention/cuda.py), on the CPU: each new token's slot
+    is its position in its own sequence's pages, the reference write touches those slots alone, and the plan's
+    tables are the drawn tables padded for the module."""
+    from worker.attention.cuda import RandomStep
+
+    seqs = ((15, 1), (300, 1), (40, 7), (33, 33))
+    step = RandomStep.draw(GpuShape(4, 2, 64), seqs, test_seed, torch.device("cpu"))
+    expected_slots = [int(step.tables[i, p // 16]) * 16 + p % 16
+                      for i, (c, q) in enumerate(seqs) for p in range(c - q, c)]
+    assert step.slot_mapping.tolist() == expected_slots and len(set(expected_slots)) == len(expected_slots)
+    ref_k, _ = step.reference_caches()
+    changed = (ref_k != step.k_cache).flatten(2).any(2).flatten().nonzero().flatten().tolist()
+    assert set(changed) == set(expected_slots)
+    width = step.tables.shape[1]
+    assert torch.equal(step.plan.block_tables[:, :width], step.tables) and step.plan.block_tables.shape[1] % 8 == 0
+    out = step.expected(*step.reference_caches())
+    assert out.shape == step.query.shape and torch.isfinite(out).all()
