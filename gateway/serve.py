@@ -74,7 +74,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # type= checks the environment's value too (argparse checks choices only on the command line).
     p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, type=_attention_backend,
                    default=os.environ.get("MILI_ATTENTION_BACKEND", "auto"),
-                   help="auto = the Mojo kernels where they load, else the torch reference (or set "
+                   help="auto = on the CPU the Mojo kernels where they load, else the torch reference; on a GPU "
+                        "the torch reference (the GPU module only as mojo: not yet verified) (or set "
                         "MILI_ATTENTION_BACKEND)")
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
                    help="KV cache dtype: auto (the model's), bfloat16, or int8 (a scale per token and KV head; about "
