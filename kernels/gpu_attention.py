@@ -87,7 +87,7 @@ class GpuStepPlan:
     """One step's metadata in the module's form, built once per step and shared by every layer. The device
     tensors are views or small device-side computations: building the plan never waits for the device."""
 
-    block_tables: torch.Tensor  # [batch, max_pages] int32 (read as uint32: non-negative block ids); rows 16-byte aligned
+    block_tables: torch.Tensor  # [batch, pages padded to 8] int32 (read as uint32), rows 16-byte aligned
     cache_lengths: torch.Tensor  # [batch] int32: tokens cached BEFORE this step (Modular's convention)
     row_offsets: torch.Tensor  # [batch + 1] int32: each sequence's first query row in the step
     slot_mapping: torch.Tensor  # [num_tokens] int64
@@ -119,8 +119,7 @@ class GpuStepPlan:
         # cache length = context length - query length, computed where the lengths live (no host round trip).
         cache_lengths = (context_lens - (query_start_loc[1:] - query_start_loc[:-1])).to(torch.int32)
         return cls(aligned_block_tables(block_tables), cache_lengths, query_start_loc, slot_mapping, batch,
-                   sum(query_lens_host),
-                   max(query_lens_host), max_context)
+                   sum(query_lens_host), max(query_lens_host), max_context)
 
 
 def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor, shape: GpuShape) -> None:

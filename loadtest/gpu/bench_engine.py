@@ -12,8 +12,9 @@ time to first token of a 1k-token prompt (median of 5, engine idle), offline thr
 (256 sequences, prompt and output lengths uniform in 100..1024, seeded, all added at once, greedy with
 ignore_eos), a torch.profiler profile of one decode step at batch 1 and 64 (loadtest/decode_profile.py). Last,
 transformers `generate` (bf16, sdpa attention, dynamic KV cache unless --hf-cache static) on the same prompts:
-single stream, and offline over a fixed subset in left-padded batches, stopped at the budget. Every part is skipped ("skipped: budget") when
-the budget has too little left for it, and the long loops stop at the budget; the JSON is rewritten after each part.
+single stream, and offline over a fixed subset in left-padded batches. Every part is skipped ("skipped: budget")
+when the budget has too little left for it, and the long loops stop at the budget; the JSON is rewritten after each
+part.
 Nothing asserts a speed.
 """
 

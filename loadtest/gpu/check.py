@@ -41,8 +41,8 @@ SUITES = {
     "tests/gpu module": ["tests/gpu", "-k", MODULE_TESTS],
     "integration --server-device cuda": ["--server-device", "cuda", *INTEGRATION],
 }
-# What --only can pick: the carried modules' import check, the two suites (by their first word), the attention
-# benchmark, the engine benchmark.
+# What --only can pick: the carried modules' import check, the suites (by their first word), the attention
+# benchmark, the engine benchmark, the serving benchmark, and the module's kernels one by one (diagnose).
 PARTS = ("modules", "tests/gpu", "integration", "bench", "engine-bench", "serve-bench", "diagnose")
 
 # Each carried module: does it import here, and (with CUDA) does it open the device and agree with the reference?
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     # `auto` serves with the torch reference on CUDA until the module passes its tests (worker/attention/selection.py),
     # so the benchmark names the module where it passed its self-check here: its speed is what the GPU goals need
     # measured (the JSON and the table say which backend ran).
-    engine_backend = "torch" if env.get("MILI_ATTENTION_BACKEND") == "torch" or not modules or args.dry_run else "mojo"
+    engine_backend = "mojo" if modules and all(m.get("self_check") == "ok" for m in modules) else "torch"
     engine_bench = (run_engine_benchmark(env, args.out, args.engine_bench_timeout, args.dry_run, engine_backend)
                     if "engine-bench" in parts else None)
     serve_bench = (run_serve_benchmark(env, args.out, args.serve_bench_timeout, args.dry_run)
