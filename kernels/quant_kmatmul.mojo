@@ -46,11 +46,11 @@ from std.python.bindings import PythonModuleBuilder
 from std.os import abort
 from std.memory import alloc, bitcast, stack_allocation
 from std.sys import llvm_intrinsic
-from numerics import narrow
+from numerics import byte_bits, high_nibbles, narrow
 from params import Params, param_int, param_ptr
 from row_groups import row_groups
-from quant_activations import P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, P_SUM_LO, quantize_rows, row_chunk, \
-    two_parts
+from quant_activations import P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, P_SUM_LO, combine_parts, quantize_rows, \
+    row_chunk, two_parts
 from quant_amx import TILE_A1, TILE_A1_HALF, TILE_A2, TILE_A2_HALF, TILE_B, TILE_B_HI, TILE_B_LO, TILE_C1, \
     TILE_C1_HI, TILE_C1_LO, TILE_C1_NEXT, TILE_C2, TILE_C2_HI, TILE_C2_LO, TILE_C2_NEXT, amx_configure, \
     amx_configure_halves, amx_release, amx_row_chunk, tile_dot_su, tile_load, tile_store, tile_zero
@@ -145,17 +145,17 @@ def _unpack[kind: Int](blk: Bytes) -> Array[U8x64, 8]:
     comptime for g in range(4):
         var v = blk.unsafe_offset(g * 64).unsafe_load[width=64]()
         w[g] = v & 0x0F
-        w[g + 4] = v >> 4
+        w[g + 4] = high_nibbles(v)
     comptime if kind == KIND_Q5_0 or kind == KIND_Q5_1:
         var h = blk.unsafe_offset(256).unsafe_load[width=64]()
         comptime for g in range(8):
-            w[g] |= ((h >> UInt8(g)) & 1) << 4
+            w[g] |= byte_bits[g, 1, 4](h)
     elif kind == KIND_Q6_K:
         var h0 = blk.unsafe_offset(256).unsafe_load[width=64]()
         var h1 = blk.unsafe_offset(320).unsafe_load[width=64]()
         comptime for g in range(4):
-            w[g] |= ((h0 >> UInt8(2 * g)) & 3) << 4
-            w[g + 4] |= ((h1 >> UInt8(2 * g)) & 3) << 4
+            w[g] |= byte_bits[2 * g, 3, 4](h0)
+            w[g + 4] |= byte_bits[2 * g, 3, 4](h1)
     return w^
 
 
@@ -197,8 +197,8 @@ def _block_row[kind: Int, two: Bool](y: F32x16, w: Array[U8x64, 8], dw: F32x16, 
             lo2 = _dpbusd(lo2, w[g], b32[g])
             hi1 = _dpbusd(hi1, w[g + 4], a32[g + 4])
             hi2 = _dpbusd(hi2, w[g + 4], b32[g + 4])
-        return _block_epilogue[kind](y, lo1 * 254 + lo2, hi1 * 254 + hi2, dw, mw, sc_lo, sc_hi, da, sum, lo_sum,
-                                     s_f)
+        return _block_epilogue[kind](y, combine_parts(lo1, lo2), combine_parts(hi1, hi2), dw, mw, sc_lo, sc_hi, da,
+                                     sum, lo_sum, s_f)
     elif kind == KIND_Q6_K:
         comptime for g in range(4):
             lo1 = _dpbusd(lo1, w[g], a32[g])
@@ -425,12 +425,12 @@ def _amx_epilogue[kind: Int, two: Bool](mut y: Array[F32x16, TN], tile_rec: Byte
     comptime for r in range(TN):
         var lo = sums.unsafe_offset(r * TN).unsafe_load[width=TN]()
         comptime if two:
-            lo = lo * 254 + sums.unsafe_offset(256 + r * TN).unsafe_load[width=TN]()
+            lo = combine_parts(lo, sums.unsafe_offset(256 + r * TN).unsafe_load[width=TN]())
         var hi = I32x16(0)
         comptime if kind == KIND_Q6_K:
             hi = sums.unsafe_offset(512 + r * TN).unsafe_load[width=TN]()
             comptime if two:
-                hi = hi * 254 + sums.unsafe_offset(768 + r * TN).unsafe_load[width=TN]()
+                hi = combine_parts(hi, sums.unsafe_offset(768 + r * TN).unsafe_load[width=TN]())
         var j = j0 + r
         y[r] = _block_epilogue[kind](y[r], lo, hi, dw, mw, sc_lo, sc_hi, da[unsafe_offset=j], s[unsafe_offset=j],
                                      s_lo[unsafe_offset=j], s_f[unsafe_offset=j])

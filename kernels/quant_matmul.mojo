@@ -34,10 +34,11 @@ from std.python.bindings import PythonModuleBuilder
 from std.os import abort
 from std.memory import alloc, bitcast, stack_allocation
 from std.sys import llvm_intrinsic
-from numerics import narrow
+from numerics import high_nibbles, narrow
 from params import Params, param_int, param_ptr
 from row_groups import row_groups
-from quant_activations import P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, quantize_rows, row_chunk, two_parts
+from quant_activations import P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, combine_parts, quantize_rows, row_chunk, \
+    two_parts
 from quant_amx import TILE_A1, TILE_A2, TILE_B, TILE_C1, TILE_C1_NEXT, TILE_C2, TILE_C2_NEXT, U8Ptr, amx_configure, \
     amx_release, amx_row_chunk, tile_dot_su, tile_load, tile_store, tile_zero
 
@@ -118,7 +119,7 @@ def _unpack[kind: Int](rec: Pointer[Scalar[DType.uint8], MutAnyOrigin]) -> Array
         comptime for g in range(4):
             var v = rec.unsafe_offset(g * 64).unsafe_load[width=64]()
             w[g] = v & 0x0F
-            w[g + 4] = v >> 4
+            w[g + 4] = high_nibbles(v)
     return w^
 
 
@@ -145,7 +146,7 @@ def _block_dot[two: Bool](w: Array[U8x64, 8], a: SIMD[DType.int8, QK], a2: SIMD[
             lo0 = _dpbusd(lo0, w[g], I32x16(b32[g]))
             hi1 = _dpbusd(hi1, w[g + 1], I32x16(a32[g + 1]))
             lo1 = _dpbusd(lo1, w[g + 1], I32x16(b32[g + 1]))
-        return (hi0 + hi1) * 254 + (lo0 + lo1)
+        return combine_parts(hi0 + hi1, lo0 + lo1)
     else:  # one chain from `start`: the rows of rows_per_block run theirs side by side
         hi0 = start
         comptime for g in range(8):
@@ -321,7 +322,7 @@ def _amx_epilogue[kind: Int, two: Bool](mut y: Array[F32x16, TN], rec: U8Ptr, bu
     comptime for r in range(TN):
         var dot = sums.unsafe_offset(r * TN).unsafe_load[width=TN]()
         comptime if two:
-            dot = dot * 254 + sums.unsafe_offset(256 + r * TN).unsafe_load[width=TN]()
+            dot = combine_parts(dot, sums.unsafe_offset(256 + r * TN).unsafe_load[width=TN]())
         y[r] = _block_epilogue[kind, False](y[r], dot, dw, mw, da[unsafe_offset=j0 + r], sa_i[unsafe_offset=j0 + r],
                                      sa_f[unsafe_offset=j0 + r])
 

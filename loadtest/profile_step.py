@@ -23,7 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from gateway.serve import resolve_model
 from loadtest.bench_engine import make_prompts
-from shared.config import QUANTIZATIONS, EngineConfig
+from shared.config import ACTIVATION_QUANTIZATIONS, KV_CACHE_DTYPES, QUANTIZATIONS, EngineConfig
 from shared.sampling_params import SamplingParams
 from worker.engine import LLMEngine
 
@@ -33,7 +33,8 @@ def make_engine(args: argparse.Namespace, decode_program: bool) -> LLMEngine:
     engine = LLMEngine(EngineConfig(model=str(resolve_model(args.model)[0]), dtype=args.dtype,
                                     attention_backend=args.attention_backend, max_model_len=2048,
                                     quantization=args.quantization, decode_program=decode_program,
-                                    kv_cache_memory=256 << 20))
+                                    activation_quantization=args.activation_quantization,
+                                    kv_cache_dtype=args.kv_cache_dtype, kv_cache_memory=256 << 20))
     vocab = engine.model_config.vocab_size
     # Enough tokens for the warm-up and every timed or profiled step, so no sequence finishes.
     steps = args.steps * (1 + (args.rounds if args.compare_program else 2))
@@ -63,7 +64,8 @@ def program_runs(engine: LLMEngine) -> int:
 
 
 def describe(engine: LLMEngine, args: argparse.Namespace, step_ms: float, runs: int, steps: int) -> str:
-    return (f"{args.model}, quantization {engine.quantization}, batch {args.batch}, context {args.context}, "
+    return (f"{args.model}, quantization {engine.quantization}, activations {args.activation_quantization}, "
+            f"KV cache {args.kv_cache_dtype}, batch {args.batch}, context {args.context}, "
             f"dtype {engine.dtype}, attention "
             f"{engine.attention_backend.name}, threads {torch.get_num_threads()}, decode program "
             f"{engine.runner.decode_program_status} (ran {runs} of {steps} steps): {step_ms:.2f} ms per decode step "
@@ -95,6 +97,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--attention-backend", default="auto", choices=("auto", "mojo", "torch"))
     ap.add_argument("--quantization", default="auto", choices=QUANTIZATIONS)
+    ap.add_argument("--activation-quantization", default="auto", choices=ACTIVATION_QUANTIZATIONS)
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
     ap.add_argument("--no-decode-program", action="store_true", help="every step through the modules")
     ap.add_argument("--compare-program", action="store_true", help="time the decode program on against off")
     ap.add_argument("--rounds", type=int, default=5, help="alternating rounds for --compare-program")
