@@ -12,10 +12,10 @@ from types import ModuleType
 
 import torch
 
-from kernels.attention import DTYPE_CODES, THREADINGS, kernel_params, load_module, omp_team
+from kernels.attention import DTYPE_CODES, THREADINGS, kernel_params, load_module
 from kernels.quant_matmul import PATHS, amx_available, use_amx
-from kernels.quant_operands import (TILE, activation_addresses, activation_mode, activation_scratch_bytes,
-                                    check_scratch, checked_output)
+from kernels.quant_operands import (activation_addresses, activation_mode, activation_scratch_bytes,
+                                    check_scratch, checked_output, run_quantized)
 
 MODULE = "mili_quant_k"
 # Kernel kind code (0 Q5_0, 1 Q5_1, 2 Q4_K, 3 Q6_K) -> (weights per K group, tile record bytes per group);
@@ -46,17 +46,8 @@ def qmatmul_k(module: ModuleType, x: torch.Tensor, packed: torch.Tensor, kind: i
     _require(threading in THREADINGS, f"threading must be one of {THREADINGS}")
     mode = activation_mode(_require, activations)
     out = _checked(x, packed, kind, n, bias, out_dtype, out, path)
-    m, k = x.shape
-    if m == 0:
-        return out
-    scratch = torch.empty(scratch_bytes(m, k), dtype=torch.uint8)
-    params = _params(x, packed, kind, n, bias, out, scratch, m, use_amx(m, path), mode)
-    team = omp_team() if threading == "omp" else None
-    if team is not None:
-        team.run2(module, ENTRIES[0], m, ENTRIES[1], -(-n // TILE), params)
-    else:
-        module.qmatmul((params.buffer_info()[0],))
-    return out
+    return run_quantized(module, ENTRIES, x, n, out, threading, lambda scratch, m: _params(
+        x, packed, kind, n, bias, out, scratch, m, use_amx(m, path), mode))
 
 
 # The kernel's C range entries (quantize the rows, then compute the column tiles) and the parameters a

@@ -4,11 +4,13 @@ and the scratch their shared activation quantizer (kernels/quant_activations.moj
 
 from __future__ import annotations
 
+import array
 from collections.abc import Callable, Sequence
+from types import ModuleType
 
 import torch
 
-from kernels.attention import DTYPE_CODES
+from kernels.attention import DTYPE_CODES, omp_team
 
 QK = 32  # activations per quantization block
 TILE = 16  # output columns per packed weight tile
@@ -93,3 +95,21 @@ def same_activations(params: Sequence[int], other: Sequence[int]) -> bool:
     """Whether two calls' parameters (of either kernel) quantize the same x into the same scratch places,
     so one call's phase 1 serves the other's phase 2."""
     return all(params[i] == other[i] for i in ACTIVATION_PARAMS)
+
+
+def run_quantized(module: ModuleType, entries: tuple[str, str], x: torch.Tensor, n: int, out: torch.Tensor,
+                  threading: str, params_for: Callable[[torch.Tensor, int], array.array]) -> torch.Tensor:
+    """A checked call's two phases into `out` ([M, n]), with the parameters params_for(scratch, m) gives: on
+    torch's OpenMP team where threading is "omp" and the bridge is available (the rows quantized by the entry
+    entries[0], then the column tiles split by entries[1]), otherwise both on the calling thread."""
+    m, k = x.shape
+    if m == 0:
+        return out
+    scratch = torch.empty(activation_scratch_bytes(m, k), dtype=torch.uint8)  # alive until the kernel returns
+    params = params_for(scratch, m)
+    team = omp_team() if threading == "omp" else None
+    if team is not None:
+        team.run2(module, entries[0], m, entries[1], -(-n // TILE), params)
+    else:
+        module.qmatmul((params.buffer_info()[0],))
+    return out
