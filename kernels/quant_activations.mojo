@@ -17,7 +17,8 @@
 # runs one vpdpbusd (or AMX tile product) per 4 K-steps instead of two: about twice the prefill
 # throughput, at about 8 bits per activation. The sums are of this q (|q| <= 127).
 #
-# Per-block values are stored block-major, [K / 32, M], so the AMX path reads 16 rows' contiguously.
+# Per-block values are stored block-major, [K / 32, stride] (P_BLOCK_STRIDE), so the AMX path reads 16 rows'
+# contiguously.
 
 from std.math import round
 from std.sys import inlined_assembly
@@ -42,6 +43,10 @@ comptime P_SUM_F = 12  # [K / 32, M] float32 d * sum of q
 comptime P_Q2 = 14  # [M, K] int8 q2, the residual (ACT_INT8X2 only)
 comptime P_SUM_LO = 16  # [K / 32, M] int32 sum of q over the block's elements 0-15
 comptime P_ACT_MODE = 18  # ACT_INT8X2 or ACT_INT8
+# Rows between consecutive blocks in the [K / 32, stride] per-block arrays (>= M; kernels/quant_operands.py's
+# block_stride): a multiple of 16 rows whose count of 16s is odd, so block b's row r and block b + 1's never share
+# a cache set. With the stride M itself, 2048 rows put every block's value 8 KiB apart, all in one L1 set.
+comptime P_BLOCK_STRIDE = 19
 
 comptime ACT_INT8X2 = 0
 comptime ACT_INT8 = 1
@@ -94,6 +99,7 @@ def _quantize_rows[dt: DType, two: Bool](p: Params, begin: Int, end: Int):
     var sa = param_ptr[DType.int32](p, P_SUM)
     var sa_f = param_ptr[F32](p, P_SUM_F)
     var sa_lo = param_ptr[DType.int32](p, P_SUM_LO)
+    var stride = param_int(p, P_BLOCK_STRIDE)
     var nb = k // QK
     for r in range(begin, end):
         var b0 = 0
@@ -133,7 +139,7 @@ def _quantize_rows[dt: DType, two: Bool](p: Params, begin: Int, end: Int):
             # the spills (half of this phase's time at 32 rows).
             comptime for j in range(GROUP):
                 if j < n:
-                    var at = (b0 + j) * m + r
+                    var at = (b0 + j) * stride + r
                     da[unsafe_offset=at] = d[j]
                     sa[unsafe_offset=at] = s[j]
                     sa_f[unsafe_offset=at] = d_s[j]

@@ -49,8 +49,8 @@ from std.sys import llvm_intrinsic
 from numerics import byte_bits, high_nibbles, narrow
 from params import Params, param_int, param_ptr
 from row_groups import row_groups
-from quant_activations import P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, P_SUM_LO, combine_parts, quantize_rows, \
-    row_chunk, two_parts
+from quant_activations import P_BLOCK_STRIDE, P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, P_SUM_LO, combine_parts, \
+    quantize_rows, row_chunk, two_parts
 from quant_amx import TILE_A1, TILE_A1_HALF, TILE_A2, TILE_A2_HALF, TILE_B, TILE_B_HI, TILE_B_LO, TILE_C1, \
     TILE_C1_HI, TILE_C1_LO, TILE_C1_NEXT, TILE_C2, TILE_C2_HI, TILE_C2_LO, TILE_C2_NEXT, amx_configure, \
     amx_configure_halves, amx_release, amx_row_chunk, tile_dot_su, tile_load, tile_store, tile_zero
@@ -263,13 +263,13 @@ def _finish_row[out_dt: DType](p: Params, y: F32x16, row: Int, t: Int):
 def _tile_rows[kind: Int, out_dt: DType, R: Int, two: Bool](p: Params, t: Int, row0: Int):
     """Rows row0 .. row0+R-1 of tile t, every K block; each weight block is unpacked once for the R rows."""
     var wp = param_ptr[DType.uint8](p, 2)
-    var m = param_int(p, P_M)
     var k = param_int(p, P_K)
     var qa = param_ptr[DType.int8](p, P_Q1)
     var qa2 = param_ptr[DType.int8](p, P_Q2)
     var da = param_ptr[F32](p, P_D)
     var s = param_ptr[DType.int32](p, P_SUM)
     var s_lo = param_ptr[DType.int32](p, P_SUM_LO)
+    var stride = param_int(p, P_BLOCK_STRIDE)
     var s_f = param_ptr[F32](p, P_SUM_F)
     var nb = k // QK
     comptime bpg = blocks_per_group[kind]()
@@ -300,7 +300,7 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int, two: Bool](p: Params, t: Int, r
                 var a2 = SIMD[DType.int8, QK](0)
                 comptime if two:
                     a2 = qa2.unsafe_offset(row * k + b * QK).unsafe_load[width=QK]()
-                var j = b * m + row
+                var j = b * stride + row
                 y[r] = _block_row[kind, two](y[r], w, dw, mw, sc_lo, sc_hi, a, a2, da[unsafe_offset=j],
                                              s[unsafe_offset=j], s_lo[unsafe_offset=j], s_f[unsafe_offset=j])
             blk = blk.unsafe_offset(blk_bytes)
@@ -458,6 +458,7 @@ def _tiles_amx[kind: Int, out_dt: DType, two: Bool](p: Params, begin: Int, end: 
     var da = param_ptr[F32](p, P_D)
     var s = param_ptr[DType.int32](p, P_SUM)
     var s_lo = param_ptr[DType.int32](p, P_SUM_LO)
+    var stride = param_int(p, P_BLOCK_STRIDE)
     var s_f = param_ptr[F32](p, P_SUM_F)
     var nb = k // QK
     var tile_bytes = (nb // blocks_per_group[kind]()) * _group_bytes[kind]()
@@ -491,14 +492,14 @@ def _tiles_amx[kind: Int, out_dt: DType, two: Bool](p: Params, begin: Int, end: 
                         var a1 = a0 + (b + 1) * QK
                         _amx_sums[kind, True, two](wtile.unsafe_offset((b + 1) * 512), qa + a1, qa2 + a1, k,
                                               Bytes(unsafe_from_address=bufs + sums_bytes))
-                    _amx_epilogue[kind, two](y, tile_rec, b, bufs, da, s, s_lo, s_f, b * m + g0)
+                    _amx_epilogue[kind, two](y, tile_rec, b, bufs, da, s, s_lo, s_f, b * stride + g0)
                     if b + 1 < nb:
                         if b + 2 < nb:
                             var a2 = a0 + (b + 2) * QK
                             _amx_sums[kind, False, two](wtile.unsafe_offset((b + 2) * 512), qa + a2, qa2 + a2, k,
                                                    Bytes(unsafe_from_address=bufs))
                         _amx_epilogue[kind, two](y, tile_rec, b + 1, bufs + sums_bytes, da, s, s_lo, s_f,
-                                            (b + 1) * m + g0)
+                                            (b + 1) * stride + g0)
                     b += 2
                 comptime for r in range(TN):
                     _finish_row[out_dt](p, y[r], g0 + r, t)

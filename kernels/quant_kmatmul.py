@@ -83,7 +83,7 @@ def _checked(x: torch.Tensor, packed: torch.Tensor, kind: int, n: int, bias: tor
 
 def _params(x: torch.Tensor, packed: torch.Tensor, kind: int, n: int, bias: torch.Tensor | None,
             out: torch.Tensor, scratch: torch.Tensor, m: int, amx: bool, mode: int) -> array.array:
-    q1, q2, d, s, s_f, s_lo = activation_addresses(scratch.data_ptr(), m, x.shape[1])
+    q1, q2, d, s, s_f, s_lo, stride = activation_addresses(scratch.data_ptr(), m, x.shape[1])
     return kernel_params(out.data_ptr(), x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(),
                          m, n, x.shape[1], kind, DTYPE_CODES[x.dtype], q1, d, s, s_f, DTYPE_CODES[out.dtype], q2,
-                         int(amx), s_lo, out.stride(0), mode)
+                         int(amx), s_lo, out.stride(0), mode, stride)

@@ -37,8 +37,8 @@ from std.sys import llvm_intrinsic
 from numerics import high_nibbles, narrow
 from params import Params, param_int, param_ptr
 from row_groups import row_groups
-from quant_activations import P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, combine_parts, quantize_rows, row_chunk, \
-    two_parts
+from quant_activations import P_BLOCK_STRIDE, P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, combine_parts, \
+    quantize_rows, row_chunk, two_parts
 from quant_amx import TILE_A1, TILE_A2, TILE_B, TILE_C1, TILE_C1_NEXT, TILE_C2, TILE_C2_NEXT, U8Ptr, amx_configure, \
     amx_release, amx_row_chunk, tile_dot_su, tile_load, tile_store, tile_zero
 
@@ -195,13 +195,13 @@ def _store_tile[out_dt: DType](dst: Pointer[Scalar[out_dt], MutAnyOrigin], y: F3
 def _tile_rows[kind: Int, out_dt: DType, R: Int, two: Bool](p: Params, t: Int, row0: Int):
     """Rows row0 .. row0+R-1 of tile t, every K block; each weight block is unpacked once for the R rows."""
     var wp = param_ptr[DType.uint8](p, 2)
-    var m = param_int(p, P_M)
     var k = param_int(p, P_K)
     var qa = param_ptr[DType.int8](p, P_Q1)
     var qa2 = param_ptr[DType.int8](p, P_Q2)
     var da = param_ptr[F32](p, P_D)
     var sa_i = param_ptr[DType.int32](p, P_SUM)
     var sa_f = param_ptr[F32](p, P_SUM_F)
+    var stride = param_int(p, P_BLOCK_STRIDE)
     var nb = k // QK
     comptime rec_bytes = record_bytes[kind]()
     comptime qbytes = quant_bytes[kind]()
@@ -219,7 +219,7 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int, two: Bool](p: Params, t: Int, r
             var a2 = SIMD[DType.int8, QK](0)
             comptime if two:
                 a2 = qa2.unsafe_offset(row * k + b * QK).unsafe_load[width=QK]()
-            var j = b * m + row
+            var j = b * stride + row
             var s_i = sa_i[unsafe_offset=j]
             # One part: the chain starts at minus the offset's sum (no subtraction in the epilogue).
             var dot = _block_dot[two](w, a, a2, I32x16(-_offset_sum[kind](s_i)))
@@ -338,13 +338,13 @@ def _group_amx[kind: Int, out_dt: DType, unpack: Bool, two: Bool](p: Params, t: 
     block b's epilogue, on the other tile set and buffer, so the two overlap. With `unpack` (the chunk's
     first group, Q4_0 / Q4_1), the tile's weights are unpacked into wtile on the way, UNPACK_LEAD blocks
     ahead, for this group and the chunk's later ones."""
-    var m = param_int(p, P_M)
     var k = param_int(p, P_K)
     var qa = param_int(p, P_Q1)  # addresses of q1 / q2 [M, K] int8
     var qa2 = param_int(p, P_Q2)
     var da = param_ptr[F32](p, P_D)
     var sa_i = param_ptr[DType.int32](p, P_SUM)
     var sa_f = param_ptr[F32](p, P_SUM_F)
+    var stride = param_int(p, P_BLOCK_STRIDE)
     var nb = k // QK
     comptime rec_bytes = record_bytes[kind]()
     comptime if unpack:
@@ -365,14 +365,14 @@ def _group_amx[kind: Int, out_dt: DType, unpack: Bool, two: Bool](p: Params, t: 
             var a1 = a0 + (b + 1) * QK
             _amx_block_sums[TILE_C1_NEXT, TILE_C2_NEXT, two](_block_weights[kind](tile_rec, wtile, b + 1), qa + a1,
                                                         qa2 + a1, k, U8Ptr(unsafe_from_address=bufs + 2048))
-        _amx_epilogue[kind, two](y, tile_rec.unsafe_offset(b * rec_bytes), bufs, da, sa_i, sa_f, b * m + g0)
+        _amx_epilogue[kind, two](y, tile_rec.unsafe_offset(b * rec_bytes), bufs, da, sa_i, sa_f, b * stride + g0)
         if b + 1 < nb:
             if b + 2 < nb:
                 var a2 = a0 + (b + 2) * QK
                 _amx_block_sums[TILE_C1, TILE_C2, two](_block_weights[kind](tile_rec, wtile, b + 2), qa + a2, qa2 + a2,
                                                   k, U8Ptr(unsafe_from_address=bufs))
             _amx_epilogue[kind, two](y, tile_rec.unsafe_offset((b + 1) * rec_bytes), bufs + 2048, da, sa_i, sa_f,
-                                (b + 1) * m + g0)
+                                (b + 1) * stride + g0)
         b += 2
     comptime for r in range(TN):
         _finish_row[out_dt](p, y[r], g0 + r, t)

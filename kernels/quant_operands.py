@@ -60,10 +60,21 @@ def activation_mode(require: Callable[[bool, str], None], activations: str) -> i
     return ACTIVATION_MODES[activations]
 
 
+def block_stride(m: int) -> int:
+    """Rows between consecutive blocks in the per-block activation arrays ([K / 32, stride], parameter slot
+    BLOCK_STRIDE_PARAM): at least m, a multiple of 16 (the AMX path reads 16 rows' values at once), and an odd
+    number of 16s, so that block b's values and block b + 1's are an odd number of 64-byte lines apart and never
+    share a cache set. With the stride m itself, a 2048-row prefill put every block's values 8 KiB apart, in one
+    L1 set: the quantizer's stores and the kernels' loads of them missed L1 for each block (the whole matmul call
+    took 1.75-1.9x as long at 2048 rows as at 2040)."""
+    sixteens = -(-m // 16)
+    return 16 * (sixteens | 1)
+
+
 def activation_scratch_bytes(m: int, k: int) -> int:
     """Bytes of scratch for m rows of K activations quantized by kernels/quant_activations.mojo (the layout
     is in activation_addresses)."""
-    return 2 * m * k + 16 * m * (k // QK) + 64
+    return 2 * m * k + 16 * block_stride(m) * (k // QK) + 64
 
 
 def check_scratch(require: Callable[[bool, str], None], scratch: torch.Tensor, m: int, k: int) -> None:
@@ -73,21 +84,23 @@ def check_scratch(require: Callable[[bool, str], None], scratch: torch.Tensor, m
             f"scratch must be contiguous uint8 of at least {need} bytes")
 
 
-def activation_addresses(base: int, m: int, k: int) -> tuple[int, int, int, int, int, int]:
+def activation_addresses(base: int, m: int, k: int) -> tuple[int, int, int, int, int, int, int]:
     """The quantized activations' places in scratch at `base` (activation_scratch_bytes(m, k) long):
-    int8 q1 and q2 [M, K] each, then [K / 32, M] float32 d, int32 sum q, float32 d * sum q and int32 sum
-    over elements 0-15. Returns (q1, q2, d, sum, d * sum, sum lo), in the order of the kernels' parameter
-    slots P_Q1, P_Q2, P_D, P_SUM, P_SUM_F, P_SUM_LO. A caller may run fewer rows than m through this
-    layout: the [K / 32, M] arrays are indexed with the rows run, inside the space m rows reserve."""
-    nb = k // QK
+    int8 q1 and q2 [M, K] each, then [K / 32, block_stride(m)] float32 d, int32 sum q, float32 d * sum q and
+    int32 sum over elements 0-15. Returns (q1, q2, d, sum, d * sum, sum lo, stride), in the order of the kernels'
+    parameter slots P_Q1, P_Q2, P_D, P_SUM, P_SUM_F, P_SUM_LO, P_BLOCK_STRIDE. A caller may run fewer rows than
+    m through this layout (the stride stays m's)."""
+    nb, stride = k // QK, block_stride(m)
     q1, q2, d = base, base + m * k, base + 2 * m * k
     d += -d % 4
-    return q1, q2, d, d + 4 * m * nb, d + 8 * m * nb, d + 12 * m * nb
+    return q1, q2, d, d + 4 * stride * nb, d + 8 * stride * nb, d + 12 * stride * nb, stride
 
 
 # The parameter slots phase 1 (kernels/quant_activations.mojo) reads or writes, the same in both kernels'
-# arrays: x, rows, K, x's dtype, then q1, d, sum, d * sum, q2, sum lo in the scratch, and the mode.
-ACTIVATION_PARAMS = (1, 4, 6, 8, 9, 10, 11, 12, 14, 16, ACTIVATION_MODE_PARAM)
+# arrays: x, rows, K, x's dtype, then q1, d, sum, d * sum, q2, sum lo in the scratch, the mode and the per-block
+# arrays' stride.
+BLOCK_STRIDE_PARAM = 19  # P_BLOCK_STRIDE in kernels/quant_activations.mojo
+ACTIVATION_PARAMS = (1, 4, 6, 8, 9, 10, 11, 12, 14, 16, ACTIVATION_MODE_PARAM, BLOCK_STRIDE_PARAM)
 OUTPUT_STRIDE_PARAM = 17  # the output's row stride in elements (P_LDC in both kernels)
 
 

@@ -19,7 +19,7 @@ from gguf.quants import dequantize, quantize
 
 from kernels import quant_matmul
 from kernels.formats.blocks import KERNEL_KINDS, repack, split_blocks
-from kernels.quant_operands import ACTIVATION_MODES
+from kernels.quant_operands import ACTIVATION_MODES, activation_addresses, activation_scratch_bytes, block_stride
 from kernels.reference.quant_matmul import (activation_error_bound, dequantized_matmul, qmatmul_blocks,
                                             quantize_activations, split_activations)
 
@@ -126,6 +126,31 @@ def test_rows_are_batch_and_thread_invariant(module, qtype, activations, test_se
     for start, size in ((3, 4), (2, 7), (1, 9), (10, 27)):  # row groups of 8, 4, 2 and 1
         part = _run(module, x[start:start + size], packed, qtype, 200, bias, activations=activations)
         assert np.array_equal(part, full[start:start + size])
+
+
+def test_per_block_arrays_never_put_consecutive_blocks_in_one_cache_set():
+    """The per-block activation arrays' stride (rows between block b's values and block b + 1's): at least the
+    rows, whole groups of 16 rows for the AMX path, an odd count of 64-byte lines so that a power-of-two row
+    count (a 2048-row prefill) does not put every block in one cache set, and inside the scratch."""
+    for m in (1, 15, 16, 17, 32, 1000, 1024, 2032, 2047, 2048, 4096):
+        stride = block_stride(m)
+        assert stride >= m and stride % 16 == 0 and (stride // 16) % 2 == 1, (m, stride)
+        for k in (32, 576, 1536):
+            base = 1 << 20
+            q1, q2, d, s, s_f, s_lo, got = activation_addresses(base, m, k)
+            assert got == stride and s - d == s_f - s == s_lo - s_f == 4 * stride * (k // 32)
+            assert s_lo + 4 * stride * (k // 32) <= base + activation_scratch_bytes(m, k)
+
+
+def test_power_of_two_row_counts_give_the_same_bits(module, test_seed):
+    """Rows run in a 1024-row call (padded per-block stride) get the bits they get in small calls."""
+    x, raw, bias = _case(test_seed, 1024, 40, 96, QT.Q4_1)
+    packed = repack(raw, QT.Q4_1)
+    for activations in MODES:
+        full = _run(module, x, packed, QT.Q4_1, 40, bias, activations=activations)
+        for start in (0, 511, 1016):
+            part = _run(module, x[start:start + 8], packed, QT.Q4_1, 40, bias, activations=activations)
+            assert np.array_equal(part, full[start:start + 8])
 
 
 @pytest.mark.skipif(not quant_matmul.amx_available(), reason="the CPU has no AMX int8 tiles (or Linux refused them)")
