@@ -37,11 +37,11 @@ comptime P_M = 4
 comptime P_K = 6
 comptime P_X_DTYPE = 8
 comptime P_Q1 = 9  # [M, K] int8 q1
-comptime P_D = 10  # [K / 32, M] float32 d = max|x| / 32258 (ACT_INT8: / 127)
-comptime P_SUM = 11  # [K / 32, M] int32 sum of q over the block
-comptime P_SUM_F = 12  # [K / 32, M] float32 d * sum of q
+comptime P_D = 10  # [K / 32, stride] float32 d = max|x| / 32258 (ACT_INT8: / 127)
+comptime P_SUM = 11  # [K / 32, stride] int32 sum of q over the block
+comptime P_SUM_F = 12  # [K / 32, stride] float32 d * sum of q
 comptime P_Q2 = 14  # [M, K] int8 q2, the residual (ACT_INT8X2 only)
-comptime P_SUM_LO = 16  # [K / 32, M] int32 sum of q over the block's elements 0-15
+comptime P_SUM_LO = 16  # [K / 32, stride] int32 sum of q over the block's elements 0-15
 comptime P_ACT_MODE = 18  # ACT_INT8X2 or ACT_INT8
 # Rows between consecutive blocks in the [K / 32, stride] per-block arrays (>= M; kernels/quant_operands.py's
 # block_stride): a multiple of 16 rows whose count of 16s is odd, so block b's row r and block b + 1's never share
