@@ -35,7 +35,6 @@ def round_to[dt: DType, w: Int](x: SIMD[F32, w]) -> SIMD[F32, w]:
         return x
 
 
-
 @always_inline
 def byte_bits[shift: Int, mask: Int, to: Int](v: SIMD[DType.uint8, 64]) -> SIMD[DType.uint8, 64]:
     """((v >> shift) & mask) << to per byte (mask << to < 256), in 16-bit lanes: the mask drops what the
