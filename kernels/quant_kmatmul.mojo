@@ -48,7 +48,7 @@ from std.memory import alloc, bitcast, stack_allocation
 from std.sys import llvm_intrinsic
 from numerics import byte_bits, high_nibbles, narrow
 from params import Params, param_int, param_ptr
-from row_groups import row_groups
+from row_groups import prefetch_next, row_groups
 from quant_activations import P_BLOCK_STRIDE, P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, P_SUM_LO, combine_parts, \
     quantize_rows, row_chunk, two_parts
 from quant_amx import TILE_A1, TILE_A1_HALF, TILE_A2, TILE_A2_HALF, TILE_B, TILE_B_HI, TILE_B_LO, TILE_C1, \
@@ -279,7 +279,9 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int, two: Bool](p: Params, t: Int, r
     var groups = nb // bpg
     var y = Array[F32x16, R](fill=F32x16(0))
     var rec = wp.unsafe_offset(t * groups * group_bytes)
+    var rows = param_int(p, P_M)
     for grp in range(groups):
+        prefetch_next[R, rows_per_block[kind, two](), group_bytes](rows, rec, groups * group_bytes)
         var d_sb = F32x16(0)
         var dmin_sb = F32x16(0)
         comptime if hdr > 0:

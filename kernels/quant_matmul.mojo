@@ -36,7 +36,7 @@ from std.memory import alloc, bitcast, stack_allocation
 from std.sys import llvm_intrinsic
 from numerics import high_nibbles, narrow
 from params import Params, param_int, param_ptr
-from row_groups import row_groups
+from row_groups import prefetch_next, row_groups
 from quant_activations import P_BLOCK_STRIDE, P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, combine_parts, \
     quantize_rows, row_chunk, two_parts
 from quant_amx import TILE_A1, TILE_A2, TILE_B, TILE_C1, TILE_C1_NEXT, TILE_C2, TILE_C2_NEXT, U8Ptr, amx_configure, \
@@ -207,7 +207,9 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int, two: Bool](p: Params, t: Int, r
     comptime qbytes = quant_bytes[kind]()
     var y = Array[F32x16, R](fill=F32x16(0))
     var rec = wp.unsafe_offset(t * nb * rec_bytes)
+    var rows = param_int(p, P_M)
     for b in range(nb):
+        prefetch_next[R, rows_per_block[two](), rec_bytes](rows, rec, nb * rec_bytes)
         var w = _unpack[kind](rec)
         var dw = _f16x16(rec, qbytes)
         var mw = F32x16(0)
