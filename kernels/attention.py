@@ -234,21 +234,21 @@ def attention_scratch(n_items: int, k_cache: torch.Tensor, prompt_rows: bool = T
     return torch.empty(n_items, _scratch_width(k_cache, prompt_rows), dtype=torch.float32)
 
 
-# attention_parts.mojo's CHUNK, MAX_GROUP and KEYS: what a thread's scratch holds on the chunked path; and
+# attention_parts.mojo's CHUNK and MAX_GROUP: what a thread's scratch holds on the chunked path; and
 # attention_prompt.mojo's prompt_scratch_floats(), what its prompt rows over an int8 cache take after that.
-_CHUNK, _MAX_GROUP, _KEYS = 256, 4, 16
+_CHUNK, _MAX_GROUP = 256, 4
 _PROMPT_ROWS_FLOATS = 24000
 
 
 def _scratch_width(k_cache: torch.Tensor, prompt_rows: bool = True) -> int:
     """Float32 scratch per work item: for head_dim 64 and 128 (attention_chunks.mojo, which uses its range's first
-    item's) a chunk's scores, its keys' values and scale offsets, and a group of keys' int8 row scales, then over
-    an int8 cache (unless not prompt_rows) what attention_prompt.mojo takes to run an item's prompt rows together;
-    for others (attention.mojo's _attend_rows) two head_dim vectors and a group of 16 keys' scores."""
+    item's) a chunk's scores and its keys' values and scale offsets, then over an int8 cache (unless not
+    prompt_rows) what attention_prompt.mojo takes to run an item's prompt rows together; for others
+    (attention.mojo's _attend_rows) two head_dim vectors and a group of 16 keys' scores."""
     head_dim = kv_int8.head_dim_of(k_cache)
     if head_dim in (64, 128):
         rows = _PROMPT_ROWS_FLOATS if prompt_rows and kv_int8.is_int8(k_cache) else 0
-        return _MAX_GROUP * _CHUNK + 4 * _CHUNK + _KEYS + rows
+        return _MAX_GROUP * _CHUNK + 4 * _CHUNK + rows
     return 2 * head_dim + 16
 
 

@@ -13,7 +13,8 @@
 #      and sums the tree's levels as the keys arrive: 2-3% less attention time at head_dim 64, 5% at 128.
 #   2. the chunk's softmax weights (its maximum folded into the running one, as an online softmax does
 #      between chunks), then V: each row widened to float32 and added into every head's accumulator,
-#      weighted by its score read back from scratch (a broadcast load). The accumulators are walked in slices
+#      weighted by its softmax weight read back from scratch (a broadcast load; over an int8 cache the weight
+#      already holds the V row's scale, applied to 16 keys at once). The accumulators are walked in slices
 #      of at most ACC_VALUES values across the heads, one pass over the chunk's keys per slice, with the head
 #      count a compile-time constant, so that a slice's accumulators stay in registers (with the head count a
 #      run-time branch they spilled, and every key's update waited on a store). At head_dim 64 and 128 one
@@ -30,7 +31,7 @@ from kv_int8 import I8, scale_at
 from lane_tree import bitrev4, lane_sums, level_sum
 from attention_parts import F32, BF16, KEYS, CHUNK, MAX_GROUP, ACC_VALUES, F32x16, BF16x32, I16x32, I32x16, \
     HAS_BF16_DOT, HAS_I16_DOT, I16_MAX, NEG, AHEAD, REREAD_BYTES, heads_per_pass, chunk_offsets, prefetch_rows, \
-    fold_chunk, query_i16, int8_scores, masked
+    fold_chunk, query_i16, int8_scores, masked, row_scales
 from attention_prompt import PROMPT_MIN_ROWS, PROMPT_SCRATCH_AT, prompt_scratch_floats, attend_prompt_rows
 
 
@@ -110,13 +111,11 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
     var scale = param_float(args, 16)
     var scratch_width = param_int(args, 20)
     # This thread's scratch, the first item's (the items of one range run on one thread, one after another):
-    # scores [MAX_GROUP, CHUNK] float32, the keys' values and (int8) scale offsets [2, CHUNK] int64, a group's
-    # int8 row scales [KEYS] float32, and where kernels/attention.py's _scratch_width allots it for prompt rows
-    # over an int8 cache, attention_prompt.mojo's part.
+    # scores [MAX_GROUP, CHUNK] float32, the keys' values and (int8) scale offsets [2, CHUNK] int64, and where
+    # kernels/attention.py's _scratch_width allots it for prompt rows over an int8 cache, attention_prompt.mojo's part.
     var scores = param_ptr[F32](args, 17).unsafe_offset(begin * scratch_width)
     var offsets = Pointer[Scalar[DType.int64], MutAnyOrigin](unsafe_from_address=Int(scores.unsafe_offset(MAX_GROUP * CHUNK)))
     var scale_offsets = offsets.unsafe_offset(CHUNK)
-    var key_scales = scores.unsafe_offset(MAX_GROUP * CHUNK + 4 * CHUNK)
     var group = num_heads // kv_heads
     var lane = F32x16(0)
     comptime for j in range(KEYS):
@@ -181,12 +180,7 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
                                                         scale_offsets.unsafe_offset(j0 + AHEAD * KEYS),
                                                         min(KEYS, nk - j0 - AHEAD * KEYS))
                             prefetch_rows[cdt, HD](v_cache, offs, scale_offsets.unsafe_offset(j0), n)  # for pass 2
-                        var row_scales = F32x16(1)
-                        comptime if I16_DOT:
-                            for j in range(KEYS):
-                                key_scales[unsafe_offset=j] = scale_at[cdt](
-                                    k_cache, Int(scale_offsets[unsafe_offset=j0 + j])) if j < n else Float32(1)
-                            row_scales = key_scales.unsafe_load[width=KEYS]()
+                        var k_scales = row_scales[cdt](k_cache, scale_offsets.unsafe_offset(j0))
                         var key_sums = Array[I32x16, G](fill=I32x16(0))
                         comptime if I16_DOT:
                             comptime for n in range(1, G + 1):  # the head count as a constant (see pass 2)
@@ -197,7 +191,7 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
                             if g < ng:
                                 var s: F32x16
                                 comptime if I16_DOT:
-                                    s = int8_scores(key_sums[g], row_scales, q16_scale[g])
+                                    s = int8_scores(key_sums[g], k_scales, q16_scale[g])
                                 else:
                                     var p = Array[F32x16, KEYS](fill=F32x16(0))
                                     comptime for j in range(KEYS):

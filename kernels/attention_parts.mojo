@@ -82,25 +82,32 @@ def prefetch_rows[cdt: DType, HD: Int](cache: Pointer[Scalar[cdt], MutAnyOrigin]
 @always_inline
 def add_values[cdt: DType, HD: Int, G: Int, S: Int, NG: Int](
         mut acc: Array[SIMD[F32, S], G * (HD // S)], j: Int, v_cache: Pointer[Scalar[cdt], MutAnyOrigin],
-        offsets: Pointer[Scalar[DType.int64], MutAnyOrigin], scale_offsets: Pointer[Scalar[DType.int64], MutAnyOrigin],
-        scores: Pointer[Scalar[F32], MutAnyOrigin], nk: Int):
-    """Slice j (values j*S .. j*S+S-1) of the first NG heads' accumulators plus the chunk's nk V rows, each weighted
-    by its score in scratch, in key order. NG is a constant and the slice's NG * S / 16 accumulators stay in
-    registers for the whole walk."""
+        offsets: Pointer[Scalar[DType.int64], MutAnyOrigin], weights: Pointer[Scalar[F32], MutAnyOrigin], nk: Int):
+    """Slice j (values j*S .. j*S+S-1) of the first NG heads' accumulators plus the chunk's nk V rows, each times
+    its weight in scratch (weights[g * CHUNK + t], an int8 row's scale included), in key order. NG is a constant
+    and the slice's NG * S / 16 accumulators stay in registers for the whole walk."""
     comptime NS = HD // S
     var part = Array[SIMD[F32, S], NG](fill=SIMD[F32, S](0))
     comptime for g in range(NG):
         part[g] = acc[g * NS + j]
     for t in range(nk):
         var v = v_cache.unsafe_offset(Int(offsets[unsafe_offset=t]) + j * S).unsafe_load[width=S]().cast[F32]()
-        var vs = scale_at[cdt](v_cache, Int(scale_offsets[unsafe_offset=t]))
         comptime for g in range(NG):
-            var w = scores[unsafe_offset=g * CHUNK + t]
-            comptime if cdt == I8:
-                w = w * vs
-            part[g] += v * w
+            part[g] += v * weights[unsafe_offset=g * CHUNK + t]
     comptime for g in range(NG):
         acc[g * NS + j] = part[g]
+
+
+@always_inline
+def row_scales[cdt: DType](cache: Pointer[Scalar[cdt], MutAnyOrigin],
+                           scale_offsets: Pointer[Scalar[DType.int64], MutAnyOrigin]) -> F32x16:
+    """The row scales of 16 keys at scale_offsets[:16] (chunk_offsets pads a chunk's last group with key 0's, so
+    all 16 are readable); ones for a cache that is not int8."""
+    var scales = F32x16(1)
+    comptime if cdt == I8:
+        comptime for j in range(KEYS):
+            scales[j] = scale_at[cdt](cache, Int(scale_offsets[unsafe_offset=j]))
+    return scales
 
 
 @always_inline
@@ -112,27 +119,36 @@ def fold_chunk[cdt: DType, HD: Int, G: Int, S: Int](
     """One chunk of nk keys into the first ng heads' running softmax (m, l) and accumulators (acc, NS slices of S
     values a head): the chunk's scores in scratch (scores[g * CHUNK + t], masked lanes -3e38) become their
     weights, its maximum (maxes, lane-wise) folds into the running one, and its V rows are added, one slice of S
-    values at a time, into every head's accumulator slice."""
+    values at a time, into every head's accumulator slice. Over an int8 cache each weight is stored times its V
+    row's scale (16 keys' scales read once for every head), so the V walk is one multiply-add per value."""
     comptime NS = HD // S
     var n_groups = (nk + KEYS - 1) // KEYS
+    var new_m = Array[Float32, G](fill=NEG)
+    var totals = Array[F32x16, G](fill=F32x16(0))
     comptime for g in range(G):
         if g < ng:
-            var new_m = max(m[g], maxes[g].reduce_max())
-            var corr = exp(m[g] - new_m)
-            var total = F32x16(0)
-            var sg = scores.unsafe_offset(g * CHUNK)
-            for gi in range(n_groups):
-                var e = exp(sg.unsafe_offset(gi * KEYS).unsafe_load[width=KEYS]() - new_m)
-                sg.unsafe_offset(gi * KEYS).unsafe_store(e)
-                total += e  # lanes past the context: about 4e-39 (exp's floor), not 0; V stops before them
-            l[g] = l[g] * corr + total.reduce_add()
+            new_m[g] = max(m[g], maxes[g].reduce_max())
+    for gi in range(n_groups):
+        var v_scales = row_scales[cdt](v_cache, scale_offsets.unsafe_offset(gi * KEYS))
+        comptime for g in range(G):
+            if g < ng:
+                var at = scores.unsafe_offset(g * CHUNK + gi * KEYS)
+                var e = exp(at.unsafe_load[width=KEYS]() - new_m[g])
+                totals[g] += e  # lanes past the context: about 4e-39 (exp's floor), not 0; V stops before them
+                comptime if cdt == I8:
+                    e = e * v_scales
+                at.unsafe_store(e)
+    comptime for g in range(G):
+        if g < ng:
+            var corr = exp(m[g] - new_m[g])
+            l[g] = l[g] * corr + totals[g].reduce_add()
             comptime for j in range(NS):
                 acc[g * NS + j] = acc[g * NS + j] * corr
-            m[g] = new_m
+            m[g] = new_m[g]
     comptime for n in range(1, G + 1):  # the head count as a constant: no branch in the key loop
         if ng == n:
             comptime for j in range(NS):
-                add_values[cdt, HD, G, S, n](acc, j, v_cache, offsets, scale_offsets, scores, nk)
+                add_values[cdt, HD, G, S, n](acc, j, v_cache, offsets, scores, nk)
 
 
 @always_inline

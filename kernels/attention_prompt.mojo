@@ -19,10 +19,10 @@ from std.memory import bitcast
 from std.sys import llvm_intrinsic
 from numerics import narrow
 from params import Params, param_int, param_ptr, param_float
-from kv_int8 import I8, scale_at
+from kv_int8 import I8
 from lane_tree import transpose16
 from attention_parts import F32, KEYS, CHUNK, MAX_GROUP, ACC_VALUES, F32x16, I32x16, NEG, AHEAD, heads_per_pass, \
-    chunk_offsets, prefetch_rows, fold_chunk, query_i16, int8_scores, masked
+    chunk_offsets, prefetch_rows, fold_chunk, query_i16, int8_scores, masked, row_scales
 
 comptime ROWS = 16  # query rows per item at most (kernels/attention.py's ROWS_PER_ITEM): one lane each
 # Below this many rows the row path is faster: a score vector of 16 lanes serves only the item's rows.
@@ -35,7 +35,7 @@ comptime QT_WORDS = ACC_VALUES // 2 * ROWS  # heads_per_pass x HD is ACC_VALUES 
 comptime KW_WORDS = KEYS * 64
 comptime SC_WORDS = ROWS * MAX_GROUP * CHUNK
 comptime STATE_WORDS = ROWS * MAX_GROUP * 3 + ROWS * ACC_VALUES
-comptime PROMPT_SCRATCH_AT = MAX_GROUP * CHUNK + 4 * CHUNK + KEYS  # after the row path's part of an item's scratch
+comptime PROMPT_SCRATCH_AT = MAX_GROUP * CHUNK + 4 * CHUNK  # after the row path's part of an item's scratch
 
 
 @always_inline
@@ -135,9 +135,9 @@ def attend_prompt_rows[dt: DType, HD: Int](args: Params, scratch: Pointer[Scalar
             var n_groups = (nk + KEYS - 1) // KEYS
             chunk_offsets[I8, HD](offsets, scale_offsets, table, c0, nk, kvh, block_size, kv_heads)
             prefetch_rows[I8, HD](k_cache, offsets, scale_offsets, min(nk, AHEAD * KEYS))
-            for t in range(n_groups * KEYS):
-                k_scales[unsafe_offset=t] = scale_at[I8](k_cache, Int(scale_offsets[unsafe_offset=t])) if t < nk \
-                    else Float32(1)
+            for gi in range(n_groups):
+                k_scales.unsafe_offset(gi * KEYS).unsafe_store(
+                    row_scales[I8](k_cache, scale_offsets.unsafe_offset(gi * KEYS)))
             # Scores: every row's, 16 keys at a time.
             for gi in range(n_groups):
                 var j0 = gi * KEYS
