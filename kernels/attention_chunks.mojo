@@ -212,7 +212,7 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
                                 s = masked(s, n, lane)
                                 maxes[g] = max(maxes[g], s)
                                 scores.unsafe_offset(g * CHUNK + j0).unsafe_store(s)
-                    fold_chunk[cdt, HD, G, S](acc, m, l, maxes, scores, ng, nk, v_cache, offsets, scale_offsets)
+                    fold_chunk[cdt, HD, G, S, I16_DOT](acc, m, l, maxes, scores, ng, nk, v_cache, offsets, scale_offsets)
                     c0 += CHUNK
                 var op = out.unsafe_offset(token * out_stride + (kvh * group + g0) * HD)
                 comptime for g in range(G):

@@ -180,7 +180,7 @@ def attend_prompt_rows[dt: DType, HD: Int](args: Params, scratch: Pointer[Scalar
                         l[g] = run_sum[unsafe_offset=r * MAX_GROUP + g]
                         comptime for j in range(NS):
                             acc[g * NS + j] = accs.unsafe_offset((r * G + g) * HD + j * S).unsafe_load[width=S]()
-                fold_chunk[I8, HD, G, S](acc, m, l, maxes, scores, ng, nk_r, v_cache, offsets, scale_offsets)
+                fold_chunk[I8, HD, G, S, True](acc, m, l, maxes, scores, ng, nk_r, v_cache, offsets, scale_offsets)
                 comptime for g in range(G):
                     if g < ng:
                         run_max[unsafe_offset=r * MAX_GROUP + g] = m[g]

@@ -139,6 +139,28 @@ def test_attention_over_int8_pages_matches_the_reference(module, test_seed, dtyp
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
+def test_bfloat16_rows_over_int8_pages_are_one_rounding_from_the_reference(module, test_seed, head_dim):
+    """With bfloat16 queries (what the engine runs) the V pass sums int8 values against 16-bit weights in
+    integers (attention_parts.add_values_i16, on CPUs with AVX512-VNNI): each output stays within one bfloat16
+    rounding (half a unit in the last place, at most 2^-8 of the value) of the float32 reference over the same
+    int8 rows, give or take 1e-3 of the output's scale. Covers decode rows and prompt rows, chunks of odd length
+    (the walk takes keys in pairs), contexts across the 256-key chunk edge and every head count of a pass."""
+    rng = random.Random(test_seed)
+    torch.manual_seed(test_seed)
+    scale = head_dim ** -0.5
+    for group, kv_heads in ((1, 2), (2, 1), (3, 3), (4, 1), (6, 1)):
+        seqs = [(1, 1), (rng.randrange(2, 40) * 2 + 1, 1), (257, 1), (rng.randrange(300, 1100), 1),
+                (rng.randrange(250, 270), rng.randrange(17, 40)), (33, 33)]
+        b, k_cache, v_cache = int8_batch(rng, 16, kv_heads, head_dim, torch.bfloat16, seqs)
+        query = (torch.randn(b.plan.num_tokens, kv_heads * group, head_dim) * 2).to(torch.bfloat16)
+        exact = reference.paged_attention(query.float(), kv_int8.dequantize(k_cache).view(b.k_cache.shape),
+                                          kv_int8.dequantize(v_cache).view(b.v_cache.shape), b.ref_plan, scale)
+        out = mojo_attention.paged_attention(module, query, k_cache, v_cache, b.plan, scale).float()
+        excess = (out - exact).abs() - exact.abs() * 2 ** -8
+        assert excess.max() <= 1e-3 * exact.abs().max(), (group, kv_heads)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
 def test_prompt_rows_together_give_each_row_its_own_bits(module, test_seed, head_dim):
     """A prompt's rows over an int8 cache run together (attention_prompt.mojo: a chunk's keys scored for 16 rows
     at once) with exactly the bits each row gets on its own: chunking or batching a prompt never changes them."""
