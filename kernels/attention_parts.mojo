@@ -7,7 +7,7 @@ from std.math import exp, round
 from std.memory import bitcast
 from std.sys import CompilationTarget, llvm_intrinsic, size_of
 from std.sys.intrinsics import prefetch, PrefetchOptions
-from kv_int8 import I8, scale_at, scale_offset, value_offset
+from kv_int8 import I8, SCALE_BYTES, scale_at, scale_offset, value_offset
 
 comptime F32 = DType.float32
 comptime BF16 = DType.bfloat16
@@ -38,6 +38,19 @@ def heads_per_pass[HD: Int]() -> Int:
 
 
 @always_inline
+def _fill_run(dst: Pointer[Scalar[DType.int64], MutAnyOrigin], base: Int, step: Int, n: Int):
+    """dst[u] = base + u * step for u < n, 8 at a time."""
+    comptime STEPS = SIMD[DType.int64, 8](0, 1, 2, 3, 4, 5, 6, 7)
+    var u = 0
+    while u + 8 <= n:
+        dst.unsafe_offset(u).unsafe_store(SIMD[DType.int64, 8](base + u * step) + STEPS * Int64(step))
+        u += 8
+    while u < n:
+        dst[unsafe_offset=u] = Int64(base + u * step)
+        u += 1
+
+
+@always_inline
 def chunk_offsets[cdt: DType, HD: Int](offsets: Pointer[Scalar[DType.int64], MutAnyOrigin],
                                        scale_offsets: Pointer[Scalar[DType.int64], MutAnyOrigin],
                                        table: Pointer[Scalar[DType.int32], MutAnyOrigin], c0: Int, nk: Int, kvh: Int,
@@ -53,13 +66,11 @@ def chunk_offsets[cdt: DType, HD: Int](offsets: Pointer[Scalar[DType.int64], Mut
         var page = Int(table[unsafe_offset=pos // block_size])
         var in_page = pos % block_size
         var run = min(block_size - in_page, nk - t)
-        var base = value_offset[cdt](page, in_page, kvh, block_size, kv_heads, HD)
-        for u in range(run):
-            offsets[unsafe_offset=t + u] = Int64(base + u * row_stride)
+        _fill_run(offsets.unsafe_offset(t), value_offset[cdt](page, in_page, kvh, block_size, kv_heads, HD),
+                  row_stride, run)
         comptime if cdt == I8:
-            var scale_base = scale_offset[cdt](page, in_page, kvh, block_size, kv_heads, HD)
-            for u in range(run):
-                scale_offsets[unsafe_offset=t + u] = Int64(scale_base + u * kv_heads * 4)
+            _fill_run(scale_offsets.unsafe_offset(t), scale_offset[cdt](page, in_page, kvh, block_size, kv_heads, HD),
+                      kv_heads * SCALE_BYTES, run)
         t += run
     for u in range(nk, (nk + KEYS - 1) // KEYS * KEYS):
         offsets[unsafe_offset=u] = offsets[unsafe_offset=0]
