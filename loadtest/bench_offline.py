@@ -3,17 +3,19 @@ GGUF's quantized blocks) beside OpenVINO GenAI's own pipelines on the same model
 same token ids, same workload. No gateway, no HTTP, no tokenizer on either side: engine against engine.
 
     python -m loadtest.bench_offline [--concurrency 1,8,32] [--requests-per-level 4] [--gguf FILE.gguf]
-                                     [--configs int8x2,int8,int8+kv8]
+                                     [--configs int8x2,int8,int8+kv8] [--rounds 3]
 
 At each concurrency c: requests-per-level x c prompts of about --input-len tokens (the sweep's random words,
 tokenized once with the model's tokenizer), at most c in flight, --output-len tokens each, greedy, ignore_eos.
 MILI: all queued at once, max_num_seqs c, in each of --configs (CONFIGS: its quantized kernels' activations and its
 KV cache's dtype: int8x2, what `mili serve` runs by default; int8, llama.cpp's arithmetic; int8+kv8, int8 with an
 int8 KV cache, what OpenVINO's CPU plugin runs by default, whose settings the table records). OpenVINO, the faster
-of its two ways: its continuous-batching pipeline
-(all queued at once, max_num_seqs c) or its stateful LLMPipeline on left-padded batches of c, batch after batch. Each side is warmed up before it is timed. OpenVINO is
-installed and the model exported on first use (loadtest/peers/openvino_genai.py, a venv of its own under
-build/peers/). Results go to loadtest/results/<name>.json and .md, the CPU named.
+of its two ways: its continuous-batching pipeline (all queued at once, max_num_seqs c) or its stateful LLMPipeline on
+left-padded batches of c, batch after batch. Each side is warmed up before it is timed. On a shared machine one run's
+figures move by 5-10%: --rounds N alternates N rounds (OpenVINO's levels, then MILI's) and reports each figure's
+median, every round's listed below the table. OpenVINO is installed and the model exported on first use
+(loadtest/peers/openvino_genai.py, a venv of its own under build/peers/). Results go to
+loadtest/results/<name>.json and .md, the CPU named.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import gc
 import json
 import os
 import random
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -84,6 +87,23 @@ def time_mili(model_dir: Path, prompts: list[list[int]], concurrency: int, outpu
     return produced / elapsed
 
 
+def median_level(rounds: list[dict], c: str, configs: list[str]) -> dict:
+    """One concurrency level over the rounds: each side's median output tok/s (OpenVINO's: of its faster pipeline in
+    each round), the pipeline that was faster most often, each pipeline's median, and every round's figures."""
+    ov = [r["openvino_genai"]["levels"][c] for r in rounds]
+    pipelines = [run["pipeline"] for run in ov]
+    return {
+        "mili": {m: statistics.median(r["mili"][c][m] for r in rounds) for m in configs},
+        "openvino_genai": {
+            "output_throughput": statistics.median(run["output_throughput"] for run in ov),
+            "pipeline": max(sorted(set(pipelines)), key=pipelines.count),
+            "all": {name: statistics.median(run["all"][name] for run in ov) for name in ov[0]["all"]},
+        },
+        "per_round": {"openvino_genai": [run["output_throughput"] for run in ov],
+                      "mili": {m: [r["mili"][c][m] for r in rounds] for m in configs}},
+    }
+
+
 def markdown(results: dict) -> str:
     s = results["settings"]
     modes = s["configs"]
@@ -95,7 +115,9 @@ def markdown(results: dict) -> str:
         f"of {s['mean_prompt_tokens']:.0f} tokens on average, at most `concurrency` in flight (MILI: all queued "
         f"at once; OpenVINO GenAI: the faster of its continuous-batching pipeline, all queued at once, and its "
         f"stateful LLMPipeline on batches of `concurrency`), {s['output_len']} output tokens each, greedy, "
-        f"ignore_eos; {s['threads']} threads each.",
+        f"ignore_eos; {s['threads']} threads each."
+        + (f" Each figure is the median of {s['rounds']} alternating rounds (OpenVINO's levels, then MILI's); every "
+           f"round's are at the end." if s.get("rounds", 1) > 1 else ""),
         f"Model: {s['model']}. MILI serves the GGUF's own quantized blocks: "
         + "; ".join(f"{m}: {CONFIGS[m].note}" for m in modes)
         + f". OpenVINO GenAI its int4 export (optimum-intel, --weight-format int4 --group-size "
@@ -117,7 +139,18 @@ def markdown(results: dict) -> str:
     if tried:
         lines += ["", "OpenVINO GenAI pipelines tried (output tok/s; the table keeps its fastest): " + "; ".join(tried)
                   + "."]
+    if s.get("rounds", 1) > 1:
+        lines += ["", "Every round, output tok/s in round order:", ""]
+        for c, run in results["levels"].items():
+            each = run["per_round"]
+            parts = [f"openvino-genai {_figures(each['openvino_genai'])}"]
+            parts += [f"mili {m} {_figures(each['mili'][m])}" for m in modes]
+            lines.append(f"- c={c}: " + "; ".join(parts))
     return "\n".join(lines) + "\n"
+
+
+def _figures(values: list[float]) -> str:
+    return ", ".join(f"{v:.1f}" for v in values)
 
 
 def _ov_settings(results: dict) -> str:
@@ -138,6 +171,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--context-tokens", type=int, default=16384, help="MILI's KV capacity, in tokens")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=1, help="alternating rounds (OpenVINO's levels, then MILI's); the "
+                   "table gives each figure's median, and every round's at the end")
     p.add_argument("--configs", default=",".join(CONFIGS), type=lambda s: s.split(","),
                    help=f"MILI's configurations to time, comma-separated ({', '.join(CONFIGS)})")
     p.add_argument("--name", default="offline-openvino", help="result file name")
@@ -145,8 +180,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not set(args.configs) <= set(CONFIGS):
         p.error(f"--configs: choose from {', '.join(CONFIGS)}")
-    if min(args.concurrency) < 1 or args.requests_per_level < 1:
-        p.error("--concurrency levels and --requests-per-level must be at least 1")
+    if min(args.concurrency) < 1 or args.requests_per_level < 1 or args.rounds < 1:
+        p.error("--concurrency levels, --requests-per-level and --rounds must be at least 1")
     if args.context_tokens < max(args.concurrency) * (args.input_len + args.output_len) * 2:
         p.error(f"--context-tokens {args.context_tokens} does not hold {max(args.concurrency)} requests of "
                 f"{args.input_len} + {args.output_len} tokens with room to spare")
@@ -164,25 +199,32 @@ def main(argv: list[str] | None = None) -> int:
     prompts = make_prompts(model_dir, args.requests_per_level * max(args.concurrency), args.input_len, args.seed)
     print(f"OpenVINO GenAI: installing and exporting on first use ({openvino_genai.install_dir()})", flush=True)
     ov_model = openvino_genai.export_int4(model_dir)
-    ov = openvino_genai.run_offline(ov_model, prompts, args.concurrency, args.output_len, args.threads,
-                                    args.requests_per_level)
-    levels = {}
-    for c in args.concurrency:
+    rounds = []  # per round: OpenVINO's run (every level), then MILI's every level and configuration
+    for r in range(args.rounds):
+        if args.rounds > 1:
+            print(f"round {r + 1} of {args.rounds}", flush=True)
+        ov = openvino_genai.run_offline(ov_model, prompts, args.concurrency, args.output_len, args.threads,
+                                        args.requests_per_level)
         mili = {}
-        for mode in args.configs:
-            mili[mode] = time_mili(model_dir, prompts[:args.requests_per_level * c], c, args.output_len,
-                                   args.context_tokens, CONFIGS[mode])
-            print(f"  mili {mode:<7}   c={c:<3} {mili[mode]:8.1f} tok/s; mili / openvino-genai "
-                  f"{mili[mode] / ov['levels'][str(c)]['output_throughput']:.2f}x", flush=True)
-        levels[str(c)] = {"mili": mili, "openvino_genai": ov["levels"][str(c)]}
+        for c in args.concurrency:
+            mili[str(c)] = {}
+            for mode in args.configs:
+                tok_s = time_mili(model_dir, prompts[:args.requests_per_level * c], c, args.output_len,
+                                  args.context_tokens, CONFIGS[mode])
+                mili[str(c)][mode] = tok_s
+                print(f"  mili {mode:<7}   c={c:<3} {tok_s:8.1f} tok/s; mili / openvino-genai "
+                      f"{tok_s / ov['levels'][str(c)]['output_throughput']:.2f}x", flush=True)
+        rounds.append({"openvino_genai": ov, "mili": mili})
+    levels = {str(c): median_level(rounds, str(c), args.configs) for c in args.concurrency}
     results = {
         "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
                     "openvino": openvino_genai.version()},
         "settings": {"model": gguf.name, "requests_per_level": args.requests_per_level, "input_len": args.input_len,
                      "mean_prompt_tokens": sum(map(len, prompts)) / len(prompts), "output_len": args.output_len,
                      "threads": args.threads, "context_tokens": args.context_tokens, "seed": args.seed,
-                     "configs": args.configs},
-        "openvino_cpu_properties": ov.get("cpu_properties", {}), "started": started, "levels": levels,
+                     "configs": args.configs, "rounds": args.rounds},
+        "openvino_cpu_properties": rounds[-1]["openvino_genai"].get("cpu_properties", {}), "started": started,
+        "rounds": args.rounds, "levels": levels,
     }
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / f"{args.name}.json").write_text(json.dumps(results, indent=2))

@@ -108,6 +108,28 @@ def test_offline_table_names_the_cpu_says_it_is_offline_and_keeps_openvinos_fast
     assert "KEY_CACHE_PRECISION <Type: 'uint8_t'>, DYNAMIC_QUANTIZATION_GROUP_SIZE 32" in table
 
 
+def test_offline_rounds_give_medians_and_list_every_round():
+    def one_round(ov_tok_s: float, mili_tok_s: float, pipeline: str) -> dict:
+        run = {"output_throughput": ov_tok_s, "pipeline": pipeline,
+               "all": {"continuous batching": ov_tok_s, "stateful LLMPipeline": ov_tok_s - 50}}
+        return {"openvino_genai": {"levels": {"32": run}}, "mili": {"32": {"int8": mili_tok_s}}}
+
+    rounds = [one_round(478.0, 656.0, "continuous batching"), one_round(441.0, 600.0, "stateful LLMPipeline"),
+              one_round(460.0, 620.0, "continuous batching")]
+    level = bench_offline.median_level(rounds, "32", ["int8"])
+    assert level["mili"] == {"int8": 620.0} and level["openvino_genai"]["output_throughput"] == 460.0
+    assert level["openvino_genai"]["pipeline"] == "continuous batching"  # the faster in two rounds of three
+    assert level["openvino_genai"]["all"] == {"continuous batching": 460.0, "stateful LLMPipeline": 410.0}
+    results = _offline_results()
+    results["settings"].update(configs=["int8"], rounds=3)
+    results["levels"] = {"32": level}
+    table = bench_offline.markdown(results)
+    assert "the median of 3 alternating rounds" in table
+    assert "| 32 | 620.0 | 460.0 | continuous batching | 1.35x |" in table
+    assert "- c=32: openvino-genai 478.0, 441.0, 460.0; mili int8 656.0, 600.0, 620.0" in table
+    assert "alternating rounds" not in bench_offline.markdown(_offline_results())  # one round: as before
+
+
 def test_offline_times_mili_with_an_int8_kv_cache_by_default():
     args = bench_offline.parse_args([])
     assert args.configs == ["int8x2", "int8", "int8+kv8"]
@@ -121,6 +143,7 @@ def test_offline_times_mili_with_an_int8_kv_cache_by_default():
     (["--requests-per-level", "0"], "at least 1"),
     (["--concurrency", "64", "--context-tokens", "4096"], "does not hold 64 requests"),
     (["--configs", "int4"], "choose from"),
+    (["--rounds", "0"], "at least 1"),
 ])
 def test_offline_refuses_a_workload_that_cannot_run(argv, message, capsys):
     with pytest.raises(SystemExit):
