@@ -125,20 +125,18 @@ def row_scales[cdt: DType](cache: Pointer[Scalar[cdt], MutAnyOrigin],
 
 
 @always_inline
-def weights_i16[G: Int](scores: Pointer[Scalar[F32], MutAnyOrigin], ng: Int, nk: Int) -> Array[Float32, G]:
-    """The first ng heads' chunk weights (scores[g * CHUNK + t], t < nk) in 16-bit integers, in place at the start
-    of each head's row (int16 t at byte 2t, written behind the floats still to be read): round-half-even of
-    w * 32767 / max w, the entry after an odd nk zeroed (the V walk takes keys in pairs). Returns each head's
-    factor back to floats, max w / 32767."""
+def weights_i16[G: Int](scores: Pointer[Scalar[F32], MutAnyOrigin], tops: Array[F32x16, G], ng: Int,
+                        nk: Int) -> Array[Float32, G]:
+    """The first ng heads' chunk weights (scores[g * CHUNK + t], t < nk; tops[g]: their lane-wise maxima) in 16-bit
+    integers, in place at the start of each head's row (int16 t at byte 2t, written behind the floats still to be
+    read): round-half-even of w * 32767 / max w, the entry after an odd nk zeroed (the V walk takes keys in pairs).
+    Returns each head's factor back to floats, max w / 32767."""
     var n_groups = (nk + KEYS - 1) // KEYS
     var factors = Array[Float32, G](fill=Float32(0))
     comptime for g in range(G):
         if g < ng:
             var row = scores.unsafe_offset(g * CHUNK)
-            var top = F32x16(0)
-            for gi in range(n_groups):  # lanes past nk hold exp's floor (about 4e-39) times a scale: never a max
-                top = max(top, row.unsafe_offset(gi * KEYS).unsafe_load[width=KEYS]())
-            var w_max = top.reduce_max()
+            var w_max = tops[g].reduce_max()
             var inv = I16_MAX / w_max if w_max > 0 else Float32(0)
             var w16 = Pointer[Scalar[I16], MutAnyOrigin](unsafe_from_address=Int(row))
             for gi in range(n_groups):
@@ -224,6 +222,7 @@ def fold_chunk[cdt: DType, HD: Int, G: Int, S: Int, INT_V: Bool](
     var n_groups = (nk + KEYS - 1) // KEYS
     var new_m = Array[Float32, G](fill=NEG)
     var totals = Array[F32x16, G](fill=F32x16(0))
+    var tops = Array[F32x16, G](fill=F32x16(0))  # the weights' lane-wise maxima (INT_V's scale)
     comptime for g in range(G):
         if g < ng:
             new_m[g] = max(m[g], maxes[g].reduce_max())
@@ -233,9 +232,12 @@ def fold_chunk[cdt: DType, HD: Int, G: Int, S: Int, INT_V: Bool](
             if g < ng:
                 var at = scores.unsafe_offset(g * CHUNK + gi * KEYS)
                 var e = exp(at.unsafe_load[width=KEYS]() - new_m[g])
-                totals[g] += e  # lanes past the context: about 4e-39 (exp's floor), not 0; V stops before them
+                # Lanes past the context: about 4e-39 (exp's floor), not 0, never a maximum; V stops before them.
+                totals[g] += e
                 comptime if cdt == I8:
                     e = e * v_scales
+                comptime if INT_V:
+                    tops[g] = max(tops[g], e)
                 at.unsafe_store(e)
     comptime for g in range(G):
         if g < ng:
@@ -246,7 +248,7 @@ def fold_chunk[cdt: DType, HD: Int, G: Int, S: Int, INT_V: Bool](
             m[g] = new_m[g]
     comptime if INT_V:
         comptime assert cdt == I8 and S == HD, "integer V sums take an int8 cache, one slice a head"
-        var factors = weights_i16[G](scores, ng, nk)
+        var factors = weights_i16[G](scores, tops, ng, nk)
         comptime for n in range(1, G + 1):
             if ng == n:
                 add_values_i16[HD, G, n](rebind[Array[SIMD[F32, HD], G]](acc),
