@@ -14,13 +14,14 @@
 #   2. the chunk's softmax weights (its maximum folded into the running one, as an online softmax does
 #      between chunks), then V: each row widened to float32 and added into every head's accumulator,
 #      weighted by its softmax weight read back from scratch (a broadcast load; over an int8 cache the weight
-#      already holds the V row's scale, applied to 16 keys at once). The accumulators are walked in slices
-#      of at most ACC_VALUES values across the heads, one pass over the chunk's keys per slice, with the head
-#      count a compile-time constant, so that a slice's accumulators stay in registers (with the head count a
-#      run-time branch they spilled, and every key's update waited on a store). At head_dim 64 and 128 one
-#      slice holds every head's accumulators (16 zmm): each V row is then read and widened once, where 8-zmm
-#      slices read it twice; 9-11% less time in attention at 32 decode rows. Each value gets its keys' products
-#      added in key order in any slicing, so the slices change no bit.
+#      already holds the V row's scale, applied to 16 keys at once; with bfloat16 queries over an int8 cache the
+#      weights go to 16 bits and V is summed in integers instead, attention_parts.add_values_i16). The float
+#      accumulators are walked in slices of at most ACC_VALUES values across the heads, one pass over the
+#      chunk's keys per slice, with the head count a compile-time constant, so that a slice's accumulators stay
+#      in registers (with the head count a run-time branch they spilled, and every key's update waited on a
+#      store). At head_dim 64 and 128 one slice holds every head's accumulators (16 zmm): each V row is then
+#      read and widened once, where 8-zmm slices read it twice; 9-11% less time in attention at 32 decode rows.
+#      Each value gets its keys' products added in key order in any slicing, so the slices change no bit.
 # Scores and key offsets of a chunk live in the calling thread's scratch. Nothing depends on which other items
 # are in the call or on the thread: a row gets the same bits in any batch.
 
