@@ -200,10 +200,19 @@ def test_a_taken_worker_address_is_reported_and_retried(tiny_model_dir, tmp_path
 
     from tests.helpers.server import free_port
 
-    port = free_port()
+    # The outputs address is the --worker-tcp port + 1: a free port whose next one is free too (the OS hands out
+    # ports in no order, so the next one may belong to another process; take another pair then).
+    for _ in range(100):
+        port = free_port()
+        blocker = socket.socket()
+        try:
+            blocker.bind(("127.0.0.1", port + 1))
+            break
+        except OSError:
+            blocker.close()
+    else:
+        pytest.fail("no free port with a free next one in 100 tries")
     taken = f"tcp://127.0.0.1:{port + 1}"
-    blocker = socket.socket()
-    blocker.bind(("127.0.0.1", port + 1))
     blocker.listen()
     server = Server(tiny_model_dir, "--served-model-name", NAME, "--worker-tcp", f"127.0.0.1:{port}",
                     log_path=tmp_path / "server.log")
