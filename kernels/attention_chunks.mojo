@@ -28,7 +28,7 @@
 from std.sys import llvm_intrinsic, size_of
 from numerics import narrow
 from params import Params, param_int, param_ptr, param_float
-from kv_int8 import I8, scale_at
+from kv_int8 import I8
 from lane_tree import bitrev4, lane_sums, level_sum
 from attention_parts import F32, BF16, KEYS, CHUNK, MAX_GROUP, ACC_VALUES, F32x16, BF16x32, I16x32, I32x16, \
     HAS_BF16_DOT, HAS_I16_DOT, I16_MAX, NEG, AHEAD, REREAD_BYTES, heads_per_pass, chunk_offsets, prefetch_rows, \
@@ -204,8 +204,7 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
                                         else:
                                             var prod = (qf[g] * k_row.unsafe_load[width=HD]().cast[F32]()).reduce_add[KEYS]()
                                             comptime if cdt == I8:
-                                                prod = prod * scale_at[cdt](
-                                                    k_cache, Int(scale_offsets[unsafe_offset=j0 + j]))
+                                                prod = prod * k_scales[j]
                                             p[bitrev4(j)] = prod
                                     s = lane_sums(p)
                                     comptime if BF16_DOT:
