@@ -21,13 +21,12 @@ from numerics import narrow
 from params import Params, param_int, param_ptr, param_float
 from kv_int8 import I8
 from lane_tree import transpose16
-from attention_parts import F32, KEYS, CHUNK, MAX_GROUP, ACC_VALUES, F32x16, I32x16, NEG, AHEAD, heads_per_pass, \
-    chunk_offsets, prefetch_rows, fold_chunk, query_i16, int8_scores, masked, row_scales
+from attention_parts import F32, I32, KEYS, CHUNK, MAX_GROUP, ACC_VALUES, F32x16, I32x16, NEG, AHEAD, \
+    heads_per_pass, chunk_offsets, prefetch_rows, fold_chunk, query_i16, int8_scores, masked, row_scales
 
 comptime ROWS = 16  # query rows per item at most (kernels/attention.py's ROWS_PER_ITEM): one lane each
 # Below this many rows the row path is faster: a score vector of 16 lanes serves only the item's rows.
 comptime PROMPT_MIN_ROWS = 8
-comptime I32 = DType.int32
 # Scratch (4-byte words) after the row path's: queries transposed [heads, HD/2, ROWS] int32 (value pairs), a key
 # group's rows [KEYS, HD/2] int32, the chunk's scores [ROWS, MAX_GROUP, CHUNK] int32, its K scales [CHUNK], and per
 # (row, head) the query's scale, the running maximum and sum, and the V accumulators [HD] float32.
