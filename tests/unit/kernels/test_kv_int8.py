@@ -40,7 +40,9 @@ def test_rows_round_trip_within_half_a_step(test_seed):
     cache = kv_int8.to_cache(x.view(5, 10, 3, 64))
     assert cache.dtype == torch.int8 and cache.shape == (5, 10, 3, 64 + kv_int8.SCALE_BYTES)
     err = (kv_int8.dequantize(cache).view(50, 3, 64) - x).abs()
-    assert (err <= scale.unsqueeze(-1) / 2 * (1 + 1e-6)).all()  # round to nearest: at most half a step
+    # Round to nearest: at most half a step, plus float32's own rounding of x * 127 / max and of q * scale (up to
+    # an ulp of x: a bound of half a step times 1 + 1e-6 failed for about one seed in 30).
+    assert (err <= scale.unsqueeze(-1) / 2 + x.abs() * 2 ** -22).all()
     assert torch.equal(kv_int8.dequantize(cache).view(50, 3, 64)[7, 1], torch.zeros(64))
     assert kv_int8.head_dim_of(cache) == 64 and kv_int8.row_width(64, torch.int8) == 68
 
