@@ -12,8 +12,8 @@ KV cache's dtype: int8x2, what `mili serve` runs by default; int8, llama.cpp's a
 int8 KV cache, what OpenVINO's CPU plugin runs by default, whose settings the table records). OpenVINO, the faster
 of its two ways: its continuous-batching pipeline (all queued at once, max_num_seqs c) or its stateful LLMPipeline on
 left-padded batches of c, batch after batch. Each side is warmed up before it is timed. On a shared machine one run's
-figures move by 5-10%: --rounds N alternates N rounds (OpenVINO's levels, then MILI's) and reports each figure's
-median, every round's listed below the table. OpenVINO is installed and the model exported on first use
+figures move by 5-10%: --rounds N alternates N rounds of both sides (OpenVINO first in the first round, MILI in the
+second, and so on) and reports each figure's median, every round's listed below the table. OpenVINO is installed and the model exported on first use
 (loadtest/peers/openvino_genai.py, a venv of its own under build/peers/). Results go to
 loadtest/results/<name>.json and .md, the CPU named.
 """
@@ -87,6 +87,13 @@ def time_mili(model_dir: Path, prompts: list[list[int]], concurrency: int, outpu
     return produced / elapsed
 
 
+def time_levels(model_dir: Path, prompts: list[list[int]], args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """MILI's output tok/s at every concurrency level in every configuration: {level: {configuration: tok/s}}."""
+    return {str(c): {mode: time_mili(model_dir, prompts[:args.requests_per_level * c], c, args.output_len,
+                                     args.context_tokens, CONFIGS[mode]) for mode in args.configs}
+            for c in args.concurrency}
+
+
 def median_level(rounds: list[dict], c: str, configs: list[str]) -> dict:
     """One concurrency level over the rounds: each side's median output tok/s (OpenVINO's: of its faster pipeline in
     each round), the pipeline that was faster most often, each pipeline's median, and every round's figures."""
@@ -116,8 +123,8 @@ def markdown(results: dict) -> str:
         f"at once; OpenVINO GenAI: the faster of its continuous-batching pipeline, all queued at once, and its "
         f"stateful LLMPipeline on batches of `concurrency`), {s['output_len']} output tokens each, greedy, "
         f"ignore_eos; {s['threads']} threads each."
-        + (f" Each figure is the median of {s['rounds']} alternating rounds (OpenVINO's levels, then MILI's); every "
-           f"round's are at the end." if s.get("rounds", 1) > 1 else ""),
+        + (f" Each figure is the median of {s['rounds']} rounds of both sides, the side that runs first flipping each "
+           f"round; every round's are at the end." if s.get("rounds", 1) > 1 else ""),
         f"Model: {s['model']}. MILI serves the GGUF's own quantized blocks: "
         + "; ".join(f"{m}: {CONFIGS[m].note}" for m in modes)
         + f". OpenVINO GenAI its int4 export (optimum-intel, --weight-format int4 --group-size "
@@ -171,8 +178,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--context-tokens", type=int, default=16384, help="MILI's KV capacity, in tokens")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rounds", type=int, default=1, help="alternating rounds (OpenVINO's levels, then MILI's); the "
-                   "table gives each figure's median, and every round's at the end")
+    p.add_argument("--rounds", type=int, default=1, help="rounds of both sides, the first to run flipping each round; "
+                   "the table gives each figure's median, and every round's at the end")
     p.add_argument("--configs", default=",".join(CONFIGS), type=lambda s: s.split(","),
                    help=f"MILI's configurations to time, comma-separated ({', '.join(CONFIGS)})")
     p.add_argument("--name", default="offline-openvino", help="result file name")
@@ -199,19 +206,18 @@ def main(argv: list[str] | None = None) -> int:
     prompts = make_prompts(model_dir, args.requests_per_level * max(args.concurrency), args.input_len, args.seed)
     print(f"OpenVINO GenAI: installing and exporting on first use ({openvino_genai.install_dir()})", flush=True)
     ov_model = openvino_genai.export_int4(model_dir)
-    rounds = []  # per round: OpenVINO's run (every level), then MILI's every level and configuration
+    rounds = []  # per round: OpenVINO's run (every level) and MILI's every level and configuration
     for r in range(args.rounds):
         if args.rounds > 1:
             print(f"round {r + 1} of {args.rounds}", flush=True)
+        # Whichever side runs first in a round may find the machine in another state: the order flips each round.
+        mili = None if r % 2 == 0 else time_levels(model_dir, prompts, args)
         ov = openvino_genai.run_offline(ov_model, prompts, args.concurrency, args.output_len, args.threads,
                                         args.requests_per_level)
-        mili = {}
+        if mili is None:
+            mili = time_levels(model_dir, prompts, args)
         for c in args.concurrency:
-            mili[str(c)] = {}
-            for mode in args.configs:
-                tok_s = time_mili(model_dir, prompts[:args.requests_per_level * c], c, args.output_len,
-                                  args.context_tokens, CONFIGS[mode])
-                mili[str(c)][mode] = tok_s
+            for mode, tok_s in mili[str(c)].items():
                 print(f"  mili {mode:<7}   c={c:<3} {tok_s:8.1f} tok/s; mili / openvino-genai "
                       f"{tok_s / ov['levels'][str(c)]['output_throughput']:.2f}x", flush=True)
         rounds.append({"openvino_genai": ov, "mili": mili})

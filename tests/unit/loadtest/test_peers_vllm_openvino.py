@@ -124,10 +124,36 @@ def test_offline_rounds_give_medians_and_list_every_round():
     results["settings"].update(configs=["int8"], rounds=3)
     results["levels"] = {"32": level}
     table = bench_offline.markdown(results)
-    assert "the median of 3 alternating rounds" in table
+    assert "the median of 3 rounds of both sides, the side that runs first flipping each round" in table
     assert "| 32 | 620.0 | 460.0 | continuous batching | 1.35x |" in table
     assert "- c=32: openvino-genai 478.0, 441.0, 460.0; mili int8 656.0, 600.0, 620.0" in table
-    assert "alternating rounds" not in bench_offline.markdown(_offline_results())  # one round: as before
+    assert "rounds of both sides" not in bench_offline.markdown(_offline_results())  # one round: as before
+
+
+def test_offline_rounds_flip_which_side_runs_first(monkeypatch, tmp_path):
+    order = []
+
+    def openvino_run(model, prompts, levels, output_len, threads, per_level):
+        order.append("openvino")
+        return {"levels": {str(c): {"output_throughput": 100.0, "pipeline": "continuous batching",
+                                    "all": {"continuous batching": 100.0}} for c in levels}}
+
+    def mili_run(model_dir, prompts, args):
+        order.append("mili")
+        return {str(c): {m: 150.0 for m in args.configs} for c in args.concurrency}
+
+    monkeypatch.setattr(bench_offline, "default_gguf_path", lambda: tmp_path / "m.gguf")
+    monkeypatch.setattr(bench_offline, "converted_gguf", lambda gguf, name: tmp_path)
+    monkeypatch.setattr(bench_offline, "make_prompts", lambda model_dir, count, words, seed: [[1, 2, 3]] * count)
+    monkeypatch.setattr(bench_offline, "time_levels", mili_run)
+    monkeypatch.setattr(bench_offline, "cpu_name", lambda: "Test CPU")
+    for name, fn in (("install_dir", lambda: tmp_path), ("export_int4", lambda model_dir: tmp_path),
+                     ("run_offline", openvino_run), ("version", lambda: "openvino-genai test")):
+        monkeypatch.setattr(bench_offline.openvino_genai, name, fn)
+    assert bench_offline.main(["--rounds", "3", "--concurrency", "1", "--configs", "int8", "--out-dir",
+                               str(tmp_path), "--name", "t"]) == 0
+    assert order == ["openvino", "mili", "mili", "openvino", "openvino", "mili"]
+    assert "| 1 | 150.0 | 100.0 | continuous batching | 1.50x |" in (tmp_path / "t.md").read_text()
 
 
 def test_offline_times_mili_with_an_int8_kv_cache_by_default():
