@@ -31,24 +31,37 @@ class GpuModuleUnavailable(RuntimeError):
     """No usable GPU attention module for this shape here (not built, not loadable, or no device)."""
 
 
-# Modular's sm_90a decode kernels read a sequence's block-table row with 16-byte vector loads, so every row must
-# start on a 16-byte boundary: seen on an H200, where a 19-block-wide table (76-byte rows) faulted with a
-# misaligned read in `sm90_mha_depth64_*` at its second row. Rows are padded to a multiple of TABLE_WIDTH_MULTIPLE
-# entries (32 bytes: room for a wider load too) on a base aligned to TABLE_BASE_ALIGN bytes.
+# Modular's sm_90a kernels read a sequence's block-table row with vector loads, so every row must start on a
+# 16-byte boundary: seen on an H200, where a 19-block-wide table (76-byte rows) faulted with a misaligned read in
+# `sm90_mha_depth64_*` at its second row. Rows are padded to a multiple of TABLE_WIDTH_MULTIPLE entries on a base
+# aligned to TABLE_BASE_ALIGN bytes.
+# The prefill kernels' page look-up (`PagedKVCache.populate`, max-core 26.7) also loads up to 16 entries from the
+# first page of a key tile whatever the tile's length, so a row must hold TABLE_TAIL_ENTRIES entries past the
+# last page any sequence uses: Modular's own cache manager allocates `round_up(pages, 8) + 16` columns. Without
+# them a step's last row is read past the table's end, and the pages those stray entries name are loaded; masked
+# keys get zero weight, but a NaN or infinity read there survives the zero (0 x NaN = NaN). Every padding entry is
+# block 0: a block of the cache, zero-filled at allocation, so whatever is read there is finite.
 TABLE_WIDTH_MULTIPLE = 8
+TABLE_TAIL_ENTRIES = 16
 TABLE_BASE_ALIGN = 64
 
 
-def aligned_block_tables(block_tables: torch.Tensor) -> torch.Tensor:
-    """block_tables [batch, width] int32 as the module reads them: the tensor itself where its width is a multiple
-    of TABLE_WIDTH_MULTIPLE and its base is aligned (the model runner's packed step inputs are), else a padded copy
-    made on the tensor's device (a small kernel, no host wait; capturable). The padding is block 0, which no row
-    reads: each row's length comes from its cache length."""
+def module_table_width(pages: int) -> int:
+    """Columns the module needs for steps whose longest context spans `pages` pages."""
+    return -(-pages // TABLE_WIDTH_MULTIPLE) * TABLE_WIDTH_MULTIPLE + TABLE_TAIL_ENTRIES
+
+
+def aligned_block_tables(block_tables: torch.Tensor, pages: int) -> torch.Tensor:
+    """block_tables [batch, width] int32 as the module reads them, for a step whose longest context spans `pages`
+    pages: the tensor itself where it is wide enough (module_table_width), its width is a multiple of
+    TABLE_WIDTH_MULTIPLE and its base is aligned, else a copy padded with block 0 made on the tensor's device (a
+    small kernel, no host wait; capturable). Each row's length comes from its cache length, so no padding entry
+    is attended."""
     width = block_tables.shape[1]
-    padded = -(-width // TABLE_WIDTH_MULTIPLE) * TABLE_WIDTH_MULTIPLE
-    if padded == width and block_tables.data_ptr() % TABLE_BASE_ALIGN == 0:
+    needed = max(module_table_width(pages), -(-width // TABLE_WIDTH_MULTIPLE) * TABLE_WIDTH_MULTIPLE)
+    if width == needed and block_tables.data_ptr() % TABLE_BASE_ALIGN == 0:
         return block_tables
-    return torch.nn.functional.pad(block_tables, (0, padded - width))
+    return torch.nn.functional.pad(block_tables, (0, needed - width))
 
 
 def _require(ok: bool, message: str) -> None:
@@ -87,7 +100,7 @@ class GpuStepPlan:
     """One step's metadata in the module's form, built once per step and shared by every layer. The device
     tensors are views or small device-side computations: building the plan never waits for the device."""
 
-    block_tables: torch.Tensor  # [batch, pages padded to 8] int32 (read as uint32), rows 16-byte aligned
+    block_tables: torch.Tensor  # [batch, module_table_width(pages)] int32 (read as uint32), rows 16-byte aligned
     cache_lengths: torch.Tensor  # [batch] int32: tokens cached BEFORE this step (Modular's convention)
     row_offsets: torch.Tensor  # [batch + 1] int32: each sequence's first query row in the step
     slot_mapping: torch.Tensor  # [num_tokens] int64
@@ -118,7 +131,8 @@ class GpuStepPlan:
             _require(n is None or tuple(t.shape) == (n,), f"{name} must have {n} entries, got {list(t.shape)}")
         # cache length = context length - query length, computed where the lengths live (no host round trip).
         cache_lengths = (context_lens - (query_start_loc[1:] - query_start_loc[:-1])).to(torch.int32)
-        return cls(aligned_block_tables(block_tables), cache_lengths, query_start_loc, slot_mapping, batch,
+        pages = -(-max_context // block_size)
+        return cls(aligned_block_tables(block_tables, pages), cache_lengths, query_start_loc, slot_mapping, batch,
                    sum(query_lens_host), max(query_lens_host), max_context)
 
 

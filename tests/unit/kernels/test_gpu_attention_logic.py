@@ -14,7 +14,8 @@ import torch
 from kernels import gpu_attention as gpu_mojo_ops
 from kernels.builder import gpu_modules as gpu_build
 from kernels.builder.gpu_modules import CARRIED_SHAPES, GpuShape
-from kernels.gpu_attention import TABLE_BASE_ALIGN, GpuModuleUnavailable, GpuStepPlan, aligned_block_tables
+from kernels.gpu_attention import (TABLE_BASE_ALIGN, TABLE_TAIL_ENTRIES, GpuModuleUnavailable, GpuStepPlan,
+                                   aligned_block_tables, module_table_width)
 from worker.attention.selection import get_attention_backend
 
 QWEN3_06B = GpuShape(16, 8, 128)
@@ -115,23 +116,38 @@ def test_step_plan_converts_to_modulars_cache_lengths(test_seed):
 
 def test_block_table_rows_are_16_byte_aligned_for_the_module():
     """Modular's decode kernel reads table rows with 16-byte loads: a 19-block-wide table (76-byte rows) faulted
-    on a GPU. Rows are padded to 8 entries on an aligned base; an aligned table passes through untouched."""
+    on a GPU. Rows are padded to 8 entries on an aligned base, plus the 16-entry tail its prefill kernels' page
+    look-up reads past the last page; a table already so laid out passes through untouched."""
     seqs = [(15, 1), (16, 1), (17, 1), (300, 1)]  # the faulting step: 19 pages wide
     tables, ctx, starts, slots, ctx_host, q_host = _step(seqs)
     assert tables.shape[1] == 19
     plan = GpuStepPlan.build(tables, ctx, starts, slots, ctx_host, q_host, 16)
-    assert plan.block_tables.shape == (4, 24) and plan.block_tables.is_contiguous()
+    assert plan.block_tables.shape == (4, 24 + TABLE_TAIL_ENTRIES) and plan.block_tables.is_contiguous()
     assert plan.block_tables.stride(0) * 4 % 16 == 0 and plan.block_tables.data_ptr() % TABLE_BASE_ALIGN == 0
     assert torch.equal(plan.block_tables[:, :19], tables) and not plan.block_tables[:, 19:].any()
-    wide = torch.zeros(4, 24, dtype=torch.int32)
+    wide = torch.zeros(4, module_table_width(19), dtype=torch.int32)
     wide[:, :19] = tables
-    assert aligned_block_tables(wide) is wide
+    assert aligned_block_tables(wide, 19) is wide
+    # Wider than the step needs (a captured decode graph's ladder width) but not a multiple of 8: padded to one.
+    assert aligned_block_tables(torch.zeros(2, 45, dtype=torch.int32), 3).shape == (2, 48)
     # An aligned width on a misaligned base (a view 4 bytes into a buffer) is copied to an aligned base.
-    buffer = torch.zeros(1 + 4 * 24, dtype=torch.int32)
-    shifted = buffer[1:].view(4, 24)
+    width = module_table_width(19)
+    buffer = torch.zeros(1 + 4 * width, dtype=torch.int32)
+    shifted = buffer[1:].view(4, width)
     assert shifted.data_ptr() % 16 != 0
-    moved = aligned_block_tables(shifted)
+    moved = aligned_block_tables(shifted, 19)
     assert moved.data_ptr() % TABLE_BASE_ALIGN == 0 and torch.equal(moved, shifted)
+
+
+def test_block_tables_hold_the_tail_the_prefill_look_up_reads():
+    """Modular's PagedKVCache.populate loads up to 16 table entries from a key tile's first page: every row holds
+    at least round_up(pages, 8) + 16 entries, the tail all block 0, whatever the step's shape."""
+    for pages in (1, 3, 8, 9, 64, 257):
+        tables = torch.arange(1, 2 * pages + 1, dtype=torch.int32).view(2, pages)
+        padded = aligned_block_tables(tables, pages)
+        assert padded.shape[1] % 8 == 0 and padded.shape[1] >= pages + 15
+        assert padded.shape[1] == module_table_width(pages)
+        assert torch.equal(padded[:, :pages], tables) and not padded[:, pages:].any()
 
 
 def test_step_plan_refuses_what_the_kernel_would_misread():
