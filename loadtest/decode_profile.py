@@ -132,6 +132,61 @@ def labelled_ranges(engine):
                 setattr(obj, attr, before)
 
 
+# The host's side of a step, timed phase by phase without the profiler: the scheduler, the runner's input building,
+# the forward's launch (a graph replay returns at once on CUDA), the sampler (on CUDA it includes the wait for the
+# device, since its token read waits for the step) and the rest of Engine.step (the outputs, the block bookkeeping).
+PHASES = (("schedule", "scheduler", "schedule"), ("prepare", "runner", "prepare"), ("execute", "runner", "execute"),
+          ("sample", None, "sampler"))
+
+
+@contextmanager
+def timed_phases(engine, totals: dict[str, float], sync_after_execute: bool):
+    """While open, each phase's seconds add up in `totals`; with sync_after_execute the device is synchronised when
+    the forward returns, so that `execute` holds the forward's device time and `sample` the sampler's own."""
+    device = engine.device
+
+    def timed(fn, name):
+        def call(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if sync_after_execute and name == "execute":
+                    _sync(device)
+                totals[name] = totals.get(name, 0.0) + time.perf_counter() - t0
+        return call
+
+    targets = [(getattr(engine, owner) if owner else engine, attr, name) for name, owner, attr in PHASES]
+    saved = [(obj, attr, obj.__dict__.get(attr)) for obj, attr, _ in targets]
+    for obj, attr, name in targets:
+        setattr(obj, attr, timed(getattr(obj, attr), name))
+    try:
+        yield
+    finally:
+        for obj, attr, before in saved:
+            if before is None:
+                delattr(obj, attr)
+            else:
+                setattr(obj, attr, before)
+
+
+def host_phases(engine, steps: int, sync_after_execute: bool) -> dict[str, float]:
+    """Milliseconds per step by phase over `steps` engine steps (and `step`, the whole step; `rest` what the
+    phases leave of it)."""
+    totals: dict[str, float] = {}
+    with timed_phases(engine, totals, sync_after_execute):
+        _sync(engine.device)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        _sync(engine.device)
+        wall = time.perf_counter() - t0
+    result = {name: totals.get(name, 0.0) * 1e3 / steps for name, _, _ in PHASES}
+    result["step"] = wall * 1e3 / steps
+    result["rest"] = result["step"] - sum(result[name] for name, _, _ in PHASES)
+    return result
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -145,7 +200,7 @@ def profile_decode(engine, prompts: list[list[int]], steps: int, warmup: int = 3
 
     device = engine.device
     on_cuda = device.type == "cuda"
-    params = SamplingParams(temperature=0.0, max_tokens=warmup + 2 * steps + 4, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=warmup + 4 * steps + 4, ignore_eos=True)
     ids = [f"profile-{len(prompts)}-{i}" for i in range(len(prompts))]
     for rid, prompt in zip(ids, prompts):
         engine.add_request(rid, prompt, params)
@@ -161,6 +216,8 @@ def profile_decode(engine, prompts: list[list[int]], steps: int, warmup: int = 3
             engine.step()
         _sync(device)
         step_ms = (time.perf_counter() - t0) * 1e3 / steps
+        phases = {"as_run": host_phases(engine, steps, sync_after_execute=False),
+                  "synced_after_forward": host_phases(engine, steps, sync_after_execute=True)}
         activity = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
         with labelled_ranges(engine), profile(activities=activity) as prof:
             t0 = time.perf_counter()
@@ -175,7 +232,7 @@ def profile_decode(engine, prompts: list[list[int]], steps: int, warmup: int = 3
         while engine.has_unfinished_requests():
             engine.step()
     result = {"batch": len(prompts), "context": len(prompts[0]), "steps": steps, "running_during_profile": running,
-              "step_ms": step_ms, "profiled_step_ms": profiled_ms,
+              "step_ms": step_ms, "profiled_step_ms": profiled_ms, "host_phases_ms": phases,
               "device_kind": "CUDA kernels and copies" if on_cuda else "CPU operators' self time"}
     result.update(breakdown(activities(prof.events(), on_cuda), steps))
     # Kernel durations are what they are with or without the profiler, so on CUDA the busy share is of the plain
@@ -196,4 +253,10 @@ def table(rows: list[dict]) -> str:
                         if r["device_ms"] else f"{'-':>13}" for c in CATEGORIES)
         lines.append(f"{'batch ' + str(r['batch']) + ' ctx ' + str(r['context']):<16} {r['wall_ms']:>8.3f} "
                      f"{r['device_ms']:>9.3f} {100 * r['device_busy_fraction']:4.0f}% {cats}")
+    names = [name for name, _, _ in PHASES] + ["rest", "step"]
+    lines += ["", f"{'host phases, ms per step':<32} " + " ".join(f"{n:>8}" for n in names)]
+    for r in rows:
+        for mode, phases in (r.get("host_phases_ms") or {}).items():
+            label = f"batch {r['batch']}, {mode.replace('_', ' ')}"
+            lines.append(f"{label:<32} " + " ".join(f"{phases[n]:>8.3f}" for n in names))
     return "\n".join(lines)

@@ -130,10 +130,10 @@ class Run:
         return result
 
 
-def mili_parts(run: Run, engine, vocab: int, seed: int) -> None:
+def mili_parts(run: Run, engine, vocab: int, seed: int, skip: set[str]) -> None:
     s, budget = run.s, run.budget
     rng = random.Random(seed + 1)
-    later = s.needs_s.get("transformers", 0) + s.needs_s.get("profile", 0)  # the parts after these
+    later = sum(s.needs_s.get(name, 0) for name in ("transformers", "profile") if name not in skip)  # run after these
 
     def single():
         return {str(c): engine_timing.single_stream(engine, engine_timing.random_prompt(c, vocab, rng),
@@ -344,7 +344,7 @@ def run_all(args, s: Settings, budget: Budget, report: dict, write) -> int:
         vocab = engine.model_config.vocab_size
         engine_timing.warm_up(engine, vocab, random.Random(args.seed + 3), batch=8)
         report["warm_up"] = "one 16-token request and a batch of 8, 8 tokens each, before anything is timed"
-        mili_parts(run, engine, vocab, args.seed)
+        mili_parts(run, engine, vocab, args.seed, skip)
         # The profile before transformers: where MILI's step time goes is worth more than the rest of transformers'
         # offline batch, which stops at the budget anyway (two GPU runs lost the profile to it).
         if "profile" not in skip:

@@ -41,9 +41,10 @@ SUITES = {
     "tests/gpu module": ["tests/gpu", "-k", MODULE_TESTS],
     "integration --server-device cuda": ["--server-device", "cuda", *INTEGRATION],
 }
-# What --only can pick: the carried modules' import check, the suites (by their first word), the attention
-# benchmark, the engine benchmark, the serving benchmark, and the module's kernels one by one (diagnose).
-PARTS = ("modules", "tests/gpu", "integration", "bench", "engine-bench", "serve-bench", "diagnose")
+# What --only can pick: the carried modules' import check, the suites (by their first word; `module-tests` the
+# module's suite alone), the attention benchmark, the engine benchmark, the serving benchmark, and the module's
+# kernels one by one (diagnose).
+PARTS = ("modules", "tests/gpu", "module-tests", "integration", "bench", "engine-bench", "serve-bench", "diagnose")
 
 # Each carried module: does it import here, and (with CUDA) does it open the device and agree with the reference?
 MODULE_CHECK = """
@@ -141,13 +142,15 @@ def run_benchmark(env: dict[str, str], out: Path, timeout: float, dry_run: bool)
                                 dry_run)
 
 
-def run_engine_benchmark(env: dict[str, str], out: Path, timeout: float, dry_run: bool, backend: str = "auto") -> dict:
+def run_engine_benchmark(env: dict[str, str], out: Path, timeout: float, dry_run: bool, backend: str = "auto",
+                         skip: str = "") -> dict:
     """loadtest/gpu/bench_engine.py with a budget a minute short of `timeout` (it stops its own parts at the budget, and
     writes its JSON after each, so a run stopped by the timeout still leaves what it measured)."""
     json_path, md_path = out / "gpu.json", out / "gpu.md"
     result = run_benchmark_module("gpu.bench_engine", ["--out", str(json_path), "--markdown", str(md_path),
                                                 "--budget-s", str(max(timeout - 60, 30)),
-                                                "--attention-backend", backend], env, timeout, dry_run)
+                                                "--attention-backend", backend,
+                                                *(["--skip", skip] if skip else [])], env, timeout, dry_run)
     result.update(json=str(json_path), markdown=str(md_path))
     report = read_report(json_path) or {}
     for key in ("device", "attention_backend", "single_stream_tok_s", "offline_tok_s", "transformers_offline_tok_s",
@@ -272,7 +275,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds for the engine benchmark (its budget is a minute less)")
     parser.add_argument("--serve-bench-timeout", type=float, default=300.0,
                         help="seconds for the serving benchmark (engine alone, then mili serve)")
-    parser.add_argument("--only", default=",".join(PARTS),
+    parser.add_argument("--engine-bench-skip", default="",
+                        help="parts of the engine benchmark to leave out (transformers, profile)")
+    parser.add_argument("--diagnose-repeats", type=int, default=3, help="seeds per diagnose case")
+    parser.add_argument("--only", default=",".join(p for p in PARTS if p != "module-tests"),
                         help=f"comma-separated parts to run, of {', '.join(PARTS)} (default: all)")
     parser.add_argument("--ptxas", default=None, metavar="PATH|triton",
                         help="compile the GPU modules' PTX with this ptxas (triton: the one triton ships) instead "
@@ -298,18 +304,20 @@ def main(argv: list[str] | None = None) -> int:
         print("a GPU attention module failed its check: the suites' servers use the torch reference "
               "(MILI_ATTENTION_BACKEND=torch)")
     results = [run_suite(name, suite, env, args.out, args.suite_timeout) for name, suite in SUITES.items()
-               if name.split()[0] in parts]
+               if name.split()[0] in parts or (name == "tests/gpu module" and "module-tests" in parts)]
     bench = run_benchmark(env, args.out, args.bench_timeout, args.dry_run) if "bench" in parts else None
     # `auto` serves with the torch reference on CUDA until the module passes its tests (worker/attention/selection.py),
     # so the benchmark names the module where it passed its self-check here: its speed is what the GPU goals need
     # measured (the JSON and the table say which backend ran).
     engine_backend = "mojo" if modules and all(m.get("self_check") == "ok" for m in modules) else "torch"
-    engine_bench = (run_engine_benchmark(env, args.out, args.engine_bench_timeout, args.dry_run, engine_backend)
+    engine_bench = (run_engine_benchmark(env, args.out, args.engine_bench_timeout, args.dry_run, engine_backend,
+                                         args.engine_bench_skip)
                     if "engine-bench" in parts else None)
     serve_bench = (run_serve_benchmark(env, args.out, args.serve_bench_timeout, args.dry_run)
                    if "serve-bench" in parts else None)
     # Each of the module's kernels alone, per step kind, synced and streamed (loadtest/gpu/diagnose.py).
-    diagnose = (run_benchmark_module("gpu.diagnose", ["--sanitizer", "--out", str(args.out / "diagnose.json")], env,
+    diagnose = (run_benchmark_module("gpu.diagnose", ["--sanitizer", "--repeats", str(args.diagnose_repeats),
+                                                      "--out", str(args.out / "diagnose.json")], env,
                                      args.bench_timeout * 2, dry_run=False)
                 if "diagnose" in parts and not args.dry_run else None)
     cuda = bool(environment.get("cuda_available"))
