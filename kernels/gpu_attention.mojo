@@ -131,7 +131,7 @@ def write_kv(args: PythonObject) raises -> PythonObject:
 
 def paged_attention(args: PythonObject) raises -> PythonObject:
     # args: (context, stream, q, out, k_cache, v_cache, num_blocks, block_table, max_pages, cache_lengths,
-    #        row_offsets, batch, total_q, max_q_len, max_cache_len, scale)
+    #        row_offsets, batch, total_q, max_q_len, max_cache_len, scale, metadata_for_every_step)
     var ctx = _context(args[0])
     var num_blocks = Int(py=args[6])
     var max_pages = Int(py=args[8])
@@ -164,16 +164,25 @@ def paged_attention(args: PythonObject) raises -> PythonObject:
                            UInt32(max_cache_len))
     var v = Coll.CacheType(lt_to_tt(v_pages), lt_to_tt(cache_lengths), lt_to_tt(table), UInt32(max_q_len),
                            UInt32(max_cache_len))
-    # Host-side scalars only (the SM count comes from the context's cached device properties).
-    var md = MHADecodeDispatchMetadata.from_runtime_values[NQ, GROUP](batch, max_q_len, max_cache_len, ctx[])
+    # args[16]: whether steps with query rows longer than one get the decode dispatch metadata too (the layout
+    # before it was found to turn short sequences of mixed steps into NaN; kept for loadtest/gpu/mixed_probe.py).
+    var metadata_for_every_step = Bool(py=args[16])
 
     # Fork from torch's stream onto the context's stream and join back: device-side event waits only.
     var torch_stream = ctx[].create_external_stream(_stream_handle(args[1]))
     var inputs_ready = ctx[].create_event()
     torch_stream.record_event(inputs_ready)
     ctx[].stream().enqueue_wait_for(inputs_ready)
-    flash_attention[ragged=True](lt_to_tt(out), lt_to_tt(q), k, v, CausalMask(), lt_to_tt(row_offsets), scale,
-                                 ctx[], decode_dispatch_metadata=md)
+    if max_q_len == 1 or metadata_for_every_step:
+        # Decode steps: the split-K partition count from host-side scalars (the SM count comes from the context's
+        # cached device properties), as Modular's own serving passes it: q_max_seq_len 1, and the longest context.
+        var md = MHADecodeDispatchMetadata.from_runtime_values[NQ, GROUP](batch, max_q_len, max_cache_len, ctx[])
+        flash_attention[ragged=True](lt_to_tt(out), lt_to_tt(q), k, v, CausalMask(), lt_to_tt(row_offsets), scale,
+                                     ctx[], decode_dispatch_metadata=md)
+    else:
+        # Steps with prefill rows: no decode metadata; the kernels read the longest query from the caches.
+        flash_attention[ragged=True](lt_to_tt(out), lt_to_tt(q), k, v, CausalMask(), lt_to_tt(row_offsets), scale,
+                                     ctx[])
     var attended = ctx[].create_event()
     ctx[].stream().record_event(attended)
     torch_stream.enqueue_wait_for(attended)

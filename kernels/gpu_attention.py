@@ -209,9 +209,12 @@ class GpuAttention:
                                   key.stride(0), value.stride(0)))
 
     def paged_attention(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: GpuStepPlan,
-                        scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+                        scale: float, out: torch.Tensor | None = None,
+                        metadata_for_every_step: bool = False) -> torch.Tensor:
         """query: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim], causal per sequence over
-        the paged K/V (this step's K/V already written). `out`, when given, must be contiguous like query."""
+        the paged K/V (this step's K/V already written). `out`, when given, must be contiguous like query.
+        metadata_for_every_step: pass Modular's decode dispatch metadata for steps with prefill rows too, as the
+        module did before (loadtest/gpu/mixed_probe.py compares); off, only decode-only steps get it."""
         s = self.shape
         _check_cache(k_cache, v_cache, s)
         query = query.contiguous()  # the kernel takes [tokens, heads, dim] rows back to back
@@ -226,7 +229,8 @@ class GpuAttention:
                                          k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[0],
                                          plan.block_tables.data_ptr(), plan.block_tables.shape[1],
                                          plan.cache_lengths.data_ptr(), plan.row_offsets.data_ptr(), plan.batch,
-                                         plan.num_tokens, plan.max_query_len, plan.max_context_len, float(scale)))
+                                         plan.num_tokens, plan.max_query_len, plan.max_context_len, float(scale),
+                                         metadata_for_every_step))
         return out
 
 
