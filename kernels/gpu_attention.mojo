@@ -29,7 +29,8 @@ from std.memory.alloc import unsafe_alloc
 from std.sys.defines import get_defined_int
 from std.utils.index import Index, IndexList
 from max.gpu import thread_idx, block_idx, block_dim
-from max.gpu.host import DeviceContext
+from max.gpu.host import DeviceContext, FuncAttribute
+from max.gpu.memory import external_memory
 from layout import Layout, LayoutTensor, RuntimeLayout, lt_to_tt, UNKNOWN_VALUE
 from kv_cache.types import PagedKVCacheCollection, KVCacheStaticParams
 from nn.attention.gpu.mha import MHADecodeDispatchMetadata, flash_attention
@@ -44,6 +45,11 @@ comptime GROUP = NQ // NKV
 comptime ROW = NKV * HD  # elements of one token's K (or V) in the cache
 comptime VEC = 8  # bf16 elements per thread in write_kv: 16 bytes
 comptime WRITE_THREADS = 256
+# fill_shared_kernel: every SM's shared memory, as much as one block may take on Hopper (227 KiB), with one 32-bit
+# pattern; 4 blocks per SM's worth of them so that every SM runs at least one.
+comptime SCRUB_BYTES = 227 * 1024
+comptime SCRUB_THREADS = 1024
+comptime SCRUB_BLOCKS = 4 * 132
 
 comptime KVP = KVCacheStaticParams(num_heads=NKV, head_size=HD)
 comptime Coll = PagedKVCacheCollection[BF16, KVP, PAGE, MutAnyOrigin, ImmutAnyOrigin, ImmutAnyOrigin, MutAnyOrigin]
@@ -129,9 +135,20 @@ def write_kv(args: PythonObject) raises -> PythonObject:
     return PythonObject(None)
 
 
+def fill_shared_kernel(bits: UInt32):
+    """Writes `bits` over the block's whole dynamic shared memory. Run just before Modular's attention (the probe's
+    variants) to see whether what earlier kernels left in shared memory reaches its output."""
+    var smem = external_memory[UInt32, address_space=AddressSpace.SHARED, alignment=16, name="mili_scrub"]()
+    var i = Int(thread_idx.x)
+    while i < SCRUB_BYTES // 4:
+        smem.store[volatile=True](i, bits)
+        i += SCRUB_THREADS
+
+
 def paged_attention(args: PythonObject) raises -> PythonObject:
     # args: (context, stream, q, out, k_cache, v_cache, num_blocks, block_table, max_pages, cache_lengths,
-    #        row_offsets, batch, total_q, max_q_len, max_cache_len, scale, metadata_for_every_step)
+    #        row_offsets, batch, total_q, max_q_len, max_cache_len, scale, metadata_for_every_step,
+    #        partitions, scrub)
     var ctx = _context(args[0])
     var num_blocks = Int(py=args[6])
     var max_pages = Int(py=args[8])
@@ -173,7 +190,19 @@ def paged_attention(args: PythonObject) raises -> PythonObject:
     var inputs_ready = ctx[].create_event()
     torch_stream.record_event(inputs_ready)
     ctx[].stream().enqueue_wait_for(inputs_ready)
-    if max_q_len == 1 or metadata_for_every_step:
+    # args[17]: a split-K partition count to force (0: Modular's choice); for loadtest/gpu/mixed_probe.py.
+    var partitions = Int(py=args[17])
+    # args[18]: shared memory filled first, on the attention's stream: 0 not, 1 with zeros, 2 with NaN (the probe).
+    var scrub = Int(py=args[18])
+    if scrub > 0:
+        var fill = ctx[].compile_function[fill_shared_kernel](
+            func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(UInt32(SCRUB_BYTES)))
+        ctx[].enqueue_function(fill, UInt32(0 if scrub == 1 else 0x7FC07FC0), grid_dim=SCRUB_BLOCKS,
+                               block_dim=SCRUB_THREADS, shared_mem_bytes=SCRUB_BYTES)
+    if partitions > 0:
+        flash_attention[ragged=True](lt_to_tt(out), lt_to_tt(q), k, v, CausalMask(), lt_to_tt(row_offsets), scale,
+                                     ctx[], num_partitions=Optional[Int](partitions))
+    elif max_q_len == 1 or metadata_for_every_step:
         # Decode steps: the split-K partition count from host-side scalars (the SM count comes from the context's
         # cached device properties), as Modular's own serving passes it: q_max_seq_len 1, and the longest context.
         var md = MHADecodeDispatchMetadata.from_runtime_values[NQ, GROUP](batch, max_q_len, max_cache_len, ctx[])

@@ -210,11 +210,14 @@ class GpuAttention:
 
     def paged_attention(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: GpuStepPlan,
                         scale: float, out: torch.Tensor | None = None,
-                        metadata_for_every_step: bool = False) -> torch.Tensor:
+                        metadata_for_every_step: bool = False, partitions: int = 0,
+                        fill_shared: int = 0) -> torch.Tensor:
         """query: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim], causal per sequence over
         the paged K/V (this step's K/V already written). `out`, when given, must be contiguous like query.
         metadata_for_every_step: pass Modular's decode dispatch metadata for steps with prefill rows too, as the
-        module did before (loadtest/gpu/mixed_probe.py compares); off, only decode-only steps get it."""
+        module did before (loadtest/gpu/mixed_probe.py compares); off, only decode-only steps get it.
+        partitions: a split-K partition count to force on Modular's kernels (0: theirs; the probe compares).
+        fill_shared: 1 (zeros) or 2 (NaN) fills every SM's shared memory just before the attention (the probe)."""
         s = self.shape
         _check_cache(k_cache, v_cache, s)
         query = query.contiguous()  # the kernel takes [tokens, heads, dim] rows back to back
@@ -230,7 +233,7 @@ class GpuAttention:
                                          plan.block_tables.data_ptr(), plan.block_tables.shape[1],
                                          plan.cache_lengths.data_ptr(), plan.row_offsets.data_ptr(), plan.batch,
                                          plan.num_tokens, plan.max_query_len, plan.max_context_len, float(scale),
-                                         metadata_for_every_step))
+                                         metadata_for_every_step, partitions, fill_shared))
         return out
 
 

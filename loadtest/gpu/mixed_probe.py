@@ -8,12 +8,17 @@ is what the process did before: freed device memory holds the NaNs earlier steps
 random mixed steps run with the caching allocator's free blocks filled with NaN before each, in variants that each
 change one thing the kernels could read or write outside what MILI hands them:
 - plain: as a step runs (KV write, attention, no wait), outputs poisoned with NaN;
+- one-partition: plain, with Modular's split-K forced to one partition;
 - old-metadata: plain, with the decode dispatch metadata passed for steps with prefill rows too (as it was);
 - synced: the device synchronised after the write and after the attention;
 - out-zero: outputs start as zeros: rows that stay exactly zero were never written;
 - q-tail-nan / q-tail-zero: the queries followed by 256 rows of NaN (or zeros) in the same buffer;
 - kv-tail-nan: the caches followed by 8 NaN blocks the module is not told of;
 - meta-tail-junk: cache lengths, row offsets and block tables followed by junk entries;
+- zero-margins / nan-margins: every tensor the module reads or writes (queries, caches, block tables, lengths, row
+  offsets, outputs) copied into a buffer with 64 KiB of zeros (or NaN, and junk block ids) before and after it;
+- smem-zero / smem-nan: every SM's shared memory filled with zeros (or NaN) by a kernel of the module's just before
+  the attention, on its stream;
 - clean: no NaN put in free memory first.
 Each variant reports its failures and, for failing steps, which rows went wrong (their sequence's query and context
 lengths, NaN or finite). Run where `make gpu-check` runs: with --bundle it installs the carried wheels and runtime
@@ -31,8 +36,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-VARIANTS = ("plain", "old-metadata", "synced", "out-zero", "q-tail-nan", "q-tail-zero", "kv-tail-nan", "meta-tail-junk", "clean")
-FIXED = [[(2000, 1), (1100, 1100), (3, 1)], [(15, 1), (16, 1), (17, 1), (40, 7), (33, 33)]]
+VARIANTS = ("plain", "one-partition", "old-metadata", "synced", "out-zero", "q-tail-nan", "q-tail-zero", "kv-tail-nan", "meta-tail-junk", "clean")
+FIXED = [[(2000, 1), (1100, 1100), (3, 1)], [(15, 1), (16, 1), (17, 1), (40, 7), (33, 33)],
+         [(17, 1), (200, 1), (1030, 1)], [(3, 1), (2000, 1), (40, 1)]]
 TOLERANCE = 1e-2
 
 
@@ -67,6 +73,17 @@ def padded_copy(t, extra_rows: int, fill):
     return buf[: t.shape[0]]
 
 
+def in_margins(t, fill, margin_bytes: int = 1 << 16):
+    """A copy of t in the middle of a buffer with `margin_bytes` of `fill` on either side."""
+    import torch
+
+    pad = margin_bytes // t.element_size()
+    buf = torch.full((2 * pad + t.numel(),), fill, dtype=t.dtype, device=t.device)
+    view = buf[pad:pad + t.numel()].view(t.shape)
+    view.copy_(t)
+    return view
+
+
 def one_step(ops, seqs, seed: int, variant: str) -> dict:
     import dataclasses
 
@@ -93,6 +110,11 @@ def one_step(ops, seqs, seed: int, variant: str) -> dict:
         plan = dataclasses.replace(plan, cache_lengths=padded_copy(plan.cache_lengths, 64, junk),
                                    row_offsets=padded_copy(plan.row_offsets, 64, junk),
                                    block_tables=padded_copy(plan.block_tables, 64, junk))
+    if variant.endswith("-margins"):
+        nan = variant == "nan-margins"
+        k_cache, v_cache, query = (in_margins(t, float("nan") if nan else 0.0) for t in (k_cache, v_cache, query))
+        plan = dataclasses.replace(plan, **{name: in_margins(getattr(plan, name), 0x7FC07FC0 if nan else 0)
+                                            for name in ("block_tables", "cache_lengths", "row_offsets")})
     for cache in (k_cache, v_cache):  # the new K/V poisoned until the module's write
         cache.view(-1, *cache.shape[2:])[step.slot_mapping] = float("nan")
     torch.cuda.synchronize(device)
@@ -100,8 +122,12 @@ def one_step(ops, seqs, seed: int, variant: str) -> dict:
     if variant == "synced":
         torch.cuda.synchronize(device)
     out = torch.full_like(query, 0.0 if variant == "out-zero" else float("nan"))
+    if variant.endswith("-margins"):
+        out = in_margins(out, float("nan") if variant == "nan-margins" else 0.0)
     ops.paged_attention(query, k_cache, v_cache, plan, step.scale, out=out,
-                        metadata_for_every_step=variant == "old-metadata")
+                        metadata_for_every_step=variant == "old-metadata",
+                        partitions=1 if variant == "one-partition" else 0,
+                        fill_shared={"smem-zero": 1, "smem-nan": 2}.get(variant, 0))
     if variant == "synced":
         torch.cuda.synchronize(device)
     got = out.float().clone()
@@ -123,7 +149,7 @@ def one_step(ops, seqs, seed: int, variant: str) -> dict:
             "bad_seqs": sorted({owner[r] for r in bad}), "max_error": float(row_error.max())}
 
 
-def probe(shapes: list[str], trials: int, seed: int) -> dict:
+def probe(shapes: list[str], trials: int, seed: int, variants: tuple[str, ...] = VARIANTS) -> dict:
     import torch
 
     from kernels.builder.gpu_modules import GpuShape
@@ -135,7 +161,7 @@ def probe(shapes: list[str], trials: int, seed: int) -> dict:
         ops = open_attention(GpuShape(*map(int, text.split("/"))), device)
         rng = random.Random(seed)
         steps = FIXED + [random_seqs(rng) for _ in range(trials)]
-        for variant in VARIANTS:
+        for variant in variants:
             results = []
             for n, seqs in enumerate(steps):
                 try:
@@ -155,8 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m loadtest.gpu.mixed_probe", description=__doc__.splitlines()[0])
     ap.add_argument("--bundle", type=Path, help="install this carried bundle and rerun with its environment")
     ap.add_argument("--shapes", default="4/2/64,16/8/128")
-    ap.add_argument("--trials", type=int, default=12, help="random mixed steps per variant (besides two fixed ones)")
+    ap.add_argument("--trials", type=int, default=12, help="random mixed steps per variant (besides four fixed ones)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "build" / "gpu-check")
                     / "mixed_probe.json")
     args = ap.parse_args(argv)
@@ -169,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         i = rest.index("--bundle")
         del rest[i:i + 2]
         return subprocess.run([sys.executable, "-m", "loadtest.gpu.mixed_probe", *rest], cwd=ROOT, env=env).returncode
-    report = probe(args.shapes.split(","), args.trials, args.seed)
+    report = probe(args.shapes.split(","), args.trials, args.seed, tuple(args.variants.split(",")))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     return 0 if all(v["failed"] == 0 for v in report.values()) else 1
