@@ -1,6 +1,7 @@
 # MILI's GPU attention module: paged attention over a ragged batch (Modular's `nn` flash attention on MILI's
 # separate K/V caches) and MILI's own KV write kernel, compiled for nvidia:sm_90a. On an H200: the KV write is exact,
-# decode-only steps and single prefills agree with the reference; steps mixing sequences do not yet (README, "On a GPU").
+# decode-only steps and single prefills agree with the reference; short sequences came out NaN until shared memory
+# was zeroed before the attention (SHARED_MEMORY_FILL below; README, "On a GPU").
 #
 # One build per model shape: the head counts and head_dim are compile-time constants, given at build time as
 # `-D MILI_NQ=.. -D MILI_NKV=.. -D MILI_HD=..` (kernels/builder/gpu_modules.py); pages are 16 tokens. Only bfloat16.
@@ -29,7 +30,7 @@ from std.memory.alloc import unsafe_alloc
 from std.sys.defines import get_defined_int
 from std.utils.index import Index, IndexList
 from max.gpu import thread_idx, block_idx, block_dim
-from max.gpu.host import DeviceContext, FuncAttribute
+from max.gpu.host import DeviceContext, DeviceStream, FuncAttribute
 from max.gpu.memory import external_memory
 from layout import Layout, LayoutTensor, RuntimeLayout, lt_to_tt, UNKNOWN_VALUE
 from kv_cache.types import PagedKVCacheCollection, KVCacheStaticParams
@@ -45,11 +46,17 @@ comptime GROUP = NQ // NKV
 comptime ROW = NKV * HD  # elements of one token's K (or V) in the cache
 comptime VEC = 8  # bf16 elements per thread in write_kv: 16 bytes
 comptime WRITE_THREADS = 256
-# fill_shared_kernel: every SM's shared memory, as much as one block may take on Hopper (227 KiB), with one 32-bit
-# pattern; 4 blocks per SM's worth of them so that every SM runs at least one.
-comptime SCRUB_BYTES = 227 * 1024
-comptime SCRUB_THREADS = 1024
-comptime SCRUB_BLOCKS = 4 * 132
+# SHARED_MEMORY_FILL: Modular's attention kernels (max-core 26.7, sm_90a) compute a key tile's scores and P x V over
+# shared memory they do not load for the keys past a sequence's end: those keys get zero weight, but whatever an
+# earlier kernel left there stays in the product, and a NaN or infinity left there makes the row NaN (0 x NaN). Seen
+# on an H200 (loadtest/gpu/mixed_probe.py): in a process whose earlier kernels had run, most random steps mixing
+# sequences turned their short sequences' rows (fewer keys than a tile) into NaN, decode-only steps too; with every
+# SM's shared memory zeroed just before the attention, none did, and with it filled with NaN they failed as before.
+# So paged_attention first runs fill_shared_kernel with zeros on the attention's stream: as much shared memory as one
+# block may take on Hopper (227 KiB), four blocks per SM of an H100/H200 (132 SMs), so every SM runs at least one.
+comptime FILL_BYTES = 227 * 1024
+comptime FILL_THREADS = 1024
+comptime FILL_BLOCKS = 4 * 132
 
 comptime KVP = KVCacheStaticParams(num_heads=NKV, head_size=HD)
 comptime Coll = PagedKVCacheCollection[BF16, KVP, PAGE, MutAnyOrigin, ImmutAnyOrigin, ImmutAnyOrigin, MutAnyOrigin]
@@ -67,6 +74,7 @@ def PyInit_mili_gpu_attention() abi("C") -> PythonObject:
         m.def_function[create_context]("create_context", docstring="a DeviceContext for one GPU, as an address")
         m.def_function[write_kv]("write_kv", docstring="key/value rows into the paged caches at their slots")
         m.def_function[paged_attention]("paged_attention", docstring="causal paged attention over a ragged batch")
+        m.def_function[fill_shared]("fill_shared", docstring="every SM's shared memory filled with a 32-bit pattern")
         return m.finalize()
     except e:
         abort(String("error creating module:", e))
@@ -136,19 +144,31 @@ def write_kv(args: PythonObject) raises -> PythonObject:
 
 
 def fill_shared_kernel(bits: UInt32):
-    """Writes `bits` over the block's whole dynamic shared memory. Run just before Modular's attention (the probe's
-    variants) to see whether what earlier kernels left in shared memory reaches its output."""
-    var smem = external_memory[UInt32, address_space=AddressSpace.SHARED, alignment=16, name="mili_scrub"]()
+    """Writes `bits` over the block's whole dynamic shared memory (why: SHARED_MEMORY_FILL above)."""
+    var smem = external_memory[UInt32, address_space=AddressSpace.SHARED, alignment=16, name="mili_fill"]()
     var i = Int(thread_idx.x)
-    while i < SCRUB_BYTES // 4:
-        smem.store[volatile=True](i, bits)
-        i += SCRUB_THREADS
+    while i < FILL_BYTES // 4:
+        smem.store[volatile=True](i, bits)  # volatile: stores nothing reads must not be dropped
+        i += FILL_THREADS
+
+
+def _enqueue_fill(ctx: Pointer[DeviceContext, MutAnyOrigin], stream: DeviceStream, bits: UInt32) raises:
+    var kernel = ctx[].compile_function[fill_shared_kernel](
+        func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(UInt32(FILL_BYTES)))
+    stream.enqueue_function(kernel, bits, grid_dim=FILL_BLOCKS, block_dim=FILL_THREADS, shared_mem_bytes=FILL_BYTES)
+
+
+def fill_shared(args: PythonObject) raises -> PythonObject:
+    # args: (context, stream, bits): every SM's shared memory filled with the 32-bit pattern `bits`, on the caller's
+    # stream (the self-check and the tests put NaN there before an attention, as earlier kernels may leave it).
+    var ctx = _context(args[0])
+    _enqueue_fill(ctx, ctx[].create_external_stream(_stream_handle(args[1])), UInt32(Int(py=args[2])))
+    return PythonObject(None)
 
 
 def paged_attention(args: PythonObject) raises -> PythonObject:
     # args: (context, stream, q, out, k_cache, v_cache, num_blocks, block_table, max_pages, cache_lengths,
-    #        row_offsets, batch, total_q, max_q_len, max_cache_len, scale, metadata_for_every_step,
-    #        partitions, scrub)
+    #        row_offsets, batch, total_q, max_q_len, max_cache_len, scale, zero_shared)
     var ctx = _context(args[0])
     var num_blocks = Int(py=args[6])
     var max_pages = Int(py=args[8])
@@ -181,37 +201,19 @@ def paged_attention(args: PythonObject) raises -> PythonObject:
                            UInt32(max_cache_len))
     var v = Coll.CacheType(lt_to_tt(v_pages), lt_to_tt(cache_lengths), lt_to_tt(table), UInt32(max_q_len),
                            UInt32(max_cache_len))
-    # args[16]: whether steps with query rows longer than one get the decode dispatch metadata too (the layout
-    # before it was found to turn short sequences of mixed steps into NaN; kept for loadtest/gpu/mixed_probe.py).
-    var metadata_for_every_step = Bool(py=args[16])
+    var zero_shared = Bool(py=args[16])
+    # Host-side scalars only (the SM count comes from the context's cached device properties).
+    var md = MHADecodeDispatchMetadata.from_runtime_values[NQ, GROUP](batch, max_q_len, max_cache_len, ctx[])
 
     # Fork from torch's stream onto the context's stream and join back: device-side event waits only.
     var torch_stream = ctx[].create_external_stream(_stream_handle(args[1]))
     var inputs_ready = ctx[].create_event()
     torch_stream.record_event(inputs_ready)
     ctx[].stream().enqueue_wait_for(inputs_ready)
-    # args[17]: a split-K partition count to force (0: Modular's choice); for loadtest/gpu/mixed_probe.py.
-    var partitions = Int(py=args[17])
-    # args[18]: shared memory filled first, on the attention's stream: 0 not, 1 with zeros, 2 with NaN (the probe).
-    var scrub = Int(py=args[18])
-    if scrub > 0:
-        var fill = ctx[].compile_function[fill_shared_kernel](
-            func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(UInt32(SCRUB_BYTES)))
-        ctx[].enqueue_function(fill, UInt32(0 if scrub == 1 else 0x7FC07FC0), grid_dim=SCRUB_BLOCKS,
-                               block_dim=SCRUB_THREADS, shared_mem_bytes=SCRUB_BYTES)
-    if partitions > 0:
-        flash_attention[ragged=True](lt_to_tt(out), lt_to_tt(q), k, v, CausalMask(), lt_to_tt(row_offsets), scale,
-                                     ctx[], num_partitions=Optional[Int](partitions))
-    elif max_q_len == 1 or metadata_for_every_step:
-        # Decode steps: the split-K partition count from host-side scalars (the SM count comes from the context's
-        # cached device properties), as Modular's own serving passes it: q_max_seq_len 1, and the longest context.
-        var md = MHADecodeDispatchMetadata.from_runtime_values[NQ, GROUP](batch, max_q_len, max_cache_len, ctx[])
-        flash_attention[ragged=True](lt_to_tt(out), lt_to_tt(q), k, v, CausalMask(), lt_to_tt(row_offsets), scale,
-                                     ctx[], decode_dispatch_metadata=md)
-    else:
-        # Steps with prefill rows: no decode metadata; the kernels read the longest query from the caches.
-        flash_attention[ragged=True](lt_to_tt(out), lt_to_tt(q), k, v, CausalMask(), lt_to_tt(row_offsets), scale,
-                                     ctx[])
+    if zero_shared:
+        _enqueue_fill(ctx, ctx[].stream(), UInt32(0))
+    flash_attention[ragged=True](lt_to_tt(out), lt_to_tt(q), k, v, CausalMask(), lt_to_tt(row_offsets), scale,
+                                 ctx[], decode_dispatch_metadata=md)
     var attended = ctx[].create_event()
     ctx[].stream().record_event(attended)
     torch_stream.enqueue_wait_for(attended)

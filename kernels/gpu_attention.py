@@ -1,9 +1,10 @@
 """Checked Python entry points to MILI's GPU attention module (kernels/gpu_attention.mojo).
 
 Compiled for Hopper (sm_90a); tests/gpu/test_mojo_attention_cuda.py verifies it on a GPU machine (`make gpu-check`).
-On an H200 it passed on decode-only steps and single prefills and failed on steps mixing sequences, so it serves
-only when named (worker/attention/selection.py), and the backend built on it (worker/attention/cuda.py) checks
-itself against the torch reference when it loads.
+On an H200 it passed on decode-only steps and single prefills and failed on steps mixing sequences, where short
+sequences came out NaN because Modular's kernels read shared memory they had not loaded (paged_attention now zeroes
+it first; that fix has not run through the tests yet), so it serves only when named (worker/attention/selection.py),
+and the backend built on it (worker/attention/cuda.py) checks itself against the torch reference when it loads.
 
 The kernels trust their arguments, so everything the host can check without a device-to-host copy is checked
 here: dtypes, shapes, strides, devices, and the step's lengths (from AttentionMetadata's host copies). What lives
@@ -30,6 +31,8 @@ from kernels.builder.gpu_modules import CARRIED_DIR_ENV, GPU_MODULE, PAGE_SIZE, 
 class GpuModuleUnavailable(RuntimeError):
     """No usable GPU attention module for this shape here (not built, not loadable, or no device)."""
 
+
+NAN_BITS = 0x7FC07FC0  # two bfloat16 NaNs (and a float32 NaN) in 32 bits: GpuAttention.fill_shared_memory's test pattern
 
 # Modular's sm_90a kernels read a sequence's block-table row with vector loads, so every row must start on a
 # 16-byte boundary: seen on an H200, where a 19-block-wide table (76-byte rows) faulted with a misaligned read in
@@ -210,14 +213,12 @@ class GpuAttention:
 
     def paged_attention(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: GpuStepPlan,
                         scale: float, out: torch.Tensor | None = None,
-                        metadata_for_every_step: bool = False, partitions: int = 0,
-                        fill_shared: int = 0) -> torch.Tensor:
+                        zero_shared_memory: bool = True) -> torch.Tensor:
         """query: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim], causal per sequence over
         the paged K/V (this step's K/V already written). `out`, when given, must be contiguous like query.
-        metadata_for_every_step: pass Modular's decode dispatch metadata for steps with prefill rows too, as the
-        module did before (loadtest/gpu/mixed_probe.py compares); off, only decode-only steps get it.
-        partitions: a split-K partition count to force on Modular's kernels (0: theirs; the probe compares).
-        fill_shared: 1 (zeros) or 2 (NaN) fills every SM's shared memory just before the attention (the probe)."""
+        zero_shared_memory: zero every SM's shared memory first, on the attention's stream (kernels/gpu_attention.mojo,
+        SHARED_MEMORY_FILL: Modular's kernels read shared memory they do not load for keys past a sequence's end);
+        off only to show what happens without it (loadtest/gpu/mixed_probe.py)."""
         s = self.shape
         _check_cache(k_cache, v_cache, s)
         query = query.contiguous()  # the kernel takes [tokens, heads, dim] rows back to back
@@ -233,8 +234,14 @@ class GpuAttention:
                                          plan.block_tables.data_ptr(), plan.block_tables.shape[1],
                                          plan.cache_lengths.data_ptr(), plan.row_offsets.data_ptr(), plan.batch,
                                          plan.num_tokens, plan.max_query_len, plan.max_context_len, float(scale),
-                                         metadata_for_every_step, partitions, fill_shared))
+                                         zero_shared_memory))
         return out
+
+    def fill_shared_memory(self, bits: int) -> None:
+        """Every SM's shared memory filled with the 32-bit pattern `bits` on torch's current stream: what a kernel may
+        leave there (NAN_BITS: NaN), so that a check can show attention does not depend on it."""
+        with self._stream() as stream:
+            self.module.fill_shared((self._context, stream, bits))
 
 
 _opened: dict[tuple[GpuShape, torch.device], GpuAttention] = {}

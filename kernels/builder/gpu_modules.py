@@ -41,9 +41,9 @@ step) and each layer's output tensor, both from torch's caching allocator.
 Seen on an H200: torch's pointers are valid in Modular's context (the kernels read and write torch's tensors);
 `create_external_stream` takes torch's streams (the KV write runs on them, exact); decode steps capture in a CUDA
 graph and replay right for three of the four carried shapes. Modular's sm_90a decode kernel reads block-table rows
-with 16-byte loads (kernels/gpu_attention.py aligns them). Not settled: steps mixing sequences leave output rows
-partly NaN or wrong, intermittently (the kernel tests poison outputs and new K/V slots with NaN and do not
-synchronise between the calls), which reads like the event fork/join not ordering the work; the per-call host
+with 16-byte loads (kernels/gpu_attention.py aligns them). Steps mixing sequences left short sequences' rows NaN
+in processes whose earlier kernels had run, synced or not: not the streams' ordering but Modular's kernels reading
+shared memory they had not loaded (kernels/gpu_attention.mojo, SHARED_MEMORY_FILL); the per-call host
 overhead is unmeasured.
 """
 

@@ -1,7 +1,8 @@
 """MILI's GPU attention module (kernels/gpu_attention.mojo) against the torch reference, on CUDA.
 
-Every run draws fresh random inputs (test_seed); outputs start as NaN and the new tokens' cache slots are NaN
-before the KV write, so a row the kernel skips, or attention that runs before the write it depends on, shows.
+Every run draws fresh random inputs (test_seed); outputs start as NaN, the new tokens' cache slots are NaN before the
+KV write and every SM's shared memory holds NaN when the attention starts, so a row the kernel skips, attention that
+runs before the write it depends on, or a kernel computing over shared memory it did not load, shows.
 Nothing synchronises between the calls and the comparisons: the comparisons are torch work on the same stream,
 which is what checks the stream ordering. bf16 outputs must be within 1e-2 of the float32 reference (max error
 relative to the reference's largest magnitude); KV writes must be exact.
@@ -19,7 +20,7 @@ import pytest
 import torch
 
 from kernels.builder.gpu_modules import CARRIED_SHAPES, PAGE_SIZE, GpuShape
-from kernels.gpu_attention import GpuStepPlan, open_attention
+from kernels.gpu_attention import NAN_BITS, GpuStepPlan, open_attention
 from kernels.reference import attention as reference
 from tests.gpu import DEVICE, MOJO_TINY
 from tests.helpers import parity_cases as cases
@@ -46,7 +47,10 @@ class ReferenceStandIn:
         keep = (plan.slot_mapping >= 0) & (plan.slot_mapping < k_cache.shape[0] * PAGE_SIZE)
         reference.write_kv(k_cache, v_cache, key[keep], value[keep], plan.slot_mapping[keep])
 
-    def paged_attention(self, query, k_cache, v_cache, plan: GpuStepPlan, scale, out=None):
+    def fill_shared_memory(self, bits: int) -> None:
+        """Nothing to fill: the reference keeps no state between calls."""
+
+    def paged_attention(self, query, k_cache, v_cache, plan: GpuStepPlan, scale, out=None, zero_shared_memory=True):
         q_lens = (plan.row_offsets[1:] - plan.row_offsets[:-1]).tolist()
         ctx = (plan.cache_lengths + plan.row_offsets[1:] - plan.row_offsets[:-1]).tolist()
         ref = reference.plan_attention(plan.block_tables, ctx, q_lens, PAGE_SIZE)
@@ -138,6 +142,9 @@ def attend_step(ops, step: Step, poison: bool = True) -> torch.Tensor:
     if poison:
         step.poison_new_slots()
     ops.write_kv(step.k_cache, step.v_cache, step.key, step.value, step.plan)
+    # NaN in every SM's shared memory, as earlier kernels may leave it: Modular's kernels computed over shared memory
+    # they had not loaded (keys past a sequence's end), and the module must zero it first.
+    ops.fill_shared_memory(NAN_BITS)
     return ops.paged_attention(step.query, step.k_cache, step.v_cache, step.plan, step.scale,
                                out=torch.full_like(step.query, float("nan")))
 
@@ -146,7 +153,8 @@ def check_step(ops, seqs, seed: int) -> None:
     step = Step(ops.shape, seqs, seed)
     want = step.expected()
     got = attend_step(ops, step)
-    assert torch.isfinite(got).all(), f"rows left unwritten or read before the KV write: {seqs}"
+    assert torch.isfinite(got).all(), \
+        f"rows left unwritten, read before the KV write or computed over stale shared memory: {seqs}"
     error = relative_error(got, want)
     assert error < TOLERANCE, f"relative error {error:.3g} for {seqs}"
 

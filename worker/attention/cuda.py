@@ -1,11 +1,13 @@
 """The Mojo attention backend on CUDA: MILI's GPU module (kernels/gpu_attention.mojo) for the KV writes and for
 the attention of every row, decode and prefill alike, on torch's current stream.
 
-Not yet verified: on an H200 it failed tests/gpu/test_mojo_attention_cuda.py on steps mixing sequences (README, "On a
-GPU"), so `auto` does not choose it on CUDA; `mojo` does. Loading runs a self-check: a small ragged batch (decode
-rows and a prefill chunk over a cached prefix, contexts across page boundaries) through the module and through the
-torch reference on the same device; any error, or a difference beyond bf16 rounding, makes loading fail. The
-self-check is the one place that waits for the device (once, at startup).
+Not yet verified: on an H200 it failed tests/gpu/test_mojo_attention_cuda.py on steps mixing sequences, because
+Modular's kernels read shared memory they had not loaded (README, "On a GPU"); the module now zeroes it first, which
+made every probed step right, but the module's tests have not run since, so `auto` does not choose it on CUDA; `mojo`
+does. Loading runs a self-check: a small ragged batch (decode rows and a prefill chunk over a cached prefix,
+contexts across page boundaries) through the module, with NaN left in shared memory first, and through the torch
+reference on the same device; any error, or a difference beyond bf16 rounding, makes loading fail. The self-check
+is the one place that waits for the device (once, at startup).
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from kernels.builder.gpu_modules import PAGE_SIZE, GpuShape
-from kernels.gpu_attention import GpuAttention, GpuModuleUnavailable, GpuStepPlan, open_attention, unsupported_reason
+from kernels.gpu_attention import (NAN_BITS, GpuAttention, GpuModuleUnavailable, GpuStepPlan, open_attention,
+                                   unsupported_reason)
 from kernels.reference import attention as reference
 from worker.attention.torch_backend import plan_on
 
@@ -154,10 +157,12 @@ class RandomStep:
 
 def run_step_pair(ops: GpuAttention, seqs, seed: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """(module output, reference output, whether the module's KV write equals the reference's) for one random
-    step of `seqs` on ops' device. Outputs start as NaN so that rows a kernel leaves unwritten show."""
+    step of `seqs` on ops' device. Outputs start as NaN so that rows a kernel leaves unwritten show, and shared
+    memory holds NaN when the attention starts, so that a kernel reading what it did not load shows too."""
     step = RandomStep.draw(ops.shape, seqs, seed, ops.device)
     ref_k, ref_v = step.reference_caches()
     ops.write_kv(step.k_cache, step.v_cache, step.key, step.value, step.plan)
+    ops.fill_shared_memory(NAN_BITS)  # what earlier kernels may leave there must not reach the output
     out = ops.paged_attention(step.query, step.k_cache, step.v_cache, step.plan, step.scale,
                               out=torch.full_like(step.query, float("nan")))
     expected = step.expected(ref_k, ref_v)

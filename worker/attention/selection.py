@@ -42,13 +42,13 @@ def get_attention_backend(name: str, device: str | torch.device = "cpu", shape: 
         return TorchAttentionBackend()
 
 
-# Why `auto` does not pick the GPU module on CUDA. On an H200 it was 2-3.4x faster than the torch reference and
-# right on decode-only steps and single prefills, but steps mixing sequences left output rows partly unwritten or
-# wrong in 15 of 52 GPU tests (intermittently: its own self-check passed in one process and failed in the next),
-# which reads like the event fork/join between torch's stream and Modular's not ordering the work. Until the tests
-# in tests/gpu/test_mojo_attention_cuda.py pass, it serves only when asked for by name.
-GPU_MODULE_STATUS = ("the GPU attention module failed its GPU tests on steps that mix sequences (rows left "
-                     "unwritten or wrong, intermittently)")
+# Why `auto` does not pick the GPU module on CUDA. On an H200 it was 2-3.4x faster than the torch reference, and
+# short sequences came out NaN in 11 to 15 of its 52 GPU tests: Modular's kernels computed over shared memory they
+# had not loaded, which held NaN after earlier kernels (loadtest/results/gpu_mixed_probe.md). The module now zeroes
+# it first, which made every probed step right; until tests/gpu/test_mojo_attention_cuda.py passes with that, it
+# serves only when asked for by name.
+GPU_MODULE_STATUS = ("the GPU attention module's fix for NaN rows on short sequences (zeroing shared memory before "
+                     "Modular's attention) has not yet passed its GPU tests")
 
 
 def _cuda_backend(name: str, device: torch.device, shape: Any, dtype: torch.dtype | None,
