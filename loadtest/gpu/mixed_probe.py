@@ -1,24 +1,23 @@
-"""Why steps mixing sequences go wrong in the GPU attention module, where each kernel alone in a fresh process is right.
+"""Steps mixing sequences through the GPU attention module, many in one process, against the torch reference.
 
-    python -m loadtest.gpu.mixed_probe [--bundle .gpu-bundle] [--out mixed_probe.json] [--trials 12]
+    python -m loadtest.gpu.mixed_probe [--bundle .gpu-bundle] [--out mixed_probe.json] [--trials 12] [--variants ...]
 
-loadtest/gpu/diagnose.py runs every case in a process of its own and every case passes there; the module's tests,
-which run many steps in one process, and the engine fail on steps mixing decode rows and prefill chunks. What differs
-is what the process did before: freed device memory holds the NaNs earlier steps wrote. So here, in one process,
-random mixed steps run with the caching allocator's free blocks filled with NaN before each, in variants that each
-change one thing the kernels could read or write outside what MILI hands them:
-- plain: as a step runs (KV write, attention, no wait), outputs poisoned with NaN;
-- one-partition: plain, with Modular's split-K forced to one partition;
-- old-metadata: plain, with the decode dispatch metadata passed for steps with prefill rows too (as it was);
+loadtest/gpu/diagnose.py runs every case in a process of its own, and there every case passed; the module's tests and
+the engine, which run many steps in one process, failed on steps mixing decode rows and prefill chunks. This probe
+found why (an H200, 2026-11-27, loadtest/results/gpu_mixed_probe.md): Modular's attention kernels compute over
+shared memory they never load for the keys past a sequence's end. Those keys get zero weight, but a NaN or infinity
+an earlier kernel left there survives it, so a short sequence's rows (fewer keys than a tile) came out NaN. Without
+the module's zeroing, 9 to 11 of 12 random steps went wrong here, in every variant that changed what the module
+reads around its inputs; with every SM's shared memory zeroed just before the attention, none did.
+
+Before each step the caching allocator's free blocks are filled with NaN (as after steps that wrote NaN); then:
+- plain: as a step runs (KV write, attention, no wait), outputs poisoned with NaN, the module zeroing shared memory;
+- no-zeroing: the same without the zeroing (the module as it was);
+- smem-nan / smem-nan-no-zeroing: NaN put in every SM's shared memory just before the attention, with and without;
 - synced: the device synchronised after the write and after the attention;
 - out-zero: outputs start as zeros: rows that stay exactly zero were never written;
-- q-tail-nan / q-tail-zero: the queries followed by 256 rows of NaN (or zeros) in the same buffer;
-- kv-tail-nan: the caches followed by 8 NaN blocks the module is not told of;
-- meta-tail-junk: cache lengths, row offsets and block tables followed by junk entries;
-- zero-margins / nan-margins: every tensor the module reads or writes (queries, caches, block tables, lengths, row
-  offsets, outputs) copied into a buffer with 64 KiB of zeros (or NaN, and junk block ids) before and after it;
-- smem-zero / smem-nan: every SM's shared memory filled with zeros (or NaN) by a kernel of the module's just before
-  the attention, on its stream;
+- nan-margins: every tensor the module reads or writes (queries, caches, block tables, lengths, row offsets, outputs)
+  copied into a buffer with 64 KiB of NaN (and junk block ids) before and after it;
 - clean: no NaN put in free memory first.
 Each variant reports its failures and, for failing steps, which rows went wrong (their sequence's query and context
 lengths, NaN or finite). Run where `make gpu-check` runs: with --bundle it installs the carried wheels and runtime
@@ -36,7 +35,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-VARIANTS = ("plain", "one-partition", "old-metadata", "synced", "out-zero", "q-tail-nan", "q-tail-zero", "kv-tail-nan", "meta-tail-junk", "clean")
+VARIANTS = ("plain", "no-zeroing", "smem-nan", "smem-nan-no-zeroing", "synced", "out-zero", "nan-margins", "clean")
 FIXED = [[(2000, 1), (1100, 1100), (3, 1)], [(15, 1), (16, 1), (17, 1), (40, 7), (33, 33)],
          [(17, 1), (200, 1), (1030, 1)], [(3, 1), (2000, 1), (40, 1)]]
 TOLERANCE = 1e-2
@@ -64,15 +63,6 @@ def fill_free_memory_with_nan(device) -> None:
     del junk
 
 
-def padded_copy(t, extra_rows: int, fill):
-    """t's values at the start of a buffer `extra_rows` rows longer, the rest `fill`; returns the view of t's rows."""
-    import torch
-
-    buf = torch.full((t.shape[0] + extra_rows, *t.shape[1:]), fill, dtype=t.dtype, device=t.device)
-    buf[: t.shape[0]] = t
-    return buf[: t.shape[0]]
-
-
 def in_margins(t, fill, margin_bytes: int = 1 << 16):
     """A copy of t in the middle of a buffer with `margin_bytes` of `fill` on either side."""
     import torch
@@ -89,6 +79,7 @@ def one_step(ops, seqs, seed: int, variant: str) -> dict:
 
     import torch
 
+    from kernels.gpu_attention import NAN_BITS
     from worker.attention.cuda import RandomStep
 
     device = ops.device
@@ -101,19 +92,9 @@ def one_step(ops, seqs, seed: int, variant: str) -> dict:
     ref_k, ref_v = step.reference_caches()
     expected = step.expected(ref_k, ref_v)
     k_cache, v_cache, query, plan = step.k_cache, step.v_cache, step.query, step.plan
-    if variant == "kv-tail-nan":
-        k_cache, v_cache = (padded_copy(c, 8, float("nan")) for c in (k_cache, v_cache))
-    if variant.startswith("q-tail"):
-        query = padded_copy(query, 256, float("nan") if variant == "q-tail-nan" else 0.0)
-    if variant == "meta-tail-junk":
-        junk = 0x3FFFFFFF
-        plan = dataclasses.replace(plan, cache_lengths=padded_copy(plan.cache_lengths, 64, junk),
-                                   row_offsets=padded_copy(plan.row_offsets, 64, junk),
-                                   block_tables=padded_copy(plan.block_tables, 64, junk))
-    if variant.endswith("-margins"):
-        nan = variant == "nan-margins"
-        k_cache, v_cache, query = (in_margins(t, float("nan") if nan else 0.0) for t in (k_cache, v_cache, query))
-        plan = dataclasses.replace(plan, **{name: in_margins(getattr(plan, name), 0x7FC07FC0 if nan else 0)
+    if variant == "nan-margins":
+        k_cache, v_cache, query = (in_margins(t, float("nan")) for t in (k_cache, v_cache, query))
+        plan = dataclasses.replace(plan, **{name: in_margins(getattr(plan, name), NAN_BITS)
                                             for name in ("block_tables", "cache_lengths", "row_offsets")})
     for cache in (k_cache, v_cache):  # the new K/V poisoned until the module's write
         cache.view(-1, *cache.shape[2:])[step.slot_mapping] = float("nan")
@@ -122,12 +103,12 @@ def one_step(ops, seqs, seed: int, variant: str) -> dict:
     if variant == "synced":
         torch.cuda.synchronize(device)
     out = torch.full_like(query, 0.0 if variant == "out-zero" else float("nan"))
-    if variant.endswith("-margins"):
-        out = in_margins(out, float("nan") if variant == "nan-margins" else 0.0)
+    if variant == "nan-margins":
+        out = in_margins(out, float("nan"))
+    if variant.startswith("smem-nan"):
+        ops.fill_shared_memory(NAN_BITS)
     ops.paged_attention(query, k_cache, v_cache, plan, step.scale, out=out,
-                        metadata_for_every_step=variant == "old-metadata",
-                        partitions=1 if variant == "one-partition" else 0,
-                        fill_shared={"smem-zero": 1, "smem-nan": 2}.get(variant, 0))
+                        zero_shared_memory=not variant.endswith("no-zeroing"))
     if variant == "synced":
         torch.cuda.synchronize(device)
     got = out.float().clone()
