@@ -75,6 +75,7 @@ def PyInit_mili_gpu_attention() abi("C") -> PythonObject:
         m.def_function[write_kv]("write_kv", docstring="key/value rows into the paged caches at their slots")
         m.def_function[paged_attention]("paged_attention", docstring="causal paged attention over a ragged batch")
         m.def_function[fill_shared]("fill_shared", docstring="every SM's shared memory filled with a 32-bit pattern")
+        m.def_function[read_shared]("read_shared", docstring="one block's shared memory as it finds it")
         return m.finalize()
     except e:
         abort(String("error creating module:", e))
@@ -146,9 +147,19 @@ def write_kv(args: PythonObject) raises -> PythonObject:
 def fill_shared_kernel(bits: UInt32):
     """Writes `bits` over the block's whole dynamic shared memory (why: SHARED_MEMORY_FILL above)."""
     var smem = external_memory[UInt32, address_space=AddressSpace.SHARED, alignment=16, name="mili_fill"]()
-    var i = Int(thread_idx.x)
+    var i = Int(thread_idx.x) * 4
     while i < FILL_BYTES // 4:
-        smem.store[volatile=True](i, bits)  # volatile: stores nothing reads must not be dropped
+        smem.store[alignment=16](i, SIMD[DType.uint32, 4](bits))  # 16-byte stores (a global: not dropped)
+        i += FILL_THREADS * 4
+
+
+def read_shared_kernel(dest: Pointer[UInt32, MutAnyOrigin], words: Int32):
+    """Copies the first `words` 32-bit words of the block's dynamic shared memory, as it finds them, to `dest`: what
+    fill_shared left there (the GPU tests check that the fill the self-check relies on takes effect)."""
+    var smem = external_memory[UInt32, address_space=AddressSpace.SHARED, alignment=16, name="mili_read"]()
+    var i = Int(thread_idx.x)
+    while i < Int(words):
+        dest.unsafe_offset(i).unsafe_store(smem.load(i))
         i += FILL_THREADS
 
 
@@ -163,6 +174,20 @@ def fill_shared(args: PythonObject) raises -> PythonObject:
     # stream (the self-check and the tests put NaN there before an attention, as earlier kernels may leave it).
     var ctx = _context(args[0])
     _enqueue_fill(ctx, ctx[].create_external_stream(_stream_handle(args[1])), UInt32(Int(py=args[2])))
+    return PythonObject(None)
+
+
+def read_shared(args: PythonObject) raises -> PythonObject:
+    # args: (context, stream, out, words): one block's view of its shared memory, `words` uint32 into `out`.
+    var ctx = _context(args[0])
+    var words = Int(py=args[3])
+    if words < 0 or words > FILL_BYTES // 4:
+        raise Error("read_shared: words must be within the filled shared memory")
+    var kernel = ctx[].compile_function[read_shared_kernel](
+        func_attribute=FuncAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES(UInt32(FILL_BYTES)))
+    ctx[].create_external_stream(_stream_handle(args[1])).enqueue_function(
+        kernel, Pointer[UInt32, MutAnyOrigin](unsafe_from_address=Int(py=args[2])), Int32(words), grid_dim=1,
+        block_dim=FILL_THREADS, shared_mem_bytes=FILL_BYTES)
     return PythonObject(None)
 
 

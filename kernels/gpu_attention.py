@@ -237,6 +237,14 @@ class GpuAttention:
                                          zero_shared_memory))
         return out
 
+    def read_shared_memory(self, words: int) -> torch.Tensor:
+        """The first `words` 32-bit words of one block's shared memory as a new kernel finds them ([words] int32 on
+        the device, on torch's current stream): what fill_shared_memory left there."""
+        out = torch.empty(words, dtype=torch.int32, device=self.device)
+        with self._stream() as stream:
+            self.module.read_shared((self._context, stream, out.data_ptr(), words))
+        return out
+
     def fill_shared_memory(self, bits: int) -> None:
         """Every SM's shared memory filled with the 32-bit pattern `bits` on torch's current stream: what a kernel may
         leave there (NAN_BITS: NaN), so that a check can show attention does not depend on it."""

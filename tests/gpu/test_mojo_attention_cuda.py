@@ -198,6 +198,18 @@ def test_long_prefills(ops, seqs, test_seed):
     check_step(ops, seqs, test_seed)
 
 
+def test_the_shared_memory_fill_takes_effect(ops):
+    """Every test here leaves NaN in shared memory before the attention, and the attention zeroes it first (Modular's
+    kernels computed over shared memory they had not loaded): both rest on the fill kernel, so a later kernel must
+    find its pattern there."""
+    if DEVICE == "cpu":
+        pytest.skip("shared memory is the GPU's (the rehearsal has none)")
+    for bits in (NAN_BITS, 0x12345678, 0):
+        ops.fill_shared_memory(bits)
+        seen = ops.read_shared_memory(8192)
+        assert bool((seen == bits).all()), f"pattern {bits:#x}: {seen[:8].tolist()}"
+
+
 def test_runs_on_the_current_stream_without_host_syncs(ops, test_seed):
     """On a side stream, with torch's sync debug mode raising on any synchronising torch call in the plan and the
     two calls; the result is read on that stream, then checked."""

@@ -11,6 +11,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+import torch
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import Kernel
 
@@ -60,7 +61,14 @@ def test_tiny_run_measures_every_part(tmp_path):
         # The labelled ranges caught the attention backend and the sampler.
         assert row["by_category_ms"]["attention"] > 0 and row["by_category_ms"]["sampler"] > 0
         assert row["by_category_ms"]["matmul"] > 0
+        # The host's phases of a step, as run and synced after the forward: each timed, none above the step.
+        assert set(row["host_phases_ms"]) == {"as_run", "synced_after_forward"}
+        for phases in row["host_phases_ms"].values():
+            assert set(phases) == {"schedule", "prepare", "execute", "sample", "rest", "step"}
+            assert all(_positive(phases[name]) for name in ("schedule", "prepare", "execute", "sample", "step"))
+            assert sum(phases[n] for n in ("schedule", "prepare", "execute", "sample")) <= phases["step"]
     table = md.read_text()
+    assert "host phases, ms per step" in table
     assert "| offline output tok/s" in table and "| TTFT" in table
     assert run.stdout.rstrip().endswith(table.rstrip().splitlines()[-1])  # the table comes last
 
@@ -185,3 +193,31 @@ def test_a_run_past_its_deadline_stops_and_leaves_the_engine_clean(tmp_path):
                                        "dynamic", deadline=past)
     assert hf["batches"] == 0 and not hf["complete"] and hf["stopped"] == "budget: 8 sequences not run"
     assert hf["output_tok_s"] is None
+
+
+def test_timed_phases_time_each_phase_and_leave_the_engine_as_it_was():
+    from loadtest.decode_profile import timed_phases
+
+    class Part:
+        def schedule(self):
+            return "batch"
+
+        def prepare(self, batch):
+            return ("inputs", batch)
+
+        def execute(self, inputs):
+            return ("logits", inputs)
+
+    scheduler, runner = Part(), Part()
+    engine = SimpleNamespace(device=torch.device("cpu"), scheduler=scheduler, runner=runner,
+                             sampler=lambda logits: ("tokens", logits))
+    sampler = engine.sampler
+    totals: dict[str, float] = {}
+    with timed_phases(engine, totals, sync_after_execute=True):
+        batch = engine.scheduler.schedule()
+        assert engine.sampler(engine.runner.execute(engine.runner.prepare(batch))) == \
+            ("tokens", ("logits", ("inputs", "batch")))
+    assert set(totals) == {"schedule", "prepare", "execute", "sample"} and all(v >= 0 for v in totals.values())
+    # The wrappers were instance attributes: gone, the methods and the sampler as they were.
+    assert "schedule" not in vars(scheduler) and "prepare" not in vars(runner) and "execute" not in vars(runner)
+    assert engine.sampler is sampler
