@@ -290,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {"device": None, "model": "tiny Qwen3 (2 layers)" if args.tiny else "Qwen3-0.6B-shaped, random weights",
               "model_config": s.model, "settings": settings, "python": platform.python_version(),
               "torch": torch.__version__, "cuda": torch.version.cuda,
-              "transformers": None, "attention_backend": None, "parts": {}}
+              "transformers": None, "attention_backend": None, "parts": {},
+              "parts_left_out": sorted(filter(None, args.skip.split(",")))}
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
     def write():

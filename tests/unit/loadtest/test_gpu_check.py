@@ -61,6 +61,21 @@ def test_only_runs_the_parts_asked_for(tmp_path):
     assert bad.returncode == 2 and "unknown parts ['tests']" in bad.stderr
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the dry run runs the GPU tests: make gpu-check")
+def test_module_tests_part_runs_the_module_suite_alone_and_the_skip_reaches_the_engine_benchmark(tmp_path):
+    env = dict(os.environ)
+    env.pop("MILI_GPU_TESTS_DEVICE", None)
+    run = subprocess.run([sys.executable, "-m", "loadtest.gpu.check", "--dry-run", "--out", str(tmp_path), "--only",
+                          "module-tests,engine-bench", "--engine-bench-skip", "transformers"],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert [s["suite"] for s in report["suites"]] == ["tests/gpu module"]
+    assert report["suites"][0]["tests"] > 0 and report["gpu_modules"] == []
+    planned = json.loads((tmp_path / "gpu.json").read_text())
+    assert planned["skipped"] == "dry run" and planned["parts_left_out"] == ["transformers"]
+
+
 def test_bundle_carries_what_the_device_lacks_at_the_pinned_versions():
     packages = closure(pinned_roots())
     # The gateway's and worker's own dependencies that the GPU machine does not have, at pyproject's pins.
