@@ -113,15 +113,12 @@ def _ranged(fn, name: str):
 
 
 @contextmanager
-def labelled_ranges(engine):
-    """The attention backend's plan/write_kv/attend and the engine's sampler run inside profiler ranges while
-    this is open (instance attributes over the methods; removed on exit)."""
-    backend = engine.attention_backend
-    wrapped = [(backend, attr, ATTENTION_RANGE) for attr in ("plan", "write_kv", "attend")]
-    wrapped.append((engine, "sampler", SAMPLER_RANGE))
-    saved = [(obj, attr, obj.__dict__.get(attr)) for obj, attr, _ in wrapped]
-    for obj, attr, name in wrapped:
-        setattr(obj, attr, _ranged(getattr(obj, attr), name))
+def wrapped_attributes(targets):
+    """targets: (object, attribute, wrap) triples. While open, each attribute is wrap(its value), set on the
+    instance; on exit each is as it was (an instance attribute restored, a method's instance override removed)."""
+    saved = [(obj, attr, obj.__dict__.get(attr)) for obj, attr, _ in targets]
+    for obj, attr, wrap in targets:
+        setattr(obj, attr, wrap(getattr(obj, attr)))
     try:
         yield
     finally:
@@ -132,6 +129,15 @@ def labelled_ranges(engine):
                 setattr(obj, attr, before)
 
 
+def labelled_ranges(engine):
+    """The attention backend's plan/write_kv/attend and the engine's sampler run inside profiler ranges while
+    this is open."""
+    backend = engine.attention_backend
+    targets = [(backend, attr, ATTENTION_RANGE) for attr in ("plan", "write_kv", "attend")]
+    targets.append((engine, "sampler", SAMPLER_RANGE))
+    return wrapped_attributes([(obj, attr, lambda fn, name=name: _ranged(fn, name)) for obj, attr, name in targets])
+
+
 # The host's side of a step, timed phase by phase without the profiler: the scheduler, the runner's input building,
 # the forward's launch (a graph replay returns at once on CUDA), the sampler (on CUDA it includes the wait for the
 # device, since its token read waits for the step) and the rest of Engine.step (the outputs, the block bookkeeping).
@@ -139,7 +145,6 @@ PHASES = (("schedule", "scheduler", "schedule"), ("prepare", "runner", "prepare"
           ("sample", None, "sampler"))
 
 
-@contextmanager
 def timed_phases(engine, totals: dict[str, float], sync_after_execute: bool):
     """While open, each phase's seconds add up in `totals`; with sync_after_execute the device is synchronised when
     the forward returns, so that `execute` holds the forward's device time and `sample` the sampler's own."""
@@ -156,18 +161,8 @@ def timed_phases(engine, totals: dict[str, float], sync_after_execute: bool):
                 totals[name] = totals.get(name, 0.0) + time.perf_counter() - t0
         return call
 
-    targets = [(getattr(engine, owner) if owner else engine, attr, name) for name, owner, attr in PHASES]
-    saved = [(obj, attr, obj.__dict__.get(attr)) for obj, attr, _ in targets]
-    for obj, attr, name in targets:
-        setattr(obj, attr, timed(getattr(obj, attr), name))
-    try:
-        yield
-    finally:
-        for obj, attr, before in saved:
-            if before is None:
-                delattr(obj, attr)
-            else:
-                setattr(obj, attr, before)
+    return wrapped_attributes([(getattr(engine, owner) if owner else engine, attr,
+                                lambda fn, name=name: timed(fn, name)) for name, owner, attr in PHASES])
 
 
 def host_phases(engine, steps: int, sync_after_execute: bool) -> dict[str, float]:
