@@ -32,26 +32,31 @@ class GpuModuleUnavailable(RuntimeError):
     """No usable GPU attention module for this shape here (not built, not loadable, or no device)."""
 
 
-NAN_BITS = 0x7FC07FC0  # two bfloat16 NaNs (and a float32 NaN) in 32 bits: GpuAttention.fill_shared_memory's test pattern
+NAN_BITS = 0x7FC07FC0  # two bfloat16 NaNs (a float32 NaN too) in 32 bits: fill_shared_memory's test pattern
 
 # Modular's sm_90a kernels read a sequence's block-table row with vector loads, so every row must start on a
 # 16-byte boundary: seen on an H200, where a 19-block-wide table (76-byte rows) faulted with a misaligned read in
 # `sm90_mha_depth64_*` at its second row. Rows are padded to a multiple of TABLE_WIDTH_MULTIPLE entries on a base
 # aligned to TABLE_BASE_ALIGN bytes.
 # The prefill kernels' page look-up (`PagedKVCache.populate`, max-core 26.7) also loads up to 16 entries from the
-# first page of a key tile whatever the tile's length, so a row must hold TABLE_TAIL_ENTRIES entries past the
-# last page any sequence uses: Modular's own cache manager allocates `round_up(pages, 8) + 16` columns. Without
-# them a step's last row is read past the table's end, and the pages those stray entries name are loaded; masked
-# keys get zero weight, but a NaN or infinity read there survives the zero (0 x NaN = NaN). Every padding entry is
-# block 0: a block of the cache, zero-filled at allocation, so whatever is read there is finite.
+# first page of a key tile whatever the tile's length, and states that a row must hold TABLE_TAIL_ENTRIES entries
+# past the last page any sequence uses: Modular's own cache manager allocates `round_up(pages, 8) + 16` columns.
+# (Without them a step's last row is read past the table's end. That was not what turned short sequences NaN on an
+# H200, loadtest/results/gpu_mixed_probe.md; the invariant is Modular's.) Every padding entry is block 0: a block
+# of the cache, zero-filled at allocation, so whatever is read there is finite.
 TABLE_WIDTH_MULTIPLE = 8
 TABLE_TAIL_ENTRIES = 16
 TABLE_BASE_ALIGN = 64
 
 
+def _whole_rows(entries: int) -> int:
+    """entries rounded up to a multiple of TABLE_WIDTH_MULTIPLE."""
+    return -(-entries // TABLE_WIDTH_MULTIPLE) * TABLE_WIDTH_MULTIPLE
+
+
 def module_table_width(pages: int) -> int:
     """Columns the module needs for steps whose longest context spans `pages` pages."""
-    return -(-pages // TABLE_WIDTH_MULTIPLE) * TABLE_WIDTH_MULTIPLE + TABLE_TAIL_ENTRIES
+    return _whole_rows(pages) + TABLE_TAIL_ENTRIES
 
 
 def aligned_block_tables(block_tables: torch.Tensor, pages: int) -> torch.Tensor:
@@ -61,7 +66,7 @@ def aligned_block_tables(block_tables: torch.Tensor, pages: int) -> torch.Tensor
     small kernel, no host wait; capturable). Each row's length comes from its cache length, so no padding entry
     is attended."""
     width = block_tables.shape[1]
-    needed = max(module_table_width(pages), -(-width // TABLE_WIDTH_MULTIPLE) * TABLE_WIDTH_MULTIPLE)
+    needed = max(module_table_width(pages), _whole_rows(width))
     if width == needed and block_tables.data_ptr() % TABLE_BASE_ALIGN == 0:
         return block_tables
     return torch.nn.functional.pad(block_tables, (0, needed - width))

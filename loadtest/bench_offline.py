@@ -13,9 +13,9 @@ int8 KV cache, what OpenVINO's CPU plugin runs by default, whose settings the ta
 of its two ways: its continuous-batching pipeline (all queued at once, max_num_seqs c) or its stateful LLMPipeline on
 left-padded batches of c, batch after batch. Each side is warmed up before it is timed. On a shared machine one run's
 figures move by 5-10%: --rounds N alternates N rounds of both sides (OpenVINO first in the first round, MILI in the
-second, and so on) and reports each figure's median, every round's listed below the table. OpenVINO is installed and the model exported on first use
-(loadtest/peers/openvino_genai.py, a venv of its own under build/peers/). Results go to
-loadtest/results/<name>.json and .md, the CPU named.
+second, and so on) and reports each figure's median, every round's listed below the table. OpenVINO is installed
+and the model exported on first use (loadtest/peers/openvino_genai.py, a venv of its own under build/peers/).
+Results go to loadtest/results/<name>.json and .md, the CPU named.
 """
 
 from __future__ import annotations

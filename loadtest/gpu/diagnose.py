@@ -15,7 +15,6 @@ which names the kernel and the access. Run where `make gpu-check` runs (it needs
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
@@ -37,12 +36,7 @@ STEPS = {
 # a step runs, the module's KV write then its attention with no wait between, the result read by torch on its
 # stream before the one final synchronisation; where "synced" passes and "streamed" fails, the streams' ordering is.
 MODES = ("synced", "streamed")
-# ":no-tail": the same step with the block table as the module took it before the tail padding (rows padded to 8
-# entries only, kernels/gpu_attention.py's TABLE_TAIL_ENTRIES): where these fail and the padded cases pass, the page
-# look-up reading past the table was the fault.
-NO_TAIL = ("chunk", "mixed", "mixed-long")
-CASES = (("write_kv",) + tuple(f"attention:{name}:{mode}" for name in STEPS for mode in MODES)
-         + tuple(f"attention:{name}:synced:no-tail" for name in NO_TAIL))
+CASES = ("write_kv",) + tuple(f"attention:{name}:{mode}" for name in STEPS for mode in MODES)
 
 
 def run_case(case: str, shape_text: str, seed: int = 0) -> dict:
@@ -59,10 +53,6 @@ def run_case(case: str, shape_text: str, seed: int = 0) -> dict:
     seqs = STEPS["mixed" if case == "write_kv" else case.split(":")[1]]
     mode = "synced" if case == "write_kv" else case.split(":")[2]
     step = RandomStep.draw(shape, seqs, seed, device)
-    if case.endswith(":no-tail"):
-        width = -(-step.tables.shape[1] // 8) * 8
-        step.plan = dataclasses.replace(step.plan, block_tables=torch.nn.functional.pad(
-            step.tables, (0, width - step.tables.shape[1])).to(device))
     k_cache, v_cache, query, plan, slot_mapping = step.k_cache, step.v_cache, step.query, step.plan, step.slot_mapping
     ref_k, ref_v = step.reference_caches()
     result = {"case": case, "shape": shape_text}
