@@ -51,15 +51,18 @@ def plain_ids(tiny_model_dir) -> list[int]:
 
 @pytest.fixture(scope="module")
 def plain_text(tiny_model_dir, plain_ids) -> str:
+    """Its text as the server writes it: a random model may emit special tokens, which are left out."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(tiny_model_dir)).decode(plain_ids)
+    return AutoTokenizer.from_pretrained(str(tiny_model_dir)).decode(plain_ids, skip_special_tokens=True)
 
 
 def _lookup_finds_a_draft(output: list[int]) -> bool:
-    """Whether prompt lookup (1-gram and up) has something to propose at some decode step: a generated token, not
-    the last, that already occurs earlier in the prompt or the output (a random model may never repeat one)."""
-    return any(t in PROMPT + output[:i] for i, t in enumerate(output[:-1]))
+    """Whether prompt lookup (1-gram and up) has something to propose at some decode step that may draft: a
+    generated token that already occurs earlier in the prompt or the output (a random model may never repeat
+    one), early enough that a draft fits before max_tokens (verifying d drafts emits up to d + 1 tokens, so the
+    engine drafts after output token i only while i + 3 <= len(output): worker/spec/speculator.py)."""
+    return any(t in PROMPT + output[:i] for i, t in enumerate(output[:len(output) - 2]))
 
 
 def test_health_and_log_say_what_runs(spec_server):
