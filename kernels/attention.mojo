@@ -60,7 +60,8 @@ def _dot[dt: DType](q: Pointer[Scalar[F32], MutAnyOrigin], k: Pointer[Scalar[dt]
         d += W
     var s = acc.reduce_add()
     if d < n:
-        s += (q.unsafe_offset(d).unsafe_load[width=W8]() * k.unsafe_offset(d).unsafe_load[width=W8]().cast[F32]()).reduce_add()
+        var kd = k.unsafe_offset(d).unsafe_load[width=W8]().cast[F32]()
+        s += (q.unsafe_offset(d).unsafe_load[width=W8]() * kd).reduce_add()
     return s
 
 

@@ -115,7 +115,8 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
     # scores [MAX_GROUP, CHUNK] float32, the keys' values and (int8) scale offsets [2, CHUNK] int64, and where
     # kernels/attention.py's _scratch_width allots it for prompt rows over an int8 cache, attention_prompt.mojo's part.
     var scores = param_ptr[F32](args, 17).unsafe_offset(begin * scratch_width)
-    var offsets = Pointer[Scalar[DType.int64], MutAnyOrigin](unsafe_from_address=Int(scores.unsafe_offset(MAX_GROUP * CHUNK)))
+    var offsets = Pointer[Scalar[DType.int64], MutAnyOrigin](
+        unsafe_from_address=Int(scores.unsafe_offset(MAX_GROUP * CHUNK)))
     var scale_offsets = offsets.unsafe_offset(CHUNK)
     var group = num_heads // kv_heads
     var lane = F32x16(0)
@@ -202,7 +203,8 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
                                                 rebind[Pointer[Scalar[BF16], MutAnyOrigin]](qp.unsafe_offset(g * HD)),
                                                 rebind[Pointer[Scalar[BF16], MutAnyOrigin]](k_row))
                                         else:
-                                            var prod = (qf[g] * k_row.unsafe_load[width=HD]().cast[F32]()).reduce_add[KEYS]()
+                                            var kf = k_row.unsafe_load[width=HD]().cast[F32]()
+                                            var prod = (qf[g] * kf).reduce_add[KEYS]()
                                             comptime if cdt == I8:
                                                 prod = prod * k_scales[j]
                                             p[bitrev4(j)] = prod
@@ -212,7 +214,8 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
                                 s = masked(s, n, lane)
                                 maxes[g] = max(maxes[g], s)
                                 scores.unsafe_offset(g * CHUNK + j0).unsafe_store(s)
-                    fold_chunk[cdt, HD, G, S, I16_DOT](acc, m, l, maxes, scores, ng, nk, v_cache, offsets, scale_offsets)
+                    fold_chunk[cdt, HD, G, S, I16_DOT](acc, m, l, maxes, scores, ng, nk, v_cache, offsets,
+                                                       scale_offsets)
                     c0 += CHUNK
                 var op = out.unsafe_offset(token * out_stride + (kvh * group + g0) * HD)
                 comptime for g in range(G):

@@ -70,7 +70,8 @@ comptime VECTOR = Layout(UNKNOWN_VALUE)
 def PyInit_mili_gpu_attention() abi("C") -> PythonObject:
     try:
         var m = PythonModuleBuilder("mili_gpu_attention")
-        m.def_function[shape]("shape", docstring="(query heads, KV heads, head_dim, page size) this module was built for")
+        m.def_function[shape]("shape",
+                              docstring="(query heads, KV heads, head_dim, page size) this module was built for")
         m.def_function[create_context]("create_context", docstring="a DeviceContext for one GPU, as an address")
         m.def_function[write_kv]("write_kv", docstring="key/value rows into the paged caches at their slots")
         m.def_function[paged_attention]("paged_attention", docstring="causal paged attention over a ragged batch")

@@ -212,8 +212,8 @@ def _rope_write_kv[dt: DType, cdt: DType](args: Params, begin: Int, end: Int):
                 var at = value_offset[I8](page, in_page, h, block_size, kv_heads, head_dim)
                 var scale_at = scale_offset[I8](page, in_page, h, block_size, kv_heads, head_dim)
                 quantize_row[F32](k_i8.unsafe_offset(at), k_i8.unsafe_offset(scale_at), rotated, head_dim)
-                quantize_row[dt](v_i8.unsafe_offset(at), v_i8.unsafe_offset(scale_at), v_src.unsafe_offset(h * head_dim),
-                                 head_dim)
+                quantize_row[dt](v_i8.unsafe_offset(at), v_i8.unsafe_offset(scale_at),
+                                 v_src.unsafe_offset(h * head_dim), head_dim)
         else:
             var k_dst = param_ptr[dt](args, 2)
             var v_dst = param_ptr[dt](args, 3).unsafe_offset(slot * kv_row)

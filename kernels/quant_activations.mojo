@@ -88,8 +88,8 @@ comptime I32x16 = SIMD[DType.int32, GROUP]
 
 def _quantize_rows[dt: DType, two: Bool](p: Params, begin: Int, end: Int):
     """Up to GROUP blocks of a row at a time: their maxima, 127 / max, and sums are reduced lane-wise by a tree
-    (kernels/lane_tree.mojo: no per-block horizontal reduction), then stored per block. The same operations per value as one block at a
-    time, so the same bits (kernels/reference/quant_matmul.py)."""
+    (kernels/lane_tree.mojo: no per-block horizontal reduction), then stored per block. The same operations per
+    value as one block at a time, so the same bits (kernels/reference/quant_matmul.py)."""
     var x = param_ptr[dt](p, P_X)
     var m = param_int(p, P_M)
     var k = param_int(p, P_K)
