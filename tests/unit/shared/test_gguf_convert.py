@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -489,6 +490,28 @@ def test_default_model_is_cached(smol, monkeypatch):
     monkeypatch.setattr(default_model, "convert_gguf", no_reconversion)
     assert default_model.default_model_path() == path
     assert (path / "model.safetensors").stat().st_mtime_ns == before
+
+
+def test_the_same_gguf_elsewhere_reuses_its_conversion(smol, tmp_path, monkeypatch):
+    """The cache is keyed by the GGUF's bytes, not its path: a copy in another place (another virtualenv's package)
+    finds the conversion, a file with one byte changed does not, and an unchanged file is not read again."""
+    path, cache, _ = smol
+    monkeypatch.setenv("MILI_CACHE_DIR", str(cache))
+    monkeypatch.setattr(default_model, "convert_gguf", lambda *a: pytest.fail("converted again"))
+    copy = tmp_path / "elsewhere" / default_model.DEFAULT_GGUF_FILE
+    copy.parent.mkdir()
+    shutil.copy(default_model.default_gguf_path(), copy)
+    assert default_model.converted_gguf(copy, default_model.DEFAULT_SERVED_NAME) == path
+    file_digest = default_model._file_digest
+    monkeypatch.setattr(default_model, "_file_digest", lambda p: pytest.fail("read again"))
+    assert default_model.converted_gguf(copy, default_model.DEFAULT_SERVED_NAME) == path
+    monkeypatch.setattr(default_model, "_file_digest", file_digest)
+    with open(copy, "r+b") as f:  # same size, one byte changed (and a new mtime)
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 1]))
+    assert default_model._source_key(copy) != default_model._source_key(default_model.default_gguf_path())
 
 
 def test_default_model_concurrent_first_use(tmp_path, monkeypatch):
