@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import logging
 import os
 import time
@@ -18,6 +17,7 @@ from starlette.routing import Route
 
 from gateway import openapi
 from gateway.anthropic.routes import count_tokens, messages
+from gateway.ollama import routes as ollama
 from gateway.metrics.mili_metrics import Metrics
 from gateway.openai.parse import Limits
 from gateway.openai.response_bodies import TokenNames
@@ -31,6 +31,7 @@ from gateway.server.client_io import ClientDisconnected
 from gateway.server.errors import ApiError
 from gateway.server.key_limits import KeyLimits
 from gateway.server.request_id import RequestIdMiddleware
+from gateway.server.version import mili_version
 from gateway.streams.resume_buffer import StreamRegistry
 from gateway.streams.resume_routes import resume_stream
 from gateway.text.served_model_text import ModelText
@@ -154,11 +155,7 @@ async def metrics(request: Request) -> Response:
 async def version(request: Request) -> Response:
     """MILI's version. Routers of the SGLang lineage (SMG) also read the presence of GET /version as "this backend
     speaks vLLM's protocol", which MILI does for its metrics (gateway/metrics/router_metrics.py), so they poll its load."""
-    try:
-        number = importlib.metadata.version("mili")
-    except importlib.metadata.PackageNotFoundError:  # running from a checkout that was never installed
-        number = "unknown"
-    return JSONResponse({"version": number, "server": "mili"})
+    return JSONResponse({"version": mili_version(), "server": "mili"})
 
 
 async def openapi_json(request: Request) -> Response:
@@ -203,6 +200,12 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
         Route("/v1/score", _api(pooling.score), methods=["POST"]),
         Route("/v1/messages", _api(messages), methods=["POST"]),
         Route("/v1/messages/count_tokens", _api(count_tokens), methods=["POST"]),
+        Route("/api/chat", _api(ollama.chat), methods=["POST"]),
+        Route("/api/generate", _api(ollama.generate), methods=["POST"]),
+        Route("/api/tags", _api(ollama.tags), methods=["GET"]),
+        Route("/api/show", _api(ollama.show), methods=["POST"]),
+        Route("/api/ps", _api(ollama.ps), methods=["GET"]),
+        Route("/api/version", _api(ollama.version), methods=["GET"]),
         Route("/tokenize", _api(tokenize), methods=["POST"]),
         Route("/detokenize", _api(detokenize), methods=["POST"]),
         Route("/v1/streams/{stream_id}", _api(resume_stream), methods=["GET"]),

@@ -77,10 +77,7 @@ async def completions(request: Request) -> Response:
     require_task(state.engine_config.task, "generate")  # before the body: its shape is another task's
     deadline = request_deadline(request, state.settings.request_timeout)
     req = parse_completion(await read_json(request, state.settings.max_body_bytes), state.settings.limits)
-    _check_served(state, req)
-    prompts = [state.text.encode_prompt(p) for p in req.prompts]
-    params = await _constrained(state, req, "none")  # completions split no reasoning off
-    admitted = _admit(state, req, prompts, TextOptions(stop=req.stop), caller(request), deadline, params)
+    admitted, prompts = await admit_completion(request, req, deadline)
     fmt = CompletionFormat(req.model, state.token_names)
     echo = [state.text.decode(p) if req.echo else "" for p in prompts]
     if req.stream:
@@ -145,6 +142,17 @@ async def admit_chat(request: Request, req: ChatRequest, deadline: float | None)
                           starts_in_reasoning=state.text.starts_in_reasoning(rendered), parse_tool_calls=calls,
                           tool_calls_only=calls and req.tools.calls_only)
     return _admit(state, req, [prompt], options, caller(request), deadline, params), options
+
+
+async def admit_completion(request: Request, req: CompletionRequest,
+                           deadline: float | None) -> tuple[Admitted, list[list[int]]]:
+    """A parsed completion request tokenized, constrained and submitted (also what Ollama's raw /api/generate
+    runs); returns its prompts' token ids too."""
+    state = request.app.state.mili
+    _check_served(state, req)
+    prompts = [state.text.encode_prompt(p) for p in req.prompts]
+    params = await _constrained(state, req, "none")  # completions split no reasoning off
+    return _admit(state, req, prompts, TextOptions(stop=req.stop), caller(request), deadline, params), prompts
 
 
 async def _constrained(state, req: ChatRequest | CompletionRequest, reasoning: str) -> SamplingParams:

@@ -1,6 +1,7 @@
 """Error objects with the matching HTTP status, in the shape of the API a route belongs to: OpenAI's
-`{"error": {"message", "type", "param", "code"}}`, or under /v1/messages Anthropic's
-`{"type": "error", "error": {"type", "message"}}`. Routes raise one ApiError; `response_for` picks the shape."""
+`{"error": {"message", "type", "param", "code"}}`, under /v1/messages Anthropic's
+`{"type": "error", "error": {"type", "message"}}`, under /api/ Ollama's `{"error": message}`. Routes raise one
+ApiError; `response_for` picks the shape."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_f
 _ANTHROPIC_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
                     413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error", 504: "timeout_error"}
 ANTHROPIC_PREFIX = "/v1/messages"
+OLLAMA_PREFIX = "/api/"  # Ollama's API: {"error": message}
 
 
 class ApiError(Exception):
@@ -40,6 +42,8 @@ class ApiError(Exception):
         """The error in the shape of the API that serves `path`."""
         if is_anthropic_path(path):
             return JSONResponse(self.anthropic_body(), status_code=self.status, headers=self.headers)
+        if path.startswith(OLLAMA_PREFIX):
+            return JSONResponse({"error": self.message}, status_code=self.status, headers=self.headers)
         return self.response()
 
 

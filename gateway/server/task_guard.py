@@ -6,7 +6,8 @@ from __future__ import annotations
 from gateway.server.errors import ApiError
 
 # task -> the routes that serve it (named in the refusal)
-TASK_ROUTES = {"generate": "/v1/chat/completions, /v1/completions, /v1/responses and /v1/messages",
+TASK_ROUTES = {"generate": "/v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, /api/chat and "
+                            "/api/generate",
                "embed": "/v1/embeddings", "score": "/v1/rerank, /rerank, /v2/rerank and /score"}
 
 

@@ -88,6 +88,27 @@ def test_disconnect_from_a_responses_stream(server):
     assert server.metric("mili_requests_total", finish_reason="abort") == aborts + 1
 
 
+def test_disconnect_from_an_ollama_stream(server):
+    """Ollama's /api/chat streams newline-delimited JSON; leaving mid-stream aborts the request the same way."""
+    body = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "never ending story"}],
+            "options": {"num_predict": 450, "temperature": 0}}
+
+    async def run():
+        async with httpx2.AsyncClient(base_url=server.url, timeout=60) as client:
+            async with client.stream("POST", "/api/chat", json=body) as response:
+                assert response.headers["content-type"].startswith("application/x-ndjson")
+                async for line in response.aiter_lines():
+                    if json.loads(line)["message"]["content"]:
+                        break
+                assert server.metric("mili_requests_running") == 1
+            # the connection is closed mid-stream
+
+    aborts = server.metric("mili_requests_total", finish_reason="abort")
+    asyncio.run(run())
+    wait_idle(server)
+    assert server.metric("mili_requests_total", finish_reason="abort") == aborts + 1
+
+
 def test_disconnect_while_queued_and_while_waiting_non_stream(server):
     async def run():
         async with httpx2.AsyncClient(base_url=server.url, timeout=60) as client:

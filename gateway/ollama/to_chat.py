@@ -1,0 +1,152 @@
+"""An Ollama request as the Chat Completions (or, for a raw /api/generate, the Completions) request it means, so all
+of them share one set of checks, one grammar path and one path to the worker.
+
+The translation:
+- `options`: num_predict is max_tokens (a negative one, Ollama's "until the context ends", is no limit);
+  temperature, top_p, top_k, min_p, seed, stop, presence_penalty and frequency_penalty map across; repeat_penalty is
+  vLLM's repetition_penalty. Loading options (num_ctx, num_gpu, ...) and keep_alive change nothing.
+- `format`: "json" is a JSON object (response_format json_object), a schema is json_schema; "" is none.
+- `think`: true (or a level, "low" / "medium" / "high") sets the template's enable_thinking, false clears it.
+- Messages keep their roles. An assistant turn's tool_calls (arguments as objects) get ids where they have none,
+  and each later tool message answers the first unanswered call of its tool_name (or, without one, the first
+  unanswered call): Ollama's messages carry no call ids. Images are a 400: the served model reads text only.
+- /api/generate: `system` and `prompt` are the system and user messages of a one-turn chat; with `raw` the prompt
+  is completed as it is, with no template. `suffix`, `template` and `context` are refused (no fill-in-the-middle
+  template; the model's template only; conversations go through /api/chat).
+A 400 from the chat checks names the Ollama field it came from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from gateway.ollama.schema import ChatBody, GenerateBody, Message
+from gateway.server.errors import ApiError, invalid
+
+# A chat field's name in a 400 -> the Ollama field it came from (by prefix).
+_PARAMS = (("max_tokens", "options.num_predict"), ("repetition_penalty", "options.repeat_penalty"),
+           ("response_format", "format"), ("chat_template_kwargs", "think"))
+_OPTIONS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty")
+
+
+def served_name(model: str, served: str) -> str:
+    """The name a request's model means: Ollama's clients add the default tag (`name:latest`) to untagged names."""
+    return served if ":" not in served and model == f"{served}:latest" else model
+
+
+def chat_body(body: ChatBody, served: str) -> dict[str, Any]:
+    chat = _sampling(body, served)
+    chat["messages"] = _messages(body.messages)
+    if body.tools:
+        chat["tools"] = [{"type": "function", "function": t.function} for t in body.tools]
+    if body.logprobs:
+        chat["logprobs"] = True
+        if body.top_logprobs:
+            chat["top_logprobs"] = body.top_logprobs
+    return chat
+
+
+def generate_body(body: GenerateBody, served: str) -> dict[str, Any]:
+    """A chat body, or with `raw` a completion body."""
+    for name in ("suffix", "template"):
+        if getattr(body, name):
+            raise invalid(f"{name} is not supported by this server (the model's own chat template is used)", name)
+    if body.context:
+        raise invalid("context is not supported by this server: send the conversation as /api/chat messages",
+                      "context")
+    if body.images:
+        raise _no_images("images")
+    request = _sampling(body, served)
+    if body.raw:
+        if body.logprobs:
+            raise invalid("logprobs with raw is not supported by this server", "logprobs")
+        request.pop("chat_template_kwargs", None)
+        request["prompt"] = body.prompt
+        return request
+    request["messages"] = ([{"role": "system", "content": body.system}] if body.system else []) + \
+        [{"role": "user", "content": body.prompt}]
+    if body.logprobs:
+        request["logprobs"] = True
+        if body.top_logprobs:
+            request["top_logprobs"] = body.top_logprobs
+    return request
+
+
+@contextlib.contextmanager
+def ollama_names() -> Iterator[None]:
+    """A 400 from the chat checks, naming the Ollama field."""
+    try:
+        yield
+    except ApiError as e:
+        if e.param is not None:
+            renamed = _ollama_param(e.param)
+            if renamed != e.param:
+                e.message = e.message.replace(e.param, renamed)
+                e.param = renamed
+        raise
+
+
+def _sampling(body: ChatBody | GenerateBody, served: str) -> dict[str, Any]:
+    request: dict[str, Any] = {"model": served_name(body.model, served), "stream": body.stream}
+    options = body.options
+    if options is not None:
+        if options.num_predict is not None and options.num_predict >= 0:
+            request["max_tokens"] = options.num_predict
+        for name in _OPTIONS:
+            if getattr(options, name) is not None:
+                request[name] = getattr(options, name)
+        if options.repeat_penalty is not None:
+            request["repetition_penalty"] = options.repeat_penalty
+    if body.format == "json":
+        request["response_format"] = {"type": "json_object"}
+    elif isinstance(body.format, dict):
+        request["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": body.format}}
+    if body.think is not None:
+        request["chat_template_kwargs"] = {"enable_thinking": body.think is not False}
+    return request
+
+
+def _messages(messages: list[Message]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    unanswered: list[tuple[str, str]] = []  # (call id, tool name) of the calls no tool message has answered yet
+    for i, message in enumerate(messages):
+        if message.images:
+            raise _no_images(f"messages[{i}].images")
+        entry: dict[str, Any] = {"role": message.role, "content": message.content or ""}
+        if message.role == "assistant" and message.tool_calls:
+            calls = []
+            for k, call in enumerate(message.tool_calls):
+                call_id = call.id or f"call_{i}_{k}"
+                unanswered.append((call_id, call.function.name))
+                calls.append({"id": call_id, "type": "function", "function": {
+                    "name": call.function.name, "arguments": json.dumps(call.function.arguments, ensure_ascii=False)}})
+            entry["tool_calls"] = calls
+            entry["content"] = message.content or None
+        elif message.role == "tool":
+            entry["tool_call_id"] = message.tool_call_id or _answer(unanswered, message.tool_name, i)
+        out.append(entry)
+    return out
+
+
+def _answer(unanswered: list[tuple[str, str]], tool_name: str | None, index: int) -> str:
+    for k, (call_id, name) in enumerate(unanswered):
+        if tool_name is None or name == tool_name:
+            del unanswered[k]
+            return call_id
+    return f"call_result_{index}"  # a result with no call before it: the template shows it as it is
+
+
+def _no_images(param: str) -> ApiError:
+    return invalid(f"{param}: images are not supported (this server serves a text-only model)", param)
+
+
+def _ollama_param(param: str) -> str:
+    for chat_name, name in _PARAMS:
+        if param == chat_name or param.startswith(chat_name + ".") or param.startswith(chat_name + "["):
+            return name + param[len(chat_name):]
+    if param in _OPTIONS or param.split(".", 1)[0].split("[", 1)[0] in _OPTIONS:
+        return "options." + param
+    return param
