@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +30,7 @@ from gateway.anthropic.schema import (CountTokensBody, block_type, InputMessage,
                                       TextBlock, ThinkingBlock, ThinkingEnabled, ToolResultBlock, ToolUseBlock)
 from gateway.openai.parse import ChatRequest, Limits, parse_chat
 from gateway.openai.validation import validate
-from gateway.server.errors import ApiError, invalid
+from gateway.server.errors import invalid, params_renamed
 
 BILLING_HEADER = "x-anthropic-billing-header:"
 # The discriminated unions of the body (field -> its tag), for naming the field of a problem inside one.
@@ -66,18 +65,9 @@ def parse_messages(raw: Any, limits: Limits, count_only: bool = False) -> Messag
     return MessagesRequest(body, dataclasses.replace(chat, thinking_budget=budget))
 
 
-@contextlib.contextmanager
-def anthropic_names() -> Iterator[None]:
+def anthropic_names() -> contextlib.AbstractContextManager[None]:
     """A 400 from the chat checks, naming the Messages field."""
-    try:
-        yield
-    except ApiError as e:
-        if e.param is not None:
-            renamed = _anthropic_param(e.param)
-            if renamed != e.param:
-                e.message = e.message.replace(e.param, renamed)
-                e.param = renamed
-        raise
+    return params_renamed(_anthropic_param)
 
 
 def chat_body(body: MessagesBody | CountTokensBody) -> dict[str, Any]:

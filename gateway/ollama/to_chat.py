@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
 from typing import Any
 
 from gateway.ollama.schema import ChatBody, GenerateBody, Message
-from gateway.server.errors import ApiError, invalid
+from gateway.server.errors import ApiError, invalid, params_renamed
 
 # A chat field's name in a 400 -> the Ollama field it came from (by prefix).
 _PARAMS = (("max_tokens", "options.num_predict"), ("repetition_penalty", "options.repeat_penalty"),
@@ -75,18 +74,9 @@ def generate_body(body: GenerateBody, served: str) -> dict[str, Any]:
     return request
 
 
-@contextlib.contextmanager
-def ollama_names() -> Iterator[None]:
+def ollama_names() -> contextlib.AbstractContextManager[None]:
     """A 400 from the chat checks, naming the Ollama field."""
-    try:
-        yield
-    except ApiError as e:
-        if e.param is not None:
-            renamed = _ollama_param(e.param)
-            if renamed != e.param:
-                e.message = e.message.replace(e.param, renamed)
-                e.param = renamed
-        raise
+    return params_renamed(_ollama_param)
 
 
 def _sampling(body: ChatBody | GenerateBody, served: str) -> dict[str, Any]:

@@ -5,6 +5,9 @@ ApiError; `response_for` picks the shape."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
+
 from starlette.responses import JSONResponse
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -53,3 +56,18 @@ def is_anthropic_path(path: str) -> bool:
 
 def invalid(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param)
+
+
+@contextlib.contextmanager
+def params_renamed(rename: Callable[[str], str]) -> Iterator[None]:
+    """A 400 raised inside, its param (and the message's mention of it) renamed: an API translated into a chat
+    request names the field its own client sent, not the chat field it became."""
+    try:
+        yield
+    except ApiError as e:
+        if e.param is not None:
+            renamed = rename(e.param)
+            if renamed != e.param:
+                e.message = e.message.replace(e.param, renamed)
+                e.param = renamed
+        raise

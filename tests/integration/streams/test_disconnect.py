@@ -37,6 +37,14 @@ def wait_for(server, name: str, at_least: float, timeout: float = 10.0) -> None:
         time.sleep(0.05)
 
 
+def assert_aborted_once(server, run) -> None:
+    """Runs the client coroutine `run`: its one request ends as an abort, and the server goes idle."""
+    aborts = server.metric("mili_requests_total", finish_reason="abort")
+    asyncio.run(run())
+    wait_idle(server)
+    assert server.metric("mili_requests_total", finish_reason="abort") == aborts + 1
+
+
 class OpenStream:
     """A streaming request that has started decoding; `close()` drops the connection."""
 
@@ -63,10 +71,7 @@ def test_disconnect_while_decoding(server):
             assert server.metric("mili_requests_running") == 1
             await stream.close()  # mid-stream
 
-    aborts = server.metric("mili_requests_total", finish_reason="abort")
-    asyncio.run(run())
-    wait_idle(server)
-    assert server.metric("mili_requests_total", finish_reason="abort") == aborts + 1
+    assert_aborted_once(server, run)
 
 
 def test_disconnect_from_a_responses_stream(server):
@@ -82,10 +87,7 @@ def test_disconnect_from_a_responses_stream(server):
                 assert server.metric("mili_requests_running") == 1
             # the connection is closed mid-stream
 
-    aborts = server.metric("mili_requests_total", finish_reason="abort")
-    asyncio.run(run())
-    wait_idle(server)
-    assert server.metric("mili_requests_total", finish_reason="abort") == aborts + 1
+    assert_aborted_once(server, run)
 
 
 def test_disconnect_from_an_ollama_stream(server):
@@ -103,10 +105,7 @@ def test_disconnect_from_an_ollama_stream(server):
                 assert server.metric("mili_requests_running") == 1
             # the connection is closed mid-stream
 
-    aborts = server.metric("mili_requests_total", finish_reason="abort")
-    asyncio.run(run())
-    wait_idle(server)
-    assert server.metric("mili_requests_total", finish_reason="abort") == aborts + 1
+    assert_aborted_once(server, run)
 
 
 def test_disconnect_while_queued_and_while_waiting_non_stream(server):
