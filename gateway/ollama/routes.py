@@ -58,7 +58,7 @@ async def _generate(request: Request, body: ChatBody | GenerateBody, kind: str) 
     served = state.settings.served_model_name
     require_model(served_name(body.model, served), served)
     output = OllamaOutput(kind, body.model, state.token_names, bool(body.logprobs))
-    if (kind == "chat" and not body.messages) or (kind == "generate" and not body.prompt and not body.raw):
+    if (kind == "chat" and not body.messages) or (kind == "generate" and not body.prompt):
         return JSONResponse(output.load())
     deadline = request_deadline(request, state.settings.request_timeout)
     with ollama_names():

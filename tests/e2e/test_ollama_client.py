@@ -117,3 +117,4 @@ def test_a_request_with_nothing_to_generate_loads_the_model(client):
     loaded = client.chat(model=MODEL, messages=[])
     assert loaded.done and loaded.done_reason == "load"
     assert client.generate(model=MODEL, prompt="").done_reason == "load"
+    assert client.generate(model=MODEL, prompt="", raw=True).done_reason == "load"
