@@ -202,6 +202,8 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
         Route("/v1/messages/count_tokens", _api(count_tokens), methods=["POST"]),
         Route("/api/chat", _api(ollama.chat), methods=["POST"]),
         Route("/api/generate", _api(ollama.generate), methods=["POST"]),
+        Route("/api/embed", _api(pooling.ollama_embed), methods=["POST"]),
+        Route("/api/embeddings", _api(pooling.ollama_embeddings), methods=["POST"]),
         Route("/api/tags", _api(ollama.tags), methods=["GET"]),
         Route("/api/show", _api(ollama.show), methods=["POST"]),
         Route("/api/ps", _api(ollama.ps), methods=["GET"]),

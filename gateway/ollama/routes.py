@@ -1,6 +1,7 @@
 """Ollama's API, for the applications that speak it to a local server: POST /api/chat and /api/generate (streamed
-as newline-delimited JSON unless `stream` is false), GET /api/tags, POST /api/show, GET /api/ps and
-GET /api/version. A chat or generate request runs as the chat (or raw: completion) request it translates into
+as newline-delimited JSON unless `stream` is false), GET /api/tags, POST /api/show, GET /api/ps and GET /api/version.
+POST /api/embed and /api/embeddings (--task embed) are served beside the other pooling routes (gateway/pooling/).
+A chat or generate request runs as the chat (or raw: completion) request it translates into
 (gateway/ollama/to_chat.py) and is answered in Ollama's shape (gateway/ollama/output.py).
 
 The served model is listed under its served name with Ollama's default tag (`name:latest`), and either spelling is
@@ -25,8 +26,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.ollama.output import OllamaOutput
 from gateway.ollama.schema import ChatBody, GenerateBody, ShowBody
-from gateway.ollama.to_chat import chat_body, generate_body, ollama_names, served_name
-from gateway.openai.parse import parse_chat, parse_completion, require_model
+from gateway.ollama.to_chat import chat_body, generate_body, ollama_names
+from gateway.openai.parse import parse_chat, parse_completion, require_model, without_default_tag
 from gateway.openai.routes import Admitted, admit_chat, admit_completion
 from gateway.openai.validation import validate
 from gateway.server.client_io import collect_unless_disconnected, read_json
@@ -56,7 +57,7 @@ async def _generate(request: Request, body: ChatBody | GenerateBody, kind: str) 
     state = request.app.state.mili
     require_task(state.engine_config.task, "generate")
     served = state.settings.served_model_name
-    require_model(served_name(body.model, served), served)
+    require_model(without_default_tag(body.model, served), served)
     output = OllamaOutput(kind, body.model, state.token_names, bool(body.logprobs))
     if (kind == "chat" and not body.messages) or (kind == "generate" and not body.prompt):
         return JSONResponse(output.load())
@@ -132,7 +133,7 @@ async def show(request: Request) -> Response:
     if not name:
         raise ApiError(400, "model is required", "model")
     served = state.settings.served_model_name
-    if served_name(name, served) != served:
+    if without_default_tag(name, served) != served:
         raise ApiError(404, f"model '{name}' not found; this server serves '{_tagged(served)}'", "model")
     entry = _model_entry(state)
     info = state.pool.info

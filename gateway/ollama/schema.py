@@ -93,3 +93,4 @@ class ShowBody(_Model):
     model: str | None = None
     name: str | None = Field(None, description="the older clients' name for model")
     verbose: bool | None = None
+

@@ -23,17 +23,13 @@ import json
 from typing import Any
 
 from gateway.ollama.schema import ChatBody, GenerateBody, Message
+from gateway.openai.parse import without_default_tag
 from gateway.server.errors import ApiError, invalid, params_renamed
 
 # A chat field's name in a 400 -> the Ollama field it came from (by prefix).
 _PARAMS = (("max_tokens", "options.num_predict"), ("repetition_penalty", "options.repeat_penalty"),
            ("response_format", "format"), ("chat_template_kwargs", "think"))
 _OPTIONS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty")
-
-
-def served_name(model: str, served: str) -> str:
-    """The name a request's model means: Ollama's clients add the default tag (`name:latest`) to untagged names."""
-    return served if ":" not in served and model == f"{served}:latest" else model
 
 
 def chat_body(body: ChatBody, served: str) -> dict[str, Any]:
@@ -80,7 +76,7 @@ def ollama_names() -> contextlib.AbstractContextManager[None]:
 
 
 def _sampling(body: ChatBody | GenerateBody, served: str) -> dict[str, Any]:
-    request: dict[str, Any] = {"model": served_name(body.model, served), "stream": body.stream}
+    request: dict[str, Any] = {"model": without_default_tag(body.model, served), "stream": body.stream}
     options = body.options
     if options is not None:
         if options.num_predict is not None and options.num_predict >= 0:

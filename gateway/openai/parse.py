@@ -197,3 +197,9 @@ def require_model(model: str, served_name: str) -> None:
     if model != served_name:
         raise ApiError(404, f"the model {model!r} does not exist; this server serves {served_name!r}",
                        "model", "model_not_found")
+
+
+def without_default_tag(model: str, served_name: str) -> str:
+    """The name a request's model means: Ollama's clients add the default tag to untagged names (`name:latest`),
+    which names the served model when its own name has no tag."""
+    return served_name if ":" not in served_name and model == f"{served_name}:latest" else model

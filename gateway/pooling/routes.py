@@ -1,4 +1,5 @@
-"""POST /v1/embeddings (--task embed), POST /v1/rerank, /rerank, /v2/rerank (Cohere's) and /score (--task score).
+"""POST /v1/embeddings and Ollama's /api/embed and /api/embeddings (--task embed), POST /v1/rerank, /rerank,
+/v2/rerank (Cohere's) and /score (--task score).
 
 Every check runs before anything is submitted: the task, the body, the model, each input against the vocabulary
 and the context. Then each input (or query-document pair) is one prefill-only request in the workers' batches.
@@ -6,17 +7,20 @@ and the context. Then each input (or query-document pair) is one prefill-only re
 
 from __future__ import annotations
 
+import time
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.openai.parse import require_model
+from gateway.openai.parse import require_model, without_default_tag
 from gateway.openai.routes import ready_info
 from gateway.openai.validation import validate
 from gateway.pooling.output import (cohere_rerank_body, embeddings_body, encode_embedding, matryoshka, rerank_body,
                                     score_body)
 from gateway.pooling.prompts import PromptBuilder
 from gateway.pooling.run import pool_prompts
-from gateway.pooling.schema import SCORE_SIDES, CohereRerankRequest, EmbeddingRequest, RerankRequest, ScoreRequest
+from gateway.pooling.schema import (SCORE_SIDES, CohereRerankRequest, EmbeddingRequest, OllamaEmbeddingsRequest,
+                                    OllamaEmbedRequest, RerankRequest, ScoreRequest)
 from gateway.server.client_io import read_json
 from gateway.server.deadlines import request_deadline
 from gateway.server.errors import ApiError, invalid
@@ -51,6 +55,43 @@ async def embeddings(request: Request) -> Response:
     vectors = await pool_prompts(request, prompts, deadline)
     data = [encode_embedding(matryoshka(v, req.dimensions), req.encoding_format) for v in vectors]
     return JSONResponse(embeddings_body(state.settings.served_model_name, data, sum(map(len, prompts))))
+
+
+async def ollama_embed(request: Request) -> Response:
+    """Ollama's POST /api/embed: the vectors /v1/embeddings gives for the same texts (the model's own pooling and
+    normalization). `truncate` (default true) cuts inputs at the context length; false refuses them."""
+    state, req = await _ollama_body(request, OllamaEmbedRequest)
+    size = state.pooling.dimensions
+    if req.dimensions is not None and size and req.dimensions > size:
+        raise invalid(f"dimensions ({req.dimensions}) exceeds this model's embedding size ({size})", "dimensions")
+    started = time.monotonic_ns()
+    inputs = [req.input] if isinstance(req.input, str) else req.input
+    prompts = _prompts(state).embedding_inputs(inputs, -1 if req.truncate else None, True) if inputs else []
+    vectors = await pool_prompts(request, prompts, request_deadline(request, state.settings.request_timeout)) \
+        if prompts else []
+    return JSONResponse({"model": req.model, "embeddings": [matryoshka(v, req.dimensions) for v in vectors],
+                         "total_duration": time.monotonic_ns() - started, "load_duration": 0,
+                         "prompt_eval_count": sum(map(len, prompts))})
+
+
+async def ollama_embeddings(request: Request) -> Response:
+    """Ollama's older POST /api/embeddings: {"embedding": one vector}."""
+    state, req = await _ollama_body(request, OllamaEmbeddingsRequest)
+    prompts = _prompts(state).embedding_inputs([req.prompt], -1, True)
+    [vector] = await pool_prompts(request, prompts, request_deadline(request, state.settings.request_timeout))
+    return JSONResponse({"embedding": vector})
+
+
+async def _ollama_body(request: Request, model_cls):
+    """As _body, for Ollama's lenient bodies, whose model may carry the default tag."""
+    state = request.app.state.mili
+    require_task(state.engine_config.task, "embed")
+    req = validate(model_cls, await read_json(request, state.settings.max_body_bytes), unsupported=())
+    served = state.settings.served_model_name
+    require_model(without_default_tag(req.model, served), served)
+    if state.draining:
+        raise ApiError(503, "the server is shutting down", code="draining")
+    return state, req
 
 
 async def rerank(request: Request) -> Response:

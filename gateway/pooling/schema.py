@@ -1,4 +1,4 @@
-"""The request bodies of POST /v1/embeddings (OpenAI's), /v1/rerank and /rerank (Jina's and Cohere's v1, as vLLM and
+"""The request bodies of POST /v1/embeddings (OpenAI's), /api/embed and /api/embeddings (Ollama's), /v1/rerank and /rerank (Jina's and Cohere's v1, as vLLM and
 llama.cpp serve them), /v2/rerank (Cohere's API v2) and /score (vLLM's), as typed models: strict, unknown fields
 refused, bounds from shared/request_limits.py. What depends on the served model (vocabulary, context, embedding
 size) is checked once the texts are tokens (gateway/pooling/prompts.py)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BeforeValidator, Field, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from gateway.openai.schema import TokenId, _int, _Model
 from shared.request_limits import (COHERE_TOP_N, DIMENSIONS, MAX_EMBEDDING_INPUTS, MAX_SCORE_DOCUMENTS,
@@ -35,6 +35,28 @@ class EmbeddingRequest(_Model):
     # vLLM's extensions.
     truncate_prompt_tokens: TruncatePromptTokens | None = None
     add_special_tokens: bool = True
+
+
+class OllamaEmbedRequest(BaseModel):
+    """Ollama's POST /api/embed. Unknown fields are ignored, as Ollama ignores them."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str = Field(min_length=1)
+    input: Union[Text, Annotated[list[Text], Field(max_length=MAX_EMBEDDING_INPUTS)]]
+    truncate: bool = Field(True, description="cut inputs longer than the context (false: a 400)")
+    dimensions: _int(DIMENSIONS) | None = None
+    options: dict[str, Any] | None = None
+    keep_alive: Union[str, float, int, None] = None
+
+
+class OllamaEmbeddingsRequest(BaseModel):
+    """Ollama's older POST /api/embeddings: one prompt, one vector."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str = Field(min_length=1)
+    prompt: Text
+    options: dict[str, Any] | None = None
+    keep_alive: Union[str, float, int, None] = None
 
 
 class RerankRequest(_Model):

@@ -8,7 +8,8 @@ from gateway.server.errors import ApiError
 # task -> the routes that serve it (named in the refusal)
 TASK_ROUTES = {"generate": "/v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, /api/chat and "
                             "/api/generate",
-               "embed": "/v1/embeddings", "score": "/v1/rerank, /rerank, /v2/rerank and /score"}
+               "embed": "/v1/embeddings, /api/embed and /api/embeddings",
+               "score": "/v1/rerank, /rerank, /v2/rerank and /score"}
 
 
 def require_task(running: str, needed: str) -> None:

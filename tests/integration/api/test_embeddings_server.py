@@ -113,6 +113,34 @@ def test_openai_sdk_end_to_end(embed_server, st):
     assert len(floats.data[0].embedding) == 8
 
 
+def test_ollama_client_embeds_as_sentence_transformers(embed_server, st):
+    """Ollama's official client: /api/embed (one text, several, `dimensions`, `truncate`) and the older
+    /api/embeddings give sentence-transformers' vectors, under the served name or its `:latest` spelling."""
+    import ollama
+
+    client = ollama.Client(host=embed_server.url, timeout=60)
+    expected = st.encode(TEXTS, batch_size=1)
+    result = client.embed(model=f"{NAME}:latest", input=TEXTS)
+    for got, want in zip(result.embeddings, expected, strict=True):
+        torch.testing.assert_close(torch.tensor(got), want.float(), atol=1e-4, rtol=1e-4)
+    assert result.prompt_eval_count == sum(map(len, st.input_ids(TEXTS)))
+    [one] = client.embed(model=NAME, input=TEXTS[1]).embeddings
+    torch.testing.assert_close(torch.tensor(one), expected[1].float(), atol=1e-4, rtol=1e-4)
+    [short] = client.embed(model=NAME, input=TEXTS[0], dimensions=16).embeddings
+    want = st.encode(TEXTS[:1], batch_size=1, truncate_dim=16, normalize_embeddings=True)[0]
+    torch.testing.assert_close(torch.tensor(short), want.float(), atol=1e-4, rtol=1e-4)
+    legacy = client.embeddings(model=NAME, prompt=TEXTS[2]).embedding
+    torch.testing.assert_close(torch.tensor(legacy), expected[2].float(), atol=1e-4, rtol=1e-4)
+    long_text = "word " * (2 * CONTEXT)
+    assert len(client.embed(model=NAME, input=long_text).embeddings) == 1  # cut at the context by default
+    with pytest.raises(ollama.ResponseError) as e:
+        client.embed(model=NAME, input=long_text, truncate=False)
+    assert e.value.status_code == 400
+    with pytest.raises(ollama.ResponseError) as e:
+        client.embed(model="nope", input="x")
+    assert e.value.status_code == 404
+
+
 def test_concurrent_requests_get_their_own_vectors(embed_server):
     """Under load the engine batches requests together; each vector is still the one it gets alone."""
     texts = [f"{TEXTS[i % len(TEXTS)]} #{i}" for i in range(24)]

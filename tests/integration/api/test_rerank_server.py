@@ -45,7 +45,9 @@ SAME_PAIRS = 1e-5
 
 
 def _seed() -> int:
-    return int(os.environ.get("MILI_TEST_SEED", random.randrange(2**31)))
+    seed = int(os.environ.get("MILI_TEST_SEED", random.randrange(2**31)))
+    print(f"\n[tiny reranker] MILI_TEST_SEED={seed}")  # in the captured output of a failure: replay with it
+    return seed
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,8 @@ import pytest
 
 from gateway.ollama.output import OllamaOutput
 from gateway.ollama.schema import ChatBody, GenerateBody
-from gateway.ollama.to_chat import chat_body, generate_body, ollama_names, served_name
+from gateway.ollama.to_chat import chat_body, generate_body, ollama_names
+from gateway.openai.parse import without_default_tag
 from gateway.server.errors import ApiError, invalid
 from gateway.streams.choice_stream import ChoiceEvent, Usage
 from gateway.text.tool_call_parser import ToolCallDelta
@@ -21,11 +22,11 @@ def _chat(**fields) -> dict:
 
 
 def test_the_default_tag_names_the_served_model():
-    assert served_name("tiny:latest", "tiny") == "tiny"
-    assert served_name("tiny", "tiny") == "tiny"
-    assert served_name("other:latest", "tiny") == "other:latest"
-    assert served_name("tiny:7b", "tiny") == "tiny:7b"
-    assert served_name("m:q4:latest", "m:q4") == "m:q4:latest"  # a tagged served name is matched as it is
+    assert without_default_tag("tiny:latest", "tiny") == "tiny"
+    assert without_default_tag("tiny", "tiny") == "tiny"
+    assert without_default_tag("other:latest", "tiny") == "other:latest"
+    assert without_default_tag("tiny:7b", "tiny") == "tiny:7b"
+    assert without_default_tag("m:q4:latest", "m:q4") == "m:q4:latest"  # a tagged served name is matched as it is
 
 
 def test_options_map_onto_the_chat_fields():
