@@ -35,6 +35,8 @@ class OllamaOutput:
         self.first_output: int | None = None
         self.finish_reason: str | None = None
         self._call_pieces: list = []
+        self._text = self._reasoning = ""  # everything fed so far, for a response not streamed (whole)
+        self._logprobs: list[dict[str, Any]] = []
 
     def load(self) -> dict[str, Any]:
         """The answer to a request with nothing to generate (no messages, an empty prompt): Ollama's way to load a
@@ -48,7 +50,9 @@ class OllamaOutput:
             self.first_output = time.monotonic_ns()
         self.finish_reason = e.finish_reason or self.finish_reason
         self._call_pieces += e.tool_calls
-        logprobs = self.event_logprobs(e)
+        logprobs = self._event_logprobs(e)
+        self._text, self._reasoning = self._text + e.text, self._reasoning + e.reasoning
+        self._logprobs += logprobs
         if not (e.text or e.reasoning or logprobs):
             return None
         chunk = {**self._head(), **self._content(e.text, e.reasoning), "done": False}
@@ -79,13 +83,13 @@ class OllamaOutput:
         """The last chunk: no text, done, the reason and the counts."""
         return {**self._head(), **self._content("", ""), **self.done_fields(usage)}
 
-    def whole(self, text: str, reasoning: str, logprobs: list, usage: Usage) -> dict[str, Any]:
-        """A response not streamed: everything in one object."""
-        body = {**self._head(), **self._content(text, reasoning), **self.done_fields(usage)}
+    def whole(self, usage: Usage) -> dict[str, Any]:
+        """A response not streamed: everything fed, in one object."""
+        body = {**self._head(), **self._content(self._text, self._reasoning), **self.done_fields(usage)}
         if self.kind == "chat" and (calls := self.tool_calls()):
             body["message"]["tool_calls"] = calls
         if self.logprobs:
-            body["logprobs"] = logprobs
+            body["logprobs"] = self._logprobs
         return body
 
     def done_fields(self, usage: Usage) -> dict[str, Any]:
@@ -97,7 +101,7 @@ class OllamaOutput:
                 "prompt_eval_duration": first - self.started, "eval_count": usage.completion_tokens,
                 "eval_duration": now - first}
 
-    def event_logprobs(self, e: ChoiceEvent) -> list[dict[str, Any]]:
+    def _event_logprobs(self, e: ChoiceEvent) -> list[dict[str, Any]]:
         """The event's token logprobs in Ollama's shape (none unless the request asked)."""
         if not self.logprobs or not e.logprobs:
             return []

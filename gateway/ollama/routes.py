@@ -27,7 +27,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from gateway.ollama.output import OllamaOutput
 from gateway.ollama.schema import ChatBody, GenerateBody, ShowBody
 from gateway.ollama.to_chat import chat_body, generate_body, ollama_names
-from gateway.openai.parse import parse_chat, parse_completion, require_model, without_default_tag
+from gateway.openai.parse import (parse_chat, parse_completion, require_model, with_default_tag,
+                                  without_default_tag)
 from gateway.openai.routes import Admitted, admit_chat, admit_completion
 from gateway.openai.validation import validate
 from gateway.server.client_io import collect_unless_disconnected, read_json
@@ -75,22 +76,18 @@ async def _generate(request: Request, body: ChatBody | GenerateBody, kind: str) 
                 admitted, _ = await admit_chat(request, parse_chat(translated, state.settings.limits), deadline)
     if body.stream:
         return StreamingResponse(_lines(output, admitted), media_type=NDJSON, background=BackgroundTask(admitted.abort))
-    text = reasoning = ""
-    logprobs: list = []
     try:
         # Fed as they arrive, not once all have: the first one's arrival ends the prompt's timing.
-        for e in await collect_unless_disconnected(request, _fed(output, admitted.events())):
-            text, reasoning = text + e.text, reasoning + e.reasoning
-            logprobs += output.event_logprobs(e)
+        await collect_unless_disconnected(request, _fed(output, admitted.events()))
     finally:
         admitted.abort()
-    return JSONResponse(output.whole(text, reasoning, logprobs, admitted.usage))
+    return JSONResponse(output.whole(admitted.usage))
 
 
-async def _fed(output: OllamaOutput, events: AsyncIterator[ChoiceEvent]) -> AsyncIterator[ChoiceEvent]:
+async def _fed(output: OllamaOutput, events: AsyncIterator[ChoiceEvent]) -> AsyncIterator[None]:
     async for e in events:
         output.feed(e)
-        yield e
+        yield None
 
 
 async def _lines(output: OllamaOutput, admitted: Admitted) -> AsyncIterator[str]:
@@ -134,7 +131,7 @@ async def show(request: Request) -> Response:
         raise ApiError(400, "model is required", "model")
     served = state.settings.served_model_name
     if without_default_tag(name, served) != served:
-        raise ApiError(404, f"model '{name}' not found; this server serves '{_tagged(served)}'", "model")
+        raise ApiError(404, f"model '{name}' not found; this server serves '{with_default_tag(served)}'", "model")
     entry = _model_entry(state)
     info = state.pool.info
     arch = entry["details"]["family"]
@@ -163,10 +160,6 @@ def _capabilities(state) -> list[str]:
     return capabilities
 
 
-def _tagged(name: str) -> str:
-    return name if ":" in name else f"{name}:latest"
-
-
 def _model_entry(state) -> dict[str, Any]:
     """The served model as /api/tags lists it. The digest identifies the served name and weights' path, not an
     Ollama manifest (there is none); the size is the weights' files on disk."""
@@ -176,10 +169,10 @@ def _model_entry(state) -> dict[str, Any]:
     arch = (info.architecture if info is not None else "").removesuffix("ForCausalLM").lower() or "unknown"
     quantization = info.quantization if info is not None and info.quantization != "none" else (
         info.dtype if info is not None else "")
-    return {"name": _tagged(served), "model": _tagged(served),
+    return {"name": with_default_tag(served), "model": with_default_tag(served),
             "modified_at": datetime.fromtimestamp(state.started, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "size": sum(f.stat().st_size for f in files if f.is_file()),
             "digest": hashlib.sha256(f"{served}\n{path}".encode()).hexdigest(),
-            "details": {"parent_model": "", "format": "gguf" if any(f.suffix == ".gguf" for f in files) else "safetensors",
-                        "family": arch, "families": [arch], "parameter_size": "",
+            "details": {"parent_model": "", "family": arch, "families": [arch], "parameter_size": "",
+                        "format": "gguf" if any(f.suffix == ".gguf" for f in files) else "safetensors",
                         "quantization_level": quantization.upper()}}

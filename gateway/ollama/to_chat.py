@@ -37,10 +37,6 @@ def chat_body(body: ChatBody, served: str) -> dict[str, Any]:
     chat["messages"] = _messages(body.messages)
     if body.tools:
         chat["tools"] = [{"type": "function", "function": t.function} for t in body.tools]
-    if body.logprobs:
-        chat["logprobs"] = True
-        if body.top_logprobs:
-            chat["top_logprobs"] = body.top_logprobs
     return chat
 
 
@@ -54,19 +50,15 @@ def generate_body(body: GenerateBody, served: str) -> dict[str, Any]:
                       "context")
     if body.images:
         raise _no_images("images")
+    if body.raw and body.logprobs:
+        raise invalid("logprobs with raw is not supported by this server", "logprobs")
     request = _sampling(body, served)
     if body.raw:
-        if body.logprobs:
-            raise invalid("logprobs with raw is not supported by this server", "logprobs")
         request.pop("chat_template_kwargs", None)
         request["prompt"] = body.prompt
         return request
     request["messages"] = ([{"role": "system", "content": body.system}] if body.system else []) + \
         [{"role": "user", "content": body.prompt}]
-    if body.logprobs:
-        request["logprobs"] = True
-        if body.top_logprobs:
-            request["top_logprobs"] = body.top_logprobs
     return request
 
 
@@ -92,6 +84,10 @@ def _sampling(body: ChatBody | GenerateBody, served: str) -> dict[str, Any]:
         request["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": body.format}}
     if body.think is not None:
         request["chat_template_kwargs"] = {"enable_thinking": body.think is not False}
+    if body.logprobs:
+        request["logprobs"] = True
+        if body.top_logprobs:
+            request["top_logprobs"] = body.top_logprobs
     return request
 
 

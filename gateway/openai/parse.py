@@ -199,7 +199,15 @@ def require_model(model: str, served_name: str) -> None:
                        "model", "model_not_found")
 
 
+# Ollama's default tag: its clients name an untagged model `name:latest`.
+DEFAULT_TAG = ":latest"
+
+
+def with_default_tag(name: str) -> str:
+    """The name as Ollama lists a model: tagged, `:latest` where it has no tag of its own."""
+    return name if ":" in name else name + DEFAULT_TAG
+
+
 def without_default_tag(model: str, served_name: str) -> str:
-    """The name a request's model means: Ollama's clients add the default tag to untagged names (`name:latest`),
-    which names the served model when its own name has no tag."""
-    return served_name if ":" not in served_name and model == f"{served_name}:latest" else model
+    """The name a request's model means: the served model's default-tagged spelling is the served model."""
+    return served_name if model != served_name and model == with_default_tag(served_name) else model

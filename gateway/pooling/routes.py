@@ -27,12 +27,14 @@ from gateway.server.errors import ApiError, invalid
 from gateway.server.task_guard import require_task
 
 
-async def _body(request: Request, task: str, model_cls):
+async def _body(request: Request, task: str, model_cls, default_tag: bool = False):
+    """The checked body: the task, its shape, the model (with `default_tag`, Ollama's `name:latest` names it too)."""
     state = request.app.state.mili
     require_task(state.engine_config.task, task)
     req = validate(model_cls, await read_json(request, state.settings.max_body_bytes), unsupported=())
+    served = state.settings.served_model_name
     if req.model is not None:
-        require_model(req.model, state.settings.served_model_name)
+        require_model(without_default_tag(req.model, served) if default_tag else req.model, served)
     if state.draining:
         raise ApiError(503, "the server is shutting down", code="draining")
     return state, req
@@ -46,9 +48,7 @@ def _prompts(state) -> PromptBuilder:
 async def embeddings(request: Request) -> Response:
     state, req = await _body(request, "embed", EmbeddingRequest)
     deadline = request_deadline(request, state.settings.request_timeout)
-    size = state.pooling.dimensions
-    if req.dimensions is not None and size and req.dimensions > size:
-        raise invalid(f"dimensions ({req.dimensions}) exceeds this model's embedding size ({size})", "dimensions")
+    _check_dimensions(state, req.dimensions)
     single = isinstance(req.input, str) or isinstance(req.input[0], int)
     inputs = [req.input] if single else req.input
     prompts = _prompts(state).embedding_inputs(inputs, req.truncate_prompt_tokens, req.add_special_tokens)
@@ -60,15 +60,14 @@ async def embeddings(request: Request) -> Response:
 async def ollama_embed(request: Request) -> Response:
     """Ollama's POST /api/embed: the vectors /v1/embeddings gives for the same texts (the model's own pooling and
     normalization). `truncate` (default true) cuts inputs at the context length; false refuses them."""
-    state, req = await _ollama_body(request, OllamaEmbedRequest)
-    size = state.pooling.dimensions
-    if req.dimensions is not None and size and req.dimensions > size:
-        raise invalid(f"dimensions ({req.dimensions}) exceeds this model's embedding size ({size})", "dimensions")
+    state, req = await _body(request, "embed", OllamaEmbedRequest, default_tag=True)
+    _check_dimensions(state, req.dimensions)
     started = time.monotonic_ns()
     inputs = [req.input] if isinstance(req.input, str) else req.input
-    prompts = _prompts(state).embedding_inputs(inputs, -1 if req.truncate else None, True) if inputs else []
-    vectors = await pool_prompts(request, prompts, request_deadline(request, state.settings.request_timeout)) \
-        if prompts else []
+    prompts, vectors = [], []
+    if inputs:  # Ollama answers an empty list with no vectors
+        prompts = _prompts(state).embedding_inputs(inputs, -1 if req.truncate else None, True)
+        vectors = await pool_prompts(request, prompts, request_deadline(request, state.settings.request_timeout))
     return JSONResponse({"model": req.model, "embeddings": [matryoshka(v, req.dimensions) for v in vectors],
                          "total_duration": time.monotonic_ns() - started, "load_duration": 0,
                          "prompt_eval_count": sum(map(len, prompts))})
@@ -76,22 +75,16 @@ async def ollama_embed(request: Request) -> Response:
 
 async def ollama_embeddings(request: Request) -> Response:
     """Ollama's older POST /api/embeddings: {"embedding": one vector}."""
-    state, req = await _ollama_body(request, OllamaEmbeddingsRequest)
+    state, req = await _body(request, "embed", OllamaEmbeddingsRequest, default_tag=True)
     prompts = _prompts(state).embedding_inputs([req.prompt], -1, True)
     [vector] = await pool_prompts(request, prompts, request_deadline(request, state.settings.request_timeout))
     return JSONResponse({"embedding": vector})
 
 
-async def _ollama_body(request: Request, model_cls):
-    """As _body, for Ollama's lenient bodies, whose model may carry the default tag."""
-    state = request.app.state.mili
-    require_task(state.engine_config.task, "embed")
-    req = validate(model_cls, await read_json(request, state.settings.max_body_bytes), unsupported=())
-    served = state.settings.served_model_name
-    require_model(without_default_tag(req.model, served), served)
-    if state.draining:
-        raise ApiError(503, "the server is shutting down", code="draining")
-    return state, req
+def _check_dimensions(state, dimensions: int | None) -> None:
+    size = state.pooling.dimensions
+    if dimensions is not None and size and dimensions > size:
+        raise invalid(f"dimensions ({dimensions}) exceeds this model's embedding size ({size})", "dimensions")
 
 
 async def rerank(request: Request) -> Response:

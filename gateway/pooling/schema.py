@@ -1,6 +1,7 @@
-"""The request bodies of POST /v1/embeddings (OpenAI's), /api/embed and /api/embeddings (Ollama's), /v1/rerank and /rerank (Jina's and Cohere's v1, as vLLM and
-llama.cpp serve them), /v2/rerank (Cohere's API v2) and /score (vLLM's), as typed models: strict, unknown fields
-refused, bounds from shared/request_limits.py. What depends on the served model (vocabulary, context, embedding
+"""The request bodies of POST /v1/embeddings (OpenAI's), /api/embed and /api/embeddings (Ollama's), /v1/rerank and
+/rerank (Jina's and Cohere's v1, as vLLM and llama.cpp serve them), /v2/rerank (Cohere's API v2) and /score
+(vLLM's), as typed models: strict, unknown fields refused (Ollama's ignored, as Ollama ignores them), bounds from
+shared/request_limits.py. What depends on the served model (vocabulary, context, embedding
 size) is checked once the texts are tokens (gateway/pooling/prompts.py)."""
 
 from __future__ import annotations

@@ -145,15 +145,17 @@ def test_chunks_carry_text_and_thinking_and_the_final_one_the_counts():
 def test_tool_calls_go_out_whole_with_object_arguments():
     out = OllamaOutput("chat", "tiny", _Names(), logprobs=False)
     out.feed(ChoiceEvent(0, tool_calls=[ToolCallDelta(0, id="call_a", name="weather"),
-                                        ToolCallDelta(0, arguments='{"city": '), ToolCallDelta(0, arguments='"Paris"}')]))
-    out.feed(ChoiceEvent(0, tool_calls=[ToolCallDelta(1, id="call_b", name="time"), ToolCallDelta(1, arguments='{"tz')]))
+                                        ToolCallDelta(0, arguments='{"city": '),
+                                        ToolCallDelta(0, arguments='"Paris"}')]))
+    out.feed(ChoiceEvent(0, tool_calls=[ToolCallDelta(1, id="call_b", name="time"),
+                                        ToolCallDelta(1, arguments='{"tz')]))
     out.feed(ChoiceEvent(0, finish_reason="tool_calls"))
     chunk = out.tool_calls_chunk()
     # The second call was cut mid-arguments (max_tokens): no client could run it, so it is left out.
     assert chunk["message"]["tool_calls"] == [
         {"id": "call_a", "function": {"index": 0, "name": "weather", "arguments": {"city": "Paris"}}}]
     assert out.final(Usage())["done_reason"] == "stop"
-    whole = out.whole("", "", [], Usage())
+    whole = out.whole(Usage())
     assert whole["message"]["tool_calls"] == chunk["message"]["tool_calls"]
 
 
@@ -162,7 +164,11 @@ def test_logprobs_in_ollamas_shape_only_when_asked():
 
     event = ChoiceEvent(0, text="a", logprobs=[TokenLogprob(5, -0.5, [(5, -0.5), (6, -1.5)])])
     assert "logprobs" not in OllamaOutput("chat", "tiny", _Names(), logprobs=False).feed(event)
-    chunk = OllamaOutput("chat", "tiny", _Names(), logprobs=True).feed(event)
+    asked = OllamaOutput("chat", "tiny", _Names(), logprobs=True)
+    chunk = asked.feed(event)
     assert chunk["logprobs"] == [{"token": "t5", "logprob": -0.5, "top_logprobs": [
         {"token": "t5", "logprob": -0.5}, {"token": "t6", "logprob": -1.5}]}]
+    asked.feed(event)
+    whole = asked.whole(Usage())  # not streamed: every event's text and logprobs, once
+    assert whole["message"]["content"] == "aa" and whole["logprobs"] == chunk["logprobs"] * 2
     assert json.dumps(chunk)  # plain JSON values
