@@ -19,9 +19,12 @@ NAME = "tiny-embed-q8"
 TEXTS = ["Quantized weights keep a model small.", "Instruct: Given a question, retrieve passages that answer it\n"
          "Query: why quantize activations?", "one", "A pooled vector per text, compared by cosine with the float "
          "model's, the same text batched or alone.", "x " * 40]
-# Q8_0 weights and int8 activations (each about 8 bits per 32-element block) against the float model: every
-# vector's cosine with the float one at least this (measured on these random tiny models: 0.9995-0.9998).
-MIN_COSINE = 0.998
+# Q8_0 weights and int8 activations (each about 8 bits per 32-element block) against the float model, per vector's
+# cosine with the float one. Measured on these random tiny models over seeds 1-16: every text 0.9988-0.9999, the
+# five texts' mean at least 0.9993; one CI run's seed gave a text 0.9966 (the mean 0.9991). A kernel that got a
+# block's arithmetic wrong lands far below both bounds.
+MIN_COSINE = 0.99
+MIN_MEAN_COSINE = 0.998
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +61,7 @@ def test_vectors_stay_near_the_float_model(server, model_dir):
         want = st.encode(TEXTS, batch_size=1)
     cosine = torch.nn.functional.cosine_similarity(got, want, dim=-1)
     print(f"cosine to the float model per text: {[round(c, 5) for c in cosine.tolist()]}")
-    assert (cosine >= MIN_COSINE).all(), cosine
+    assert (cosine >= MIN_COSINE).all() and cosine.mean() >= MIN_MEAN_COSINE, cosine
     # Quantized, not the float path by accident: the vectors differ from the float ones.
     assert not torch.allclose(got, want, atol=1e-5, rtol=0)
 
