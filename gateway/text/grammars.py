@@ -114,6 +114,12 @@ def json_options(strict: bool) -> dict[str, Any]:
     return {**JSON_LAYOUT, "lenient": not strict}
 
 
+def lark_string(text: str) -> str:
+    """A Lark string literal matching exactly `text`: JSON's escapes, non-ASCII kept as UTF-8, and DEL escaped
+    (llguidance's lexer refuses a raw U+007F inside a literal)."""
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
 def schema_lark(schema: dict[str, Any], strict: bool) -> str:
     """A schema as the argument of Lark's %json, carrying its compile options."""
     return json.dumps({**schema, "x-guidance": json_options(strict)}, ensure_ascii=False)

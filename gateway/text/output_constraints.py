@@ -24,7 +24,7 @@ import llguidance
 from llguidance.gbnf_to_lark import any_to_lark
 
 from gateway.server.errors import invalid
-from gateway.text.grammars import ResponseFormat, check_schema, response_format_rules
+from gateway.text.grammars import ResponseFormat, check_schema, lark_string, response_format_rules
 
 # The request fields that carry one, each with its kind ("structured_outputs.<kind>" for vLLM's object).
 FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar",
@@ -86,5 +86,5 @@ def constraint_rules(constraint: OutputConstraint) -> tuple[list[str], dict[str,
     if constraint.kind == "regex":
         return [f"answer: /{llguidance.regex_to_lark(constraint.value)}/"], {}
     if constraint.kind == "choice":
-        return ["answer: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in constraint.value)], {}
+        return ["answer: " + " | ".join(lark_string(c) for c in constraint.value)], {}
     return [f"answer: @{SUBGRAMMAR}"], {SUBGRAMMAR: constraint.value}

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.server.errors import invalid
-from gateway.text.grammars import ResponseFormat, check_schema, is_valid_name, schema_lark
+from gateway.text.grammars import ResponseFormat, check_schema, is_valid_name, lark_string, schema_lark
 from shared.request_limits import MAX_TOOLS, NAME_RULE
 
 CALL_OPEN = "<tool_call>"
@@ -193,7 +193,7 @@ def call_prefix(name: str) -> str:
 def lark_tag(tag: str, is_token: bool) -> str:
     """A tag in a Lark grammar: by token where the tokenizer has it as one (llguidance matches added
     tokens by id, not by their text), else as text."""
-    return tag if is_token else _lit(tag)
+    return tag if is_token else lark_string(tag)
 
 
 def tool_grammar_rules(spec: ToolSpec, response_format: ResponseFormat | None, tags_are_tokens: bool) -> list[str]:
@@ -221,11 +221,8 @@ def tool_grammar_rules(spec: ToolSpec, response_format: ResponseFormat | None, t
         rules.append("TEXT: /(.|\\n)*/ & ~/(.|\\n)*" + re.escape(CALL_OPEN).replace("/", "\\/") + "(.|\\n)*/")
     rules.append("body: " + " | ".join(f"call_{i}" for i in range(len(tools))))
     for i, tool in enumerate(tools):
-        rules.append(f"call_{i}: {_lit(call_prefix(tool.name))} args_{i} \"}}\"")
+        rules.append(f"call_{i}: {lark_string(call_prefix(tool.name))} args_{i} \"}}\"")
         rules.append(f"args_{i}: %json {schema_lark(tool.parameters, tool.strict)}")
     return rules
 
 
-def _lit(text: str) -> str:
-    """A Lark string literal."""
-    return json.dumps(text)

@@ -17,6 +17,8 @@ from tests.integration.conftest import SERVED_NAME
 
 REGEX = r"[a-c]{2,4}-[0-9]{2}"
 CHOICES = ["yes", "no", "it depends, \"really\""]
+# Characters a grammar literal must escape or carry as UTF-8: DEL, a control character, a non-BMP character, nothing.
+ODD_CHOICES = ["a\x7fb", "\u00e9\u000b", "\U00029845!", ""]
 LARK = 'start: pair | "none"\npair: "(" NUM "," NUM ")"\nNUM: /[0-9]{1,2}/'
 GBNF = 'root ::= pair | "none"\npair ::= "(" num "," num ")"\nnum ::= [0-9] | [0-9] [0-9]'
 GRAMMAR_ORACLE = r"none|\([0-9]{1,2},[0-9]{1,2}\)"  # the language both grammars define
@@ -29,6 +31,7 @@ CASES = [
     ({"structured_outputs": {"regex": REGEX}}, lambda text: re.fullmatch(REGEX, text)),
     ({"guided_choice": CHOICES}, lambda text: text in CHOICES),
     ({"structured_outputs": {"choice": CHOICES}}, lambda text: text in CHOICES),
+    ({"guided_choice": ODD_CHOICES}, lambda text: text in ODD_CHOICES),
     ({"guided_grammar": LARK}, lambda text: re.fullmatch(GRAMMAR_ORACLE, text)),
     ({"structured_outputs": {"grammar": GBNF}}, lambda text: re.fullmatch(GRAMMAR_ORACLE, text)),
     ({"grammar": GBNF}, lambda text: re.fullmatch(GRAMMAR_ORACLE, text)),
