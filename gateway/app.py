@@ -22,13 +22,14 @@ from gateway.metrics.mili_metrics import Metrics
 from gateway.openai.parse import Limits
 from gateway.openai.response_bodies import TokenNames
 from gateway.openai.routes import chat_completions, completions
+from gateway.openai.model_routes import list_models, retrieve_model
 from gateway.openai.tokenize_routes import detokenize, tokenize
 from gateway.pooling import routes as pooling
 from gateway.responses_api.routes import responses
 from gateway.server import debug_routes
 from gateway.server.auth import ApiKey, ApiKeyMiddleware, KeyRing, load_keys
 from gateway.server.client_io import ClientDisconnected
-from gateway.server.errors import ApiError
+from gateway.server.errors import ANTHROPIC_VERSION_HEADER, ApiError
 from gateway.server.key_limits import KeyLimits
 from gateway.server.request_id import RequestIdMiddleware
 from gateway.server.version import mili_version
@@ -107,7 +108,7 @@ def _api(handler: Handler) -> Handler:
         try:
             return await handler(request)
         except ApiError as e:
-            return e.response_for(request.url.path)
+            return e.response_for(request.url.path, ANTHROPIC_VERSION_HEADER in request.headers)
         except ClientDisconnected:
             return Response(status_code=499)
         except Exception:
@@ -134,16 +135,6 @@ async def health(request: Request) -> Response:
         "speculative_decoding": info.speculative_decoding,
         "dtype": info.dtype, "architecture": info.architecture, "max_model_len": info.max_model_len,
         "workers": len(pool.slots), "workers_ready": len(pool.ready_slots), "workers_down": pool.down_reasons()})
-
-
-async def models(request: Request) -> Response:
-    state: GatewayState = request.app.state.mili
-    info = state.pool.info
-    card = {"id": state.settings.served_model_name, "object": "model", "created": state.started, "owned_by": "mili",
-            "root": state.engine_config.model, "task": state.engine_config.task}
-    if info is not None:
-        card["max_model_len"] = info.max_model_len
-    return JSONResponse({"object": "list", "data": [card]})
 
 
 async def metrics(request: Request) -> Response:
@@ -211,7 +202,8 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
         Route("/tokenize", _api(tokenize), methods=["POST"]),
         Route("/detokenize", _api(detokenize), methods=["POST"]),
         Route("/v1/streams/{stream_id}", _api(resume_stream), methods=["GET"]),
-        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models", _api(list_models), methods=["GET"]),
+        Route("/v1/models/{model:path}", _api(retrieve_model), methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/version", version, methods=["GET"]),

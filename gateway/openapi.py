@@ -18,6 +18,7 @@ from typing import Any
 from pydantic.json_schema import models_json_schema
 
 from gateway.anthropic.schema import CountTokensBody, MessagesBody
+from gateway.openai.model_routes import MAX_LIST_LIMIT
 from gateway.openai.parse import Limits
 from gateway.openai.schema import ChatBody, CompletionBody
 from gateway.openai.tokenize_schema import DetokenizeBody, TokenizeChatBody, TokenizePromptBody
@@ -284,6 +285,26 @@ def _resume() -> dict[str, Any]:
                               **error}}}}
 
 
+def _models() -> dict[str, Any]:
+    """GET /v1/models with Anthropic's paging parameters (gateway/openai/model_routes.py)."""
+    listed = _get("the served model's card, read by OpenAI's and Anthropic's SDKs alike", _JSON, 400)
+    listed["get"]["parameters"] = [
+        {"name": "limit", "in": "query", "required": False,
+         "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIST_LIMIT}, "description": "cards per page"},
+        *({"name": name, "in": "query", "required": False, "schema": {"type": "string"},
+           "description": f"Anthropic's cursor: the cards {side} this id"}
+          for name, side in (("after_id", "after"), ("before_id", "before")))]
+    return listed
+
+
+def _model() -> dict[str, Any]:
+    """GET /v1/models/{model}: the card of the served model (or its Ollama tag), else 404."""
+    retrieved = _get("the served model's card", _JSON, 404)
+    retrieved["get"]["parameters"] = [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"},
+                                       "description": "the served model name"}]
+    return retrieved
+
+
 def document(bounds: ServedBounds) -> dict[str, Any]:
     refs, definitions = _request_schemas()
     schemas = copy.deepcopy(definitions)
@@ -302,7 +323,8 @@ def document(bounds: ServedBounds) -> dict[str, Any]:
                                       {"oneOf": [refs["TokenizePromptBody"], refs["TokenizeChatBody"]]}, _TOKENIZED),
             "/detokenize": _token_route("Token ids back to text (vLLM's route)", refs["DetokenizeBody"],
                                         _DETOKENIZED),
-            "/v1/models": _get("the served model"),
+            "/v1/models": _models(),
+            "/v1/models/{model}": _model(),
             "/health": health,
             "/metrics": _get("Prometheus metrics", "text/plain"),
             "/version": _get("the server's version"),

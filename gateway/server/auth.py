@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.server.errors import ApiError
+from gateway.server.errors import ANTHROPIC_VERSION_HEADER, ApiError
 
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _KEY = re.compile(r"[\x21-\x7e]+")  # what can follow "Bearer " in a header: printable ASCII, no spaces
@@ -184,7 +184,8 @@ class ApiKeyMiddleware:
                 if self.on_refused is not None:
                     self.on_refused(route_label(scope["path"]))
                 response = ApiError(401, "invalid or missing API key (Authorization: Bearer ... or x-api-key)",
-                                    code="invalid_api_key").response_for(scope["path"])
+                                    code="invalid_api_key").response_for(
+                    scope["path"], ANTHROPIC_VERSION_HEADER.encode() in headers)
                 return await response(scope, receive, send)
             scope[SCOPE_KEY] = key
         return await self.app(scope, receive, send)

@@ -1,7 +1,8 @@
 """Error objects with the matching HTTP status, in the shape of the API a route belongs to: OpenAI's
 `{"error": {"message", "type", "param", "code"}}`, under /v1/messages Anthropic's
-`{"type": "error", "error": {"type", "message"}}`, under /api/ Ollama's `{"error": message}`. Routes raise one
-ApiError; `response_for` picks the shape."""
+`{"type": "error", "error": {"type", "message"}}`, under /api/ Ollama's `{"error": message}`. Under /v1/models,
+which both OpenAI's and Anthropic's SDKs call, the caller picks: a request that names an `anthropic-version` gets
+Anthropic's shape. Routes raise one ApiError; `response_for` picks the shape."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ _ANTHROPIC_TYPES = {401: "authentication_error", 403: "permission_error", 404: "
                     413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error", 504: "timeout_error"}
 ANTHROPIC_PREFIX = "/v1/messages"
 OLLAMA_PREFIX = "/api/"  # Ollama's API: {"error": message}
+SHARED_PREFIX = "/v1/models"  # OpenAI's and Anthropic's clients both list and retrieve models here
+ANTHROPIC_VERSION_HEADER = "anthropic-version"  # sent by every Anthropic client
 
 
 class ApiError(Exception):
@@ -41,9 +44,10 @@ class ApiError(Exception):
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
-    def response_for(self, path: str) -> JSONResponse:
-        """The error in the shape of the API that serves `path`."""
-        if is_anthropic_path(path):
+    def response_for(self, path: str, anthropic_client: bool = False) -> JSONResponse:
+        """The error in the shape of the API that serves `path` (or, on a path both APIs serve, in the shape of the
+        calling client's API: `anthropic_client`, the request sent an ANTHROPIC_VERSION_HEADER)."""
+        if is_anthropic_path(path) or (anthropic_client and _under(path, SHARED_PREFIX)):
             return JSONResponse(self.anthropic_body(), status_code=self.status, headers=self.headers)
         if path.startswith(OLLAMA_PREFIX):
             return JSONResponse({"error": self.message}, status_code=self.status, headers=self.headers)
@@ -51,7 +55,11 @@ class ApiError(Exception):
 
 
 def is_anthropic_path(path: str) -> bool:
-    return path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/")
+    return _under(path, ANTHROPIC_PREFIX)
+
+
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix + "/")
 
 
 def invalid(message: str, param: str | None = None) -> ApiError:

@@ -199,6 +199,27 @@ def test_not_found(client):
     assert_error(e.value, 404, "not_found_error")
 
 
+def test_models_list_and_retrieve(client, server):
+    """client.models as Anthropic's SDK reads it (Claude Code's model discovery lists the same route)."""
+    (card,) = list(client.models.list())
+    assert (card.id, card.type, card.display_name, card.lifecycle) == (MODEL, "model", MODEL, "active")
+    context = httpx2.get(f"{server.url}/health", timeout=10).json()["max_model_len"]
+    assert card.max_input_tokens == card.max_tokens == context and card.created_at.tzinfo is not None
+    assert client.models.retrieve(MODEL) == card
+    page = client.models.list(limit=1)
+    assert (page.has_more, page.first_id, page.last_id) == (False, MODEL, MODEL) and not page.has_next_page()
+    assert list(client.models.list(after_id=MODEL)) == [] and list(client.models.list(before_id=MODEL)) == []
+    with pytest.raises(anthropic.NotFoundError) as e:
+        client.models.retrieve("claude-sonnet-4")
+    assert_error(e.value, 404, "not_found_error")
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client.models.list(limit=0)
+    assert_error(e.value, 400, "invalid_request_error")
+    with pytest.raises(anthropic.AuthenticationError) as e:
+        anthropic.Anthropic(base_url=server.url, api_key="sk-wrong", max_retries=0).models.list()
+    assert_error(e.value, 401, "authentication_error")
+
+
 def _hold_stream(server, key: str, started: threading.Event, release: threading.Event) -> None:
     """A long stream held open (it stays in flight) until `release`."""
     body = {"model": MODEL, "max_tokens": 2000, "messages": ASK, "stream": True}

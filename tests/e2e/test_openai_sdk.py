@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import openai
+import pytest
 
 MODEL = "SmolLM2-135M-Instruct"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -14,6 +15,14 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 def test_models_list(client):
     assert [m.id for m in client.models.list()] == [MODEL]
+
+
+def test_models_retrieve(client):
+    card = client.models.retrieve(MODEL)
+    assert (card.id, card.object, card.owned_by) == (MODEL, "model", "mili") and card.created > 0
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("gpt-4o")
+    assert e.value.status_code == 404 and e.value.code == "model_not_found"
 
 
 def test_chat_answers_paris(client):

@@ -9,6 +9,7 @@ import pytest
 ROUTES = {"/v1/completions": {"POST"}, "/v1/chat/completions": {"POST"}, "/v1/responses": {"POST"},
           "/v1/messages": {"POST"}, "/v1/messages/count_tokens": {"POST"},
           "/tokenize": {"POST"}, "/detokenize": {"POST"}, "/v1/models": {"GET", "HEAD"},
+          "/v1/models/{model}": {"GET", "HEAD"},  # 404 for any name but the served one
           "/health": {"GET", "HEAD"}, "/metrics": {"GET", "HEAD"}, "/openapi.json": {"GET", "HEAD"},
           "/version": {"GET", "HEAD"}, "/debug/kv": {"GET", "HEAD"},
           "/v1/streams/{stream_id}": {"GET", "HEAD"},  # resumable streams (404 for an unknown id)

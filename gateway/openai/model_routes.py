@@ -1,0 +1,65 @@
+"""GET /v1/models and GET /v1/models/{model}: the served model's card, in one shape that both OpenAI's and Anthropic's
+SDKs read.
+
+OpenAI's clients read `object: "list"` and each card's `id`, `object`, `created` and `owned_by`; Anthropic's read
+`data`, `has_more`, `first_id` and `last_id`, and each card's `id`, `type: "model"`, `display_name`, `created_at`
+(RFC 3339) and `max_input_tokens` / `max_tokens`. A card carries both sets of fields, so `client.models.list()` and
+`client.models.retrieve(name)` work from either SDK (and from Claude Code's model discovery). Anthropic's list takes
+`limit`, `after_id` and `before_id`: with one model, a cursor at it leaves nothing after or before. Errors come in
+the shape of the caller's API (gateway/server/errors.py).
+"""
+
+from __future__ import annotations
+
+import datetime
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gateway.openai.parse import require_model, without_default_tag
+from gateway.server.errors import invalid
+
+MAX_LIST_LIMIT = 1000  # Anthropic's bound on `limit`
+
+
+def model_card(request: Request) -> dict:
+    state = request.app.state.mili
+    name = state.settings.served_model_name
+    info = state.pool.info
+    card = {"id": name, "object": "model", "created": state.started, "owned_by": "mili",
+            "root": state.engine_config.model, "task": state.engine_config.task,
+            "type": "model", "display_name": name, "lifecycle": "active",
+            "created_at": datetime.datetime.fromtimestamp(state.started, datetime.UTC).isoformat().replace("+00:00",
+                                                                                                          "Z")}
+    if info is not None:  # known once a worker has loaded the model
+        card["max_model_len"] = card["max_input_tokens"] = card["max_tokens"] = info.max_model_len
+    return card
+
+
+async def list_models(request: Request) -> Response:
+    limit = _limit(request.query_params.get("limit"))
+    card = model_card(request)
+    cursor = {request.query_params.get("after_id"), request.query_params.get("before_id")}
+    data = [] if card["id"] in cursor else [card][:limit]
+    return JSONResponse({"object": "list", "data": data, "has_more": False,
+                         "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None})
+
+
+async def retrieve_model(request: Request) -> Response:
+    state = request.app.state.mili
+    served = state.settings.served_model_name
+    require_model(without_default_tag(request.path_params["model"], served), served)
+    return JSONResponse(model_card(request))
+
+
+def _limit(raw: str | None) -> int:
+    if raw is None:
+        return MAX_LIST_LIMIT
+    try:
+        limit = int(raw)
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= MAX_LIST_LIMIT:
+        raise invalid(f"limit must be an integer from 1 to {MAX_LIST_LIMIT}, got {raw!r}", "limit")
+    return limit
+
