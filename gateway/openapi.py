@@ -19,10 +19,12 @@ from pydantic.json_schema import models_json_schema
 
 from gateway.anthropic.schema import CountTokensBody, MessagesBody
 from gateway.openai.model_routes import MAX_LIST_LIMIT
-from gateway.openai.parse import Limits
+from gateway.ollama.schema import OllamaChatBody, OllamaGenerateBody, OllamaShowBody
+from gateway.openai.parse import Limits, with_default_tag
 from gateway.openai.schema import ChatBody, CompletionBody
 from gateway.openai.tokenize_schema import DetokenizeBody, TokenizeChatBody, TokenizePromptBody
-from gateway.pooling.schema import CohereRerankRequest, EmbeddingRequest, RerankRequest, ScoreRequest
+from gateway.pooling.schema import (CohereRerankRequest, EmbeddingRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest,
+                                    RerankRequest, ScoreRequest)
 from gateway.responses_api.schema import ResponsesBody
 from gateway.server.deadlines import HEADER, MAX_TIMEOUT_S
 from gateway.streams.resume_routes import MAX_EVENT_ID_DIGITS
@@ -51,7 +53,10 @@ def _request_schemas() -> tuple[dict[str, dict], dict[str, Any]]:
                                     (TokenizeChatBody, "validation"), (DetokenizeBody, "validation"),
                                     (EmbeddingRequest, "validation"), (RerankRequest, "validation"),
                                     (CohereRerankRequest, "validation"), (ScoreRequest, "validation"),
-                                    (MessagesBody, "validation"), (CountTokensBody, "validation")],
+                                    (MessagesBody, "validation"), (CountTokensBody, "validation"),
+                                    (OllamaChatBody, "validation"), (OllamaGenerateBody, "validation"),
+                                    (OllamaShowBody, "validation"), (OllamaEmbedRequest, "validation"),
+                                    (OllamaEmbeddingsRequest, "validation")],
                                    ref_template=_REF)
     return {model.__name__: ref for (model, _), ref in refs.items()}, top["$defs"]
 
@@ -68,6 +73,8 @@ def _fill_limits(node: Any, bounds: ServedBounds) -> None:
     vocab, context = bounds.vocab_size, bounds.max_model_len
     if limit == "model":
         node["enum"] = [bounds.model]
+    elif limit == "ollama_model":  # Ollama's clients may add its default tag
+        node["enum"] = sorted({bounds.model, with_default_tag(bounds.model)})
     elif limit == "token_id" and vocab is not None:
         node["maximum"] = vocab - 1
     elif limit == "token_id_key":  # the keys of a logit_bias object
@@ -235,6 +242,62 @@ def _pooling_route(summary: str, body: dict[str, Any], result: dict[str, Any]) -
                                    **_errors(400, 401, 404, 413, 429, 503, 504)}}}
 
 
+# Ollama's API (gateway/ollama/): its errors are {"error": message}; chat and generate stream newline-delimited JSON
+# unless `stream` is false.
+_OLLAMA_ERROR = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
+_NDJSON = "application/x-ndjson"
+_OLLAMA_STATUSES = (400, 401, 404, 413, 429, 503, 504)
+
+
+def _ollama_errors(*codes: int) -> dict[str, Any]:
+    return {code: {**response, "content": {_JSON: {"schema": _OLLAMA_ERROR}}}
+            for code, response in _errors(*codes).items()}
+
+
+def _ollama_post(summary: str, ref: dict, result: dict[str, Any], streams: bool = False) -> dict[str, Any]:
+    content = {_JSON: {"schema": result}}
+    if streams:
+        content[_NDJSON] = {"schema": {"type": "string", "description": "one JSON object a line, the last with done: "
+                                                                        "true (or an error object)"}}
+    return {"post": {"summary": summary, "requestBody": {"required": True, "content": {_JSON: {"schema": ref}}},
+                     "responses": {"200": {"description": "the result" + ("; by default streamed" if streams else ""),
+                                           "content": content},
+                                   **_ollama_errors(*_OLLAMA_STATUSES)}}}
+
+
+def _ollama_get(description: str) -> dict[str, Any]:
+    return {"get": {"responses": {"200": {"description": description, "content": {_JSON: {"schema": {
+        "type": "object"}}}}, **_ollama_errors(401)}}}
+
+
+_OLLAMA_DONE = {"type": "object", "required": ["model", "created_at", "done"], "properties": {
+    "model": {"type": "string"}, "created_at": {"type": "string"}, "done": {"type": "boolean"},
+    "done_reason": {"type": "string", "description": "stop, length, or load (nothing to generate)"}}}
+
+
+def _ollama_paths(task: str, refs: dict[str, dict]) -> dict[str, Any]:
+    """Ollama's routes a --task answers."""
+    if task == "embed":
+        return {"/api/embed": _ollama_post("Embeddings (Ollama's API)", refs["OllamaEmbedRequest"], {
+                    "type": "object", "required": ["model", "embeddings"], "properties": {
+                        "embeddings": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}}}),
+                "/api/embeddings": _ollama_post("One embedding (Ollama's older API)", refs["OllamaEmbeddingsRequest"], {
+                    "type": "object", "required": ["embedding"], "properties": {
+                        "embedding": {"type": "array", "items": {"type": "number"}}}})}
+    if task != "generate":
+        return {}
+    return {
+        "/api/chat": _ollama_post("Chat (Ollama's API)", refs["OllamaChatBody"], _OLLAMA_DONE, streams=True),
+        "/api/generate": _ollama_post("Generate (Ollama's API; raw: no chat template)", refs["OllamaGenerateBody"],
+                                      _OLLAMA_DONE, streams=True),
+        "/api/show": _ollama_post("The served model's details (Ollama's API)", refs["OllamaShowBody"], {
+            "type": "object", "required": ["details", "model_info", "capabilities"]}),
+        "/api/tags": _ollama_get("the served model, as Ollama lists models"),
+        "/api/ps": _ollama_get("the served model once loaded, as Ollama lists running models"),
+        "/api/version": _ollama_get("MILI's version"),
+    }
+
+
 def _task_paths(task: str, refs: dict[str, dict]) -> dict[str, Any]:
     """The routes a --task answers beside the common ones."""
     if task == "embed":
@@ -319,6 +382,7 @@ def document(bounds: ServedBounds) -> dict[str, Any]:
                  "description": f"OpenAI-compatible API serving {bounds.model}"},
         "paths": {
             **_task_paths(bounds.task, refs),
+            **_ollama_paths(bounds.task, refs),
             "/tokenize": _token_route("Count a prompt's or a conversation's tokens (vLLM's route)",
                                       {"oneOf": [refs["TokenizePromptBody"], refs["TokenizeChatBody"]]}, _TOKENIZED),
             "/detokenize": _token_route("Token ids back to text (vLLM's route)", refs["DetokenizeBody"],

@@ -25,11 +25,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.ollama.output import OllamaOutput
-from gateway.ollama.schema import ChatBody, GenerateBody, ShowBody
+from gateway.ollama.schema import OllamaChatBody, OllamaGenerateBody, OllamaShowBody
 from gateway.ollama.to_chat import chat_body, generate_body, ollama_names
-from gateway.openai.parse import (parse_chat, parse_completion, require_model, with_default_tag,
-                                  without_default_tag)
-from gateway.openai.routes import Admitted, admit_chat, admit_completion
+from gateway.openai.parse import (ChatRequest, CompletionRequest, Limits, parse_chat, parse_completion, require_model,
+                                  with_default_tag, without_default_tag)
+from gateway.openai.routes import Admitted, admit_chat, admit_completion, check_would_fit
 from gateway.openai.validation import validate
 from gateway.server.client_io import collect_unless_disconnected, read_json
 from gateway.server.deadlines import request_deadline
@@ -44,36 +44,32 @@ NDJSON = "application/x-ndjson"
 
 async def chat(request: Request) -> Response:
     state = request.app.state.mili
-    body = validate(ChatBody, await read_json(request, state.settings.max_body_bytes), ())
+    body = validate(OllamaChatBody, await read_json(request, state.settings.max_body_bytes), ())
     return await _generate(request, body, "chat")
 
 
 async def generate(request: Request) -> Response:
     state = request.app.state.mili
-    body = validate(GenerateBody, await read_json(request, state.settings.max_body_bytes), ())
+    body = validate(OllamaGenerateBody, await read_json(request, state.settings.max_body_bytes), ())
     return await _generate(request, body, "generate")
 
 
-async def _generate(request: Request, body: ChatBody | GenerateBody, kind: str) -> Response:
+async def _generate(request: Request, body: OllamaChatBody | OllamaGenerateBody, kind: str) -> Response:
     state = request.app.state.mili
     require_task(state.engine_config.task, "generate")
     served = state.settings.served_model_name
     require_model(without_default_tag(body.model, served), served)
     output = OllamaOutput(kind, body.model, state.token_names, bool(body.logprobs))
-    if (kind == "chat" and not body.messages) or (kind == "generate" and not body.prompt):
-        return JSONResponse(output.load())
     deadline = request_deadline(request, state.settings.request_timeout)
     with ollama_names():
-        if kind == "chat":
-            admitted, _ = await admit_chat(request, parse_chat(chat_body(body, served), state.settings.limits),
-                                           deadline)
+        parsed = _parsed(kind, body, served, state.settings.limits)
+        if (kind == "chat" and not body.messages) or (kind == "generate" and not body.prompt):
+            check_would_fit(state, parsed.params)
+            return JSONResponse(output.load())
+        if isinstance(parsed, CompletionRequest):
+            admitted, _ = await admit_completion(request, parsed, deadline)
         else:
-            translated = generate_body(body, served)
-            if "prompt" in translated:
-                req = parse_completion(translated, state.settings.limits)
-                admitted, _ = await admit_completion(request, req, deadline)
-            else:
-                admitted, _ = await admit_chat(request, parse_chat(translated, state.settings.limits), deadline)
+            admitted, _ = await admit_chat(request, parsed, deadline)
     if body.stream:
         return StreamingResponse(_lines(output, admitted), media_type=NDJSON, background=BackgroundTask(admitted.abort))
     try:
@@ -82,6 +78,19 @@ async def _generate(request: Request, body: ChatBody | GenerateBody, kind: str) 
     finally:
         admitted.abort()
     return JSONResponse(output.whole(admitted.usage))
+
+
+def _parsed(kind: str, body: OllamaChatBody | OllamaGenerateBody, served: str,
+            limits: Limits) -> ChatRequest | CompletionRequest:
+    """The chat (raw generate: completion) request the body translates into, through every check such a request
+    gets. A request with nothing to generate (Ollama's way to load a model) is checked as one empty user turn,
+    so that a body is valid or not whatever its messages, and then not run."""
+    translated = chat_body(body, served) if kind == "chat" else generate_body(body, served)
+    if translated.get("prompt"):
+        return parse_completion(translated, limits)
+    translated.pop("prompt", None)
+    translated["messages"] = translated.get("messages") or [{"role": "user", "content": ""}]
+    return parse_chat(translated, limits)
 
 
 async def _fed(output: OllamaOutput, events: AsyncIterator[ChoiceEvent]) -> AsyncIterator[None]:
@@ -125,7 +134,7 @@ async def ps(request: Request) -> Response:
 
 async def show(request: Request) -> Response:
     state = request.app.state.mili
-    body = validate(ShowBody, await read_json(request, state.settings.max_body_bytes), ())
+    body = validate(OllamaShowBody, await read_json(request, state.settings.max_body_bytes), ())
     name = body.model or body.name
     if not name:
         raise ApiError(400, "model is required", "model")

@@ -2,7 +2,7 @@
 of them share one set of checks, one grammar path and one path to the worker.
 
 The translation:
-- `options`: num_predict is max_tokens (a negative one, Ollama's "until the context ends", is no limit);
+- `options`: num_predict is max_tokens (0 or a negative one, Ollama's "until the context ends", is no limit);
   temperature, top_p, top_k, min_p, seed, stop, presence_penalty and frequency_penalty map across; repeat_penalty is
   vLLM's repetition_penalty. Loading options (num_ctx, num_gpu, ...) and keep_alive change nothing.
 - `format`: "json" is a JSON object (response_format json_object), a schema is json_schema; "" is none.
@@ -22,9 +22,9 @@ import contextlib
 import json
 from typing import Any
 
-from gateway.ollama.schema import ChatBody, GenerateBody, Message
+from gateway.ollama.schema import OllamaChatBody, OllamaGenerateBody, OllamaMessage
 from gateway.openai.parse import without_default_tag
-from gateway.server.errors import ApiError, invalid, params_renamed
+from gateway.server.errors import invalid, params_renamed
 
 # A chat field's name in a 400 -> the Ollama field it came from (by prefix).
 _PARAMS = (("max_tokens", "options.num_predict"), ("repetition_penalty", "options.repeat_penalty"),
@@ -32,24 +32,17 @@ _PARAMS = (("max_tokens", "options.num_predict"), ("repetition_penalty", "option
 _OPTIONS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty")
 
 
-def chat_body(body: ChatBody, served: str) -> dict[str, Any]:
+def chat_body(body: OllamaChatBody, served: str) -> dict[str, Any]:
     chat = _sampling(body, served)
     chat["messages"] = _messages(body.messages)
     if body.tools:
-        chat["tools"] = [{"type": "function", "function": t.function} for t in body.tools]
+        chat["tools"] = [{"type": "function", "function": t.function.model_dump(exclude_none=True)}
+                         for t in body.tools]
     return chat
 
 
-def generate_body(body: GenerateBody, served: str) -> dict[str, Any]:
-    """A chat body, or with `raw` a completion body."""
-    for name in ("suffix", "template"):
-        if getattr(body, name):
-            raise invalid(f"{name} is not supported by this server (the model's own chat template is used)", name)
-    if body.context:
-        raise invalid("context is not supported by this server: send the conversation as /api/chat messages",
-                      "context")
-    if body.images:
-        raise _no_images("images")
+def generate_body(body: OllamaGenerateBody, served: str) -> dict[str, Any]:
+    """A chat body, or with `raw` a completion body (images, suffix, template and context: the schema's checks)."""
     if body.raw and body.logprobs:
         raise invalid("logprobs with raw is not supported by this server", "logprobs")
     request = _sampling(body, served)
@@ -67,11 +60,11 @@ def ollama_names() -> contextlib.AbstractContextManager[None]:
     return params_renamed(_ollama_param)
 
 
-def _sampling(body: ChatBody | GenerateBody, served: str) -> dict[str, Any]:
+def _sampling(body: OllamaChatBody | OllamaGenerateBody, served: str) -> dict[str, Any]:
     request: dict[str, Any] = {"model": without_default_tag(body.model, served), "stream": body.stream}
     options = body.options
     if options is not None:
-        if options.num_predict is not None and options.num_predict >= 0:
+        if options.num_predict is not None and options.num_predict > 0:
             request["max_tokens"] = options.num_predict
         for name in _OPTIONS:
             if getattr(options, name) is not None:
@@ -91,12 +84,10 @@ def _sampling(body: ChatBody | GenerateBody, served: str) -> dict[str, Any]:
     return request
 
 
-def _messages(messages: list[Message]) -> list[dict[str, Any]]:
+def _messages(messages: list[OllamaMessage]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     unanswered: list[tuple[str, str]] = []  # (call id, tool name) of the calls no tool message has answered yet
     for i, message in enumerate(messages):
-        if message.images:
-            raise _no_images(f"messages[{i}].images")
         entry: dict[str, Any] = {"role": message.role, "content": message.content or ""}
         if message.role == "assistant" and message.tool_calls:
             calls = []
@@ -119,10 +110,6 @@ def _answer(unanswered: list[tuple[str, str]], tool_name: str | None, index: int
             del unanswered[k]
             return call_id
     return f"call_result_{index}"  # a result with no call before it: the template shows it as it is
-
-
-def _no_images(param: str) -> ApiError:
-    return invalid(f"{param}: images are not supported (this server serves a text-only model)", param)
 
 
 def _ollama_param(param: str) -> str:

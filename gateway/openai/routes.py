@@ -243,6 +243,13 @@ def _admit(state, req: CommonFields, prompts: list[list[int]], options: TextOpti
     return Admitted(streams, params.n, lease)
 
 
+def check_would_fit(state, params: SamplingParams) -> None:
+    """Admission's checks of a request's own numbers, for a request that will not run (Ollama's load): its token
+    ids are in the vocabulary, and its max_tokens leaves the context room for the shortest prompt, one token."""
+    info = ready_info(state)
+    _check_tokens(params, [[0]], info.vocab_size, info.max_model_len)
+
+
 def _check_tokens(params: SamplingParams, prompts: list[list[int]], vocab: int, context: int) -> None:
     try:
         params.check_token_ids(vocab)

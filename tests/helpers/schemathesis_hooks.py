@@ -4,8 +4,9 @@ The OpenAPI document states every rule it can; a few rules compare values across
 served tokenizer, in ways JSON Schema cannot (each is in its field's description, and the server answers it
 with a 400 naming the field). Generated bodies that break one are left out: they are neither valid nor invalid
 by the schema, so no check could judge the answer. A /v1/responses or /v1/messages body is judged as the chat
-body it translates into. Everything else the generator makes is sent as it is, except that generation is capped
-at 16 tokens (map_case; a valid body stays valid) to keep cases fast.
+body it translates into, and so is an Ollama /api/chat or /api/generate body (a raw generate: the completion body).
+Everything else the generator makes is sent as it is, except that generation is capped at 16 tokens (map_case; a
+valid body stays valid) to keep cases fast.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def map_case(context, case):
     # Only valid bodies: schemathesis re-judges an edited body, and was seen to judge an invalid one valid.
     # Invalid ones are refused before anything is generated anyway.
     if _positive(case) and isinstance(case.body, dict):
-        case.body = _capped(dict(case.body))
+        ollama = case.operation.path in ("/api/chat", "/api/generate")
+        case.body = _ollama_capped(dict(case.body)) if ollama else _capped(dict(case.body))
     return case
 
 
@@ -51,6 +53,12 @@ def filter_case(context, case) -> bool:
     path, body = case.operation.path, case.body
     if not isinstance(body, dict):
         return True
+    if path in ("/api/chat", "/api/generate"):  # Ollama's: judged as the chat or completion body it becomes
+        if path == "/api/generate" and body.get("raw") is True and body.get("logprobs") is True:
+            DROPPED["raw_with_logprobs"] += 1
+            return False
+        body = _ollama_as_openai(path, body)
+        path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
     if path.endswith("/responses"):
         body = _as_chat(body)  # the chat request it stands for: the same rules hold
         if not body["messages"]:  # only reasoning items: nothing to answer (a 400 naming input)
@@ -79,6 +87,43 @@ def filter_case(context, case) -> bool:
             DROPPED[broken.__name__.strip("_")] += 1
             return False
     return True
+
+
+def _ollama_num_predict(body: dict) -> Any:
+    """What generation is bounded by after map_case: num_predict when it is below the cap, else the cap."""
+    options = body.get("options")
+    value = options.get("num_predict") if isinstance(options, dict) else None
+    return value if _integral(value) and 0 < value <= FAST_MAX_TOKENS else FAST_MAX_TOKENS
+
+
+def _ollama_capped(body: dict) -> dict:
+    """Ollama generates to the end of the context unless options.num_predict bounds it: capped as _capped caps."""
+    options = body.get("options")
+    if options is None or isinstance(options, dict):
+        body["options"] = {**(options or {}), "num_predict": _ollama_num_predict(body)}
+    return body
+
+
+def _ollama_as_openai(path: str, body: dict) -> dict:
+    """An /api/chat or /api/generate body as the chat (raw generate: completion) body the server translates it into
+    (gateway/ollama/to_chat.py), as far as the filters look. One with nothing to generate (Ollama's load) is
+    checked as one empty user turn, as the server checks it."""
+    high = _ollama_num_predict(body)
+    prompt = body.get("prompt")
+    if path == "/api/generate" and prompt and body.get("raw") is True:
+        return {"prompt": prompt, "max_tokens": high}
+    if path == "/api/chat":
+        messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+        turns = [{"role": m.get("role"), "content": m.get("content") or "", "tool_calls": m.get("tool_calls")}
+                 for m in messages if isinstance(m, dict)]
+    else:
+        system = body.get("system")
+        turns = ([{"role": "system", "content": system}] if system and prompt else []) + \
+            [{"role": "user", "content": prompt or ""}]
+    chat = {"messages": turns or [{"role": "user", "content": ""}], "max_tokens": high}
+    if path == "/api/chat" and isinstance(body.get("tools"), list):
+        chat["tools"] = body["tools"]
+    return chat
 
 
 def _positive(case) -> bool:

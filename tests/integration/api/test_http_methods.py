@@ -1,5 +1,5 @@
 """Every route answers a method it does not serve with 405, an `Allow` header naming the methods it does
-serve, and an error object of its API (Anthropic's under /v1/messages, OpenAI's elsewhere)."""
+serve, and an error object of its API (Anthropic's under /v1/messages, Ollama's under /api/, OpenAI's elsewhere)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ ROUTES = {"/v1/completions": {"POST"}, "/v1/chat/completions": {"POST"}, "/v1/re
           "/health": {"GET", "HEAD"}, "/metrics": {"GET", "HEAD"}, "/openapi.json": {"GET", "HEAD"},
           "/version": {"GET", "HEAD"}, "/debug/kv": {"GET", "HEAD"},
           "/v1/streams/{stream_id}": {"GET", "HEAD"},  # resumable streams (404 for an unknown id)
-          "/": {"GET", "HEAD"}, "/web-ui/{name}": {"GET", "HEAD"}}  # the chat page and its assets
+          "/": {"GET", "HEAD"}, "/web-ui/{name}": {"GET", "HEAD"},  # the chat page and its assets
+          "/api/chat": {"POST"}, "/api/generate": {"POST"}, "/api/show": {"POST"},  # Ollama's API
+          "/api/tags": {"GET", "HEAD"}, "/api/ps": {"GET", "HEAD"}, "/api/version": {"GET", "HEAD"}}
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
@@ -35,6 +37,9 @@ def test_wrong_method_is_405_with_allow(server, path):
         if method == "HEAD":
             continue  # no body to a HEAD
         body = r.json()
+        if path.startswith("/api/"):  # Ollama's shape: the message alone
+            assert method in body["error"], body
+            continue
         if path.startswith("/v1/messages"):
             assert body["type"] == "error"
         error = body["error"]

@@ -7,9 +7,10 @@ import json
 import pytest
 
 from gateway.ollama.output import OllamaOutput
-from gateway.ollama.schema import ChatBody, GenerateBody
+from gateway.ollama.schema import OllamaChatBody, OllamaGenerateBody
 from gateway.ollama.to_chat import chat_body, generate_body, ollama_names
 from gateway.openai.parse import without_default_tag
+from gateway.openai.validation import validate
 from gateway.server.errors import ApiError, invalid
 from gateway.streams.choice_stream import ChoiceEvent, Usage
 from gateway.text.tool_call_parser import ToolCallDelta
@@ -18,7 +19,7 @@ SERVED = "tiny"
 
 
 def _chat(**fields) -> dict:
-    return chat_body(ChatBody.model_validate({"model": SERVED, **fields}), SERVED)
+    return chat_body(OllamaChatBody.model_validate({"model": SERVED, **fields}), SERVED)
 
 
 def test_the_default_tag_names_the_served_model():
@@ -83,17 +84,20 @@ def test_tool_results_answer_the_calls_they_name_and_then_the_first_open_one():
 
 
 def test_images_are_refused_with_their_place():
+    body = {"model": SERVED, "messages": [{"role": "user", "content": "what is this?", "images": ["aGVsbG8="]}]}
     with pytest.raises(ApiError) as e:
-        _chat(messages=[{"role": "user", "content": "what is this?", "images": ["aGVsbG8="]}])
-    assert e.value.status == 400 and e.value.param == "messages[0].images"
+        validate(OllamaChatBody, body, ())
+    assert e.value.status == 400 and e.value.param == "messages[0].images" and "text-only" in e.value.message
+    body["messages"][0]["images"] = []  # what some clients send with every message
+    assert _chat(messages=body["messages"])["messages"] == [{"role": "user", "content": "what is this?"}]
 
 
 def test_generate_is_a_one_turn_chat_or_with_raw_a_completion():
-    body = GenerateBody.model_validate({"model": "tiny:latest", "prompt": "Why?", "system": "Be brief.",
+    body = OllamaGenerateBody.model_validate({"model": "tiny:latest", "prompt": "Why?", "system": "Be brief.",
                                         "options": {"num_predict": 5}})
     assert generate_body(body, SERVED) == {"model": SERVED, "stream": True, "max_tokens": 5, "messages": [
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why?"}]}
-    raw = GenerateBody.model_validate({"model": SERVED, "prompt": "Once", "raw": True, "think": True})
+    raw = OllamaGenerateBody.model_validate({"model": SERVED, "prompt": "Once", "raw": True, "think": True})
     assert generate_body(raw, SERVED) == {"model": SERVED, "stream": True, "prompt": "Once"}
 
 
@@ -101,8 +105,21 @@ def test_generate_is_a_one_turn_chat_or_with_raw_a_completion():
                                    {"images": ["aGVsbG8="]}])
 def test_generate_refuses_what_it_cannot_honour(field):
     with pytest.raises(ApiError) as e:
-        generate_body(GenerateBody.model_validate({"model": SERVED, "prompt": "x", **field}), SERVED)
-    assert e.value.status == 400 and e.value.param == next(iter(field))
+        validate(OllamaGenerateBody, {"model": SERVED, "prompt": "x", **field}, ())
+    assert e.value.status == 400 and e.value.param == next(iter(field)) and "not supported" in e.value.message
+    empty = {name: type(value)() for name, value in field.items()}  # "" or []: accepted, as Ollama's clients send
+    assert generate_body(validate(OllamaGenerateBody, {"model": SERVED, "prompt": "x", **empty}, ()), SERVED)["messages"]
+
+
+@pytest.mark.parametrize("options, param", [({"temperature": "0.5"}, "options.temperature"),
+                                            ({"temperature": 3}, "options.temperature"),
+                                            ({"top_p": 1.5}, "options.top_p"), ({"stop": [""]}, "options.stop"),
+                                            ({"num_predict": 2.5}, "options.num_predict")])
+def test_options_are_checked_as_the_chat_fields_they_become(options, param):
+    with pytest.raises(ApiError) as e:
+        validate(OllamaChatBody, {"model": SERVED, "options": options}, ())
+    assert e.value.status == 400 and e.value.param.startswith(param)
+    assert validate(OllamaChatBody, {"model": SERVED, "options": {"num_predict": -1, "num_ctx": 4096}}, ()).options
 
 
 @pytest.mark.parametrize(("chat_param", "ollama_param"), [
