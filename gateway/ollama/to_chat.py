@@ -28,7 +28,8 @@ from gateway.server.errors import invalid, params_renamed
 
 # A chat field's name in a 400 -> the Ollama field it came from (by prefix).
 _PARAMS = (("max_tokens", "options.num_predict"), ("repetition_penalty", "options.repeat_penalty"),
-           ("response_format", "format"), ("chat_template_kwargs", "think"))
+           ("response_format", "format"), ("structured_outputs.json_object", "format"),
+           ("structured_outputs.json", "format"), ("chat_template_kwargs", "think"))
 _OPTIONS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty")
 
 
@@ -49,6 +50,10 @@ def generate_body(body: OllamaGenerateBody, served: str) -> dict[str, Any]:
     if body.raw:
         request.pop("chat_template_kwargs", None)
         request["prompt"] = body.prompt
+        response_format = request.pop("response_format", None)
+        if response_format is not None:  # completions take their constraints as vLLM's structured_outputs
+            schema = response_format.get("json_schema", {}).get("schema")
+            request["structured_outputs"] = {"json": schema} if schema is not None else {"json_object": True}
         return request
     request["messages"] = ([{"role": "system", "content": body.system}] if body.system else []) + \
         [{"role": "user", "content": body.prompt}]

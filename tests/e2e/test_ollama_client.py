@@ -74,6 +74,9 @@ def test_format_schema_gives_that_json(client):
     assert set(json.loads(reply.message.content)) == {"country", "capital"}
     assert isinstance(json.loads(client.generate(model=MODEL, prompt="A JSON object about Paris.", format="json",
                                                  options={"temperature": 0, "num_predict": 80}).response), dict)
+    raw = client.generate(model=MODEL, prompt="Paris as JSON: ", raw=True, format=schema,
+                          options={"temperature": 0, "num_predict": 80})  # no template: a completion's constraint
+    assert raw.done_reason == "stop" and set(json.loads(raw.response)) == {"country", "capital"}
 
 
 def get_weather(city: str) -> str:

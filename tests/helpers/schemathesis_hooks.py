@@ -111,7 +111,11 @@ def _ollama_as_openai(path: str, body: dict) -> dict:
     high = _ollama_num_predict(body)
     prompt = body.get("prompt")
     if path == "/api/generate" and prompt and body.get("raw") is True:
-        return {"prompt": prompt, "max_tokens": high}
+        completion = {"prompt": prompt, "max_tokens": high}
+        fmt = body.get("format")
+        if fmt == "json" or isinstance(fmt, dict):
+            completion["structured_outputs"] = {"json": fmt} if isinstance(fmt, dict) else {"json_object": True}
+        return completion
     if path == "/api/chat":
         messages = body.get("messages") if isinstance(body.get("messages"), list) else []
         turns = [{"role": m.get("role"), "content": m.get("content") or "", "tool_calls": m.get("tool_calls")}

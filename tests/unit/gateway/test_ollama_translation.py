@@ -101,6 +101,15 @@ def test_generate_is_a_one_turn_chat_or_with_raw_a_completion():
     assert generate_body(raw, SERVED) == {"model": SERVED, "stream": True, "prompt": "Once"}
 
 
+def test_a_raw_generate_keeps_its_format_as_a_completion_constraint():
+    for fmt, constraint in (("json", {"json_object": True}), ({"type": "object"}, {"json": {"type": "object"}})):
+        body = validate(OllamaGenerateBody, {"model": SERVED, "prompt": "{", "raw": True, "format": fmt}, ())
+        assert generate_body(body, SERVED)["structured_outputs"] == constraint
+    with pytest.raises(ApiError) as e, ollama_names():
+        raise invalid("bad schema", "structured_outputs.json")
+    assert e.value.param == "format"
+
+
 @pytest.mark.parametrize("field", [{"suffix": "end"}, {"template": "{{ .Prompt }}"}, {"context": [1, 2]},
                                    {"images": ["aGVsbG8="]}])
 def test_generate_refuses_what_it_cannot_honour(field):
