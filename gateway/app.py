@@ -25,7 +25,8 @@ from gateway.openai.routes import chat_completions, completions
 from gateway.openai.model_routes import list_models, retrieve_model
 from gateway.openai.tokenize_routes import detokenize, tokenize
 from gateway.pooling import routes as pooling
-from gateway.responses_api.routes import responses
+from gateway.responses_api.routes import response_input_items, responses, stored_response
+from gateway.responses_api.store import ResponseStore
 from gateway.server import debug_routes
 from gateway.server.auth import ApiKey, ApiKeyMiddleware, KeyRing, load_keys
 from gateway.server.client_io import ClientDisconnected
@@ -62,6 +63,7 @@ class ServerSettings:
     enable_debug_faults: bool = False  # POST /debug/kv/fault (drills and tests only)
     stream_resume_ttl: float = 0.0  # seconds a disconnected stream waits to be resumed; 0: abort at once
     stream_resume_max_bytes: int = 64 << 20  # all resumable streams' buffered events together
+    responses_store_max_bytes: int = 64 << 20  # stored Responses API responses together; 0: none is stored
     web_ui: bool = True  # the chat page at / (gateway/web_ui/)
     chat_template: str | None = None  # --chat-template's source, replacing the model's template
     default_chat_template_kwargs: dict | None = None  # under every request's chat_template_kwargs
@@ -87,6 +89,8 @@ class GatewayState:
         self.capacity = settings.num_workers * engine_config.max_num_seqs + settings.max_waiting_requests
         self.streams = (StreamRegistry(settings.stream_resume_ttl, settings.stream_resume_max_bytes, self.metrics)
                         if settings.stream_resume_ttl > 0 else None)
+        self.responses = (ResponseStore(settings.responses_store_max_bytes)
+                          if settings.responses_store_max_bytes > 0 else None)
         self.draining = False
         self.started = int(time.time())
 
@@ -183,6 +187,8 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
         Route("/v1/completions", _api(completions), methods=["POST"]),
         Route("/v1/chat/completions", _api(chat_completions), methods=["POST"]),
         Route("/v1/responses", _api(responses), methods=["POST"]),
+        Route("/v1/responses/{response_id}", _api(stored_response), methods=["GET", "DELETE"]),
+        Route("/v1/responses/{response_id}/input_items", _api(response_input_items), methods=["GET"]),
         Route("/v1/embeddings", _api(pooling.embeddings), methods=["POST"]),
         Route("/v1/rerank", _api(pooling.rerank), methods=["POST"]),
         Route("/rerank", _api(pooling.rerank), methods=["POST"]),

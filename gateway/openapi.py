@@ -298,6 +298,39 @@ def _ollama_paths(task: str, refs: dict[str, dict]) -> dict[str, Any]:
     }
 
 
+def _stored_response_paths() -> dict[str, Any]:
+    """GET and DELETE /v1/responses/{response_id}, GET .../input_items: stored responses (the caller's own)."""
+    response_id = {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"},
+                   "description": "a stored response's id (another caller's, or an unknown one, is a 404)"}
+    deleted = {"type": "object", "required": ["id", "object", "deleted"], "properties": {
+        "id": {"type": "string"}, "object": {"const": "response"}, "deleted": {"const": True}}}
+    items = {"type": "object", "required": ["object", "data", "has_more"], "properties": {
+        "object": {"const": "list"}, "has_more": {"type": "boolean"},
+        "data": {"type": "array", "items": {"type": "object", "required": ["id", "type"]}}}}
+    paging = [{"name": "order", "in": "query", "required": False, "schema": {"enum": ["asc", "desc"]},
+               "description": "desc (the default): the newest item first"},
+              {"name": "limit", "in": "query", "required": False,
+               "schema": {"type": "integer", "minimum": 1, "maximum": 100}, "description": "items per page"},
+              {"name": "after", "in": "query", "required": False, "schema": {"type": "string"},
+               "description": "the id of the item the page starts after (one not among them is a 404)"}]
+
+    def answer(schema: dict[str, Any], *codes: int) -> dict[str, Any]:
+        return {"200": {"description": "the result", "content": {_JSON: {"schema": schema}}}, **_errors(*codes)}
+
+    return {
+        "/v1/responses/{response_id}": {
+            "get": {"operationId": "retrieveResponse", "summary": "A stored response", "parameters": [response_id],
+                    "responses": answer(_response_object(), 401, 404)},
+            "delete": {"operationId": "deleteResponse", "summary": "Drop a stored response",
+                       "parameters": [response_id], "responses": answer(deleted, 401, 404)}},
+        "/v1/responses/{response_id}/input_items": {
+            "get": {"operationId": "listInputItems",
+                    "summary": "The items a stored response was made from: earlier turns', then its input",
+                    "parameters": [response_id, *paging], "responses": answer(items, 400, 401, 404)}},
+    }
+
+
+
 def _task_paths(task: str, refs: dict[str, dict]) -> dict[str, Any]:
     """The routes a --task answers beside the common ones."""
     if task == "embed":
@@ -312,8 +345,9 @@ def _task_paths(task: str, refs: dict[str, dict]) -> dict[str, Any]:
     return {
         "/v1/completions": _post("Text completion", refs["CompletionBody"], _result("text_completion"), _CHUNKS),
         "/v1/chat/completions": _post("Chat completion", refs["ChatBody"], _result("chat.completion"), _CHUNKS),
-        "/v1/responses": _post("Response (OpenAI's Responses API, stateless)", refs["ResponsesBody"],
+        "/v1/responses": _post("Response (OpenAI's Responses API)", refs["ResponsesBody"],
                                _response_object(), _TYPED_EVENTS),
+        **_stored_response_paths(),
         "/v1/messages": _anthropic(_post("Message (Anthropic's Messages API)", refs["MessagesBody"],
                                          _message_object(), _ANTHROPIC_EVENTS)),
         "/v1/messages/count_tokens": _anthropic(_token_route(

@@ -126,6 +126,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stream-resume-buffer", type=parse_size, default="64MiB",
                    help="bytes of events all resumable streams may keep together; past it the streams nobody "
                         "reads are dropped first, the one idle longest first")
+    p.add_argument("--responses-store-buffer", type=parse_size, default="64MiB",
+                   help="bytes of Responses API responses kept together for previous_response_id and GET "
+                        "/v1/responses/{id} (requests with store: true, the default); past it the response read "
+                        "least recently goes first. 0: none is kept")
     p.add_argument("--enable-debug-faults", action="store_true",
                    help="add POST /debug/kv/fault, which breaks the KV block accounting on purpose (drills, tests)")
     p.add_argument("--no-web-ui", action="store_true",
@@ -204,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
         worker_tcp_host=tcp_host, worker_tcp_port=tcp_port, request_timeout=args.request_timeout or None,
         enable_debug_faults=args.enable_debug_faults, stream_resume_ttl=args.stream_resume_ttl,
         stream_resume_max_bytes=args.stream_resume_buffer, chat_template=chat_template,
+        responses_store_max_bytes=args.responses_store_buffer,
         # The chat page is a client of /v1/chat/completions, which only a generating server answers.
         web_ui=not args.no_web_ui and task == "generate",
         default_chat_template_kwargs=template_kwargs)

@@ -110,7 +110,8 @@ class ResponseBuilder:
             "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or []],
             "text": {"format": text_format.model_dump(exclude_none=True, by_alias=True) if text_format
                      else {"type": "text"}},
-            "truncation": "disabled", "store": False, "background": False, "metadata": body.metadata or {},
+            "truncation": "disabled", "store": self.req.store, "background": False,
+            "previous_response_id": body.previous_response_id, "metadata": body.metadata or {},
             "user": body.user, "usage": self._usage(usage) if usage is not None else None,
             "reasoning": {"effort": body.reasoning.effort if body.reasoning else None, "summary": None},
         }

@@ -1,9 +1,9 @@
 """The request body of POST /v1/responses (OpenAI's Responses API) as typed models.
 
-MILI serves the API statelessly, as the Chat Completions API it translates into (gateway/responses_api/to_chat.py):
-the conversation comes whole in `input` (an agent loop sends `response.output` back in, followed by its tool
-results), nothing is stored, and what needs stored state (`previous_response_id`, `conversation`, `background`)
-or OpenAI's hosted tools is refused with a 400 naming the field. Models are strict and forbid unknown fields,
+MILI serves the API as the Chat Completions API it translates into (gateway/responses_api/to_chat.py): the
+conversation comes whole in `input` (an agent loop sends `response.output` back in, followed by its tool results),
+or continues a stored response named by `previous_response_id` (gateway/responses_api/store.py). What needs more
+state (`conversation`, `background`) or OpenAI's hosted tools is refused with a 400 naming the field. Models are strict and forbid unknown fields,
 as the other endpoints' (gateway/openai/schema.py).
 """
 
@@ -177,10 +177,13 @@ class ResponsesBody(_Model):
     prompt_cache_key: str | None = None
     metadata: dict[str, str] | None = None
     service_tier: str | None = None
-    store: bool | None = Field(None, description="accepted; MILI stores no responses (the response says false)")
+    store: bool | None = Field(None, description="default true: the response is kept for previous_response_id and "
+                                                 "GET /v1/responses/{id} (false on a server that keeps none)")
     truncation: Literal["disabled"] | None = Field(None, description="a prompt that does not fit is a 400")
     # What needs stored state or hosted tools: only the values that mean "not used" are accepted.
-    previous_response_id: None = None
+    previous_response_id: str | None = Field(
+        None, description="a stored response this one continues: its conversation's items come before the input "
+                          "(its instructions do not); unknown is a 404")
     conversation: None = None
     background: Literal[False] | None = None
     reasoning: ReasoningConfig | None = None
@@ -194,6 +197,5 @@ class ResponsesBody(_Model):
                                                             "include: [message.output_text.logprobs]")
 
 
-UNSUPPORTED = ("previous_response_id", "conversation", "background", "prompt", "max_tool_calls",
-               "stream_options")
+UNSUPPORTED = ("conversation", "background", "prompt", "max_tool_calls", "stream_options")
 LOGPROBS = "message.output_text.logprobs"

@@ -30,15 +30,30 @@ _PARAMS = (("messages", "input"), ("max_completion_tokens", "max_output_tokens")
 
 @dataclass(frozen=True)
 class ResponsesRequest:
-    body: ResponsesBody  # as sent (the response echoes its settings)
+    body: ResponsesBody  # as sent, its input after the earlier turns' (the response echoes its settings)
     chat: ChatRequest  # what runs
+    input_items: list[dict[str, Any]]  # the conversation's items: the earlier turns', then this request's input
+    store: bool  # whether the response is kept (gateway/responses_api/store.py)
 
 
-def parse_responses(raw: Any, limits: Limits) -> ResponsesRequest:
+def parse_responses(raw: Any, limits: Limits, earlier: list[dict[str, Any]] | None = None,
+                    can_store: bool = False) -> ResponsesRequest:
+    """`earlier`: the items of the conversation `previous_response_id` continues (its turns come before the input).
+    `can_store`: the server keeps responses, so `store` (default true) is honoured."""
     body = validate(ResponsesBody, raw, UNSUPPORTED, tagged={"input": item_kind})
+    items = input_items(raw["input"])
+    if earlier:
+        items = earlier + items
+        body = body.model_copy(update={"input": validate(ResponsesBody, {**raw, "input": items}, UNSUPPORTED,
+                                                         tagged={"input": item_kind}).input})
     with responses_names():
         chat = parse_chat(chat_body(body), limits)
-    return ResponsesRequest(body, chat)
+    return ResponsesRequest(body, chat, items, can_store and body.store is not False)
+
+
+def input_items(value: str | list) -> list[dict[str, Any]]:
+    """A valid `input` as a list of items: text is one user message."""
+    return [{"type": "message", "role": "user", "content": value}] if isinstance(value, str) else list(value)
 
 
 @contextlib.contextmanager

@@ -1,6 +1,7 @@
 """POST /v1/responses on the default model through the openai SDK's Responses client: the same generation as the
 chat request it stands for (greedy, so the chat endpoint is the oracle), the stream helper's strict event
-accumulation, structured output, a tool round trip, and the fields a stateless server refuses."""
+accumulation, structured output, a tool round trip, stored responses (previous_response_id, retrieve, input_items,
+delete), and the fields the server refuses."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def test_text_is_the_chat_answer(client):
     assert r.status == ("incomplete" if chat.choices[0].finish_reason == "length" else "completed")
     assert (r.usage.input_tokens, r.usage.output_tokens) == (chat.usage.prompt_tokens, chat.usage.completion_tokens)
     assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
-    assert r.metadata == {"k": "v"} and r.instructions == INSTRUCTIONS and r.store is False
+    assert r.metadata == {"k": "v"} and r.instructions == INSTRUCTIONS and r.store is True
 
 
 def test_cut_by_max_output_tokens_is_incomplete(client):
@@ -154,7 +155,6 @@ def test_streamed_tool_call(client):
 
 
 @pytest.mark.parametrize("extra, param", [
-    ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x"}]}]},
      "input[0].content"),
@@ -165,3 +165,63 @@ def test_what_is_refused_names_its_field(client, extra, param):
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(**{"model": MODEL, "input": ASK, **extra})
     assert e.value.status_code == 400 and e.value.body["param"] == param, e.value.body
+
+
+def test_previous_response_id_continues_the_conversation(client):
+    """The stored conversation comes before the new input, the earlier instructions do not (as in OpenAI's API):
+    greedy, the chat request with those turns is the oracle for the text and the prompt's length."""
+    first = client.responses.create(model=MODEL, instructions=INSTRUCTIONS, input="My name is Ada.",
+                                    max_output_tokens=20, temperature=0)
+    second = client.responses.create(model=MODEL, previous_response_id=first.id, input="What is my name?",
+                                     max_output_tokens=20, temperature=0)
+    chat = client.chat.completions.create(model=MODEL, max_completion_tokens=20, temperature=0, messages=[
+        {"role": "user", "content": "My name is Ada."}, {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "What is my name?"}])
+    assert first.store and second.previous_response_id == first.id and second.instructions is None
+    assert second.output_text == chat.choices[0].message.content
+    assert second.usage.input_tokens + second.usage.input_tokens_details.cached_tokens >= chat.usage.prompt_tokens
+    assert second.usage.input_tokens == chat.usage.prompt_tokens
+
+    assert client.responses.retrieve(first.id).model_dump() == first.model_dump()
+    items = client.responses.input_items.list(second.id, order="asc").data
+    assert [(item.type, item.role) for item in items] == [("message", "user"), ("message", "assistant"),
+                                                          ("message", "user")]
+    assert items[1].id == first.output[0].id and items[1].content[0].text == first.output_text
+    assert [item.id for item in client.responses.input_items.list(second.id)] == [item.id for item in items][::-1]
+    page = client.responses.input_items.list(second.id, order="asc", limit=2)
+    assert [item.id for item in page.data] == [items[0].id, items[1].id] and page.has_more
+
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError) as e:
+        client.responses.create(model=MODEL, previous_response_id=first.id, input="Again?", max_output_tokens=4)
+    assert e.value.body["code"] == "previous_response_not_found" and e.value.body["param"] == "previous_response_id"
+    assert client.responses.retrieve(second.id).output_text == second.output_text  # its own conversation stays
+
+
+def test_a_streamed_response_is_stored_and_continued(client):
+    first = client.responses.create(model=MODEL, input=ASK, tools=[WEATHER], max_output_tokens=20, temperature=0)
+    with client.responses.stream(model=MODEL, previous_response_id=first.id, input="And one more?",
+                                 max_output_tokens=20, temperature=0) as stream:
+        list(stream)
+        final = stream.get_final_response()
+    kept = client.responses.retrieve(final.id)  # the helper's parsed response adds fields of its own to compare
+    assert (kept.output_text, [i.id for i in kept.output], kept.usage) == (final.output_text,
+                                                                           [i.id for i in final.output], final.usage)
+    assert final.previous_response_id == first.id and final.tools == []  # tools are per request, as instructions
+
+
+def test_store_false_keeps_nothing_and_others_cannot_read(client, server):
+    r = client.responses.create(model=MODEL, input=ASK, max_output_tokens=4, store=False)
+    assert r.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(r.id)
+    kept = client.responses.create(model=MODEL, input=ASK, max_output_tokens=4)
+    other = openai.OpenAI(base_url=f"{server.url}/v1", api_key="someone-else", max_retries=0)
+    with pytest.raises(openai.NotFoundError):  # another caller's credentials: it does not exist for them
+        other.responses.retrieve(kept.id)
+    with pytest.raises(openai.NotFoundError):
+        other.responses.create(model=MODEL, previous_response_id=kept.id, input="Hi", max_output_tokens=4)
+    with pytest.raises(openai.BadRequestError):
+        client.responses.input_items.list(kept.id, limit=0)

@@ -64,7 +64,7 @@ def test_settings_carry_over():
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"input": "x", "previous_response_id": 5}, "previous_response_id"),
     ({"input": "x", "background": True}, "background"),
     ({"input": "x", "include": ["file_search_call.results"]}, "include"),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
