@@ -89,6 +89,7 @@ def _parsed(kind: str, body: OllamaChatBody | OllamaGenerateBody, served: str,
     if translated.get("prompt"):
         return parse_completion(translated, limits)
     translated.pop("prompt", None)
+    translated.pop("suffix", None)
     translated["messages"] = translated.get("messages") or [{"role": "user", "content": ""}]
     return parse_chat(translated, limits)
 

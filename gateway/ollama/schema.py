@@ -44,7 +44,6 @@ def _empty_only(why: str, json_type: str) -> Any:
 
 
 NoImages = _empty_only("images are not supported (this server serves a text-only model)", "array")
-NoSuffix = _empty_only("suffix is not supported (no fill-in-the-middle template)", "string")
 NoTemplate = _empty_only("template is not supported (the model's own chat template is used)", "string")
 NoContext = _empty_only("context is not supported: send the conversation as /api/chat messages", "array")
 
@@ -114,7 +113,8 @@ class OllamaChatBody(_Generating):
 class OllamaGenerateBody(_Generating):
     prompt: str = ""
     system: str | None = None
-    suffix: NoSuffix | None = None
+    suffix: str | None = Field(None, description="the text after the insertion point: fill in the middle (a model "
+                                                 "with fill-in-the-middle tokens; no template, no logprobs)")
     raw: bool = Field(False, description="the prompt as it is, without the chat template; not with logprobs")
     images: NoImages | None = None
     template: NoTemplate | None = None

@@ -11,8 +11,9 @@ The translation:
   and each later tool message answers the first unanswered call of its tool_name (or, without one, the first
   unanswered call): Ollama's messages carry no call ids. Images are a 400: the served model reads text only.
 - /api/generate: `system` and `prompt` are the system and user messages of a one-turn chat; with `raw` the prompt
-  is completed as it is, with no template. `suffix`, `template` and `context` are refused (no fill-in-the-middle
-  template; the model's template only; conversations go through /api/chat).
+  is completed as it is, with no template, and with a `suffix` the completion fills in the middle
+  (gateway/text/fill_in_middle.py). `template` and `context` are refused (the model's template only; conversations
+  go through /api/chat).
 A 400 from the chat checks names the Ollama field it came from.
 """
 
@@ -43,13 +44,17 @@ def chat_body(body: OllamaChatBody, served: str) -> dict[str, Any]:
 
 
 def generate_body(body: OllamaGenerateBody, served: str) -> dict[str, Any]:
-    """A chat body, or with `raw` a completion body (images, suffix, template and context: the schema's checks)."""
-    if body.raw and body.logprobs:
-        raise invalid("logprobs with raw is not supported by this server", "logprobs")
+    """A chat body, or with `raw` or a `suffix` a completion body (images, template and context: the schema's
+    checks). A suffix asks for the text between the prompt and it, as Ollama's code models' templates do."""
+    completion = body.raw or bool(body.suffix)
+    if completion and body.logprobs:
+        raise invalid(f"logprobs with {'raw' if body.raw else 'suffix'} is not supported by this server", "logprobs")
     request = _sampling(body, served)
-    if body.raw:
+    if completion:
         request.pop("chat_template_kwargs", None)
         request["prompt"] = body.prompt
+        if body.suffix:
+            request["suffix"] = body.suffix
         response_format = request.pop("response_format", None)
         if response_format is not None:  # completions take their constraints as vLLM's structured_outputs
             schema = response_format.get("json_schema", {}).get("schema")

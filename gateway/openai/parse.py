@@ -55,6 +55,7 @@ class CompletionRequest(CommonFields):
     echo: bool
     prompt_logprobs: int | None  # vLLM's extension, as asked (params.prompt_logprobs also covers echo)
     constraint: OutputConstraint | None = None  # None: unconstrained
+    suffix: str | None = None  # fill in the middle: the text after what is generated (gateway/text/fill_in_middle.py)
 
 
 @dataclass(frozen=True)
@@ -81,12 +82,17 @@ def parse_completion(raw: Any, limits: Limits) -> CompletionRequest:
         raise invalid("max_tokens must be at least 1; 0 is allowed only with echo, to score the prompt",
                       "max_tokens")
     prompt_logprobs = _prompt_logprobs(body.prompt_logprobs, common["stream"])
+    if body.suffix and echo:  # as OpenAI's: the prompt echoed would not be the text before the suffix's answer
+        raise invalid("echo is not available with suffix", "echo")
+    prompts = _prompts(body.prompt)
+    if body.suffix and not all(isinstance(p, str) for p in prompts):
+        raise invalid("suffix is served with text prompts, not token ids", "prompt")
     # echo + logprobs scores the prompt too, with the same number of alternatives.
     wanted = [k for k in (prompt_logprobs, body.logprobs if echo else None) if k is not None]
     if wanted:
         common["params"] = dataclasses.replace(common["params"], prompt_logprobs=max(wanted))
-    return CompletionRequest(**common, prompts=_prompts(body.prompt), echo=echo, prompt_logprobs=prompt_logprobs,
-                             constraint=parse_output_constraint(raw))
+    return CompletionRequest(**common, prompts=prompts, echo=echo, prompt_logprobs=prompt_logprobs,
+                             constraint=parse_output_constraint(raw), suffix=body.suffix or None)
 
 
 def parse_chat(raw: Any, limits: Limits) -> ChatRequest:

@@ -150,7 +150,7 @@ async def admit_completion(request: Request, req: CompletionRequest,
     runs); returns its prompts' token ids too."""
     state = request.app.state.mili
     _check_served(state, req)
-    prompts = [state.text.encode_prompt(p) for p in req.prompts]
+    prompts = [state.text.encode_prompt(p, req.suffix) for p in req.prompts]
     params = await _constrained(state, req, "none")  # completions split no reasoning off
     return _admit(state, req, prompts, TextOptions(stop=req.stop), caller(request), deadline, params), prompts
 

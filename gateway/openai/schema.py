@@ -163,7 +163,7 @@ _COMMON_RULES = [
     _when("prompt_logprobs", {"type": "integer"}, _NOT_STREAMED),
 ]
 
-UNSUPPORTED = ("best_of", "suffix", "functions", "function_call", "audio", "prediction", "modalities",
+UNSUPPORTED = ("best_of", "functions", "function_call", "audio", "prediction", "modalities",
                "web_search_options", "reasoning_effort")
 CHAT_UNSUPPORTED = tuple(name for name in UNSUPPORTED if name != "reasoning_effort")
 ReasoningEffort = Literal[EFFORTS]
@@ -177,9 +177,15 @@ Prompt = Union[
 ]
 
 
+_SUFFIX_GIVEN = {"type": "string", "minLength": 1}
+_TEXT_PROMPT = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+
+
 class CompletionBody(CommonBody):
     model_config = ConfigDict(json_schema_extra={"allOf": [
-        *_COMMON_RULES, _when("max_tokens", {"const": 0}, _needs("echo", {"const": True}))]})
+        *_COMMON_RULES, _when("max_tokens", {"const": 0}, _needs("echo", {"const": True})),
+        _when("suffix", _SUFFIX_GIVEN, {"allOf": [_needs("prompt", _TEXT_PROMPT),
+                                                  {"properties": {"echo": {"enum": [False, None]}}}]})]})
 
     prompt: Prompt = Field(description="text, texts, token ids, or arrays of token ids (one choice set each); "
                                        "a text must tokenize to at least one token")
@@ -188,7 +194,9 @@ class CompletionBody(CommonBody):
                           "prompt + max_tokens must fit the model's context")
     echo: bool | None = None
     logprobs: Logprobs | None = None
-    suffix: Literal[""] | None = None
+    suffix: str | None = Field(None, description="the text after the insertion point: the model writes what goes "
+                                                 "between the prompt and it (fill-in-the-middle; text prompts, no "
+                                                 "echo, and a model with fill-in-the-middle tokens, else a 400)")
 
 
 # ----- chat -----

@@ -10,6 +10,7 @@ from tokenizers import Tokenizer
 
 from gateway.server.errors import invalid
 from gateway.text.chat_template import ChatTemplate, ChatTemplateError, NoChatTemplate
+from gateway.text.fill_in_middle import SPELLINGS, fim_prompt, fim_tokens
 from gateway.text.grammars import GrammarChecker
 from gateway.text.reasoning import has_reasoning_tokens
 from gateway.text.tool_specs import CALL_CLOSE, CALL_OPEN, ToolSpec, generic_messages
@@ -27,8 +28,18 @@ class ModelText:
         self.default_template_kwargs = dict(default_template_kwargs or {})
         self.split_reasoning = has_reasoning_tokens(self.tokenizer)
         self.grammars = GrammarChecker(self.tokenizer)
+        self.fim = fim_tokens(self.tokenizer)  # None: the model cannot fill in the middle
 
-    def encode_prompt(self, prompt: str | tuple[int, ...]) -> list[int]:
+    def encode_prompt(self, prompt: str | tuple[int, ...], suffix: str | None = None) -> list[int]:
+        """A completion's prompt as token ids; with a `suffix`, the fill-in-the-middle prompt asking for the text
+        between them (gateway/text/fill_in_middle.py; a 400 where the model has no such tokens). A suffix comes
+        with text prompts only (gateway/openai/parse.py)."""
+        if suffix:
+            if self.fim is None:
+                raise invalid("suffix needs a model trained to fill in the middle; this model's tokenizer has none "
+                              "of the fill-in-the-middle tokens (" + ", ".join(SPELLINGS[0]) + ")", "suffix")
+            assert isinstance(prompt, str)
+            return fim_prompt(self.tokenizer, self.fim, prompt, suffix)
         if isinstance(prompt, tuple):
             return list(prompt)
         return self.tokenizer.encode(prompt, add_special_tokens=True).ids

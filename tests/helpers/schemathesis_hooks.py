@@ -78,8 +78,8 @@ def filter_case(context, case) -> bool:
         rules = (_min_tokens_above_max, _chat_beyond_context, _unknown_named_tool, _tool_declared_twice,
                  _call_arguments_not_json, _constraints_beyond_one, _constraint_not_compiling)
     elif path.endswith("/completions"):
-        rules = (_min_tokens_above_max, _prompt_beyond_context, _prompt_without_tokens, _constraints_beyond_one,
-                 _constraint_not_compiling)
+        rules = (_suffix_without_fim_tokens, _min_tokens_above_max, _prompt_beyond_context, _prompt_without_tokens,
+                 _constraints_beyond_one, _constraint_not_compiling)
     else:
         rules = ()
     for broken in rules:
@@ -110,8 +110,9 @@ def _ollama_as_openai(path: str, body: dict) -> dict:
     checked as one empty user turn, as the server checks it."""
     high = _ollama_num_predict(body)
     prompt = body.get("prompt")
-    if path == "/api/generate" and prompt and body.get("raw") is True:
-        completion = {"prompt": prompt, "max_tokens": high}
+    suffix = body.get("suffix") if path == "/api/generate" else None
+    if path == "/api/generate" and prompt and (body.get("raw") is True or suffix):
+        completion = {"prompt": prompt, "max_tokens": high, **({"suffix": suffix} if suffix else {})}
         fmt = body.get("format")
         if fmt == "json" or isinstance(fmt, dict):
             completion["structured_outputs"] = {"json": fmt} if isinstance(fmt, dict) else {"json_object": True}
@@ -181,6 +182,15 @@ def _prompt_beyond_context(body: dict) -> bool:
     # Token ids count as they are; text at most one token per byte (see _chat_beyond_context).
     lengths = [len(p) if isinstance(p, list) else len(json.dumps(p, ensure_ascii=True)) for p in prompts]
     return any(n + high > CONTEXT or (n == CONTEXT and high != 0) for n in lengths)
+
+
+def _suffix_without_fim_tokens(body: dict) -> bool:
+    """A suffix (fill in the middle) to a model whose tokenizer has no fill-in-the-middle tokens: a 400 naming it,
+    by the rule its description states."""
+    from gateway.text.fill_in_middle import fim_tokens
+
+    suffix = body.get("suffix")
+    return isinstance(suffix, str) and bool(suffix) and fim_tokens(_tokenizer()) is None
 
 
 def _prompt_without_tokens(body: dict) -> bool:

@@ -110,7 +110,18 @@ def test_a_raw_generate_keeps_its_format_as_a_completion_constraint():
     assert e.value.param == "format"
 
 
-@pytest.mark.parametrize("field", [{"suffix": "end"}, {"template": "{{ .Prompt }}"}, {"context": [1, 2]},
+def test_a_suffix_is_a_fill_in_the_middle_completion():
+    body = validate(OllamaGenerateBody, {"model": SERVED, "prompt": "def f(", "suffix": "    return x",
+                                         "system": "ignored", "think": True}, ())
+    assert generate_body(body, SERVED) == {"model": SERVED, "stream": True, "prompt": "def f(",
+                                           "suffix": "    return x"}
+    with pytest.raises(ApiError) as e:
+        generate_body(validate(OllamaGenerateBody, {"model": SERVED, "prompt": "a", "suffix": "b", "logprobs": True},
+                               ()), SERVED)
+    assert e.value.param == "logprobs"
+
+
+@pytest.mark.parametrize("field", [{"template": "{{ .Prompt }}"}, {"context": [1, 2]},
                                    {"images": ["aGVsbG8="]}])
 def test_generate_refuses_what_it_cannot_honour(field):
     with pytest.raises(ApiError) as e:

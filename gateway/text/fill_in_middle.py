@@ -1,0 +1,41 @@
+"""Fill-in-the-middle prompts: a completion's `suffix` (OpenAI's legacy field, and Ollama's) asks the model for the
+text between the prompt and the suffix, as code editors ask for the code at the cursor.
+
+Whether a model can is in its tokenizer: code models are trained with three marker tokens, Qwen2.5-Coder's (and the
+Qwen3 vocabulary's) `<|fim_prefix|>`, `<|fim_suffix|>`, `<|fim_middle|>`, or StarCoder's `<fim_prefix>`,
+`<fim_suffix>`, `<fim_middle>`. The prompt is laid out prefix-suffix-middle, as both were trained:
+`PREFIX prompt SUFFIX suffix MIDDLE`, each text tokenized on its own without special tokens; the model writes the
+middle and ends it with its end-of-text token. A model without the markers answers a suffix with a 400.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenizers import Tokenizer
+
+SPELLINGS = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"), ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"))
+
+
+@dataclass(frozen=True)
+class FimTokens:
+    prefix: int
+    suffix: int
+    middle: int
+
+
+def fim_tokens(tokenizer: Tokenizer) -> FimTokens | None:
+    """The tokenizer's fill-in-the-middle markers, in the first spelling it has all three of; None without."""
+    for names in SPELLINGS:
+        ids = [tokenizer.token_to_id(name) for name in names]
+        if all(i is not None for i in ids):
+            return FimTokens(*ids)
+    return None
+
+
+def fim_prompt(tokenizer: Tokenizer, tokens: FimTokens, prefix: str, suffix: str) -> list[int]:
+    """The token ids that ask for the text between `prefix` and `suffix`."""
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False).ids
+
+    return [tokens.prefix, *encode(prefix), tokens.suffix, *encode(suffix), tokens.middle]

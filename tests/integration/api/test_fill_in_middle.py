@@ -1,0 +1,71 @@
+"""A completion's `suffix` (OpenAI's legacy field, Ollama's /api/generate) through the real server: on a random tiny
+Qwen3 whose tokenizer has Qwen's fill-in-the-middle tokens, the prompt the model runs on is exactly
+`<|fim_prefix|> prompt <|fim_suffix|> suffix <|fim_middle|>` (the same generation, token for token, as that id list
+sent as the prompt, which the engine's tests hold to transformers), and Ollama's client gets the same text; on the
+shared tiny server, whose tokenizer has no such tokens, a suffix is a 400 naming it."""
+
+from __future__ import annotations
+
+import httpx2
+import ollama
+import pytest
+from tokenizers import Tokenizer
+
+from tests.helpers.server import start_tagged_qwen3, tokenizer_source_dir
+from tests.integration.conftest import SERVED_NAME
+
+MARKERS = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]
+PREFIX, SUFFIX = "def area(radius):\n    ", "\n    return result\n"
+
+
+@pytest.fixture(scope="module")
+def fim_server(tmp_path_factory):
+    import json
+
+    template = json.loads((tokenizer_source_dir() / "tokenizer_config.json").read_text())["chat_template"]
+    srv, ids = start_tagged_qwen3(tmp_path_factory, "fim", MARKERS, template, "--served-model-name", "fim")
+    yield srv, ids
+    srv.stop()
+
+
+def complete(url: str, **body) -> dict:
+    r = httpx2.post(f"{url}/v1/completions", json={"model": "fim", "max_tokens": 12, "temperature": 0, **body},
+                    timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_the_prompt_is_prefix_suffix_middle(fim_server):
+    srv, ids = fim_server
+    tok = Tokenizer.from_file(str(srv.model / "tokenizer.json"))
+    expected = [ids["<|fim_prefix|>"], *tok.encode(PREFIX, add_special_tokens=False).ids, ids["<|fim_suffix|>"],
+                *tok.encode(SUFFIX, add_special_tokens=False).ids, ids["<|fim_middle|>"]]
+    filled = complete(srv.url, prompt=PREFIX, suffix=SUFFIX)
+    by_ids = complete(srv.url, prompt=expected)
+    assert filled["usage"]["prompt_tokens"] == len(expected)
+    assert filled["choices"][0]["text"] == by_ids["choices"][0]["text"]
+    streamed = httpx2.post(f"{srv.url}/v1/completions", json={"model": "fim", "prompt": PREFIX, "suffix": SUFFIX,
+                                                               "max_tokens": 12, "temperature": 0, "stream": True},
+                           timeout=60)
+    assert streamed.status_code == 200 and "data: [DONE]" in streamed.text
+    # Ollama's client, as code editors call it: /api/generate with a suffix (no template, no system prompt).
+    reply = ollama.Client(host=srv.url).generate(model="fim", prompt=PREFIX, suffix=SUFFIX, system="ignored",
+                                                 options={"temperature": 0, "num_predict": 12})
+    assert reply.response == filled["choices"][0]["text"] and reply.prompt_eval_count == len(expected)
+
+
+@pytest.mark.parametrize("extra, param", [({"echo": True}, "echo"), ({"prompt": [1, 2, 3]}, "prompt")])
+def test_what_a_suffix_cannot_come_with(fim_server, extra, param):
+    srv, _ = fim_server
+    r = httpx2.post(f"{srv.url}/v1/completions", json={"model": "fim", "prompt": PREFIX, "suffix": SUFFIX, **extra},
+                    timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_a_model_without_the_tokens_says_so(server):
+    r = httpx2.post(f"{server.url}/v1/completions", json={"model": SERVED_NAME, "prompt": PREFIX, "suffix": SUFFIX},
+                    timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "suffix"
+    assert "fill-in-the-middle" in r.json()["error"]["message"]
+    assert httpx2.post(f"{server.url}/v1/completions", json={"model": SERVED_NAME, "prompt": PREFIX, "suffix": "",
+                                                             "max_tokens": 2}, timeout=60).status_code == 200
