@@ -100,6 +100,8 @@ class GatewayState:
     def refresh_gauges(self) -> None:
         live = [s.stats for s in self.pool.slots if s.is_ready and s.stats is not None]
         self.metrics.worker_stats(live, len(self.pool.ready_slots))
+        if self.responses is not None:
+            self.metrics.responses_store(len(self.responses), self.responses.bytes)
 
 
 Handler = Callable[[Request], Awaitable[Response]]

@@ -84,12 +84,17 @@ class Metrics:
             labels, registry=r)
         for reason in ("ttl", "buffer_full"):
             self.stream_resume_aborted.labels(model, reason)
+        # Stored Responses API responses (gateway/responses_api/store.py), set at each scrape.
+        self.responses_stored = Gauge("mili_responses_stored", "Responses API responses kept for "
+                                      "previous_response_id and GET /v1/responses/{id}", labels, registry=r)
+        self.responses_stored_bytes = Gauge("mili_responses_stored_bytes", "Bytes of the stored Responses API "
+                                            "responses, against --responses-store-buffer", labels, registry=r)
         # Every series exists from the start (at 0), so dashboards and rate() see it before the first event.
         for metric in (self.requests_running, self.requests_waiting, self.kv_blocks_total, self.kv_blocks_used,
                        self.worker_up, self.generation_tokens, self.prefix_queries,
                        self.prefix_hits, self.preemptions, self.ttft, self.itl,
                        self.kv_invariant_violations, self.stream_merged_deltas, self.stream_resume_buffered_bytes, self.stream_resumes,
-                       self.stream_resume_evicted):
+                       self.stream_resume_evicted, self.responses_stored, self.responses_stored_bytes):
             metric.labels(model)
         for metric in (self.prompt_tokens, self.e2e, self.queue_time):
             metric.labels(*self.labels)
@@ -136,3 +141,7 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def responses_store(self, count: int, size: int) -> None:
+        self.responses_stored.labels(self.model).set(count)
+        self.responses_stored_bytes.labels(self.model).set(size)

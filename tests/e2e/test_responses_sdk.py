@@ -218,6 +218,7 @@ def test_store_false_keeps_nothing_and_others_cannot_read(client, server):
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(r.id)
     kept = client.responses.create(model=MODEL, input=ASK, max_output_tokens=4)
+    assert server.metric("mili_responses_stored") >= 1 and server.metric("mili_responses_stored_bytes") > 0
     other = openai.OpenAI(base_url=f"{server.url}/v1", api_key="someone-else", max_retries=0)
     with pytest.raises(openai.NotFoundError):  # another caller's credentials: it does not exist for them
         other.responses.retrieve(kept.id)

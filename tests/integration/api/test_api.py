@@ -143,7 +143,8 @@ def test_metrics_names(server, client):
                  "mili_requests_total", "mili_time_to_first_token_seconds_bucket",
                  "mili_inter_token_latency_seconds_bucket", "mili_e2e_request_latency_seconds_bucket",
                  "mili_request_queue_time_seconds_bucket", "mili_stream_resume_buffered_bytes",
-                 "mili_stream_resumes_total", "mili_stream_resume_aborted_total", "mili_stream_resume_evicted_total", "mili_stream_merged_deltas_total"):
+                 "mili_stream_resumes_total", "mili_stream_resume_aborted_total", "mili_stream_resume_evicted_total", "mili_stream_merged_deltas_total",
+                 "mili_responses_stored", "mili_responses_stored_bytes"):
         assert f"\n{name}" in text, name
     assert 'mili_requests_total{finish_reason="length",model="tiny-qwen3",task="generate"}' in text
     assert server.metric("mili_worker_up") == 1

@@ -42,11 +42,12 @@ def test_refusals_are_counted_by_route(guarded):
     """A scraper or router without the key fails only in its own logs; the server counts every 401 by route,
     scrapes included (they are not API answers, so mili_http_responses_total does not see them)."""
     counted = lambda route: guarded.metric("mili_http_unauthorized_total", route=route)  # noqa: E731
-    before = {route: counted(route) for route in ("/metrics", "/version", "/v1/completions", "other")}
-    for path in ("/metrics", "/metrics", "/version", "/nowhere/at/all"):
+    before = {route: counted(route) for route in ("/metrics", "/version", "/v1/completions", "/v1/responses", "/api",
+                                                  "other")}
+    for path in ("/metrics", "/metrics", "/version", "/nowhere/at/all", "/v1/responses/resp_1", "/api/tags"):
         assert httpx2.get(guarded.url + path).status_code == 401
     assert httpx2.post(f"{guarded.url}/v1/completions", json={}).status_code == 401
     assert httpx2.get(f"{guarded.url}/health").status_code == 200  # open, so never counted
     after = {route: counted(route) for route in before}
     assert {r: after[r] - before[r] for r in before} == {"/metrics": 2, "/version": 1, "/v1/completions": 1,
-                                                         "other": 1}
+                                                         "/v1/responses": 1, "/api": 1, "other": 1}
