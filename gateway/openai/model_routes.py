@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.openai.parse import require_model, without_default_tag
-from gateway.server.errors import invalid
+from gateway.server.paging import page_limit
 
 MAX_LIST_LIMIT = 1000  # Anthropic's bound on `limit`
 
@@ -37,7 +37,7 @@ def model_card(request: Request) -> dict:
 
 
 async def list_models(request: Request) -> Response:
-    limit = _limit(request.query_params.get("limit"))
+    limit = page_limit(request.query_params.get("limit"), MAX_LIST_LIMIT, MAX_LIST_LIMIT)
     card = model_card(request)
     cursor = {request.query_params.get("after_id"), request.query_params.get("before_id")}
     data = [] if card["id"] in cursor else [card][:limit]
@@ -50,16 +50,3 @@ async def retrieve_model(request: Request) -> Response:
     served = state.settings.served_model_name
     require_model(without_default_tag(request.path_params["model"], served), served)
     return JSONResponse(model_card(request))
-
-
-def _limit(raw: str | None) -> int:
-    if raw is None:
-        return MAX_LIST_LIMIT
-    try:
-        limit = int(raw)
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= MAX_LIST_LIMIT:
-        raise invalid(f"limit must be an integer from 1 to {MAX_LIST_LIMIT}, got {raw!r}", "limit")
-    return limit
-

@@ -29,6 +29,7 @@ from gateway.server.auth import credentials
 from gateway.server.client_io import read_json
 from gateway.server.deadlines import request_deadline
 from gateway.server.errors import ApiError, invalid
+from gateway.server.paging import page_limit
 from gateway.streams.resume_buffer import NamedEvent
 
 log = logging.getLogger("mili.gateway")
@@ -73,7 +74,7 @@ async def response_input_items(request: Request) -> Response:
     order = query.get("order", "desc")
     if order not in ("asc", "desc"):
         raise invalid(f"order must be asc or desc, got {order!r}", "order")
-    limit = _limit(query.get("limit"))
+    limit = page_limit(query.get("limit"), 20, 100)
     if order == "desc":
         items.reverse()
     after = query.get("after")
@@ -115,16 +116,6 @@ def _stored(request: Request) -> StoredResponse:
 def _keep(store: ResponseStore, owner: str, req: ResponsesRequest, response: dict[str, Any]) -> None:
     if response["status"] in ("completed", "incomplete"):
         store.put(owner, response, req.input_items)
-
-
-def _limit(raw: str | None) -> int:
-    try:
-        limit = 20 if raw is None else int(raw)
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= 100:
-        raise invalid(f"limit must be an integer from 1 to 100, got {raw!r}", "limit")
-    return limit
 
 
 async def _stream(builder: ResponseBuilder, admitted: Admitted,
