@@ -58,7 +58,8 @@ async def count_tokens(request: Request) -> Response:
                          count_only=True)
     require_model(req.chat.model, state.settings.served_model_name)
     with anthropic_names():
-        _, prompt = state.text.render_chat(list(req.chat.messages), req.chat.template_kwargs, req.chat.tools)
+        _, prompt = state.text.render_chat(list(req.chat.messages), req.chat.template_kwargs, req.chat.tools,
+                                           req.chat.add_generation_prompt, req.chat.continue_final_message)
     return JSONResponse({"input_tokens": len(prompt)})
 
 

@@ -154,7 +154,9 @@ class CountTokensBody(_Model):
     """POST /v1/messages/count_tokens: a request's prompt, counted as /v1/messages would render it."""
 
     model: str = Field(description="the served model name; any other is a 404")
-    messages: Annotated[list[InputMessage], Field(min_length=1)]
+    messages: Annotated[list[InputMessage], Field(min_length=1)] = Field(
+        description="a final assistant turn with text is a prefill the response continues; its text may not end with "
+                    "whitespace")
     system: _text_or(TextBlock) | None = None
     tools: Annotated[list[ToolParam], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = None

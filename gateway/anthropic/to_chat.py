@@ -14,6 +14,9 @@ The translation:
   call; any and tool: exactly one).
 - `thinking` enabled/adaptive/disabled sets the template's `enable_thinking`; a budget is the chat request's
   `thinking_budget`, which the grammar enforces (gateway/text/grammars.py).
+- A final assistant turn with text (and no tool_use) is a prefill: the prompt ends with that text, its turn left
+  open (chat's continue_final_message), and the response holds what follows it. As Anthropic's API, its text may
+  not end with whitespace.
 - `max_tokens`, `stop_sequences` (stop), `temperature`, `top_p`, `top_k` map across as they are.
 A 400 from the chat checks names the Messages field it came from.
 """
@@ -72,6 +75,13 @@ def anthropic_names() -> contextlib.AbstractContextManager[None]:
 
 def chat_body(body: MessagesBody | CountTokensBody) -> dict[str, Any]:
     chat: dict[str, Any] = {"model": body.model, "messages": _messages(body)}
+    final = chat["messages"][-1] if chat["messages"] else None
+    if final is not None and final["role"] == "assistant" and final["content"] and not final.get("tool_calls"):
+        # A prefill: the response continues the final assistant text (and holds only what follows it).
+        if final["content"] != final["content"].rstrip():
+            raise invalid("final assistant content cannot end with trailing whitespace",
+                          f"messages[{len(body.messages) - 1}].content")
+        chat["continue_final_message"], chat["add_generation_prompt"] = True, False
     if isinstance(body, MessagesBody):
         chat["max_tokens"] = body.max_tokens
         chat["stream"] = bool(body.stream)

@@ -70,6 +70,8 @@ class ChatRequest(CommonFields):
     response_format: ResponseFormat | None = None  # None: text
     constraint: OutputConstraint | None = None  # beyond response_format (never with it, nor with tool calls)
     thinking_budget: int | None = None  # the most reasoning tokens (Anthropic's thinking.budget_tokens); None: no bound
+    add_generation_prompt: bool = True  # the prompt ends by opening the assistant's turn
+    continue_final_message: bool = False  # the last message (an assistant's text) is continued: a prefill
 
 
 def parse_completion(raw: Any, limits: Limits) -> CompletionRequest:
@@ -112,11 +114,25 @@ def parse_chat(raw: Any, limits: Limits) -> ChatRequest:
     others = (("response_format",) if response_format is not None else ()) + (
         ("tools",) if tools is not None and tools.calls_possible else ())
     constraint = parse_output_constraint(raw, others)
+    if body.continue_final_message:
+        _check_continuable(body)
     return ChatRequest(**common, messages=tuple(map(_message, body.messages)),
                        template_kwargs={**effort_template_kwargs(body.reasoning_effort),
                                         **(body.chat_template_kwargs or {})}, top_logprobs=logprobs,
                        prompt_logprobs=prompt_logprobs, tools=tools, response_format=response_format,
-                       constraint=constraint)
+                       constraint=constraint, add_generation_prompt=body.add_generation_prompt is not False,
+                       continue_final_message=bool(body.continue_final_message))
+
+
+def _check_continuable(body: ChatBody) -> None:
+    """What continuing the final message needs (as vLLM checks it): no new turn opened, and an assistant's text
+    last."""
+    if body.add_generation_prompt is not False:
+        raise invalid("continue_final_message needs add_generation_prompt: false", "add_generation_prompt")
+    last = body.messages[-1]
+    if last.role != "assistant" or last.tool_calls or not _content(last.content).strip():
+        raise invalid("continue_final_message needs the last message to be an assistant's text, without tool_calls",
+                      f"messages[{len(body.messages) - 1}]")
 
 
 def _common(body: schema.CommonBody, limits: Limits, max_tokens: int | None, logprobs: int | None,

@@ -135,7 +135,8 @@ async def admit_chat(request: Request, req: ChatRequest, deadline: float | None)
     """A parsed chat request rendered, constrained and submitted (also what /v1/responses runs)."""
     state = request.app.state.mili
     _check_served(state, req)
-    rendered, prompt = state.text.render_chat(list(req.messages), req.template_kwargs, req.tools)
+    rendered, prompt = state.text.render_chat(list(req.messages), req.template_kwargs, req.tools,
+                                              req.add_generation_prompt, req.continue_final_message)
     params = await _constrained(state, req, state.text.reasoning_mode(rendered))
     calls = req.tools is not None and req.tools.calls_possible
     options = TextOptions(stop=req.stop, split_reasoning=state.text.split_reasoning,

@@ -312,7 +312,8 @@ class ChatBody(CommonBody):
     model_config = ConfigDict(json_schema_extra={"allOf": [
         *_COMMON_RULES, _when("top_logprobs", {"type": "integer"}, _needs("logprobs", {"const": True})),
         _when("tool_choice", {"anyOf": [{"const": "required"}, {"type": "object"}]},
-              _needs("tools", {"type": "array", "minItems": 1}))]})
+              _needs("tools", {"type": "array", "minItems": 1})),
+        _when("continue_final_message", {"const": True}, _needs("add_generation_prompt", {"const": False}))]})
 
     messages: Annotated[list[Message], Field(min_length=1)]
     max_completion_tokens: MaxCompletionTokens | None = Field(
@@ -327,6 +328,11 @@ class ChatBody(CommonBody):
         None, description="required needs tools; a named function must be one of tools")
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = Field(None, description="passed to the chat template")
+    add_generation_prompt: bool | None = Field(None, description="vLLM's: default true, the prompt ends by opening "
+                                                                 "the assistant's turn")
+    continue_final_message: bool | None = Field(
+        None, description="vLLM's: the last message, an assistant's text, is continued rather than closed (a "
+                          "prefill; with add_generation_prompt false)")
     reasoning_effort: ReasoningEffort | None = Field(
         None, description="none/minimal: thinking off, low/medium/high: on (the template's enable_thinking; "
                           "chat_template_kwargs win); a model without a thinking switch ignores it")

@@ -45,10 +45,12 @@ class ModelText:
         return self.tokenizer.encode(prompt, add_special_tokens=True).ids
 
     def render_chat(self, messages: list[dict[str, Any]], template_kwargs: dict, tools: ToolSpec | None = None,
-                    add_generation_prompt: bool = True) -> tuple[str, list[int]]:
+                    add_generation_prompt: bool = True,
+                    continue_final_message: bool = False) -> tuple[str, list[int]]:
         """The rendered prompt and its token ids. The template writes the special tokens itself, so the
         tokenizer adds none. Tools go to the template's `tools` variable where it has one; otherwise the
-        conversation is rewritten into the generic tool format (tools.generic_messages)."""
+        conversation is rewritten into the generic tool format (tools.generic_messages). With
+        `continue_final_message` the prompt ends with the last message's text, its turn left open."""
         has_tool_turns = any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
         template_tools = None
         if self.template.supports_tools:
@@ -64,6 +66,8 @@ class ModelText:
             raise invalid(str(e), "messages") from None
         except ChatTemplateError as e:
             raise invalid(f"the chat template failed: {e}", "messages") from None
+        if continue_final_message:
+            text = _open_final_message(text, messages[-1]["content"])
         return text, self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def starts_in_reasoning(self, rendered_prompt: str) -> bool:
@@ -83,3 +87,14 @@ class ModelText:
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+
+
+def _open_final_message(rendered: str, final: str) -> str:
+    """The rendered conversation cut right after the final message's text, so that the model continues it, as
+    transformers' continue_final_message cuts it: at the text's last occurrence, stripped (templates may trim)."""
+    text = final.strip()
+    at = rendered.rfind(text)
+    if not text or at < 0:
+        raise invalid("the chat template does not write the final message's text as it is, so it cannot be "
+                      "continued", "messages")
+    return rendered[:at + len(text)]

@@ -106,6 +106,31 @@ def test_stop_sequence(client):
     assert msg.content[0].text == text[:text.index(word)]
 
 
+def test_prefill_continues_the_final_assistant_text(client, server):
+    """A final assistant turn is a prefill: the prompt ends with its text, the turn left open, and the response
+    holds only what follows. Oracle: /v1/completions on that very text (the conversation rendered up to the
+    assistant's opening, as /tokenize and /detokenize give it, then the prefill), greedy."""
+    prefill = "The capital of France is"
+    msg = client.messages.create(model=MODEL, max_tokens=12, extra_body=GREEDY,
+                                 messages=[*ASK, {"role": "assistant", "content": prefill}])
+    ids = post(server, "/tokenize", {"model": MODEL, "messages": ASK}).json()["tokens"]
+    opened = post(server, "/detokenize", {"model": MODEL, "tokens": ids}).json()["prompt"]
+    oracle = post(server, "/v1/completions", {"model": MODEL, "prompt": opened + prefill, "max_tokens": 12,
+                                              "temperature": 0}).json()
+    assert msg.content[0].text == oracle["choices"][0]["text"] and not msg.content[0].text.startswith(prefill)
+    assert msg.usage.input_tokens + msg.usage.cache_read_input_tokens == oracle["usage"]["prompt_tokens"]
+    counted = client.messages.count_tokens(model=MODEL, messages=[*ASK, {"role": "assistant", "content": prefill}])
+    assert counted.input_tokens == oracle["usage"]["prompt_tokens"]
+    chat = post(server, "/v1/chat/completions", {  # vLLM's chat fields for the same prefill
+        "model": MODEL, "max_tokens": 12, "temperature": 0, "continue_final_message": True,
+        "add_generation_prompt": False, "messages": [*ASK, {"role": "assistant", "content": prefill}]}).json()
+    assert chat["choices"][0]["message"]["content"] == msg.content[0].text
+    with pytest.raises(anthropic.BadRequestError) as e:  # as Anthropic's API
+        client.messages.create(model=MODEL, max_tokens=4, messages=[*ASK, {"role": "assistant", "content": "Hi "}])
+    assert_error(e.value, 400, "invalid_request_error")
+    assert "trailing whitespace" in e.value.body["error"]["message"]
+
+
 @pytest.mark.parametrize("choice", [{"type": "tool", "name": "get_weather"},
                                     {"type": "any", "disable_parallel_tool_use": True}])
 def test_tool_use(client, choice):

@@ -68,6 +68,9 @@ def filter_case(context, case) -> bool:
         if _misplaced_block(body):
             DROPPED["misplaced_block"] += 1
             return False
+        if _prefill_ends_in_whitespace(body):
+            DROPPED["prefill_ends_in_whitespace"] += 1
+            return False
         counting = path.endswith("/count_tokens")
         body = _messages_as_chat(body)
         rules = (_unknown_named_tool, _tool_choice_without_tools, _tool_declared_twice) + (
@@ -76,7 +79,8 @@ def filter_case(context, case) -> bool:
         rules = (_tool_declared_twice, _call_arguments_not_json) if "messages" in body else ()
     elif path.endswith(("/chat/completions", "/responses")):
         rules = (_min_tokens_above_max, _chat_beyond_context, _unknown_named_tool, _tool_declared_twice,
-                 _call_arguments_not_json, _constraints_beyond_one, _constraint_not_compiling)
+                 _call_arguments_not_json, _constraints_beyond_one, _constraint_not_compiling,
+                 _final_message_not_continuable)
     elif path.endswith("/completions"):
         rules = (_suffix_without_fim_tokens, _min_tokens_above_max, _prompt_beyond_context, _prompt_without_tokens,
                  _constraints_beyond_one, _constraint_not_compiling)
@@ -341,6 +345,35 @@ def _constraint_not_compiling(body: dict) -> bool:
 _SERVED_BLOCKS = {"user": {"text", "tool_result", "thinking", "redacted_thinking"},
                   "assistant": {"text", "tool_use", "thinking", "redacted_thinking"},
                   "system": {"text", "thinking", "redacted_thinking"}}
+
+
+def _final_message_not_continuable(body: dict) -> bool:
+    """continue_final_message with a last message that is not an assistant's text without tool_calls (a 400 naming
+    it, by the rule the field's description states)."""
+    if body.get("continue_final_message") is not True:
+        return False
+    messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+    last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
+    content = last.get("content")
+    text = content if isinstance(content, str) else "\n".join(
+        p.get("text", "") for p in content if isinstance(p, dict)) if isinstance(content, list) else ""
+    return last.get("role") != "assistant" or bool(last.get("tool_calls")) or not text.strip()
+
+
+def _prefill_ends_in_whitespace(body: dict) -> bool:
+    """A final assistant turn (a prefill) whose text ends in whitespace: a 400, as Anthropic's API answers it."""
+    messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+    last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
+    if last.get("role") != "assistant":
+        return False
+    content = last.get("content")
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else \
+        content if isinstance(content, list) else []
+    blocks = [b for b in blocks if isinstance(b, dict)]
+    if any(b.get("type") == "tool_use" for b in blocks):
+        return False
+    text = "\n".join(b["text"] for b in blocks if b.get("type") == "text" and isinstance(b.get("text"), str))
+    return bool(text) and text != text.rstrip()
 
 
 def _misplaced_block(body: dict) -> bool:
