@@ -7,7 +7,8 @@ The translation:
   vLLM's repetition_penalty. Loading options (num_ctx, num_gpu, ...) and keep_alive change nothing.
 - `format`: "json" is a JSON object (response_format json_object), a schema is json_schema; "" is none.
 - `think`: true (or a level, "low" / "medium" / "high") sets the template's enable_thinking, false clears it.
-- Messages keep their roles. An assistant turn's tool_calls (arguments as objects) get ids where they have none,
+- Messages keep their roles; a final assistant message with text is continued (a prefill), as Ollama's templates
+  leave the last assistant turn open. An assistant turn's tool_calls (arguments as objects) get ids where they have none,
   and each later tool message answers the first unanswered call of its tool_name (or, without one, the first
   unanswered call): Ollama's messages carry no call ids. Images are a 400: the served model reads text only.
 - /api/generate: `system` and `prompt` are the system and user messages of a one-turn chat; with `raw` the prompt
@@ -24,7 +25,7 @@ import json
 from typing import Any
 
 from gateway.ollama.schema import OllamaChatBody, OllamaGenerateBody, OllamaMessage
-from gateway.openai.parse import without_default_tag
+from gateway.openai.parse import PREFILL, ends_in_prefill, without_default_tag
 from gateway.server.errors import invalid, params_renamed
 
 # A chat field's name in a 400 -> the Ollama field it came from (by prefix).
@@ -37,6 +38,8 @@ _OPTIONS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_
 def chat_body(body: OllamaChatBody, served: str) -> dict[str, Any]:
     chat = _sampling(body, served)
     chat["messages"] = _messages(body.messages)
+    if ends_in_prefill(chat["messages"]):  # as Ollama's templates leave the last assistant turn open
+        chat.update(PREFILL)
     if body.tools:
         chat["tools"] = [{"type": "function", "function": t.function.model_dump(exclude_none=True)}
                          for t in body.tools]

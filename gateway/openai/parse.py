@@ -124,6 +124,17 @@ def parse_chat(raw: Any, limits: Limits) -> ChatRequest:
                        continue_final_message=bool(body.continue_final_message))
 
 
+def ends_in_prefill(messages: list[dict[str, Any]]) -> bool:
+    """Whether a translated conversation (Anthropic's, Ollama's) ends with an assistant's text to continue: a
+    prefill, which those APIs continue rather than close (chat's continue_final_message)."""
+    final = messages[-1] if messages else None
+    return (final is not None and final["role"] == "assistant" and bool((final["content"] or "").strip())
+            and not final.get("tool_calls"))
+
+
+PREFILL = {"continue_final_message": True, "add_generation_prompt": False}  # chat's fields for a prefill
+
+
 def _check_continuable(body: ChatBody) -> None:
     """What continuing the final message needs (as vLLM checks it): no new turn opened, and an assistant's text
     last."""

@@ -308,12 +308,17 @@ class JsonSchemaFormat(_Model):
 ResponseFormat = Annotated[Union[TextFormat, JsonObjectFormat, JsonSchemaFormat], Field(discriminator="type")]
 
 
+# vLLM's rule: the final message continued opens no new turn (the chat and tokenize bodies state it).
+CONTINUE_NEEDS_NO_GENERATION_PROMPT = _when("continue_final_message", {"const": True},
+                                            _needs("add_generation_prompt", {"const": False}))
+
+
 class ChatBody(CommonBody):
     model_config = ConfigDict(json_schema_extra={"allOf": [
         *_COMMON_RULES, _when("top_logprobs", {"type": "integer"}, _needs("logprobs", {"const": True})),
         _when("tool_choice", {"anyOf": [{"const": "required"}, {"type": "object"}]},
               _needs("tools", {"type": "array", "minItems": 1})),
-        _when("continue_final_message", {"const": True}, _needs("add_generation_prompt", {"const": False}))]})
+        CONTINUE_NEEDS_NO_GENERATION_PROMPT]})
 
     messages: Annotated[list[Message], Field(min_length=1)]
     max_completion_tokens: MaxCompletionTokens | None = Field(

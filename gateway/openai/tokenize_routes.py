@@ -27,11 +27,11 @@ async def tokenize(request: Request) -> Response:
         body = validate(TokenizeChatBody, raw)
         _check_model(body.model, served)
         # The same parsing as a chat request's (tool_calls' arguments, developer as system, content parts).
-        fields = body.model_dump(include={"messages", "tools", "chat_template_kwargs"}, exclude_none=True)
+        fields = body.model_dump(include={"messages", "tools", "chat_template_kwargs", "add_generation_prompt",
+                                          "continue_final_message"}, exclude_none=True)
         chat = parse_chat({"model": served, **fields}, state.settings.limits)
-        add_generation_prompt = body.add_generation_prompt is not False
         _, tokens = state.text.render_chat(list(chat.messages), chat.template_kwargs, chat.tools,
-                                           add_generation_prompt=add_generation_prompt)
+                                           chat.add_generation_prompt, chat.continue_final_message)
     else:
         body = validate(TokenizePromptBody, raw)
         _check_model(body.model, served)

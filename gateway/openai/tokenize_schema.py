@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
-from gateway.openai.schema import Message, TokenId, Tool, _limit, _Model
+from gateway.openai.schema import CONTINUE_NEEDS_NO_GENERATION_PROMPT, Message, TokenId, Tool, _limit, _Model
 from shared.request_limits import MAX_TOOLS
 
 # The served name's enum goes on the string itself, so null (no model named) stays valid.
@@ -25,6 +25,8 @@ class TokenizePromptBody(_Model):
 
 
 class TokenizeChatBody(_Model):
+    model_config = ConfigDict(json_schema_extra={"allOf": [CONTINUE_NEEDS_NO_GENERATION_PROMPT]})
+
     model: ServedName | None = _MODEL
     messages: Annotated[list[Message], Field(min_length=1)] = Field(
         description="a conversation, rendered by the chat template as /v1/chat/completions renders it")
@@ -32,6 +34,9 @@ class TokenizeChatBody(_Model):
     chat_template_kwargs: dict[str, Any] | None = Field(None, description="passed to the chat template")
     add_generation_prompt: bool | None = Field(None, description="default true: end with the assistant's turn "
                                                                  "opened, as a chat request does")
+    continue_final_message: bool | None = Field(
+        None, description="as chat's: the last message, an assistant's text, left open (with add_generation_prompt "
+                          "false)")
     return_token_strs: bool | None = _STRS
 
 

@@ -64,6 +64,18 @@ def test_generate_uses_the_template_and_raw_does_not(client):
     assert streamed == raw.response
 
 
+def test_a_final_assistant_message_is_continued(client, server):
+    """As Ollama's templates leave the last assistant turn open: a prefill, continued, the same text as chat's
+    continue_final_message gives on the same conversation."""
+    conversation = [*ASK, {"role": "assistant", "content": "The capital of France is"}]
+    reply = client.chat(model=MODEL, messages=conversation, options={"temperature": 0, "num_predict": 12})
+    oracle = httpx2.post(f"{server.url}/v1/chat/completions", json={
+        "model": MODEL, "messages": conversation, "max_tokens": 12, "temperature": 0,
+        "continue_final_message": True, "add_generation_prompt": False}, timeout=60).json()
+    assert reply.message.content == oracle["choices"][0]["message"]["content"]
+    assert reply.prompt_eval_count == oracle["usage"]["prompt_tokens"]
+
+
 def test_format_schema_gives_that_json(client):
     schema = {"type": "object", "properties": {"country": {"type": "string", "maxLength": 30},
                                                "capital": {"type": "string", "maxLength": 30}},

@@ -76,7 +76,8 @@ def filter_case(context, case) -> bool:
         rules = (_unknown_named_tool, _tool_choice_without_tools, _tool_declared_twice) + (
             () if counting else (_chat_beyond_context,))
     elif path.endswith("/tokenize"):  # nothing is generated: only the rules of a conversation's own fields
-        rules = (_tool_declared_twice, _call_arguments_not_json) if "messages" in body else ()
+        rules = (_tool_declared_twice, _call_arguments_not_json, _final_message_not_continuable) \
+            if "messages" in body else ()
     elif path.endswith(("/chat/completions", "/responses")):
         rules = (_min_tokens_above_max, _chat_beyond_context, _unknown_named_tool, _tool_declared_twice,
                  _call_arguments_not_json, _constraints_beyond_one, _constraint_not_compiling,
