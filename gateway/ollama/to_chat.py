@@ -36,7 +36,7 @@ _OPTIONS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_
 
 
 def chat_body(body: OllamaChatBody, served: str) -> dict[str, Any]:
-    chat = _sampling(body, served)
+    chat = {**_sampling(body, served), **_shaping(body, as_completion=False)}
     chat["messages"] = _messages(body.messages)
     if ends_in_prefill(chat["messages"]):  # as Ollama's templates leave the last assistant turn open
         chat.update(PREFILL)
@@ -52,16 +52,11 @@ def generate_body(body: OllamaGenerateBody, served: str) -> dict[str, Any]:
     completion = body.raw or bool(body.suffix)
     if completion and body.logprobs:
         raise invalid(f"logprobs with {'raw' if body.raw else 'suffix'} is not supported by this server", "logprobs")
-    request = _sampling(body, served)
+    request = {**_sampling(body, served), **_shaping(body, as_completion=completion)}
     if completion:
-        request.pop("chat_template_kwargs", None)
         request["prompt"] = body.prompt
         if body.suffix:
             request["suffix"] = body.suffix
-        response_format = request.pop("response_format", None)
-        if response_format is not None:  # completions take their constraints as vLLM's structured_outputs
-            schema = response_format.get("json_schema", {}).get("schema")
-            request["structured_outputs"] = {"json": schema} if schema is not None else {"json_object": True}
         return request
     request["messages"] = ([{"role": "system", "content": body.system}] if body.system else []) + \
         [{"role": "user", "content": body.prompt}]
@@ -84,17 +79,26 @@ def _sampling(body: OllamaChatBody | OllamaGenerateBody, served: str) -> dict[st
                 request[name] = getattr(options, name)
         if options.repeat_penalty is not None:
             request["repetition_penalty"] = options.repeat_penalty
-    if body.format == "json":
-        request["response_format"] = {"type": "json_object"}
-    elif isinstance(body.format, dict):
-        request["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": body.format}}
-    if body.think is not None:
-        request["chat_template_kwargs"] = {"enable_thinking": body.think is not False}
     if body.logprobs:
         request["logprobs"] = True
         if body.top_logprobs:
             request["top_logprobs"] = body.top_logprobs
     return request
+
+
+def _shaping(body: OllamaChatBody | OllamaGenerateBody, as_completion: bool) -> dict[str, Any]:
+    """`format` and `think` as the request's fields: a chat's response_format and template switch, or a
+    completion's structured_outputs (vLLM's; a completion has no template to switch)."""
+    fields: dict[str, Any] = {}
+    if body.format == "json":
+        fields = {"structured_outputs": {"json_object": True}} if as_completion else {
+            "response_format": {"type": "json_object"}}
+    elif isinstance(body.format, dict):
+        fields = {"structured_outputs": {"json": body.format}} if as_completion else {
+            "response_format": {"type": "json_schema", "json_schema": {"name": "output", "schema": body.format}}}
+    if body.think is not None and not as_completion:
+        fields["chat_template_kwargs"] = {"enable_thinking": body.think is not False}
+    return fields
 
 
 def _messages(messages: list[OllamaMessage]) -> list[dict[str, Any]]:
