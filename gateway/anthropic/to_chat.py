@@ -31,7 +31,7 @@ from typing import Any
 
 from gateway.anthropic.schema import (CountTokensBody, block_type, InputMessage, MessagesBody, RedactedThinkingBlock, RefusedBlock,
                                       TextBlock, ThinkingBlock, ThinkingEnabled, ToolResultBlock, ToolUseBlock)
-from gateway.openai.parse import PREFILL, ChatRequest, Limits, ends_in_prefill, parse_chat
+from gateway.openai.parse import PREFILL, ChatRequest, Limits, ends_in_prefill, final_assistant_text, parse_chat
 from gateway.openai.validation import validate
 from gateway.server.errors import invalid, params_renamed
 
@@ -75,9 +75,8 @@ def anthropic_names() -> contextlib.AbstractContextManager[None]:
 
 def chat_body(body: MessagesBody | CountTokensBody) -> dict[str, Any]:
     chat: dict[str, Any] = {"model": body.model, "messages": _messages(body)}
-    final = chat["messages"][-1] if chat["messages"] else None
-    if final is not None and final["role"] == "assistant" and final["content"] and not final.get("tool_calls") \
-            and final["content"] != final["content"].rstrip():  # as Anthropic's API
+    prefill = final_assistant_text(chat["messages"])
+    if prefill != prefill.rstrip():  # as Anthropic's API
         raise invalid("final assistant content cannot end with trailing whitespace",
                       f"messages[{len(body.messages) - 1}].content")
     if ends_in_prefill(chat["messages"]):  # the response continues it, and holds only what follows

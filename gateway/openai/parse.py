@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,9 +115,10 @@ def parse_chat(raw: Any, limits: Limits) -> ChatRequest:
     others = (("response_format",) if response_format is not None else ()) + (
         ("tools",) if tools is not None and tools.calls_possible else ())
     constraint = parse_output_constraint(raw, others)
+    messages = tuple(map(_message, body.messages))
     if body.continue_final_message:
-        _check_continuable(body)
-    return ChatRequest(**common, messages=tuple(map(_message, body.messages)),
+        _check_continuable(body, messages)
+    return ChatRequest(**common, messages=messages,
                        template_kwargs={**effort_template_kwargs(body.reasoning_effort),
                                         **(body.chat_template_kwargs or {})}, top_logprobs=logprobs,
                        prompt_logprobs=prompt_logprobs, tools=tools, response_format=response_format,
@@ -124,24 +126,29 @@ def parse_chat(raw: Any, limits: Limits) -> ChatRequest:
                        continue_final_message=bool(body.continue_final_message))
 
 
-def ends_in_prefill(messages: list[dict[str, Any]]) -> bool:
-    """Whether a translated conversation (Anthropic's, Ollama's) ends with an assistant's text to continue: a
-    prefill, which those APIs continue rather than close (chat's continue_final_message)."""
+def ends_in_prefill(messages: Sequence[dict[str, Any]]) -> bool:
+    """Whether a conversation (chat messages as _message makes them, or Anthropic's and Ollama's translated) ends
+    with an assistant's text that can be continued: a prefill (chat's continue_final_message)."""
+    return final_assistant_text(messages).strip() != ""
+
+
+def final_assistant_text(messages: Sequence[dict[str, Any]]) -> str:
+    """The text of the final message when it is an assistant's without tool calls; "" otherwise."""
     final = messages[-1] if messages else None
-    return (final is not None and final["role"] == "assistant" and bool((final["content"] or "").strip())
-            and not final.get("tool_calls"))
+    if final is None or final["role"] != "assistant" or final.get("tool_calls"):
+        return ""
+    return final["content"] or ""
 
 
 PREFILL = {"continue_final_message": True, "add_generation_prompt": False}  # chat's fields for a prefill
 
 
-def _check_continuable(body: ChatBody) -> None:
+def _check_continuable(body: ChatBody, messages: Sequence[dict[str, Any]]) -> None:
     """What continuing the final message needs (as vLLM checks it): no new turn opened, and an assistant's text
     last."""
     if body.add_generation_prompt is not False:
         raise invalid("continue_final_message needs add_generation_prompt: false", "add_generation_prompt")
-    last = body.messages[-1]
-    if last.role != "assistant" or last.tool_calls or not _content(last.content).strip():
+    if not ends_in_prefill(messages):
         raise invalid("continue_final_message needs the last message to be an assistant's text, without tool_calls",
                       f"messages[{len(body.messages) - 1}]")
 
