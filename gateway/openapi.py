@@ -330,7 +330,6 @@ def _stored_response_paths() -> dict[str, Any]:
     }
 
 
-
 def _task_paths(task: str, refs: dict[str, dict]) -> dict[str, Any]:
     """The routes a --task answers beside the common ones."""
     if task == "embed":

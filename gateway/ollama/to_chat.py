@@ -8,9 +8,9 @@ The translation:
 - `format`: "json" is a JSON object (response_format json_object), a schema is json_schema; "" is none.
 - `think`: true (or a level, "low" / "medium" / "high") sets the template's enable_thinking, false clears it.
 - Messages keep their roles; a final assistant message with text is continued (a prefill), as Ollama's templates
-  leave the last assistant turn open. An assistant turn's tool_calls (arguments as objects) get ids where they have none,
-  and each later tool message answers the first unanswered call of its tool_name (or, without one, the first
-  unanswered call): Ollama's messages carry no call ids. Images are a 400: the served model reads text only.
+  leave the last assistant turn open. An assistant turn's tool_calls (arguments as objects) get ids where they
+  have none, and each later tool message answers the first unanswered call of its tool_name (or, without one, the
+  first unanswered call): Ollama's messages carry no call ids. Images are a 400: the served model reads text only.
 - /api/generate: `system` and `prompt` are the system and user messages of a one-turn chat; with `raw` the prompt
   is completed as it is, with no template, and with a `suffix` the completion fills in the middle
   (gateway/text/fill_in_middle.py). `template` and `context` are refused (the model's template only; conversations

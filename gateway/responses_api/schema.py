@@ -3,8 +3,8 @@
 MILI serves the API as the Chat Completions API it translates into (gateway/responses_api/to_chat.py): the
 conversation comes whole in `input` (an agent loop sends `response.output` back in, followed by its tool results),
 or continues a stored response named by `previous_response_id` (gateway/responses_api/store.py). What needs more
-state (`conversation`, `background`) or OpenAI's hosted tools is refused with a 400 naming the field. Models are strict and forbid unknown fields,
-as the other endpoints' (gateway/openai/schema.py).
+state (`conversation`, `background`) or OpenAI's hosted tools is refused with a 400 naming the field. Models are
+strict and forbid unknown fields, as the other endpoints' (gateway/openai/schema.py).
 """
 
 from __future__ import annotations

@@ -40,12 +40,11 @@ def parse_responses(raw: Any, limits: Limits, earlier: list[dict[str, Any]] | No
                     can_store: bool = False) -> ResponsesRequest:
     """`earlier`: the items of the conversation `previous_response_id` continues (its turns come before the input).
     `can_store`: the server keeps responses, so `store` (default true) is honoured."""
-    body = validate(ResponsesBody, raw, UNSUPPORTED, tagged={"input": item_kind})
+    body = validate(ResponsesBody, raw, UNSUPPORTED, tagged={"input": item_kind})  # errors name the sent items
     items = input_items(raw["input"])
-    if earlier:
+    if earlier:  # the stored items were valid when stored; validated again with the new ones as one input
         items = earlier + items
-        body = body.model_copy(update={"input": validate(ResponsesBody, {**raw, "input": items}, UNSUPPORTED,
-                                                         tagged={"input": item_kind}).input})
+        body = validate(ResponsesBody, {**raw, "input": items}, UNSUPPORTED, tagged={"input": item_kind})
     with responses_names():
         chat = parse_chat(chat_body(body), limits)
     return ResponsesRequest(body, chat, items, can_store and body.store is not False)

@@ -121,8 +121,9 @@ def test_prefill_continues_the_final_assistant_text(client, server):
     assert msg.usage.input_tokens + msg.usage.cache_read_input_tokens == oracle["usage"]["prompt_tokens"]
     counted = client.messages.count_tokens(model=MODEL, messages=[*ASK, {"role": "assistant", "content": prefill}])
     assert counted.input_tokens == oracle["usage"]["prompt_tokens"]
-    tokenized = post(server, "/tokenize", {"model": MODEL, "messages": [*ASK, {"role": "assistant", "content": prefill}],
-                                           "continue_final_message": True, "add_generation_prompt": False}).json()
+    prefilled = [*ASK, {"role": "assistant", "content": prefill}]
+    tokenized = post(server, "/tokenize", {"model": MODEL, "messages": prefilled, "continue_final_message": True,
+                                           "add_generation_prompt": False}).json()
     assert tokenized["count"] == oracle["usage"]["prompt_tokens"]
     chat = post(server, "/v1/chat/completions", {  # vLLM's chat fields for the same prefill
         "model": MODEL, "max_tokens": 12, "temperature": 0, "continue_final_message": True,
