@@ -12,19 +12,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
-from gateway.openai.schema import (FunctionDefinition, Logprobs, MinP, RepetitionPenalty, Seed, StopString,
-                                   Temperature, TopK, TopP, _float, _integral, _limit)
+from gateway.openai.schema import (FunctionDefinition, Logprobs, MinP, OllamaBody, OllamaModelName, RepetitionPenalty,
+                                   Seed, StopString, Temperature, TopK, TopP, _float, _integral, _limit)
 from shared.request_limits import FREQUENCY_PENALTY, PRESENCE_PENALTY
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
-
-
-# Ollama's spelling of the served model: its name, or with Ollama's default tag (filled in by gateway/openapi.py).
-ModelName = Annotated[str, Field(min_length=1, json_schema_extra=_limit("ollama_model"))]
 # The most tokens to generate, within the context; 0 or a negative number is Ollama's "until the context ends".
 NumPredict = Annotated[int, Field(json_schema_extra=_limit("context")), BeforeValidator(_integral)]
 
@@ -48,7 +42,7 @@ NoTemplate = _empty_only("template is not supported (the model's own chat templa
 NoContext = _empty_only("context is not supported: send the conversation as /api/chat messages", "array")
 
 
-class OllamaOptions(_Model):
+class OllamaOptions(OllamaBody):
     """The runtime options MILI honours; the rest are ignored (Ollama's own removed mirostat, tfs_z and
     penalize_newline the same way)."""
 
@@ -65,17 +59,17 @@ class OllamaOptions(_Model):
     frequency_penalty: _float(FREQUENCY_PENALTY) | None = None
 
 
-class OllamaToolCallFunction(_Model):
+class OllamaToolCallFunction(OllamaBody):
     name: str
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
-class OllamaToolCall(_Model):
+class OllamaToolCall(OllamaBody):
     id: str | None = None
     function: OllamaToolCallFunction
 
 
-class OllamaMessage(_Model):
+class OllamaMessage(OllamaBody):
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = None
     thinking: str | None = Field(None, description="an assistant turn's reasoning (dropped, as templates drop it)")
@@ -85,7 +79,7 @@ class OllamaMessage(_Model):
     tool_call_id: str | None = None
 
 
-class OllamaTool(_Model):
+class OllamaTool(OllamaBody):
     type: Literal["function"] = "function"
     function: FunctionDefinition  # chat's: a name, a description, the arguments' JSON schema
 
@@ -94,8 +88,8 @@ Format = Union[Literal["", "json"], dict[str, Any]]
 Think = Union[bool, Literal["low", "medium", "high"]]
 
 
-class _Generating(_Model):
-    model: ModelName
+class _Generating(OllamaBody):
+    model: OllamaModelName
     stream: bool = Field(True, description="Ollama streams by default: newline-delimited JSON objects")
     format: Format | None = Field(None, description='"json", or a JSON schema the output follows')
     options: OllamaOptions | None = None
@@ -121,11 +115,11 @@ class OllamaGenerateBody(_Generating):
     context: NoContext | None = None
 
 
-class OllamaShowBody(_Model):
+class OllamaShowBody(OllamaBody):
     model_config = ConfigDict(json_schema_extra={"anyOf": [
         {"required": [field], "properties": {field: {"type": "string"}}} for field in ("model", "name")]})
 
-    model: ModelName | None = None
+    model: OllamaModelName | None = None
     name: str | None = Field(None, min_length=1, description="the older clients' name for model (one of the two is "
                                                              "required; model wins)")
     verbose: bool | None = None

@@ -68,6 +68,17 @@ Seed = _int(SEED)
 # The most tokens to generate (chat's max_completion_tokens and max_tokens, the Responses API's
 # max_output_tokens): within the context, filled in per server.
 MaxCompletionTokens = _int(MAX_COMPLETION_TOKENS, json_schema_extra=_limit("context"))
+class OllamaBody(BaseModel):
+    """Ollama's API's bodies (gateway/ollama/, and /api/embed in gateway/pooling/): unknown fields ignored, as
+    Ollama's server ignores them (clients written for its newer or older versions keep working); types strict, as its
+    own decoding is (a number sent as a string is a 400)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+# Ollama's spelling of the served model in those bodies: the name, or with Ollama's default tag (the enum
+# gateway/openapi.py fills in).
+OllamaModelName = Annotated[str, Field(min_length=1, json_schema_extra=_limit("ollama_model"))]
 # vLLM's request priority; a server scheduling first-come-first-served takes only 0 (gateway/openai/parse.py).
 Priority = _int(PRIORITY, json_schema_extra=_limit("priority"))
 PRIORITY_DESCRIPTION = ("lower runs first (default 0), with --scheduling-policy priority; "

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic import BeforeValidator, Field, WithJsonSchema
 
-from gateway.openai.schema import TokenId, _int, _Model
+from gateway.openai.schema import OllamaBody, OllamaModelName, TokenId, _int, _Model
 from shared.request_limits import (COHERE_TOP_N, DIMENSIONS, MAX_EMBEDDING_INPUTS, MAX_SCORE_DOCUMENTS,
                                    MAX_TOKENS_PER_DOC, TOP_N, TRUNCATE_PROMPT_TOKENS)
 
@@ -38,11 +38,10 @@ class EmbeddingRequest(_Model):
     add_special_tokens: bool = True
 
 
-class OllamaEmbedRequest(BaseModel):
-    """Ollama's POST /api/embed. Unknown fields are ignored, as Ollama ignores them."""
+class OllamaEmbedRequest(OllamaBody):
+    """Ollama's POST /api/embed. An empty list of inputs is answered with no vectors, as Ollama answers it."""
 
-    model_config = ConfigDict(extra="ignore")
-    model: str = Field(min_length=1)
+    model: OllamaModelName
     input: Union[Text, Annotated[list[Text], Field(max_length=MAX_EMBEDDING_INPUTS)]]
     truncate: bool = Field(True, description="cut inputs longer than the context (false: a 400)")
     dimensions: _int(DIMENSIONS) | None = None
@@ -50,11 +49,10 @@ class OllamaEmbedRequest(BaseModel):
     keep_alive: Union[str, float, int, None] = None
 
 
-class OllamaEmbeddingsRequest(BaseModel):
+class OllamaEmbeddingsRequest(OllamaBody):
     """Ollama's older POST /api/embeddings: one prompt, one vector."""
 
-    model_config = ConfigDict(extra="ignore")
-    model: str = Field(min_length=1)
+    model: OllamaModelName
     prompt: Text
     options: dict[str, Any] | None = None
     keep_alive: Union[str, float, int, None] = None

@@ -141,6 +141,36 @@ def test_ollama_client_embeds_as_sentence_transformers(embed_server, st):
     assert e.value.status_code == 404
 
 
+@pytest.mark.parametrize("path,body,valid", [
+    ("/api/embed", {"model": f"{NAME}:latest", "input": ["x", "y"], "truncate": True, "dimensions": 8.0,
+                    "keep_alive": 0, "options": {"num_ctx": 64}, "unknown": 1}, True),
+    ("/api/embed", {"model": NAME, "input": []}, True),
+    ("/api/embed", {"model": NAME, "input": "x", "dimensions": "8"}, False),
+    ("/api/embed", {"model": NAME, "input": "x", "truncate": "false"}, False),
+    ("/api/embed", {"model": NAME, "input": 5}, False),
+    ("/api/embed", {"model": NAME, "input": [""]}, False),
+    ("/api/embed", {"model": NAME, "input": "x", "dimensions": 0}, False),
+    ("/api/embed", {"input": "x"}, False),
+    ("/api/embed", {"model": "other", "input": "x"}, False),
+    ("/api/embeddings", {"model": NAME, "prompt": "x", "keep_alive": "5m"}, True),
+    ("/api/embeddings", {"model": NAME, "prompt": 5}, False),
+    ("/api/embeddings", {"model": NAME, "prompt": "x", "options": []}, False),
+    ("/api/embeddings", {"model": f"{NAME}:7b", "prompt": "x"}, False),
+])
+def test_ollama_embed_bodies_are_answered_as_the_schema_says(embed_server, path, body, valid):
+    """/openapi.json's Ollama embed bodies state what the routes accept: each body here is valid against the
+    document exactly when the route answers 200, and a refused one gets Ollama's {"error": message}."""
+    import jsonschema
+
+    doc = httpx2.get(f"{embed_server.url}/openapi.json").json()
+    schema = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert jsonschema.Draft202012Validator({**schema, "components": doc["components"]}).is_valid(body) == valid
+    r = _post(embed_server, path, body)
+    assert (r.status_code == 200) == valid, r.text
+    if not valid:
+        assert r.status_code in (400, 404) and set(r.json()) == {"error"}, r.text
+
+
 def test_concurrent_requests_get_their_own_vectors(embed_server):
     """Under load the engine batches requests together; each vector is still the one it gets alone."""
     texts = [f"{TEXTS[i % len(TEXTS)]} #{i}" for i in range(24)]
