@@ -45,7 +45,16 @@ def map_case(context, case):
     if _positive(case) and isinstance(case.body, dict):
         ollama = case.operation.path in ("/api/chat", "/api/generate")
         case.body = _ollama_capped(dict(case.body)) if ollama else _capped(dict(case.body))
+        if _stateful(case) and case.operation.path == "/v1/responses":
+            # The stateful phase reads back what a POST created; a response made with store: false is not kept
+            # (OpenAI's rule, answered 404 later), so there every response is stored and must then be found.
+            case.body["store"] = True
     return case
+
+
+def _stateful(case) -> bool:
+    meta = getattr(case, "meta", None)
+    return meta is not None and meta.phase.name == "stateful"
 
 
 @schemathesis.hook
