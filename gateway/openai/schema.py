@@ -79,6 +79,9 @@ class OllamaBody(BaseModel):
 # Ollama's spelling of the served model in those bodies: the name, or with Ollama's default tag (the enum
 # gateway/openapi.py fills in).
 OllamaModelName = Annotated[str, Field(min_length=1, json_schema_extra=_limit("ollama_model"))]
+# OpenAI's prompt_cache_retention: accepted, no effect; the prefix cache keeps blocks while memory allows.
+PromptCacheRetention = Literal["in_memory", "24h"]
+PROMPT_CACHE_RETENTION = "accepted; cached prefixes stay while the KV cache has room for them"
 # vLLM's request priority; a server scheduling first-come-first-served takes only 0 (gateway/openai/parse.py).
 Priority = _int(PRIORITY, json_schema_extra=_limit("priority"))
 PRIORITY_DESCRIPTION = ("lower runs first (default 0), with --scheduling-policy priority; "
@@ -176,7 +179,8 @@ _COMMON_RULES = [
 
 UNSUPPORTED = ("best_of", "functions", "function_call", "audio", "prediction", "modalities",
                "web_search_options", "reasoning_effort")
-CHAT_UNSUPPORTED = tuple(name for name in UNSUPPORTED if name != "reasoning_effort")
+CHAT_UNSUPPORTED = (*(name for name in UNSUPPORTED if name != "reasoning_effort"), "verbosity", "moderation",
+                    "prompt_cache_options")
 ReasoningEffort = Literal[EFFORTS]
 
 
@@ -352,3 +356,12 @@ class ChatBody(CommonBody):
     reasoning_effort: ReasoningEffort | None = Field(
         None, description="none/minimal: thinking off, low/medium/high: on (the template's enable_thinking; "
                           "chat_template_kwargs win); a model without a thinking switch ignores it")
+    # OpenAI's chat-only hints: accepted, no effect.
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = Field(None, description="accepted; the prefix cache needs no key")
+    prompt_cache_retention: PromptCacheRetention | None = Field(None, description=PROMPT_CACHE_RETENTION)
+    # Only the values that mean "not used": a model is not steered to a length by a flag, and nothing here
+    # moderates or caches on request.
+    verbosity: Literal["medium"] | None = Field(None, description="only the default is served")
+    moderation: None = None
+    prompt_cache_options: None = None

@@ -13,9 +13,10 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator
 
-from gateway.openai.schema import (PRIORITY_DESCRIPTION, FunctionCall, JsonObjectFormat, Logprobs,
-                                   MaxCompletionTokens, MinP, Priority, ReasoningEffort, RepetitionPenalty, Seed, Temperature, TextFormat, TopK, TopP, _limit, _Model,
-                                   _needs, _when)
+from gateway.openai.schema import (PRIORITY_DESCRIPTION, PROMPT_CACHE_RETENTION, FunctionCall, JsonObjectFormat,
+                                   Logprobs, MaxCompletionTokens, MinP, Priority, PromptCacheRetention, ReasoningEffort,
+                                   RepetitionPenalty, Seed, Temperature, TextFormat, TopK, TopP, _limit, _Model, _needs,
+                                   _when)
 from shared.request_limits import MAX_TOOLS, NAME_PATTERN
 
 
@@ -175,6 +176,7 @@ class ResponsesBody(_Model):
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_retention: PromptCacheRetention | None = Field(None, description=PROMPT_CACHE_RETENTION)
     metadata: dict[str, str] | None = None
     service_tier: str | None = None
     store: bool | None = Field(None, description="default true: the response is kept for previous_response_id and "
@@ -190,6 +192,12 @@ class ResponsesBody(_Model):
     prompt: None = None
     max_tool_calls: None = None
     stream_options: None = None
+    moderation: None = None
+    prompt_cache_options: None = None
+    context_management: None = None
+    background_options: None = None
+    access_programs: None = None
+    image: None = None
     include: list[Literal["message.output_text.logprobs", "reasoning.encrypted_content"]] | None = Field(
         None, description="message.output_text.logprobs: the message's token logprobs; "
                           "reasoning.encrypted_content: accepted (reasoning comes as plain text, and none is stored)")
@@ -197,5 +205,6 @@ class ResponsesBody(_Model):
                                                             "include: [message.output_text.logprobs]")
 
 
-UNSUPPORTED = ("conversation", "background", "prompt", "max_tool_calls", "stream_options")
+UNSUPPORTED = ("conversation", "background", "prompt", "max_tool_calls", "stream_options", "moderation",
+               "prompt_cache_options", "context_management", "background_options", "access_programs", "image")
 LOGPROBS = "message.output_text.logprobs"

@@ -32,6 +32,19 @@ def test_chat_answers_paris(client):
     assert r.usage.prompt_tokens > 10 and r.usage.completion_tokens <= 20
 
 
+def test_chat_takes_the_sdks_caching_and_safety_hints(client):
+    """prompt_cache_key, prompt_cache_retention and safety_identifier change nothing; verbosity other than the
+    default is refused by name."""
+    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0,
+                                       prompt_cache_key="geo", prompt_cache_retention="24h", safety_identifier="u1",
+                                       verbosity="medium")
+    plain = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0)
+    assert r.choices[0].message.content == plain.choices[0].message.content
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=5, verbosity="low")
+    assert e.value.body["param"] == "verbosity" and "not supported" in e.value.body["message"]
+
+
 def test_chat_stream_sync(client):
     stream = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=20, temperature=0,
                                             stream=True, stream_options={"include_usage": True})
