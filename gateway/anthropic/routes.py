@@ -36,7 +36,7 @@ async def messages(request: Request) -> Response:
     require_task(state.engine_config.task, "generate")
     deadline = request_deadline(request, state.settings.request_timeout)
     req = parse_messages(await read_json(request, state.settings.max_body_bytes), state.settings.limits)
-    with anthropic_names():  # the checks that need the model: context length, the tools' grammar
+    with anthropic_names(req.body):  # the checks that need the model: context length, the tools' grammar
         admitted, _ = await admit_chat(request, req.chat, deadline)
     builder = MessageBuilder(req.body.model)
     if req.chat.stream:
@@ -57,7 +57,7 @@ async def count_tokens(request: Request) -> Response:
     req = parse_messages(await read_json(request, state.settings.max_body_bytes), state.settings.limits,
                          count_only=True)
     require_model(req.chat.model, state.settings.served_model_name)
-    with anthropic_names():
+    with anthropic_names(req.body):
         _, prompt = state.text.render_chat(list(req.chat.messages), req.chat.template_kwargs, req.chat.tools,
                                            req.chat.add_generation_prompt, req.chat.continue_final_message)
     return JSONResponse({"input_tokens": len(prompt)})

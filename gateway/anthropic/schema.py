@@ -149,6 +149,19 @@ class Metadata(_Model):
     user_id: str | None = None
 
 
+# ----- structured output -----
+class JsonOutputFormat(_Model):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema", description="the JSON schema the response's text follows")
+
+
+class OutputConfig(_Model):
+    format: JsonOutputFormat | None = Field(None, description="structured output: the text block is JSON that "
+                                                              "follows the schema")
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = Field(
+        None, description="accepted; whether the model thinks is `thinking`'s to say")
+
+
 # ----- bodies -----
 class CountTokensBody(_Model):
     """POST /v1/messages/count_tokens: a request's prompt, counted as /v1/messages would render it."""
@@ -173,3 +186,6 @@ class MessagesBody(CountTokensBody):
     temperature: Temperature | None = None
     top_p: TopP | None = None
     top_k: TopK | None = None
+    output_config: OutputConfig | None = None
+    output_format: JsonOutputFormat | None = Field(None, description="the structured-outputs beta's name for "
+                                                                     "output_config.format (not both)")

@@ -17,6 +17,9 @@ The translation:
 - A final assistant turn with text (and no tool_use) is a prefill: the prompt ends with that text, its turn left
   open (chat's continue_final_message), and the response holds what follows it. As Anthropic's API, its text may
   not end with whitespace.
+- `output_config.format` (or the structured-outputs beta's `output_format`), a JSON schema, is chat's strict
+  `json_schema` response format: the text block is JSON that follows it, as the SDK's `messages.parse` reads it.
+  `output_config.effort` is accepted with no effect (thinking is `thinking`'s to set).
 - `max_tokens`, `stop_sequences` (stop), `temperature`, `top_p`, `top_k` map across as they are.
 A 400 from the chat checks names the Messages field it came from.
 """
@@ -29,8 +32,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.anthropic.schema import (CountTokensBody, block_type, InputMessage, MessagesBody, RedactedThinkingBlock, RefusedBlock,
-                                      TextBlock, ThinkingBlock, ThinkingEnabled, ToolResultBlock, ToolUseBlock)
+from gateway.anthropic.schema import (CountTokensBody, InputMessage, JsonOutputFormat, MessagesBody, RedactedThinkingBlock,
+                                      RefusedBlock, TextBlock, ThinkingBlock, ThinkingEnabled, ToolResultBlock,
+                                      ToolUseBlock, block_type)
 from gateway.openai.parse import PREFILL, ChatRequest, Limits, ends_in_prefill, final_assistant_text, parse_chat
 from gateway.openai.validation import validate
 from gateway.server.errors import invalid, params_renamed
@@ -62,15 +66,17 @@ def parse_messages(raw: Any, limits: Limits, count_only: bool = False) -> Messag
     """A /v1/messages body, or with `count_only` a /v1/messages/count_tokens body (no max_tokens)."""
     body = validate(CountTokensBody if count_only else MessagesBody, raw, (), tagged=_TAGGED, shapes=_SHAPES)
     translated = chat_body(body)  # its own 400s name the Messages field already
-    with anthropic_names():
+    with anthropic_names(body):
         chat = parse_chat(translated, limits)
     budget = body.thinking.budget_tokens if isinstance(body.thinking, ThinkingEnabled) else None
     return MessagesRequest(body, dataclasses.replace(chat, thinking_budget=budget))
 
 
-def anthropic_names() -> contextlib.AbstractContextManager[None]:
-    """A 400 from the chat checks, naming the Messages field."""
-    return params_renamed(_anthropic_param)
+def anthropic_names(body: MessagesBody | CountTokensBody) -> contextlib.AbstractContextManager[None]:
+    """A 400 from the chat checks, naming the Messages field of `body`."""
+    output = "output_format" if isinstance(body, MessagesBody) and body.output_format is not None else \
+        "output_config.format"
+    return params_renamed(lambda param: _anthropic_param(param, output))
 
 
 def chat_body(body: MessagesBody | CountTokensBody) -> dict[str, Any]:
@@ -89,6 +95,10 @@ def chat_body(body: MessagesBody | CountTokensBody) -> dict[str, Any]:
         for name in ("temperature", "top_p", "top_k"):
             if getattr(body, name) is not None:
                 chat[name] = getattr(body, name)
+        output = _output_format(body)
+        if output is not None:
+            chat["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": "output", "schema": output.schema_, "strict": True}}
     else:
         chat["max_tokens"] = 1  # counting only: nothing is generated
     if body.thinking is not None:
@@ -109,6 +119,14 @@ def chat_body(body: MessagesBody | CountTokensBody) -> dict[str, Any]:
         if choice.type != "none" and choice.disable_parallel_tool_use:
             chat["parallel_tool_calls"] = False
     return chat
+
+
+def _output_format(body: MessagesBody) -> JsonOutputFormat | None:
+    config = body.output_config.format if body.output_config is not None else None
+    if config is not None and body.output_format is not None:
+        raise invalid("output_format: the structured-outputs beta's name for output_config.format; give one of "
+                      "the two", "output_format")
+    return config or body.output_format
 
 
 def _messages(body: MessagesBody | CountTokensBody) -> list[dict[str, Any]]:
@@ -164,8 +182,9 @@ def _result_text(block: ToolResultBlock, where: str) -> str:
     return f"Error: {text}" if block.is_error else text
 
 
-def _anthropic_param(param: str) -> str:
-    for chat_name, name in _PARAMS:
+def _anthropic_param(param: str, output: str) -> str:
+    """A chat field's name as the Messages field it came from; `output`: where the body's JSON schema was sent."""
+    for chat_name, name in (*_PARAMS, ("response_format.json_schema", output), ("response_format", output)):
         if param == chat_name or param.startswith(chat_name + ".") or param.startswith(chat_name + "["):
             return name + param[len(chat_name):]
     if param.startswith("messages"):
