@@ -98,6 +98,13 @@ def parse_completion(raw: Any, limits: Limits) -> CompletionRequest:
                              constraint=parse_output_constraint(raw), suffix=body.suffix or None)
 
 
+def check_priority(priority: int | None, limits: Limits) -> None:
+    """As vLLM: a priority the scheduler would ignore (first come, first served) is refused."""
+    if priority and not limits.priorities:
+        raise invalid("priority is served only with --scheduling-policy priority; this server schedules first come, "
+                      "first served (send 0 or leave it out)", "priority")
+
+
 def parse_chat(raw: Any, limits: Limits) -> ChatRequest:
     body = _validate(ChatBody, raw, CHAT_UNSUPPORTED)
     top = body.top_logprobs
@@ -167,9 +174,7 @@ def _common(body: schema.CommonBody, limits: Limits, max_tokens: int | None, log
     if body.stream_options is not None and not stream:
         raise invalid("stream_options is only allowed when stream is true", "stream_options")
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    if body.priority and not limits.priorities:  # as vLLM: a priority the scheduler would ignore is refused
-        raise invalid("priority is served only with --scheduling-policy priority; this server schedules first come, "
-                      "first served (send 0 or leave it out)", "priority")
+    check_priority(body.priority, limits)
     # A field the body leaves out takes SamplingParams' default.
     given = {name: getattr(body, name) for name in _SAMPLING_FIELDS if getattr(body, name) is not None}
     try:

@@ -12,15 +12,15 @@ import time
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.openai.parse import require_model, without_default_tag
+from gateway.openai.parse import check_priority, require_model, without_default_tag
 from gateway.openai.routes import ready_info
 from gateway.openai.validation import validate
 from gateway.pooling.output import (cohere_rerank_body, embeddings_body, encode_embedding, matryoshka, rerank_body,
                                     score_body)
 from gateway.pooling.prompts import PromptBuilder
 from gateway.pooling.run import pool_prompts
-from gateway.pooling.schema import (SCORE_SIDES, CohereRerankRequest, EmbeddingRequest, OllamaEmbeddingsRequest,
-                                    OllamaEmbedRequest, RerankRequest, ScoreRequest)
+from gateway.pooling.schema import (SCORE_SIDES, UNSUPPORTED, CohereRerankRequest, EmbeddingRequest,
+                                    OllamaEmbeddingsRequest, OllamaEmbedRequest, RerankRequest, ScoreRequest)
 from gateway.server.client_io import read_json
 from gateway.server.deadlines import request_deadline
 from gateway.server.errors import ApiError, invalid
@@ -31,7 +31,8 @@ async def _body(request: Request, task: str, model_cls, default_tag: bool = Fals
     """The checked body: the task, its shape, the model (with `default_tag`, Ollama's `name:latest` names it too)."""
     state = request.app.state.mili
     require_task(state.engine_config.task, task)
-    req = validate(model_cls, await read_json(request, state.settings.max_body_bytes), unsupported=())
+    req = validate(model_cls, await read_json(request, state.settings.max_body_bytes), unsupported=UNSUPPORTED)
+    check_priority(getattr(req, "priority", None), state.settings.limits)
     served = state.settings.served_model_name
     if req.model is not None:
         require_model(without_default_tag(req.model, served) if default_tag else req.model, served)
@@ -52,7 +53,7 @@ async def embeddings(request: Request) -> Response:
     single = isinstance(req.input, str) or isinstance(req.input[0], int)
     inputs = [req.input] if single else req.input
     prompts = _prompts(state).embedding_inputs(inputs, req.truncate_prompt_tokens, req.add_special_tokens)
-    vectors = await pool_prompts(request, prompts, deadline)
+    vectors = await pool_prompts(request, prompts, deadline, req.priority)
     data = [encode_embedding(matryoshka(v, req.dimensions), req.encoding_format) for v in vectors]
     return JSONResponse(embeddings_body(state.settings.served_model_name, data, sum(map(len, prompts))))
 
@@ -92,7 +93,7 @@ async def rerank(request: Request) -> Response:
     deadline = request_deadline(request, state.settings.request_timeout)
     prompts = _prompts(state).pairs([req.query] * len(req.documents), req.documents, req.truncate_prompt_tokens,
                                     req.instruction)
-    scores = [v[0] for v in await pool_prompts(request, prompts, deadline)]
+    scores = [v[0] for v in await pool_prompts(request, prompts, deadline, req.priority)]
     return JSONResponse(rerank_body(state.settings.served_model_name, req.documents, scores, req.top_n,
                                     req.return_documents, sum(map(len, prompts))))
 
@@ -102,7 +103,7 @@ async def cohere_rerank(request: Request) -> Response:
     deadline = request_deadline(request, state.settings.request_timeout)
     prompts = _prompts(state).pairs([req.query] * len(req.documents), req.documents, None, req.instruction,
                                     req.max_tokens_per_doc)
-    scores = [v[0] for v in await pool_prompts(request, prompts, deadline)]
+    scores = [v[0] for v in await pool_prompts(request, prompts, deadline, req.priority)]
     return JSONResponse(cohere_rerank_body(req.documents, scores, req.top_n, req.return_documents,
                                            sum(map(len, prompts))))
 
@@ -124,5 +125,5 @@ async def score(request: Request) -> Response:
         raise invalid(f"{first_name} has {len(firsts)} texts and {second_name} {len(seconds)}: a list of "
                       f"{first_name} pairs with {second_name} one to one", second_name)
     prompts = _prompts(state).pairs(firsts, seconds, req.truncate_prompt_tokens, req.instruction)
-    scores = [v[0] for v in await pool_prompts(request, prompts, deadline)]
+    scores = [v[0] for v in await pool_prompts(request, prompts, deadline, req.priority)]
     return JSONResponse(score_body(state.settings.served_model_name, scores, sum(map(len, prompts))))

@@ -24,11 +24,11 @@ from gateway.workers.pool import NoWorkerAvailable
 from shared import wire
 from shared.sampling_params import SamplingParams
 
-_PREFILL_ONLY = SamplingParams(max_tokens=0)
 
-
-async def pool_prompts(request: Request, prompts: list[list[int]], deadline: float | None) -> list[list[float]]:
-    """Each prompt's pooled vector (an embedding, or [score]), in the prompts' order.
+async def pool_prompts(request: Request, prompts: list[list[int]], deadline: float | None,
+                       priority: int | None = None) -> list[list[float]]:
+    """Each prompt's pooled vector (an embedding, or [score]), in the prompts' order; `priority` as chat's (checked
+    against the server's scheduling policy before).
 
     At most as many prompts are in the workers at once as they run sequences at once (the rest follow as those
     finish), so a request of 2048 inputs neither needs that much queue room nor crowds out the requests behind it."""
@@ -39,11 +39,12 @@ async def pool_prompts(request: Request, prompts: list[list[int]], deadline: flo
     num_tokens = sum(map(len, prompts))
     handles: list[RequestHandle] = []
     room = asyncio.Semaphore(window)
+    params = SamplingParams(max_tokens=0, priority=priority or 0)  # prefill only
 
     async def pooled(prompt: list[int]) -> list[float]:
         async with room:
             try:
-                handle = state.pool.submit(prompt, _PREFILL_ONLY, deadline, key.name, key.weight)
+                handle = state.pool.submit(prompt, params, deadline, key.name, key.weight)
             except NoWorkerAvailable as e:
                 raise ApiError(503, f"no worker is ready: {e}", code="worker_unavailable") from None
             handles.append(handle)

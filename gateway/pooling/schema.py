@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BeforeValidator, Field, WithJsonSchema
 
-from gateway.openai.schema import OllamaBody, OllamaModelName, TokenId, _int, _Model
+from gateway.openai.schema import PRIORITY_DESCRIPTION, OllamaBody, OllamaModelName, Priority, TokenId, _int, _Model
 from shared.request_limits import (COHERE_TOP_N, DIMENSIONS, MAX_EMBEDDING_INPUTS, MAX_SCORE_DOCUMENTS,
                                    MAX_TOKENS_PER_DOC, TOP_N, TRUNCATE_PROMPT_TOKENS)
 
@@ -27,6 +27,10 @@ Documents = Annotated[list[Text], Field(min_length=1, max_length=MAX_SCORE_DOCUM
 TruncatePromptTokens = _int(TRUNCATE_PROMPT_TOKENS)
 
 
+# Fields accepted only unset ("not supported by this server" otherwise).
+UNSUPPORTED = ("relevant_spans",)
+
+
 class EmbeddingRequest(_Model):
     input: EmbeddingInput
     model: str | None = None  # None: the served model
@@ -36,6 +40,7 @@ class EmbeddingRequest(_Model):
     # vLLM's extensions.
     truncate_prompt_tokens: TruncatePromptTokens | None = None
     add_special_tokens: bool = True
+    priority: Priority | None = Field(None, description=PRIORITY_DESCRIPTION)
 
 
 class OllamaEmbedRequest(OllamaBody):
@@ -67,6 +72,7 @@ class RerankRequest(_Model):
     truncate_prompt_tokens: TruncatePromptTokens | None = None
     # A Qwen3-Reranker's task instruction (its prompt's <Instruct>); vLLM's reranker template takes it by this name.
     instruction: Text | None = None
+    priority: Priority | None = Field(None, description=PRIORITY_DESCRIPTION)
 
 
 # The names vLLM's /score takes for its two sides (its ScoreRequest union: the text_1 / text_2 of its first
@@ -89,6 +95,7 @@ class ScoreRequest(_Model):
     model: str | None = None
     truncate_prompt_tokens: TruncatePromptTokens | None = None
     instruction: Text | None = None
+    priority: Priority | None = Field(None, description=PRIORITY_DESCRIPTION)
 
     def named_pair(self) -> tuple[str, str] | None:
         """The pair of SCORE_SIDES this request names, and nothing else of them; None if not exactly one."""
@@ -123,3 +130,5 @@ class CohereRerankRequest(_Model):
     max_tokens_per_doc: _int(MAX_TOKENS_PER_DOC) = 4096
     return_documents: bool = False
     instruction: Text | None = None
+    priority: Priority | None = Field(None, description=PRIORITY_DESCRIPTION)
+    relevant_spans: None = Field(None, description="not supported: the score is the whole document's")

@@ -60,6 +60,10 @@ def test_rerank_in_cohere_shape_with_v1_scores(server, co, model):
     assert response.meta.billed_units.search_units == 1
     assert response.meta.tokens.input_tokens > 0
 
+    same = co.rerank(model=model, query=QUERY, documents=DOCS, priority=0)  # Cohere's default, served
+    assert [(r.index, r.relevance_score) for r in same.results] == [(r.index, r.relevance_score)
+                                                                   for r in response.results]
+
     top = co.rerank(model=model, query=QUERY, documents=DOCS, top_n=2)
     assert [r.index for r in top.results] == order[:2]
     assert [r.index for r in co.rerank(model=model, query=QUERY, documents=DOCS, top_n=10).results] == order
@@ -96,6 +100,8 @@ def test_max_tokens_per_doc_cuts_each_document(server, co, model):
     ({"documents": [LONG_DOC]}, "documents"),  # cut to the default 4096 tokens: still over the context
     ({"documents": [LONG_DOC], "max_tokens_per_doc": 300}, "documents"),
     ({"query": QUERY * 40, "max_tokens_per_doc": 10}, "documents"),  # the query alone fills the context
+    ({"priority": 3}, "priority"),  # this server schedules first come, first served: only 0
+    ({"relevant_spans": cohere.RerankRelevantSpans(mode="enabled")}, "relevant_spans"),
 ])
 def test_bad_inputs_are_a_bad_request_naming_the_field(co, model, kwargs, param):
     request = {"model": model, "query": QUERY, "documents": DOCS} | kwargs
