@@ -41,3 +41,4 @@ def test_chat_hints_are_accepted_and_unserved_values_named():
             parse_chat({"model": M, "messages": USER, field: value}, LIMITS)
         assert e.value.status == 400 and e.value.param == field
         assert "unrecognized" not in e.value.message
+
