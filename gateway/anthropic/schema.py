@@ -4,7 +4,7 @@ models, for validation and for the OpenAPI document.
 Known fields are strict, as the other endpoints' are. Unknown fields are ignored rather than refused: Anthropic's
 clients (Claude Code above all) send fields that steer Anthropic's own service (`cache_control`, `citations`,
 `context_management`, `service_tier`, ...), and a local server that refused them would refuse those clients.
-Blocks a text-only server cannot honour (image, document, server tools) are a 400 naming the block
+Blocks a text-only server cannot honour (image, a PDF document, server tools) are a 400 naming the block
 (gateway/anthropic/to_chat.py). Sampling knobs the SDK no longer types (`temperature`, `top_p`, `top_k`) are read
 from the body, where `extra_body` puts them; their bounds are the chat endpoint's (shared/request_limits.py).
 """
@@ -59,14 +59,48 @@ class ToolUseBlock(_Model):
 class RefusedBlock(_Open):
     """A block a text-only server cannot serve: a 400 that names it."""
 
-    type: Literal["image", "document", "search_result", "server_tool_use", "web_search_tool_result",
-                  "container_upload"]
+    type: Literal["image", "search_result", "server_tool_use", "web_search_tool_result", "container_upload"]
+
+
+class TextSource(_Model):
+    """A plain-text document."""
+
+    type: Literal["text"]
+    media_type: Literal["text/plain"] = "text/plain"
+    data: str
+
+
+class ContentSource(_Model):
+    """A document given as content: a string or text blocks (an image block in it is a 400)."""
+
+    type: Literal["content"]
+    content: _text_or(Annotated[Union[TextBlock, RefusedBlock], Field(discriminator="type")])
+
+
+class RefusedSource(_Open):
+    """A PDF (base64), a URL or an uploaded file: not read by a text-only server, a 400 that names it."""
+
+    type: Literal["base64", "url", "file"]
+
+
+class Citations(_Model):
+    enabled: bool = False
+
+
+class DocumentBlock(_Model):
+    """A text document the model reads (title, context and text), as the turn's text where the block stands."""
+
+    type: Literal["document"]
+    source: Annotated[Union[TextSource, ContentSource, RefusedSource], Field(discriminator="type")]
+    title: str | None = None
+    context: str | None = None
+    citations: Citations | None = Field(None, description="only disabled: the response has no citation blocks")
 
 
 class ToolResultBlock(_Model):
     type: Literal["tool_result"]
     tool_use_id: str
-    content: _text_or(Annotated[Union[TextBlock, RefusedBlock], Field(discriminator="type")]) = ""
+    content: _text_or(Annotated[Union[TextBlock, DocumentBlock, RefusedBlock], Field(discriminator="type")]) = ""
     is_error: bool | None = None
 
 
@@ -82,16 +116,17 @@ class RedactedThinkingBlock(_Open):
     type: Literal["redacted_thinking"]
 
 
-ContentBlock = Annotated[Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock,
-                               RefusedBlock], Field(discriminator="type")]
+ContentBlock = Annotated[Union[TextBlock, DocumentBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock,
+                               RedactedThinkingBlock, RefusedBlock], Field(discriminator="type")]
 
 
 class InputMessage(_Model):
     role: Literal["user", "assistant", "system"] = Field(
         description="system: an instruction in place (as Claude Code sends them mid-conversation)")
     content: _text_or(ContentBlock) = Field(description=(
-        "text, or blocks: tool_use only in assistant turns, tool_result only in user turns; image, document and "
-        "server-tool blocks are a 400 (the served model reads text only)"))
+        "text, or blocks: tool_use only in assistant turns, tool_result and document only in user turns; a "
+        "document is read as text (plain-text and content sources); image, PDF and server-tool blocks are a 400 (the "
+        "served model reads text only)"))
 
 
 # ----- tools -----

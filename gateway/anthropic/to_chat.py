@@ -8,7 +8,10 @@ The translation:
 - A user turn's `tool_result` blocks become tool messages (an `is_error` result's text starts with "Error: ");
   its text blocks, the user message after them. An assistant turn's text is its content and its `tool_use`
   blocks its tool_calls; `thinking` and `redacted_thinking` blocks are dropped (templates drop earlier turns'
-  reasoning). Image and document blocks are a 400: the served model reads text only.
+  reasoning). A plain-text or content `document` block (in a user turn or a tool result) is read as text where it
+  stands: its title, its context and its text, each on its own paragraph; citations cannot be turned on (the
+  response has no citation blocks). Image blocks and PDF, URL or file documents are a 400: the served model reads
+  text only.
 - `tools` are function tools with `input_schema` as parameters; `tool_choice` auto/any/tool/none is
   auto/required/named/none, and `disable_parallel_tool_use` is parallel_tool_calls false (auto: at most one
   call; any and tool: exactly one).
@@ -32,19 +35,19 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.anthropic.schema import (CountTokensBody, InputMessage, JsonOutputFormat, MessagesBody, RedactedThinkingBlock,
-                                      RefusedBlock, TextBlock, ThinkingBlock, ThinkingEnabled, ToolResultBlock,
-                                      ToolUseBlock, block_type)
+from gateway.anthropic.schema import (ContentSource, CountTokensBody, DocumentBlock, InputMessage, JsonOutputFormat,
+                                      MessagesBody, RedactedThinkingBlock, RefusedBlock, RefusedSource, TextBlock,
+                                      ThinkingBlock, ThinkingEnabled, ToolResultBlock, ToolUseBlock, block_type)
 from gateway.openai.parse import PREFILL, ChatRequest, Limits, ends_in_prefill, final_assistant_text, parse_chat
 from gateway.openai.validation import validate
-from gateway.server.errors import invalid, params_renamed
+from gateway.server.errors import ApiError, invalid, params_renamed
 
 BILLING_HEADER = "x-anthropic-billing-header:"
 # The discriminated unions of the body (field -> its tag), for naming the field of a problem inside one.
 _TAGGED = {"content": block_type, "system": block_type, "tool_choice": block_type, "thinking": block_type}
 # Clearer words than "Input should be ..." for the fields that take one of several shapes.
 _SHAPES = {
-    "content": "must be a string or an array of content blocks (text, tool_use, tool_result, thinking)",
+    "content": "must be a string or an array of content blocks (text, document, tool_use, tool_result, thinking)",
     "system": "must be a string or an array of text blocks",
     "tool_choice": "must be {\"type\": \"auto\"}, {\"type\": \"any\"}, {\"type\": \"tool\", \"name\": ...} or "
                    "{\"type\": \"none\"}",
@@ -144,42 +147,82 @@ def _messages(body: MessagesBody | CountTokensBody) -> list[dict[str, Any]]:
 def _turn(message: InputMessage, where: str) -> list[dict[str, Any]]:
     """One Messages turn as chat messages (a user turn with tool results is several)."""
     blocks = [TextBlock(type="text", text=message.content)] if isinstance(message.content, str) else message.content
-    texts: list[str] = []
+    texts: list[tuple[str, bool]] = []  # (text, whether it is a document: a paragraph of its own)
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
     for j, block in enumerate(blocks):
         at = f"{where}.content[{j}]"
         if isinstance(block, RefusedBlock):
-            raise invalid(f"{at}.type: {block.type} blocks are not supported (this server serves a text-only model)",
-                          f"{at}.type")
+            raise _not_text(block.type, at)
         if isinstance(block, (ThinkingBlock, RedactedThinkingBlock)):
             continue
-        home = {"tool_result": "user", "tool_use": "assistant"}.get(block.type, message.role)
+        home = {"tool_result": "user", "document": "user", "tool_use": "assistant"}.get(block.type, message.role)
         if message.role != home:
             raise invalid(f"{at}.type: {block.type} blocks belong in {home} messages", f"{at}.type")
         if isinstance(block, TextBlock):
-            texts.append(block.text)
+            texts.append((block.text, False))
+        elif isinstance(block, DocumentBlock):
+            texts.append((_document_text(block, at), True))
         elif isinstance(block, ToolUseBlock):
             calls.append({"id": block.id, "type": "function",
                           "function": {"name": block.name, "arguments": json.dumps(block.input, ensure_ascii=False)}})
         else:
             results.append({"role": "tool", "tool_call_id": block.tool_use_id,
                             "content": _result_text(block, f"{at}.content")})
-    text = "\n".join(texts)
+    text = _joined(texts)
     if message.role == "assistant":
         return [{"role": "assistant", "content": text or None, **({"tool_calls": calls} if calls else {})}]
     return results + ([{"role": message.role, "content": text}] if texts or not results else [])
+
+
+def _joined(texts: list[tuple[str, bool]]) -> str:
+    """A turn's text blocks one a line, as they were, with a blank line on each side of a document."""
+    out = []
+    for i, (text, document) in enumerate(texts):
+        if i:
+            out.append("\n\n" if document or texts[i - 1][1] else "\n")
+        out.append(text)
+    return "".join(out)
 
 
 def _result_text(block: ToolResultBlock, where: str) -> str:
     parts = [block.content] if isinstance(block.content, str) else []
     for k, part in enumerate(() if isinstance(block.content, str) else block.content):
         if isinstance(part, RefusedBlock):
-            raise invalid(f"{where}[{k}].type: {part.type} blocks are not supported (this server serves a "
-                          "text-only model)", f"{where}[{k}].type")
-        parts.append(part.text)
+            raise _not_text(part.type, f"{where}[{k}]")
+        parts.append(_document_text(part, f"{where}[{k}]") if isinstance(part, DocumentBlock) else part.text)
     text = "\n".join(parts)
     return f"Error: {text}" if block.is_error else text
+
+
+def _not_text(block_type: str, at: str) -> ApiError:
+    return invalid(f"{at}.type: {block_type} blocks are not supported (this server serves a text-only model)",
+                   f"{at}.type")
+
+
+def _document_text(block: DocumentBlock, where: str) -> str:
+    """A text document as the model reads it: title, context and text, a paragraph each."""
+    source = block.source
+    if isinstance(source, RefusedSource):
+        raise invalid(f"{where}.source.type: {source.type} documents are not supported (this server serves a "
+                      "text-only model; send the text as a text or content source)", f"{where}.source.type")
+    if block.citations is not None and block.citations.enabled:
+        raise invalid(f"{where}.citations: citations are not supported (the response has no citation blocks)",
+                      f"{where}.citations")
+    if isinstance(source, ContentSource):
+        body = _text_parts(source.content, f"{where}.source.content")
+    else:
+        body = source.data
+    return "\n\n".join(part for part in (block.title, block.context, body) if part)
+
+
+def _text_parts(content: str | list, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    for k, part in enumerate(content):
+        if isinstance(part, RefusedBlock):
+            raise _not_text(part.type, f"{where}[{k}]")
+    return "\n".join(part.text for part in content)
 
 
 def _anthropic_param(param: str, output: str) -> str:

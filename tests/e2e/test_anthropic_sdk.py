@@ -137,6 +137,24 @@ def test_prefill_continues_the_final_assistant_text(client, server):
     assert "trailing whitespace" in e.value.body["error"]["message"]
 
 
+def test_a_text_document_is_read_as_text(client, server):
+    """A plain-text document block is read where it stands: oracle, the chat endpoint given the same turn as text
+    (title, then the document, each a paragraph), greedy."""
+    doc = {"type": "document", "title": "Atlas", "citations": {"enabled": False},
+           "source": {"type": "text", "media_type": "text/plain", "data": "The capital of France is Paris."}}
+    turn = [{"role": "user", "content": [doc, {"type": "text", "text": "What is the capital of France?"}]}]
+    msg = client.messages.create(model=MODEL, max_tokens=12, messages=turn, extra_body=GREEDY)
+    chat = post(server, "/v1/chat/completions", {"model": MODEL, "max_tokens": 12, "temperature": 0, "messages": [
+        {"role": "user", "content": "Atlas\n\nThe capital of France is Paris.\n\nWhat is the capital of France?"}]})
+    assert msg.content[0].text == chat.json()["choices"][0]["message"]["content"]
+    counted = client.messages.count_tokens(model=MODEL, messages=turn).input_tokens
+    assert counted == chat.json()["usage"]["prompt_tokens"]
+    pdf = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}}
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client.messages.create(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": [pdf]}])
+    assert e.value.body["error"]["message"].startswith("messages[0].content[0].source.type: base64 documents")
+
+
 @pytest.mark.parametrize("choice", [{"type": "tool", "name": "get_weather"},
                                     {"type": "any", "disable_parallel_tool_use": True}])
 def test_tool_use(client, choice):

@@ -48,6 +48,41 @@ def test_system_blocks_and_turns():
     assert [m.get("tool_call_id") for m in req.chat.messages[3:5]] == ["toolu_1", "toolu_2"]
 
 
+def test_text_documents_are_read_where_they_stand():
+    doc = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "The sky is blue."},
+           "title": "Sky", "context": "From a book", "citations": {"enabled": False},
+           "cache_control": {"type": "ephemeral"}}
+    content = {"type": "document", "source": {"type": "content", "content": [{"type": "text", "text": "Grass."},
+                                                                             {"type": "text", "text": "Snow."}]}}
+    req = parse(messages=[
+        {"role": "user", "content": [{"type": "text", "text": "Read:"}, doc, content, {"type": "text", "text": "Sky?"},
+                                     {"type": "text", "text": "Briefly."}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_weather", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+            {"type": "document", "source": {"type": "content", "content": "Sunny."}, "title": "Report"}]}]}],
+        tools=[TOOL])
+    assert [(m["role"], m["content"]) for m in req.chat.messages] == [
+        ("user", "Read:\n\nSky\n\nFrom a book\n\nThe sky is blue.\n\nGrass.\nSnow.\n\nSky?\nBriefly."),
+        ("assistant", ""), ("tool", "Report\n\nSunny.")]
+
+
+@pytest.mark.parametrize("block, field", [
+    ({"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBER"}},
+     "messages[0].content[0].source.type"),
+    ({"type": "document", "source": {"type": "url", "url": "https://example.com/a.pdf"}},
+     "messages[0].content[0].source.type"),
+    ({"type": "document", "source": {"type": "text", "data": "x"}, "citations": {"enabled": True}},
+     "messages[0].content[0].citations"),
+    ({"type": "document", "source": {"type": "content", "content": [{"type": "image", "source": {}}]}},
+     "messages[0].content[0].source.content[0].type"),
+    ({"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}, "messages[0].content[0].type"),
+])
+def test_documents_a_text_model_cannot_read_are_named(block, field):
+    with pytest.raises(ApiError) as e:
+        parse(messages=[{"role": "user", "content": [block]}])
+    assert e.value.status == 400 and e.value.param == field and field in e.value.message
+
+
 @pytest.mark.parametrize("choice, mode, named, parallel", [
     (None, "auto", None, True),
     ({"type": "auto"}, "auto", None, True),
