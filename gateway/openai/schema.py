@@ -246,9 +246,15 @@ class ToolCall(_Model):
 
 
 class SystemMessage(_Model):
-    role: Literal["system", "developer"]
+    role: Literal["system"]
     content: Content
     name: str | None = None
+
+
+class DeveloperMessage(SystemMessage):
+    """OpenAI's newer name for a system message: templates read it as one (gateway/openai/parse.py)."""
+
+    role: Literal["developer"]  # its own schema, so that each role names one branch of the union
 
 
 class UserMessage(_Model):
@@ -277,7 +283,8 @@ class ToolMessage(_Model):
     name: str | None = None
 
 
-Message = Annotated[Union[SystemMessage, UserMessage, AssistantMessage, ToolMessage], Field(discriminator="role")]
+Message = Annotated[Union[SystemMessage, DeveloperMessage, UserMessage, AssistantMessage, ToolMessage],
+                    Field(discriminator="role")]
 
 
 class FunctionDefinition(_Model):
