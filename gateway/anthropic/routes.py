@@ -21,7 +21,7 @@ from gateway.anthropic.output import MessageBuilder
 from gateway.anthropic.to_chat import anthropic_names, parse_messages
 from gateway.openai.parse import require_model
 from gateway.openai.routes import Admitted, admit_chat, collect, sse_response
-from gateway.server.client_io import read_json
+from gateway.server.client_io import one_line_json, read_json
 from gateway.server.deadlines import request_deadline
 from gateway.server.errors import ApiError
 from gateway.server.task_guard import require_task
@@ -81,4 +81,4 @@ async def _stream(builder: MessageBuilder, admitted: Admitted) -> AsyncIterator[
 
 
 def _sse(event: dict[str, Any]) -> NamedEvent:
-    return NamedEvent(event["type"], json.dumps(event, ensure_ascii=False))
+    return NamedEvent(event["type"], one_line_json(event))

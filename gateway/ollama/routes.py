@@ -13,7 +13,6 @@ delete) is not served: the model is chosen when the server starts.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections.abc import AsyncIterator
 from datetime import datetime, timezone
@@ -31,7 +30,7 @@ from gateway.openai.parse import (ChatRequest, CompletionRequest, Limits, parse_
                                   with_default_tag, without_default_tag)
 from gateway.openai.routes import Admitted, admit_chat, admit_completion, check_would_fit
 from gateway.openai.validation import validate
-from gateway.server.client_io import collect_unless_disconnected, read_json
+from gateway.server.client_io import collect_unless_disconnected, one_line_json, read_json
 from gateway.server.deadlines import request_deadline
 from gateway.server.errors import ApiError
 from gateway.server.task_guard import require_task
@@ -116,7 +115,7 @@ async def _lines(output: OllamaOutput, admitted: Admitted) -> AsyncIterator[str]
 
 
 def _line(obj: dict[str, Any]) -> str:
-    return json.dumps(obj, ensure_ascii=False) + "\n"
+    return one_line_json(obj) + "\n"
 
 
 async def tags(request: Request) -> Response:

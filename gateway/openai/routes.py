@@ -23,7 +23,7 @@ from gateway.openai.parse import (ChatRequest, CommonFields, CompletionRequest, 
                                   require_model)
 from gateway.openai.response_bodies import ChatFormat, CompletionFormat
 from gateway.server.auth import ApiKey, caller
-from gateway.server.client_io import collect_unless_disconnected, read_json
+from gateway.server.client_io import collect_unless_disconnected, one_line_json, read_json
 from gateway.server.deadlines import check_not_passed, request_deadline
 from gateway.server.errors import ApiError, invalid
 from gateway.server.key_limits import Lease
@@ -331,7 +331,7 @@ async def _ending_lease(chunks: AsyncIterator[Payload], admitted: Admitted) -> A
 async def _with_error_event(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
     try:
         async for chunk in chunks:
-            yield json.dumps(chunk, ensure_ascii=False)
+            yield one_line_json(chunk)
     except ApiError as e:
         log.warning("stream ended with an error: %s", e.message)
         yield json.dumps(e.body())

@@ -13,7 +13,6 @@ event and response.failed. With `--stream-resume-ttl` a stream is resumable as t
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -26,7 +25,7 @@ from gateway.responses_api.output import ResponseBuilder
 from gateway.responses_api.store import ResponseStore, StoredResponse
 from gateway.responses_api.to_chat import ResponsesRequest, parse_responses, responses_names
 from gateway.server.auth import credentials
-from gateway.server.client_io import read_json
+from gateway.server.client_io import one_line_json, read_json
 from gateway.server.deadlines import request_deadline
 from gateway.server.errors import ApiError, invalid
 from gateway.server.paging import page_limit
@@ -141,4 +140,4 @@ async def _stream(builder: ResponseBuilder, admitted: Admitted,
 
 
 def _sse(event: dict[str, Any]) -> NamedEvent:
-    return NamedEvent(event["type"], json.dumps(event, ensure_ascii=False))
+    return NamedEvent(event["type"], one_line_json(event))

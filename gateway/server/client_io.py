@@ -1,4 +1,4 @@
-"""Reading request bodies within a size limit, and noticing a client that went away."""
+"""Reading request bodies within a size limit, writing stream lines, and noticing a client that went away."""
 
 from __future__ import annotations
 
@@ -12,6 +12,17 @@ from starlette.requests import ClientDisconnect, Request
 from gateway.server.errors import ApiError, invalid
 
 T = TypeVar("T")
+
+
+# Characters JSON leaves raw inside strings but Python's str.splitlines ends a line at, and so httpx's iter_lines,
+# which the ollama client and httpx-sse read streams with (NEL, LINE and PARAGRAPH SEPARATOR; the control
+# characters it also splits at are escaped by JSON itself): escaped, a stream's event stays one line for them too.
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def one_line_json(obj: Any) -> str:
+    """obj as JSON text on one line for any line splitter: UTF-8 as it is, line-breaking characters escaped."""
+    return json.dumps(obj, ensure_ascii=False).translate(_LINE_BREAKS)
 
 
 class ClientDisconnected(Exception):

@@ -79,3 +79,15 @@ def test_streamed_content_joins_to_the_same_decode(server):
             assert content[i] == _expected(entries[i]), json.dumps(entries[i])[:400]
             broken += "\ufffd" in content[i]
     assert broken > 0  # the sampled ids really did include invalid UTF-8
+
+
+def test_line_breaking_characters_stay_inside_their_event(server):
+    """NEL, LINE SEPARATOR and PARAGRAPH SEPARATOR are raw in JSON strings, and httpx's iter_lines (as httpx-sse and
+    the ollama client read streams) ends a line at each: the server escapes them, so every event is still one
+    `data:` line and the text arrives whole."""
+    text = "one\x85two\u2028three\u2029four"
+    body = {"model": SERVED_NAME, "prompt": text, "echo": True, "max_tokens": 2, "stream": True}
+    status, lines = stream_lines(f"{server.url}/v1/completions", body)
+    assert status == 200
+    streamed = "".join(c["choices"][0]["text"] for c in chunks(lines))  # chunks checks every line's framing
+    assert streamed.startswith(text)
