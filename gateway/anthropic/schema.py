@@ -59,7 +59,7 @@ class ToolUseBlock(_Model):
 class RefusedBlock(_Open):
     """A block a text-only server cannot serve: a 400 that names it."""
 
-    type: Literal["image", "search_result", "server_tool_use", "web_search_tool_result", "container_upload"]
+    type: Literal["image", "server_tool_use", "web_search_tool_result", "container_upload"]
 
 
 class TextSource(_Model):
@@ -87,6 +87,16 @@ class Citations(_Model):
     enabled: bool = False
 
 
+class SearchResultBlock(_Model):
+    """A search result the caller's own search found (title, source and text blocks), read as text like a document."""
+
+    type: Literal["search_result"]
+    source: str
+    title: str
+    content: list[TextBlock]
+    citations: Citations | None = Field(None, description="only disabled: the response has no citation blocks")
+
+
 class DocumentBlock(_Model):
     """A text document the model reads (title, context and text), as the turn's text where the block stands."""
 
@@ -100,7 +110,8 @@ class DocumentBlock(_Model):
 class ToolResultBlock(_Model):
     type: Literal["tool_result"]
     tool_use_id: str
-    content: _text_or(Annotated[Union[TextBlock, DocumentBlock, RefusedBlock], Field(discriminator="type")]) = ""
+    content: _text_or(Annotated[Union[TextBlock, DocumentBlock, SearchResultBlock, RefusedBlock],
+                                Field(discriminator="type")]) = ""
     is_error: bool | None = None
 
 
@@ -116,17 +127,17 @@ class RedactedThinkingBlock(_Open):
     type: Literal["redacted_thinking"]
 
 
-ContentBlock = Annotated[Union[TextBlock, DocumentBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock,
-                               RedactedThinkingBlock, RefusedBlock], Field(discriminator="type")]
+ContentBlock = Annotated[Union[TextBlock, DocumentBlock, SearchResultBlock, ToolUseBlock, ToolResultBlock,
+                               ThinkingBlock, RedactedThinkingBlock, RefusedBlock], Field(discriminator="type")]
 
 
 class InputMessage(_Model):
     role: Literal["user", "assistant", "system"] = Field(
         description="system: an instruction in place (as Claude Code sends them mid-conversation)")
     content: _text_or(ContentBlock) = Field(description=(
-        "text, or blocks: tool_use only in assistant turns, tool_result and document only in user turns; a "
-        "document is read as text (plain-text and content sources); image, PDF and server-tool blocks are a 400 (the "
-        "served model reads text only)"))
+        "text, or blocks: tool_use only in assistant turns, tool_result, document and search_result only in user "
+        "turns; a document (plain-text and content sources) or a search result is read as text; image, PDF and "
+        "server-tool blocks are a 400 (the served model reads text only)"))
 
 
 # ----- tools -----

@@ -10,8 +10,8 @@ The translation:
   blocks its tool_calls; `thinking` and `redacted_thinking` blocks are dropped (templates drop earlier turns'
   reasoning). A plain-text or content `document` block (in a user turn or a tool result) is read as text where it
   stands: its title, its context and its text, each on its own paragraph; citations cannot be turned on (the
-  response has no citation blocks). Image blocks and PDF, URL or file documents are a 400: the served model reads
-  text only.
+  response has no citation blocks). A `search_result` block is read the same way: its title, its source and its
+  text. Image blocks and PDF, URL or file documents are a 400: the served model reads text only.
 - `tools` are function tools with `input_schema` as parameters; `tool_choice` auto/any/tool/none is
   auto/required/named/none, and `disable_parallel_tool_use` is parallel_tool_calls false (auto: at most one
   call; any and tool: exactly one).
@@ -36,8 +36,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.anthropic.schema import (ContentSource, CountTokensBody, DocumentBlock, InputMessage, JsonOutputFormat,
-                                      MessagesBody, RedactedThinkingBlock, RefusedBlock, RefusedSource, TextBlock,
-                                      ThinkingBlock, ThinkingEnabled, ToolResultBlock, ToolUseBlock, block_type)
+                                      MessagesBody, RedactedThinkingBlock, RefusedBlock, RefusedSource,
+                                      SearchResultBlock, TextBlock, ThinkingBlock, ThinkingEnabled, ToolResultBlock,
+                                      ToolUseBlock, block_type)
 from gateway.openai.parse import PREFILL, ChatRequest, Limits, ends_in_prefill, final_assistant_text, parse_chat
 from gateway.openai.validation import validate
 from gateway.server.errors import ApiError, invalid, params_renamed
@@ -47,7 +48,8 @@ BILLING_HEADER = "x-anthropic-billing-header:"
 _TAGGED = {"content": block_type, "system": block_type, "tool_choice": block_type, "thinking": block_type}
 # Clearer words than "Input should be ..." for the fields that take one of several shapes.
 _SHAPES = {
-    "content": "must be a string or an array of content blocks (text, document, tool_use, tool_result, thinking)",
+    "content": "must be a string or an array of content blocks (text, document, search_result, tool_use, "
+               "tool_result, thinking)",
     "system": "must be a string or an array of text blocks",
     "tool_choice": "must be {\"type\": \"auto\"}, {\"type\": \"any\"}, {\"type\": \"tool\", \"name\": ...} or "
                    "{\"type\": \"none\"}",
@@ -156,12 +158,13 @@ def _turn(message: InputMessage, where: str) -> list[dict[str, Any]]:
             raise _not_text(block.type, at)
         if isinstance(block, (ThinkingBlock, RedactedThinkingBlock)):
             continue
-        home = {"tool_result": "user", "document": "user", "tool_use": "assistant"}.get(block.type, message.role)
+        home = {"tool_result": "user", "document": "user", "search_result": "user",
+                "tool_use": "assistant"}.get(block.type, message.role)
         if message.role != home:
             raise invalid(f"{at}.type: {block.type} blocks belong in {home} messages", f"{at}.type")
         if isinstance(block, TextBlock):
             texts.append((block.text, False))
-        elif isinstance(block, DocumentBlock):
+        elif isinstance(block, (DocumentBlock, SearchResultBlock)):
             texts.append((_document_text(block, at), True))
         elif isinstance(block, ToolUseBlock):
             calls.append({"id": block.id, "type": "function",
@@ -190,7 +193,7 @@ def _result_text(block: ToolResultBlock, where: str) -> str:
     for k, part in enumerate(() if isinstance(block.content, str) else block.content):
         if isinstance(part, RefusedBlock):
             raise _not_text(part.type, f"{where}[{k}]")
-        parts.append(_document_text(part, f"{where}[{k}]") if isinstance(part, DocumentBlock) else part.text)
+        parts.append(part.text if isinstance(part, TextBlock) else _document_text(part, f"{where}[{k}]"))
     text = "\n".join(parts)
     return f"Error: {text}" if block.is_error else text
 
@@ -200,15 +203,19 @@ def _not_text(block_type: str, at: str) -> ApiError:
                    f"{at}.type")
 
 
-def _document_text(block: DocumentBlock, where: str) -> str:
-    """A text document as the model reads it: title, context and text, a paragraph each."""
+def _document_text(block: DocumentBlock | SearchResultBlock, where: str) -> str:
+    """A text document as the model reads it: title, context and text, a paragraph each (a search result: title,
+    source and text)."""
+    if block.citations is not None and block.citations.enabled:
+        raise invalid(f"{where}.citations: citations are not supported (the response has no citation blocks)",
+                      f"{where}.citations")
+    if isinstance(block, SearchResultBlock):
+        return "\n\n".join(part for part in (block.title, block.source, "\n".join(b.text for b in block.content))
+                           if part)
     source = block.source
     if isinstance(source, RefusedSource):
         raise invalid(f"{where}.source.type: {source.type} documents are not supported (this server serves a "
                       "text-only model; send the text as a text or content source)", f"{where}.source.type")
-    if block.citations is not None and block.citations.enabled:
-        raise invalid(f"{where}.citations: citations are not supported (the response has no citation blocks)",
-                      f"{where}.citations")
     if isinstance(source, ContentSource):
         body = _text_parts(source.content, f"{where}.source.content")
     else:

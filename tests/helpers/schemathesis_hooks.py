@@ -352,7 +352,7 @@ def _constraint_not_compiling(body: dict) -> bool:
 
 # Blocks a text-only server refuses (image, a PDF document, ...), and tool blocks in the wrong role's turn: 400s
 # naming the block, by the rule the Messages schema's description states.
-_SERVED_BLOCKS = {"user": {"text", "document", "tool_result", "thinking", "redacted_thinking"},
+_SERVED_BLOCKS = {"user": {"text", "document", "search_result", "tool_result", "thinking", "redacted_thinking"},
                   "assistant": {"text", "tool_use", "thinking", "redacted_thinking"},
                   "system": {"text", "thinking", "redacted_thinking"}}
 
@@ -399,20 +399,22 @@ def _misplaced_block(body: dict) -> bool:
             if _unread_document(block):
                 return True
             inner = block.get("content") if block.get("type") == "tool_result" else None
-            if isinstance(inner, list) and any(isinstance(p, dict) and (p.get("type") not in ("text", "document")
-                                                                        or _unread_document(p)) for p in inner):
+            if isinstance(inner, list) and any(isinstance(p, dict) and (
+                    p.get("type") not in ("text", "document", "search_result") or _unread_document(p)) for p in inner):
                 return True
     return False
 
 
 def _unread_document(block: dict) -> bool:
-    """A document block the server refuses by name: a PDF, URL or file source, citations on, or an image inside a
-    content source (the DocumentBlock schema's descriptions state each)."""
-    if block.get("type") != "document":
+    """A document or search result block the server refuses by name: citations on, a PDF, URL or file source, or an
+    image inside a content source (the block schemas' descriptions state each)."""
+    if block.get("type") not in ("document", "search_result"):
         return False
-    source = block.get("source") if isinstance(block.get("source"), dict) else {}
     citations = block.get("citations")
-    if source.get("type") in ("base64", "url", "file") or (isinstance(citations, dict) and citations.get("enabled")):
+    if isinstance(citations, dict) and citations.get("enabled"):
+        return True
+    source = block.get("source") if isinstance(block.get("source"), dict) else {}
+    if source.get("type") in ("base64", "url", "file"):
         return True
     content = source.get("content") if source.get("type") == "content" else None
     return isinstance(content, list) and any(isinstance(p, dict) and p.get("type") != "text" for p in content)

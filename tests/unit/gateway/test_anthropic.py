@@ -59,11 +59,13 @@ def test_text_documents_are_read_where_they_stand():
                                      {"type": "text", "text": "Briefly."}]},
         {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_weather", "input": {}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
-            {"type": "document", "source": {"type": "content", "content": "Sunny."}, "title": "Report"}]}]}],
+            {"type": "document", "source": {"type": "content", "content": "Sunny."}, "title": "Report"},
+            {"type": "search_result", "source": "https://example.com/w", "title": "Forecast",
+             "content": [{"type": "text", "text": "Rain."}]}]}]}],
         tools=[TOOL])
     assert [(m["role"], m["content"]) for m in req.chat.messages] == [
         ("user", "Read:\n\nSky\n\nFrom a book\n\nThe sky is blue.\n\nGrass.\nSnow.\n\nSky?\nBriefly."),
-        ("assistant", ""), ("tool", "Report\n\nSunny.")]
+        ("assistant", ""), ("tool", "Report\n\nSunny.\nForecast\n\nhttps://example.com/w\n\nRain.")]
 
 
 @pytest.mark.parametrize("block, field", [
@@ -76,6 +78,8 @@ def test_text_documents_are_read_where_they_stand():
     ({"type": "document", "source": {"type": "content", "content": [{"type": "image", "source": {}}]}},
      "messages[0].content[0].source.content[0].type"),
     ({"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}, "messages[0].content[0].type"),
+    ({"type": "search_result", "source": "s", "title": "t", "content": [], "citations": {"enabled": True}},
+     "messages[0].content[0].citations"),
 ])
 def test_documents_a_text_model_cannot_read_are_named(block, field):
     with pytest.raises(ApiError) as e:
