@@ -234,4 +234,4 @@ class MessagesBody(CountTokensBody):
     top_k: TopK | None = None
     output_config: OutputConfig | None = None
     output_format: JsonOutputFormat | None = Field(None, description="the structured-outputs beta's name for "
-                                                                     "output_config.format (not both)")
+                                                                     "output_config.format, which wins if both")

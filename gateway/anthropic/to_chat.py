@@ -20,9 +20,9 @@ The translation:
 - A final assistant turn with text (and no tool_use) is a prefill: the prompt ends with that text, its turn left
   open (chat's continue_final_message), and the response holds what follows it. As Anthropic's API, its text may
   not end with whitespace.
-- `output_config.format` (or the structured-outputs beta's `output_format`), a JSON schema, is chat's strict
-  `json_schema` response format: the text block is JSON that follows it, as the SDK's `messages.parse` reads it.
-  `output_config.effort` is accepted with no effect (thinking is `thinking`'s to set).
+- `output_config.format` (or the structured-outputs beta's `output_format`; the first wins), a JSON schema, is
+  chat's strict `json_schema` response format: the text block is JSON that follows it, as the SDK's
+  `messages.parse` reads it. `output_config.effort` is accepted with no effect (thinking is `thinking`'s to set).
 - `max_tokens`, `stop_sequences` (stop), `temperature`, `top_p`, `top_k` map across as they are.
 A 400 from the chat checks names the Messages field it came from.
 """
@@ -79,8 +79,8 @@ def parse_messages(raw: Any, limits: Limits, count_only: bool = False) -> Messag
 
 def anthropic_names(body: MessagesBody | CountTokensBody) -> contextlib.AbstractContextManager[None]:
     """A 400 from the chat checks, naming the Messages field of `body`."""
-    output = "output_format" if isinstance(body, MessagesBody) and body.output_format is not None else \
-        "output_config.format"
+    output = "output_format" if isinstance(body, MessagesBody) and _output_format(body) is body.output_format \
+        and body.output_format is not None else "output_config.format"
     return params_renamed(lambda param: _anthropic_param(param, output))
 
 
@@ -127,10 +127,8 @@ def chat_body(body: MessagesBody | CountTokensBody) -> dict[str, Any]:
 
 
 def _output_format(body: MessagesBody) -> JsonOutputFormat | None:
+    """output_config.format, else the beta's output_format (the GA name wins when both are sent)."""
     config = body.output_config.format if body.output_config is not None else None
-    if config is not None and body.output_format is not None:
-        raise invalid("output_format: the structured-outputs beta's name for output_config.format; give one of "
-                      "the two", "output_format")
     return config or body.output_format
 
 

@@ -232,10 +232,14 @@ def test_structured_output_by_schema_and_its_errors(client):
                  {"output_format": {"type": "json_schema", "schema": schema}}):  # the beta's name
         r = client.messages.create(model=MODEL, max_tokens=30, messages=ask, extra_body={**GREEDY, **body})
         jsonschema.validate(json.loads(r.content[0].text), schema)
+    both = {"output_config": {"format": {"type": "json_schema", "schema": schema}},  # the GA name wins
+            "output_format": {"type": "json_schema", "schema": {"type": "nonsense"}}}
+    r = client.messages.create(model=MODEL, max_tokens=30, messages=ask, extra_body={**GREEDY, **both})
+    jsonschema.validate(json.loads(r.content[0].text), schema)
     for body, param in (({"output_config": {"format": {"type": "json_schema", "schema": {"type": "nonsense"}}}},
                          "output_config.format"),
-                        ({"output_config": {"format": {"type": "json_schema", "schema": schema}},
-                          "output_format": {"type": "json_schema", "schema": schema}}, "output_format")):
+                        ({"output_format": {"type": "json_schema", "schema": {"type": "nonsense"}}},
+                         "output_format")):
         with pytest.raises(anthropic.BadRequestError) as e:
             client.messages.create(model=MODEL, max_tokens=30, messages=ask, extra_body=body)
         assert e.value.body["error"]["message"].startswith(param), e.value.body
