@@ -79,8 +79,8 @@ def parse_messages(raw: Any, limits: Limits, count_only: bool = False) -> Messag
 
 def anthropic_names(body: MessagesBody | CountTokensBody) -> contextlib.AbstractContextManager[None]:
     """A 400 from the chat checks, naming the Messages field of `body`."""
-    output = "output_format" if isinstance(body, MessagesBody) and _output_format(body) is body.output_format \
-        and body.output_format is not None else "output_config.format"
+    beta_only = isinstance(body, MessagesBody) and (body.output_config is None or body.output_config.format is None)
+    output = "output_format" if beta_only else "output_config.format"
     return params_renamed(lambda param: _anthropic_param(param, output))
 
 
@@ -187,12 +187,7 @@ def _joined(texts: list[tuple[str, bool]]) -> str:
 
 
 def _result_text(block: ToolResultBlock, where: str) -> str:
-    parts = [block.content] if isinstance(block.content, str) else []
-    for k, part in enumerate(() if isinstance(block.content, str) else block.content):
-        if isinstance(part, RefusedBlock):
-            raise _not_text(part.type, f"{where}[{k}]")
-        parts.append(part.text if isinstance(part, TextBlock) else _document_text(part, f"{where}[{k}]"))
-    text = "\n".join(parts)
+    text = _text_parts(block.content, where)
     return f"Error: {text}" if block.is_error else text
 
 
@@ -222,12 +217,15 @@ def _document_text(block: DocumentBlock | SearchResultBlock, where: str) -> str:
 
 
 def _text_parts(content: str | list, where: str) -> str:
+    """A content list's text blocks (and, in a tool result, documents) one a line; any other block is a 400."""
     if isinstance(content, str):
         return content
+    parts = []
     for k, part in enumerate(content):
         if isinstance(part, RefusedBlock):
             raise _not_text(part.type, f"{where}[{k}]")
-    return "\n".join(part.text for part in content)
+        parts.append(part.text if isinstance(part, TextBlock) else _document_text(part, f"{where}[{k}]"))
+    return "\n".join(parts)
 
 
 def _anthropic_param(param: str, output: str) -> str:
