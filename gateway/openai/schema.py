@@ -328,7 +328,16 @@ class JsonSchemaFormat(_Model):
     json_schema: JsonSchemaSpec
 
 
-ResponseFormat = Annotated[Union[TextFormat, JsonObjectFormat, JsonSchemaFormat], Field(discriminator="type")]
+class JsonObjectSchemaFormat(JsonObjectFormat):
+    """Chat's json_object as llama.cpp and TGI also take it: an answer that validates against a schema."""
+
+    schema_: dict[str, Any] | None = Field(None, alias="schema", description="llama.cpp's: the answer validates "
+                                           "against this JSON schema, not strictly (as json_schema without strict)")
+    value: dict[str, Any] | None = Field(None, description="TGI's name for schema, which the Hugging Face client "
+                                         "sends; schema wins if both are sent")
+
+
+ResponseFormat = Annotated[Union[TextFormat, JsonObjectSchemaFormat, JsonSchemaFormat], Field(discriminator="type")]
 
 
 # vLLM's rule: the final message continued opens no new turn (the chat and tokenize bodies state it).

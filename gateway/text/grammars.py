@@ -54,13 +54,15 @@ def parse_response_format(value: Any) -> ResponseFormat | None:
     if not isinstance(value, dict):
         raise invalid("response_format must be an object", param)
     kind = value.get("type")
-    unknown = sorted(set(value) - {"type", "json_schema"})
+    fields = {"json_object": {"schema", "value"}, "json_schema": {"json_schema"}}.get(kind, set()) \
+        if isinstance(kind, str) else set()
+    unknown = sorted(set(value) - {"type"} - fields)
     if unknown:
         raise invalid(f"response_format.{unknown[0]} is not supported", param)
     if kind == "text":
         return None
     if kind == "json_object":
-        return ResponseFormat({"type": "object"}, strict=False)
+        return _json_object(value)
     if kind != "json_schema":
         raise invalid("response_format.type must be text, json_object or json_schema", "response_format.type")
     spec = value.get("json_schema")
@@ -78,6 +80,16 @@ def parse_response_format(value: Any) -> ResponseFormat | None:
     schema = spec.get("schema", {})
     check_schema(schema, "response_format.json_schema.schema")
     return ResponseFormat(schema, strict=bool(strict))
+
+
+def _json_object(value: dict[str, Any]) -> ResponseFormat:
+    """Any JSON object, or with llama.cpp's `schema` (TGI's `value`; schema wins) an answer that validates against
+    it, not strictly."""
+    for name in ("schema", "value"):
+        if value.get(name) is not None:
+            check_schema(value[name], f"response_format.{name}")
+            return ResponseFormat(value[name], strict=False)
+    return ResponseFormat({"type": "object"}, strict=False)
 
 
 def check_schema(schema: Any, param: str) -> None:

@@ -132,6 +132,34 @@ def test_json_object_mode(server, stream):
         assert reason == "length" and message["content"].startswith("{")
 
 
+@pytest.mark.parametrize("name", ["schema", "value"])
+def test_json_object_with_a_schema_as_llama_cpp_and_tgi_send_it(server, name):
+    """llama.cpp's `schema` and TGI's `value` (what the Hugging Face client sends for json_schema) constrain
+    json_object's answer to the schema."""
+    fmt = {"type": "json_object", name: WEATHER_SCHEMA}
+    for seed in range(3):
+        choice = chat(server, response_format=fmt, max_tokens=60, temperature=1.0, seed=seed).json()["choices"][0]
+        assert choice["finish_reason"] == "stop", choice
+        jsonschema.validate(json.loads(choice["message"]["content"]), WEATHER_SCHEMA)
+    joined, reason = streamed(server, response_format=fmt, max_tokens=60, temperature=0)
+    assert reason == "stop" and joined["content"] == chat(server, response_format=fmt, max_tokens=60,
+                                                          temperature=0).json()["choices"][0]["message"]["content"]
+    both = {"type": "json_object", "schema": {"enum": ["schema"]}, "value": {"enum": ["value"]}}
+    assert chat(server, response_format=both, max_tokens=5).json()["choices"][0]["message"]["content"] == '"schema"'
+
+
+@pytest.mark.parametrize("fmt, param", [
+    ({"type": "json_object", "value": 5}, "response_format.value"),
+    ({"type": "json_object", "schema": [{"type": "object"}]}, "response_format.schema"),
+    ({"type": "json_object", "schema": {"type": "object", "properties": []}}, "response_format"),  # llguidance's
+    ({"type": "text", "value": {}}, "response_format.value"),
+    ({"type": "json_schema", "schema": {}, "json_schema": {"name": "w", "schema": {}}}, "response_format.schema"),
+])
+def test_json_object_schema_errors_name_the_field(server, fmt, param):
+    r = chat(server, response_format=fmt, max_tokens=5)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
 def test_without_a_grammar_the_model_writes_no_json(server):
     content = chat(server, max_tokens=30, temperature=0).json()["choices"][0]["message"]["content"]
     with pytest.raises(ValueError):
