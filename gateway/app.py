@@ -48,7 +48,8 @@ log = logging.getLogger("mili.gateway")
 
 @dataclass(frozen=True)
 class ServerSettings:
-    served_model_name: str
+    served_model_name: str  # what answers carry
+    served_model_aliases: tuple[str, ...] = ()  # more names a request may ask for (vLLM's extra --served-model-name)
     api_key: str | None = None
     api_keys: dict[str, ApiKey] | None = None  # secret -> key (auth.load_keys); None: just api_key, if any
     limits: Limits = Limits()
@@ -67,6 +68,10 @@ class ServerSettings:
     web_ui: bool = True  # the chat page at / (gateway/web_ui/)
     chat_template: str | None = None  # --chat-template's source, replacing the model's template
     default_chat_template_kwargs: dict | None = None  # under every request's chat_template_kwargs
+
+    @property
+    def served_model_names(self) -> tuple[str, ...]:
+        return (self.served_model_name, *self.served_model_aliases)
 
 
 class GatewayState:
@@ -159,7 +164,7 @@ async def openapi_json(request: Request) -> Response:
     state: GatewayState = request.app.state.mili
     info = state.pool.info
     return JSONResponse(openapi.document(openapi.ServedBounds(
-        state.settings.served_model_name, state.settings.limits, info and info.vocab_size, info and info.max_model_len,
+        state.settings.served_model_names, state.settings.limits, info and info.vocab_size, info and info.max_model_len,
         state.engine_config.task)))
 
 

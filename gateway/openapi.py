@@ -38,7 +38,7 @@ _JSON = "application/json"
 class ServedBounds:
     """What the document's bounds come from; vocab_size and max_model_len are None until a worker is ready."""
 
-    model: str
+    models: tuple[str, ...]  # the served names, the first the one answers carry
     limits: Limits
     vocab_size: int | None = None
     max_model_len: int | None = None
@@ -72,9 +72,9 @@ def _fill_limits(node: Any, bounds: ServedBounds) -> None:
     limit = node.pop("x-mili-limit", None)
     vocab, context = bounds.vocab_size, bounds.max_model_len
     if limit == "model":
-        node["enum"] = [bounds.model]
+        node["enum"] = list(bounds.models)
     elif limit == "ollama_model":  # Ollama's clients may add its default tag
-        node["enum"] = sorted({bounds.model, with_default_tag(bounds.model)})
+        node["enum"] = sorted({*bounds.models, *map(with_default_tag, bounds.models)})
     elif limit == "token_id" and vocab is not None:
         node["maximum"] = vocab - 1
     elif limit == "token_id_key":  # the keys of a logit_bias object
@@ -412,7 +412,7 @@ def document(bounds: ServedBounds) -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {"title": "MILI", "version": "0.1.0",
-                 "description": f"OpenAI-compatible API serving {bounds.model}"},
+                 "description": f"OpenAI-compatible API serving {bounds.models[0]}"},
         "paths": {
             **_task_paths(bounds.task, refs),
             **_ollama_paths(bounds.task, refs),

@@ -17,7 +17,7 @@ import uvicorn
 from sse_starlette.sse import AppStatus
 
 from gateway.app import ServerSettings, build_app
-from gateway.openai.parse import Limits
+from gateway.openai.parse import Limits, served_names_text
 from gateway.server.auth import load_keys
 from gateway.server.device_check import check_device
 from gateway.text.chat_template import parse_template_kwargs, read_template_file
@@ -48,7 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=os.environ.get("MILI_MODEL", "default"),
                    help="an HF-format directory, a .gguf file (converted once into the cache), or 'default' "
                         "(or set MILI_MODEL)")
-    p.add_argument("--served-model-name", help="the name clients ask for (default: the model's directory name)")
+    p.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                   help="the name clients ask for (default: the model's directory name); more names are aliases a "
+                        "request may ask for too, as vLLM's: answers carry the first")
     p.add_argument("--host", default=os.environ.get("MILI_HOST", "127.0.0.1"),
                    help="address to listen on (or set MILI_HOST; default 127.0.0.1)")
     # A string default goes through type=int, so a bad MILI_PORT is a clean usage error.
@@ -199,8 +201,9 @@ def run(args: argparse.Namespace) -> int:
     if args.worker_tcp:
         tcp_host, _, port = args.worker_tcp.rpartition(":")
         tcp_port = int(port)
+    names = tuple(dict.fromkeys(args.served_model_name or (default_name,)))  # each once, in the order given
     settings = ServerSettings(
-        served_model_name=args.served_model_name or default_name, api_key=args.api_key, api_keys=api_keys,
+        served_model_name=names[0], served_model_aliases=names[1:], api_key=args.api_key, api_keys=api_keys,
         limits=Limits(max_n=args.max_n, max_stop=args.max_stop_strings, max_stop_length=args.max_stop_length,
                       priorities=args.scheduling_policy == "priority"),
         max_body_bytes=args.max_body_size, max_waiting_requests=args.max_waiting_requests,
@@ -220,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
                             timeout_graceful_shutdown=args.drain_timeout, access_log=False,
                             loop="uvloop", http="httptools")
     server = _DrainingServer(config, app.state.mili)
-    log.info("serving %s as %r (task %s%s) on http://%s:%d%s", model_dir, settings.served_model_name, task,
+    log.info("serving %s as %s (task %s%s) on http://%s:%d%s", model_dir, served_names_text(names), task,
              ", from the checkpoint" if args.task == "auto" else "", args.host, args.port,
              " (chat page at /)" if settings.web_ui else "")
     server.run()

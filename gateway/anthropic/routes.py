@@ -56,7 +56,7 @@ async def count_tokens(request: Request) -> Response:
     require_task(state.engine_config.task, "generate")
     req = parse_messages(await read_json(request, state.settings.max_body_bytes), state.settings.limits,
                          count_only=True)
-    require_model(req.chat.model, state.settings.served_model_name)
+    require_model(req.chat.model, state.settings.served_model_names)
     with anthropic_names(req.body):
         _, prompt = state.text.render_chat(list(req.chat.messages), req.chat.template_kwargs, req.chat.tools,
                                            req.chat.add_generation_prompt, req.chat.continue_final_message)

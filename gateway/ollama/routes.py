@@ -4,7 +4,7 @@ POST /api/embed and /api/embeddings (--task embed) are served beside the other p
 A chat or generate request runs as the chat (or raw: completion) request it translates into
 (gateway/ollama/to_chat.py) and is answered in Ollama's shape (gateway/ollama/output.py).
 
-The served model is listed under its served name with Ollama's default tag (`name:latest`), and either spelling is
+The served model is listed under each served name with Ollama's default tag (`name:latest`), and either spelling is
 accepted. Errors are Ollama's `{"error": message}` with the status code; once a stream has started, a failure is
 one last `{"error": ...}` line (what Ollama's clients raise from). Model management (pull, push, create, copy,
 delete) is not served: the model is chosen when the server starts.
@@ -56,7 +56,7 @@ async def generate(request: Request) -> Response:
 async def _generate(request: Request, body: OllamaChatBody | OllamaGenerateBody, kind: str) -> Response:
     state = request.app.state.mili
     require_task(state.engine_config.task, "generate")
-    served = state.settings.served_model_name
+    served = state.settings.served_model_names
     require_model(without_default_tag(body.model, served), served)
     output = OllamaOutput(kind, body.model, state.token_names, bool(body.logprobs))
     deadline = request_deadline(request, state.settings.request_timeout)
@@ -79,7 +79,7 @@ async def _generate(request: Request, body: OllamaChatBody | OllamaGenerateBody,
     return JSONResponse(output.whole(admitted.usage))
 
 
-def _parsed(kind: str, body: OllamaChatBody | OllamaGenerateBody, served: str,
+def _parsed(kind: str, body: OllamaChatBody | OllamaGenerateBody, served: tuple[str, ...],
             limits: Limits) -> ChatRequest | CompletionRequest:
     """The chat (raw generate: completion) request the body translates into, through every check such a request
     gets. A request with nothing to generate (Ollama's way to load a model) is checked as one empty user turn,
@@ -119,12 +119,13 @@ def _line(obj: dict[str, Any]) -> str:
 
 
 async def tags(request: Request) -> Response:
-    return JSONResponse({"models": [_model_entry(request.app.state.mili)]})
+    state = request.app.state.mili
+    return JSONResponse({"models": [_model_entry(state, name) for name in state.settings.served_model_names]})
 
 
 async def ps(request: Request) -> Response:
     state = request.app.state.mili
-    entry = _model_entry(state)
+    entry = _model_entry(state, state.settings.served_model_name)
     info = state.pool.info
     on_gpu = info is not None and info.device.startswith("cuda")
     entry.update(expires_at="9999-12-31T23:59:59Z", size_vram=entry["size"] if on_gpu else 0,
@@ -138,13 +139,13 @@ async def show(request: Request) -> Response:
     name = body.model or body.name
     if not name:
         raise ApiError(400, "model is required", "model")
-    served = state.settings.served_model_name
-    if without_default_tag(name, served) != served:
-        raise ApiError(404, f"model '{name}' not found; this server serves '{with_default_tag(served)}'", "model")
-    entry = _model_entry(state)
+    served = state.settings.served_model_names
+    if without_default_tag(name, served) not in served:
+        raise ApiError(404, f"model '{name}' not found; this server serves '{with_default_tag(served[0])}'", "model")
+    entry = _model_entry(state, served[0])
     info = state.pool.info
     arch = entry["details"]["family"]
-    model_info: dict[str, Any] = {"general.architecture": arch, "general.basename": served}
+    model_info: dict[str, Any] = {"general.architecture": arch, "general.basename": served[0]}
     if info is not None:
         model_info[f"{arch}.context_length"] = info.max_model_len
         model_info[f"{arch}.vocab_size"] = info.vocab_size
@@ -169,16 +170,17 @@ def _capabilities(state) -> list[str]:
     return capabilities
 
 
-def _model_entry(state) -> dict[str, Any]:
-    """The served model as /api/tags lists it. The digest identifies the served name and weights' path, not an
-    Ollama manifest (there is none); the size is the weights' files on disk."""
+def _model_entry(state, name: str) -> dict[str, Any]:
+    """The served model under one of its names, as /api/tags lists it. The digest identifies the served name and
+    weights' path, not an Ollama manifest (there is none), and is one for all the names, as `ollama cp`'s copies
+    share theirs; the size is the weights' files on disk."""
     served, path = state.settings.served_model_name, Path(state.engine_config.model)
     files = [path] if path.is_file() else [p for p in path.glob("*") if p.suffix in (".safetensors", ".gguf", ".bin")]
     info = state.pool.info
     arch = (info.architecture if info is not None else "").removesuffix("ForCausalLM").lower() or "unknown"
     quantization = info.quantization if info is not None and info.quantization != "none" else (
         info.dtype if info is not None else "")
-    return {"name": with_default_tag(served), "model": with_default_tag(served),
+    return {"name": with_default_tag(name), "model": with_default_tag(name),
             "modified_at": datetime.fromtimestamp(state.started, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "size": sum(f.stat().st_size for f in files if f.is_file()),
             "digest": hashlib.sha256(f"{served}\n{path}".encode()).hexdigest(),

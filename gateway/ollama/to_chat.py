@@ -35,7 +35,7 @@ _PARAMS = (("max_tokens", "options.num_predict"), ("repetition_penalty", "option
 _OPTIONS = ("temperature", "top_p", "top_k", "min_p", "seed", "stop", "presence_penalty", "frequency_penalty")
 
 
-def chat_body(body: OllamaChatBody, served: str) -> dict[str, Any]:
+def chat_body(body: OllamaChatBody, served: tuple[str, ...]) -> dict[str, Any]:
     chat = {**_sampling(body, served), **_shaping(body, as_completion=False)}
     chat["messages"] = _messages(body.messages)
     if ends_in_prefill(chat["messages"]):  # as Ollama's templates leave the last assistant turn open
@@ -46,7 +46,7 @@ def chat_body(body: OllamaChatBody, served: str) -> dict[str, Any]:
     return chat
 
 
-def generate_body(body: OllamaGenerateBody, served: str) -> dict[str, Any]:
+def generate_body(body: OllamaGenerateBody, served: tuple[str, ...]) -> dict[str, Any]:
     """A chat body, or with `raw` or a `suffix` a completion body (images, template and context: the schema's
     checks). A suffix asks for the text between the prompt and it, as Ollama's code models' templates do."""
     completion = body.raw or bool(body.suffix)
@@ -68,7 +68,7 @@ def ollama_names() -> contextlib.AbstractContextManager[None]:
     return params_renamed(_ollama_param)
 
 
-def _sampling(body: OllamaChatBody | OllamaGenerateBody, served: str) -> dict[str, Any]:
+def _sampling(body: OllamaChatBody | OllamaGenerateBody, served: tuple[str, ...]) -> dict[str, Any]:
     request: dict[str, Any] = {"model": without_default_tag(body.model, served), "stream": body.stream}
     options = body.options
     if options is not None:

@@ -5,7 +5,8 @@ OpenAI's clients read `object: "list"` and each card's `id`, `object`, `created`
 `data`, `has_more`, `first_id` and `last_id`, and each card's `id`, `type: "model"`, `display_name`, `created_at`
 (RFC 3339) and `max_input_tokens` / `max_tokens`. A card carries both sets of fields, so `client.models.list()` and
 `client.models.retrieve(name)` work from either SDK (and from Claude Code's model discovery). Anthropic's list takes
-`limit`, `after_id` and `before_id`: with one model, a cursor at it leaves nothing after or before. Errors come in
+`limit`, `after_id` and `before_id`. Every served name (`--served-model-name A B ...`) has a card, in that order, as
+vLLM lists them; a cursor at one gives the page after or before it. Errors come in
 the shape of the caller's API (gateway/server/errors.py).
 """
 
@@ -22,9 +23,9 @@ from gateway.server.paging import page_limit
 MAX_LIST_LIMIT = 1000  # Anthropic's bound on `limit`
 
 
-def model_card(request: Request) -> dict:
+def model_card(request: Request, name: str) -> dict:
+    """One served name's card (every name of the model has one, as vLLM lists them)."""
     state = request.app.state.mili
-    name = state.settings.served_model_name
     info = state.pool.info
     card = {"id": name, "object": "model", "created": state.started, "owned_by": "mili",
             "root": state.engine_config.model, "task": state.engine_config.task,
@@ -38,15 +39,20 @@ def model_card(request: Request) -> dict:
 
 async def list_models(request: Request) -> Response:
     limit = page_limit(request.query_params.get("limit"), MAX_LIST_LIMIT, MAX_LIST_LIMIT)
-    card = model_card(request)
-    cursor = {request.query_params.get("after_id"), request.query_params.get("before_id")}
-    data = [] if card["id"] in cursor else [card][:limit]
-    return JSONResponse({"object": "list", "data": data, "has_more": False,
+    names = list(request.app.state.mili.settings.served_model_names)
+    after, before = request.query_params.get("after_id"), request.query_params.get("before_id")
+    if before in names:  # Anthropic's cursors: the page just before one id, or just after one
+        names = names[:names.index(before)][-limit:]
+    elif after in names:
+        names = names[names.index(after) + 1:]
+    data = [model_card(request, name) for name in names[:limit]]
+    return JSONResponse({"object": "list", "data": data, "has_more": len(names) > limit,
                          "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None})
 
 
 async def retrieve_model(request: Request) -> Response:
     state = request.app.state.mili
-    served = state.settings.served_model_name
-    require_model(without_default_tag(request.path_params["model"], served), served)
-    return JSONResponse(model_card(request))
+    served = state.settings.served_model_names
+    name = without_default_tag(request.path_params["model"], served)
+    require_model(name, served)
+    return JSONResponse(model_card(request, name))

@@ -238,10 +238,17 @@ def _content(content: str | list | None) -> str:
     return "\n".join(part.text for part in content)  # as vLLM joins text parts
 
 
-def require_model(model: str, served_name: str) -> None:
-    if model != served_name:
-        raise ApiError(404, f"the model {model!r} does not exist; this server serves {served_name!r}",
+def require_model(model: str, served: tuple[str, ...]) -> None:
+    """`served`: the --served-model-name names, any of which a request may ask for (the first is the one answers
+    carry)."""
+    if model not in served:
+        raise ApiError(404, f"the model {model!r} does not exist; this server serves {served_names_text(served)}",
                        "model", "model_not_found")
+
+
+def served_names_text(served: tuple[str, ...]) -> str:
+    also = f" (also named {', '.join(map(repr, served[1:]))})" if len(served) > 1 else ""
+    return f"{served[0]!r}{also}"
 
 
 # Ollama's default tag: its clients name an untagged model `name:latest`.
@@ -253,6 +260,8 @@ def with_default_tag(name: str) -> str:
     return name if ":" in name else name + DEFAULT_TAG
 
 
-def without_default_tag(model: str, served_name: str) -> str:
-    """The name a request's model means: the served model's default-tagged spelling is the served model."""
-    return served_name if model != served_name and model == with_default_tag(served_name) else model
+def without_default_tag(model: str, served: tuple[str, ...]) -> str:
+    """The name a request's model means: a served name's default-tagged spelling is that name."""
+    if model in served:
+        return model
+    return next((name for name in served if model == with_default_tag(name)), model)

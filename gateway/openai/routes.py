@@ -196,7 +196,7 @@ async def _constrained(state, req: ChatRequest | CompletionRequest, reasoning: s
 # ----- admission -----
 def _check_served(state, req: CommonFields) -> None:
     require_task(state.engine_config.task, "generate")
-    require_model(req.model, state.settings.served_model_name)
+    require_model(req.model, state.settings.served_model_names)
     if state.draining:
         raise ApiError(503, "the server is shutting down", code="draining")
 

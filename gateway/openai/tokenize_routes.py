@@ -22,14 +22,14 @@ from gateway.server.errors import invalid
 async def tokenize(request: Request) -> Response:
     state = request.app.state.mili
     raw = await read_json(request, state.settings.max_body_bytes)
-    served = state.settings.served_model_name
+    served = state.settings.served_model_names
     if isinstance(raw, dict) and "messages" in raw:
         body = validate(TokenizeChatBody, raw)
         _check_model(body.model, served)
         # The same parsing as a chat request's (tool_calls' arguments, developer as system, content parts).
         fields = body.model_dump(include={"messages", "tools", "chat_template_kwargs", "add_generation_prompt",
                                           "continue_final_message"}, exclude_none=True)
-        chat = parse_chat({"model": served, **fields}, state.settings.limits)
+        chat = parse_chat({"model": served[0], **fields}, state.settings.limits)
         _, tokens = state.text.render_chat(list(chat.messages), chat.template_kwargs, chat.tools,
                                            chat.add_generation_prompt, chat.continue_final_message)
     else:
@@ -45,7 +45,7 @@ async def tokenize(request: Request) -> Response:
 async def detokenize(request: Request) -> Response:
     state = request.app.state.mili
     body = validate(DetokenizeBody, await read_json(request, state.settings.max_body_bytes))
-    _check_model(body.model, state.settings.served_model_name)
+    _check_model(body.model, state.settings.served_model_names)
     info = state.pool.info
     vocab = info.vocab_size if info else state.text.tokenizer.get_vocab_size()
     bad = next((t for t in body.tokens if t >= vocab), None)
@@ -54,6 +54,6 @@ async def detokenize(request: Request) -> Response:
     return JSONResponse({"prompt": state.text.decode(body.tokens)})
 
 
-def _check_model(model: str | None, served: str) -> None:
+def _check_model(model: str | None, served: tuple[str, ...]) -> None:
     if model is not None:
         require_model(model, served)

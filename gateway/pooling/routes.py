@@ -33,7 +33,7 @@ async def _body(request: Request, task: str, model_cls, default_tag: bool = Fals
     require_task(state.engine_config.task, task)
     req = validate(model_cls, await read_json(request, state.settings.max_body_bytes), unsupported=UNSUPPORTED)
     check_priority(getattr(req, "priority", None), state.settings.limits)
-    served = state.settings.served_model_name
+    served = state.settings.served_model_names
     if req.model is not None:
         require_model(without_default_tag(req.model, served) if default_tag else req.model, served)
     if state.draining:
@@ -55,7 +55,8 @@ async def embeddings(request: Request) -> Response:
     prompts = _prompts(state).embedding_inputs(inputs, req.truncate_prompt_tokens, req.add_special_tokens)
     vectors = await pool_prompts(request, prompts, deadline, req.priority)
     data = [encode_embedding(matryoshka(v, req.dimensions), req.encoding_format) for v in vectors]
-    return JSONResponse(embeddings_body(state.settings.served_model_name, data, sum(map(len, prompts))))
+    model = req.model or state.settings.served_model_name  # the name asked for, as every answer carries it
+    return JSONResponse(embeddings_body(model, data, sum(map(len, prompts))))
 
 
 async def ollama_embed(request: Request) -> Response:
@@ -94,7 +95,7 @@ async def rerank(request: Request) -> Response:
     prompts = _prompts(state).pairs([req.query] * len(req.documents), req.documents, req.truncate_prompt_tokens,
                                     req.instruction)
     scores = [v[0] for v in await pool_prompts(request, prompts, deadline, req.priority)]
-    return JSONResponse(rerank_body(state.settings.served_model_name, req.documents, scores, req.top_n,
+    return JSONResponse(rerank_body(req.model or state.settings.served_model_name, req.documents, scores, req.top_n,
                                     req.return_documents, sum(map(len, prompts))))
 
 
@@ -126,4 +127,4 @@ async def score(request: Request) -> Response:
                       f"{first_name} pairs with {second_name} one to one", second_name)
     prompts = _prompts(state).pairs(firsts, seconds, req.truncate_prompt_tokens, req.instruction)
     scores = [v[0] for v in await pool_prompts(request, prompts, deadline, req.priority)]
-    return JSONResponse(score_body(state.settings.served_model_name, scores, sum(map(len, prompts))))
+    return JSONResponse(score_body(req.model or state.settings.served_model_name, scores, sum(map(len, prompts))))

@@ -19,15 +19,16 @@ SERVED = "tiny"
 
 
 def _chat(**fields) -> dict:
-    return chat_body(OllamaChatBody.model_validate({"model": SERVED, **fields}), SERVED)
+    return chat_body(OllamaChatBody.model_validate({"model": SERVED, **fields}), (SERVED,))
 
 
 def test_the_default_tag_names_the_served_model():
-    assert without_default_tag("tiny:latest", "tiny") == "tiny"
-    assert without_default_tag("tiny", "tiny") == "tiny"
-    assert without_default_tag("other:latest", "tiny") == "other:latest"
-    assert without_default_tag("tiny:7b", "tiny") == "tiny:7b"
-    assert without_default_tag("m:q4:latest", "m:q4") == "m:q4:latest"  # a tagged served name is matched as it is
+    assert without_default_tag("tiny:latest", ("tiny",)) == "tiny"
+    assert without_default_tag("tiny", ("tiny",)) == "tiny"
+    assert without_default_tag("other:latest", ("tiny",)) == "other:latest"
+    assert without_default_tag("tiny:7b", ("tiny",)) == "tiny:7b"
+    assert without_default_tag("m:q4:latest", ("m:q4",)) == "m:q4:latest"  # a tagged served name is matched as it is
+    assert without_default_tag("alias:latest", ("tiny", "alias")) == "alias"  # each served name has its tag
 
 
 def test_options_map_onto_the_chat_fields():
@@ -95,16 +96,16 @@ def test_images_are_refused_with_their_place():
 def test_generate_is_a_one_turn_chat_or_with_raw_a_completion():
     body = OllamaGenerateBody.model_validate({"model": "tiny:latest", "prompt": "Why?", "system": "Be brief.",
                                         "options": {"num_predict": 5}})
-    assert generate_body(body, SERVED) == {"model": SERVED, "stream": True, "max_tokens": 5, "messages": [
+    assert generate_body(body, (SERVED,)) == {"model": SERVED, "stream": True, "max_tokens": 5, "messages": [
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why?"}]}
     raw = OllamaGenerateBody.model_validate({"model": SERVED, "prompt": "Once", "raw": True, "think": True})
-    assert generate_body(raw, SERVED) == {"model": SERVED, "stream": True, "prompt": "Once"}
+    assert generate_body(raw, (SERVED,)) == {"model": SERVED, "stream": True, "prompt": "Once"}
 
 
 def test_a_raw_generate_keeps_its_format_as_a_completion_constraint():
     for fmt, constraint in (("json", {"json_object": True}), ({"type": "object"}, {"json": {"type": "object"}})):
         body = validate(OllamaGenerateBody, {"model": SERVED, "prompt": "{", "raw": True, "format": fmt}, ())
-        assert generate_body(body, SERVED)["structured_outputs"] == constraint
+        assert generate_body(body, (SERVED,))["structured_outputs"] == constraint
     with pytest.raises(ApiError) as e, ollama_names():
         raise invalid("bad schema", "structured_outputs.json")
     assert e.value.param == "format"
@@ -113,11 +114,11 @@ def test_a_raw_generate_keeps_its_format_as_a_completion_constraint():
 def test_a_suffix_is_a_fill_in_the_middle_completion():
     body = validate(OllamaGenerateBody, {"model": SERVED, "prompt": "def f(", "suffix": "    return x",
                                          "system": "ignored", "think": True}, ())
-    assert generate_body(body, SERVED) == {"model": SERVED, "stream": True, "prompt": "def f(",
+    assert generate_body(body, (SERVED,)) == {"model": SERVED, "stream": True, "prompt": "def f(",
                                            "suffix": "    return x"}
     with pytest.raises(ApiError) as e:
         generate_body(validate(OllamaGenerateBody, {"model": SERVED, "prompt": "a", "suffix": "b", "logprobs": True},
-                               ()), SERVED)
+                               ()), (SERVED,))
     assert e.value.param == "logprobs"
 
 
@@ -128,7 +129,7 @@ def test_generate_refuses_what_it_cannot_honour(field):
         validate(OllamaGenerateBody, {"model": SERVED, "prompt": "x", **field}, ())
     assert e.value.status == 400 and e.value.param == next(iter(field)) and "not supported" in e.value.message
     empty = {name: type(value)() for name, value in field.items()}  # "" or []: accepted, as Ollama's clients send
-    assert generate_body(validate(OllamaGenerateBody, {"model": SERVED, "prompt": "x", **empty}, ()), SERVED)["messages"]
+    assert generate_body(validate(OllamaGenerateBody, {"model": SERVED, "prompt": "x", **empty}, ()), (SERVED,))["messages"]
 
 
 @pytest.mark.parametrize("options, param", [({"temperature": "0.5"}, "options.temperature"),

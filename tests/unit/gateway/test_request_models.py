@@ -140,7 +140,7 @@ def test_chat_messages_as_templates_read_them():
 # ----- the generated document -----
 
 def _doc(**bounds) -> dict:
-    return document(ServedBounds(M, LIMITS, **bounds))
+    return document(ServedBounds((M,), LIMITS, **bounds))
 
 
 def _validator(doc: dict, component: str) -> jsonschema.Draft202012Validator:

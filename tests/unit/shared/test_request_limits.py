@@ -125,7 +125,7 @@ CASES = [(limit, value, inside) for limit in LIMITS for value, inside in _edges(
 @pytest.fixture(scope="module")
 def doc() -> dict:
     # No served model yet: the static bounds stay as defined; --max-n at its widest.
-    return document(ServedBounds(M, Limits(max_n=rl.N.hi)))
+    return document(ServedBounds((M,), Limits(max_n=rl.N.hi)))
 
 
 def _node(doc: dict, component: str, field: str, path: tuple[str, ...]) -> dict:
@@ -201,7 +201,7 @@ def test_max_n_stays_within_n():
         with pytest.raises(ValueError):
             Limits(max_n=bad)
     # The request models refuse above N's bound on their own; --max-n narrows it per server.
-    assert document(ServedBounds(M, Limits(max_n=3)))["components"]["schemas"]["CompletionBody"]["properties"][
+    assert document(ServedBounds((M,), Limits(max_n=3)))["components"]["schemas"]["CompletionBody"]["properties"][
         "n"]["anyOf"][0]["maximum"] == 3
     assert CompletionBody.model_json_schema()["properties"]["n"]["anyOf"][0]["maximum"] == rl.N.hi
 
