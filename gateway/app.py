@@ -25,7 +25,7 @@ from gateway.openai.routes import chat_completions, completions
 from gateway.openai.model_routes import list_models, retrieve_model
 from gateway.openai.tokenize_routes import detokenize, tokenize
 from gateway.pooling import routes as pooling
-from gateway.responses_api.routes import response_input_items, responses, stored_response
+from gateway.responses_api.routes import input_tokens, response_input_items, responses, stored_response
 from gateway.responses_api.store import ResponseStore
 from gateway.server import debug_routes
 from gateway.server.auth import ApiKey, ApiKeyMiddleware, KeyRing, load_keys
@@ -194,6 +194,7 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
         Route("/v1/completions", _api(completions), methods=["POST"]),
         Route("/v1/chat/completions", _api(chat_completions), methods=["POST"]),
         Route("/v1/responses", _api(responses), methods=["POST"]),
+        Route("/v1/responses/input_tokens", _api(input_tokens), methods=["POST", "GET", "DELETE"]),
         Route("/v1/responses/{response_id}", _api(stored_response), methods=["GET", "DELETE"]),
         Route("/v1/responses/{response_id}/input_items", _api(response_input_items), methods=["GET"]),
         Route("/v1/embeddings", _api(pooling.embeddings), methods=["POST"]),

@@ -25,7 +25,7 @@ from gateway.openai.schema import ChatBody, CompletionBody
 from gateway.openai.tokenize_schema import DetokenizeBody, TokenizeChatBody, TokenizePromptBody
 from gateway.pooling.schema import (CohereRerankRequest, EmbeddingRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest,
                                     RerankRequest, ScoreRequest)
-from gateway.responses_api.schema import ResponsesBody
+from gateway.responses_api.schema import InputTokensBody, ResponsesBody
 from gateway.server.deadlines import HEADER, MAX_TIMEOUT_S
 from gateway.streams.resume_routes import MAX_EVENT_ID_DIGITS
 from shared.request_limits import TOKEN_ID_KEY_PATTERN, decimal_below
@@ -49,7 +49,8 @@ class ServedBounds:
 def _request_schemas() -> tuple[dict[str, dict], dict[str, Any]]:
     """(path's model name -> its $ref, every schema definition), as pydantic generates them."""
     refs, top = models_json_schema([(CompletionBody, "validation"), (ChatBody, "validation"),
-                                    (ResponsesBody, "validation"), (TokenizePromptBody, "validation"),
+                                    (ResponsesBody, "validation"), (InputTokensBody, "validation"),
+                                    (TokenizePromptBody, "validation"),
                                     (TokenizeChatBody, "validation"), (DetokenizeBody, "validation"),
                                     (EmbeddingRequest, "validation"), (RerankRequest, "validation"),
                                     (CohereRerankRequest, "validation"), (ScoreRequest, "validation"),
@@ -346,6 +347,10 @@ def _task_paths(task: str, refs: dict[str, dict]) -> dict[str, Any]:
         "/v1/chat/completions": _post("Chat completion", refs["ChatBody"], _result("chat.completion"), _CHUNKS),
         "/v1/responses": _post("Response (OpenAI's Responses API)", refs["ResponsesBody"],
                                _response_object(), _TYPED_EVENTS),
+        "/v1/responses/input_tokens": _token_route(
+            "Count a Responses request's input tokens (as /v1/responses renders it)", refs["InputTokensBody"],
+            {"type": "object", "required": ["object", "input_tokens"], "properties": {
+                "object": {"const": "response.input_tokens"}, "input_tokens": {"type": "integer"}}}),
         **_stored_response_paths(),
         "/v1/messages": _anthropic(_post("Message (Anthropic's Messages API)", refs["MessagesBody"],
                                          _message_object(), _ANTHROPIC_EVENTS)),

@@ -2,7 +2,8 @@
 (gateway/responses_api/to_chat.py) and answered with output items (gateway/responses_api/output.py). A response
 made with `store` (default true) is kept (gateway/responses_api/store.py): GET /v1/responses/{id} returns it, GET
 /v1/responses/{id}/input_items lists what it was made from, DELETE /v1/responses/{id} drops it, and a request
-naming it as `previous_response_id` continues its conversation.
+naming it as `previous_response_id` continues its conversation. POST /v1/responses/input_tokens counts a request's
+prompt tokens without running it.
 
 A stream is a sequence of typed events, each sent with its type as the SSE event name and ending with
 response.completed (or .incomplete); a failure once streaming (a deadline, a lost worker) sends an `error`
@@ -20,8 +21,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.openai.parse import require_model
 from gateway.openai.routes import Admitted, admit_chat, collect, sse_response
+from gateway.openai.validation import validate
 from gateway.responses_api.output import ResponseBuilder
+from gateway.responses_api.schema import PROMPT_FIELDS, UNSUPPORTED, InputTokensBody, item_kind
 from gateway.responses_api.store import ResponseStore, StoredResponse
 from gateway.responses_api.to_chat import ResponsesRequest, parse_responses, responses_names
 from gateway.server.auth import credentials
@@ -29,6 +33,7 @@ from gateway.server.client_io import one_line_json, read_json
 from gateway.server.deadlines import request_deadline
 from gateway.server.errors import ApiError, invalid
 from gateway.server.paging import page_limit
+from gateway.server.task_guard import require_task
 from gateway.streams.resume_buffer import NamedEvent
 
 log = logging.getLogger("mili.gateway")
@@ -85,6 +90,27 @@ async def response_input_items(request: Request) -> Response:
     page = items[:limit]
     return JSONResponse({"object": "list", "data": page, "has_more": len(items) > limit,
                          "first_id": page[0]["id"] if page else None, "last_id": page[-1]["id"] if page else None})
+
+
+async def input_tokens(request: Request) -> Response:
+    """POST /v1/responses/input_tokens: the prompt's tokens as /v1/responses renders the same request (what that
+    request's usage reports as input_tokens). GET and DELETE there are the stored-response route's, for an id no
+    response has (one route, so a wrong method's Allow header names all three)."""
+    if request.method != "POST":
+        raise ApiError(404, "Response with id 'input_tokens' not found.", None, "response_not_found")
+    state = request.app.state.mili
+    require_task(state.engine_config.task, "generate")
+    raw = await read_json(request, state.settings.max_body_bytes)
+    body = validate(InputTokensBody, raw, UNSUPPORTED, tagged={"input": item_kind})
+    served = state.settings.served_model_names
+    require_model(body.model or served[0], served)
+    prompt_only = {name: raw[name] for name in PROMPT_FIELDS if name in raw}
+    req = parse_responses({**prompt_only, "model": served[0]}, state.settings.limits,
+                          _earlier(raw, state.responses, credentials(request)))
+    with responses_names():
+        _, prompt = state.text.render_chat(list(req.chat.messages), req.chat.template_kwargs, req.chat.tools,
+                                           req.chat.add_generation_prompt, req.chat.continue_final_message)
+    return JSONResponse({"object": "response.input_tokens", "input_tokens": len(prompt)})
 
 
 def _earlier(raw: Any, store: ResponseStore | None, owner: str) -> list[dict[str, Any]]:

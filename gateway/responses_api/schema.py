@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import ConfigDict, Discriminator, Field, Tag, create_model, field_validator
 
 from gateway.openai.schema import (PRIORITY_DESCRIPTION, PROMPT_CACHE_RETENTION, FunctionCall, JsonObjectFormat,
                                    Logprobs, MaxCompletionTokens, MinP, Priority, PromptCacheRetention, ReasoningEffort,
@@ -205,6 +205,24 @@ class ResponsesBody(_Model):
                                                             "include: [message.output_text.logprobs]")
 
 
+# POST /v1/responses/input_tokens: the fields of a Responses request that make its prompt, as they are there.
+PROMPT_FIELDS = ("input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text", "reasoning",
+                  "previous_response_id", "truncation", "conversation")
+
+
+class _InputTokensBase(_Model):
+    model_config = ConfigDict(json_schema_extra=ResponsesBody.model_config["json_schema_extra"])
+
+
+InputTokensBody = create_model(
+    "InputTokensBody", __base__=_InputTokensBase, __doc__="A Responses request's prompt, to count its tokens.",
+    model=(Annotated[str, Field(json_schema_extra=_limit("model"))] | None,
+           Field(None, description="the served model name (any other is a 404); absent: the served model")),
+    personality=(None, Field(None, description="only unset: no style presets are served")),
+    **{name: (ResponsesBody.model_fields[name].annotation, ResponsesBody.model_fields[name])
+       for name in PROMPT_FIELDS})
+
 UNSUPPORTED = ("conversation", "background", "prompt", "max_tool_calls", "stream_options", "moderation",
-               "prompt_cache_options", "context_management", "background_options", "access_programs", "image")
+               "prompt_cache_options", "context_management", "background_options", "access_programs", "image",
+               "personality")
 LOGPROBS = "message.output_text.logprobs"

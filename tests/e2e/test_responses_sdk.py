@@ -167,6 +167,34 @@ def test_what_is_refused_names_its_field(client, extra, param):
     assert e.value.status_code == 400 and e.value.body["param"] == param, e.value.body
 
 
+def test_input_tokens_count_what_the_response_reads(client):
+    """POST /v1/responses/input_tokens: the same prompt as the request that runs (its usage's input_tokens),
+    instructions, tools and a stored conversation included; no model means the served one."""
+    ask = dict(instructions=INSTRUCTIONS, input=ASK, tools=[WEATHER])
+    counted = client.responses.input_tokens.count(model=MODEL, **ask)
+    first = client.responses.create(model=MODEL, max_output_tokens=8, temperature=0, **ask)
+    assert counted.object == "response.input_tokens" and counted.input_tokens == first.usage.input_tokens
+    assert client.responses.input_tokens.count(input=ASK).input_tokens < counted.input_tokens  # no tools, no rules
+    follow = client.responses.input_tokens.count(previous_response_id=first.id, input="And one more?")
+    second = client.responses.create(model=MODEL, previous_response_id=first.id, input="And one more?",
+                                     max_output_tokens=4)
+    alone = client.responses.input_tokens.count(input="And one more?").input_tokens
+    assert follow.input_tokens == second.usage.input_tokens > alone  # the earlier turns come first
+
+
+@pytest.mark.parametrize("body, error, param", [
+    ({"model": "gpt-4o", "input": ASK}, openai.NotFoundError, "model"),
+    ({"input": ASK, "personality": "friendly"}, openai.BadRequestError, "personality"),
+    ({"instructions": INSTRUCTIONS}, openai.BadRequestError, "input"),
+    ({"input": ASK, "tool_choice": "required"}, openai.BadRequestError, "tool_choice"),
+    ({"input": ASK, "previous_response_id": "resp_unknown"}, openai.NotFoundError, "previous_response_id"),
+])
+def test_input_tokens_refusals_name_their_field(client, body, error, param):
+    with pytest.raises(error) as e:
+        client.responses.input_tokens.count(**body)
+    assert e.value.body["param"] == param, e.value.body
+
+
 def test_previous_response_id_continues_the_conversation(client):
     """The stored conversation comes before the new input, the earlier instructions do not (as in OpenAI's API):
     greedy, the chat request with those turns is the oracle for the text and the prompt's length."""

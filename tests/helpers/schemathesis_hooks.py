@@ -25,6 +25,7 @@ FAST_MAX_TOKENS = 16
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 MESSAGE_TOKENS = 16  # ChatML's markers around a message (and a tool result's <tool_response> tags)
 TOOL_INSTRUCTION_TOKENS = 150  # the generic tool instructions (about 110 tokens)
+COUNTING = ("/count_tokens", "/input_tokens")  # the routes that count a request's prompt, and run nothing
 # Why generated cases were left out, counted (written to MILI_SCHEMATHESIS_DROPPED at exit, when set).
 DROPPED: collections.Counter = collections.Counter()
 
@@ -44,7 +45,8 @@ def map_case(context, case):
     # Invalid ones are refused before anything is generated anyway.
     if _positive(case) and isinstance(case.body, dict):
         ollama = case.operation.path in ("/api/chat", "/api/generate")
-        case.body = _ollama_capped(dict(case.body)) if ollama else _capped(dict(case.body))
+        if not case.operation.path.endswith(COUNTING):  # nothing is generated there
+            case.body = _ollama_capped(dict(case.body)) if ollama else _capped(dict(case.body))
         if _stateful(case) and case.operation.path == "/v1/responses":
             # The stateful phase reads back what a POST created; a response made with store: false is not kept
             # (OpenAI's rule, answered 404 later), so there every response is stored and must then be found.
@@ -68,7 +70,7 @@ def filter_case(context, case) -> bool:
             return False
         body = _ollama_as_openai(path, body)
         path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
-    if path.endswith("/responses"):
+    if path.endswith(("/responses", "/responses/input_tokens")):
         body = _as_chat(body)  # the chat request it stands for: the same rules hold
         if not body["messages"]:  # only reasoning items: nothing to answer (a 400 naming input)
             DROPPED["input_without_turns"] += 1
@@ -84,6 +86,9 @@ def filter_case(context, case) -> bool:
         body = _messages_as_chat(body)
         rules = (_unknown_named_tool, _tool_choice_without_tools, _tool_declared_twice) + (
             () if counting else (_chat_beyond_context,))
+    elif path.endswith("/input_tokens"):  # nothing is generated: the conversation's rules, not the context's
+        rules = (_unknown_named_tool, _tool_declared_twice, _call_arguments_not_json, _constraints_beyond_one,
+                 _final_message_not_continuable)
     elif path.endswith("/tokenize"):  # nothing is generated: only the rules of a conversation's own fields
         rules = (_tool_declared_twice, _call_arguments_not_json, _final_message_not_continuable) \
             if "messages" in body else ()

@@ -9,6 +9,8 @@ import pytest
 ROUTES = {"/v1/completions": {"POST"}, "/v1/chat/completions": {"POST"}, "/v1/responses": {"POST"},
           "/v1/responses/{response_id}": {"GET", "HEAD", "DELETE"},  # 404 for an id nobody stored
           "/v1/responses/{response_id}/input_items": {"GET", "HEAD"},
+          # GET and DELETE there are the stored-response route's (a 404: no response has that id), as OpenAI's
+          "/v1/responses/input_tokens": {"POST", "GET", "HEAD", "DELETE"},
           "/v1/messages": {"POST"}, "/v1/messages/count_tokens": {"POST"},
           "/tokenize": {"POST"}, "/detokenize": {"POST"}, "/v1/models": {"GET", "HEAD"},
           "/v1/models/{model}": {"GET", "HEAD"},  # 404 for any name but the served one
