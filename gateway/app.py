@@ -194,7 +194,7 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
         Route("/v1/completions", _api(completions), methods=["POST"]),
         Route("/v1/chat/completions", _api(chat_completions), methods=["POST"]),
         Route("/v1/responses", _api(responses), methods=["POST"]),
-        Route("/v1/responses/input_tokens", _api(input_tokens), methods=["POST", "GET", "DELETE"]),
+        Route("/v1/responses/input_tokens", _api(input_tokens), methods=["POST"]),
         Route("/v1/responses/{response_id}", _api(stored_response), methods=["GET", "DELETE"]),
         Route("/v1/responses/{response_id}/input_items", _api(response_input_items), methods=["GET"]),
         Route("/v1/embeddings", _api(pooling.embeddings), methods=["POST"]),

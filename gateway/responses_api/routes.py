@@ -94,10 +94,7 @@ async def response_input_items(request: Request) -> Response:
 
 async def input_tokens(request: Request) -> Response:
     """POST /v1/responses/input_tokens: the prompt's tokens as /v1/responses renders the same request (what that
-    request's usage reports as input_tokens). GET and DELETE there are the stored-response route's, for an id no
-    response has (one route, so a wrong method's Allow header names all three)."""
-    if request.method != "POST":
-        raise ApiError(404, "Response with id 'input_tokens' not found.", None, "response_not_found")
+    request's usage reports as input_tokens). GET and DELETE on the path are the stored-response route's (a 404)."""
     state = request.app.state.mili
     require_task(state.engine_config.task, "generate")
     raw = await read_json(request, state.settings.max_body_bytes)
