@@ -143,6 +143,10 @@ class ReasoningConfig(_Model):
         None, description="accepted; the reasoning comes whole as reasoning_text, never summarized")
 
 
+class ResponseStreamOptions(_Model):
+    include_obfuscation: bool | None = Field(None, description="accepted; MILI's events are not padded")
+
+
 class ResponsesBody(_Model):
     model_config = ConfigDict(json_schema_extra={"allOf": [
         _when("tool_choice", {"anyOf": [{"const": "required"}, {"type": "object"}]},
@@ -159,6 +163,7 @@ class ResponsesBody(_Model):
     temperature: Temperature | None = None
     top_p: TopP | None = None
     stream: bool | None = Field(None, description="true: the response is text/event-stream of typed events")
+    stream_options: ResponseStreamOptions | None = None
     tools: Annotated[list[FunctionTool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: Union[Literal["none", "auto", "required"], FunctionChoice] | None = Field(
         None, description="required needs tools; a named function must be one of tools")
@@ -191,7 +196,6 @@ class ResponsesBody(_Model):
     reasoning: ReasoningConfig | None = None
     prompt: None = None
     max_tool_calls: None = None
-    stream_options: None = None
     moderation: None = None
     prompt_cache_options: None = None
     context_management: None = None
@@ -222,7 +226,7 @@ InputTokensBody = create_model(
     **{name: (ResponsesBody.model_fields[name].annotation, ResponsesBody.model_fields[name])
        for name in PROMPT_FIELDS})
 
-UNSUPPORTED = ("conversation", "background", "prompt", "max_tool_calls", "stream_options", "moderation",
+UNSUPPORTED = ("conversation", "background", "prompt", "max_tool_calls", "moderation",
                "prompt_cache_options", "context_management", "background_options", "access_programs", "image",
                "personality")
 LOGPROBS = "message.output_text.logprobs"

@@ -74,8 +74,12 @@ def test_stream_builds_the_same_response(client):
     assert (final.status, final.usage.output_tokens) == (whole.status, whole.usage.output_tokens)
 
 
-def test_stream_helper_gives_the_completed_response(client):
-    with client.responses.stream(model=MODEL, input="Say hi.", max_output_tokens=200, temperature=0) as stream:
+@pytest.mark.parametrize("options", [None, {"include_obfuscation": False}, {"include_obfuscation": True}])
+def test_stream_helper_gives_the_completed_response(client, options):
+    """stream_options' include_obfuscation is accepted either way (events are never padded)."""
+    extra = {"stream_options": options} if options is not None else {}
+    with client.responses.stream(model=MODEL, input="Say hi.", max_output_tokens=200, temperature=0,
+                                 **extra) as stream:
         final = stream.get_final_response()
     assert final.status == "completed" and final.output_text
 
