@@ -43,6 +43,7 @@ class ServedBounds:
     vocab_size: int | None = None
     max_model_len: int | None = None
     task: str = "generate"  # --task: which routes the server answers (the others are 400s, not listed)
+    thinking: bool = True  # the model thinks (Qwen3's tags): Ollama's think may be on
 
 
 @lru_cache(maxsize=1)
@@ -91,6 +92,9 @@ def _fill_limits(node: Any, bounds: ServedBounds) -> None:
         node["maxLength"] = bounds.limits.max_stop_length
     elif limit == "stop_count":
         node["maxItems"] = bounds.limits.max_stop
+    elif limit == "think" and not bounds.thinking:  # Ollama's 400 for a model without thinking
+        node.pop("anyOf", None)
+        node["enum"] = [False, None]
     elif limit == "priority" and not bounds.limits.priorities:
         node["minimum"] = node["maximum"] = 0  # first come, first served: only the default
     for value in node.values():

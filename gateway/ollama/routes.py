@@ -13,6 +13,7 @@ delete) is not served: the model is chosen when the server starts.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections.abc import AsyncIterator
 from datetime import datetime, timezone
@@ -58,6 +59,8 @@ async def _generate(request: Request, body: OllamaChatBody | OllamaGenerateBody,
     require_task(state.engine_config.task, "generate")
     served = state.settings.served_model_names
     require_model(without_default_tag(body.model, served), served)
+    if body.think not in (None, False) and not state.text.split_reasoning:  # /api/show lists no "thinking"
+        raise ApiError(400, f"{json.dumps(body.model)} does not support thinking", "think")  # as Ollama words it
     output = OllamaOutput(kind, body.model, state.token_names, bool(body.logprobs))
     deadline = request_deadline(request, state.settings.request_timeout)
     with ollama_names():

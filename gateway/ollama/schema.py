@@ -94,7 +94,9 @@ class _Generating(OllamaBody):
     format: Format | None = Field(None, description='"json", or a JSON schema the output follows')
     options: OllamaOptions | None = None
     keep_alive: Union[str, float, int, None] = None
-    think: Think | None = None
+    think: Think | None = Field(None, description="true or a level: the template's thinking switch on; a model "
+                                "without thinking (no \"thinking\" capability in /api/show) takes only false",
+                                json_schema_extra=_limit("think"))
     logprobs: bool | None = None
     top_logprobs: Logprobs | None = None
 

@@ -7,6 +7,7 @@ The translation:
   vLLM's repetition_penalty. Loading options (num_ctx, num_gpu, ...) and keep_alive change nothing.
 - `format`: "json" is a JSON object (response_format json_object), a schema is json_schema; "" is none.
 - `think`: true (or a level, "low" / "medium" / "high") sets the template's enable_thinking, false clears it.
+  On a model without thinking (no "thinking" in /api/show's capabilities) true or a level is a 400, as Ollama's.
 - Messages keep their roles; a final assistant message with text is continued (a prefill), as Ollama's templates
   leave the last assistant turn open. An assistant turn's tool_calls (arguments as objects) get ids where they
   have none, and each later tool message answers the first unanswered call of its tool_name (or, without one, the

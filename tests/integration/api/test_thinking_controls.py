@@ -138,3 +138,20 @@ def test_a_constraint_applies_after_the_reasoning(thinking_server, effort):
             extra_body={"guided_choice": choices, "logit_bias": {str(close_id): 100}}).choices[0]
         assert choice.finish_reason == "stop" and choice.message.content in choices, choice
         assert not choice.message.model_extra.get("reasoning_content")
+
+
+def test_ollama_think_needs_a_model_that_thinks(server, thinking_server):
+    """Ollama's `think`: on a model with the think tags any value runs; on one without, true or a level is Ollama's
+    400, and /openapi.json says so (only false)."""
+    thinker, _ = thinking_server
+    for srv, model, thinks in ((thinker, "think", True), (server, SERVED_NAME, False)):
+        think_schema = httpx2.get(f"{srv.url}/openapi.json").json()["components"]["schemas"]["OllamaChatBody"][
+            "properties"]["think"]
+        assert ("anyOf" in think_schema) == thinks and (think_schema.get("enum") == [False, None]) != thinks
+        for think in (True, "high", False):
+            r = httpx2.post(f"{srv.url}/api/chat", timeout=30, json={
+                "model": model, "messages": ASK, "think": think, "stream": False, "options": {"num_predict": 2}})
+            if thinks or think is False:
+                assert r.status_code == 200 and r.json()["done"], r.text
+            else:
+                assert r.status_code == 400 and r.json() == {"error": f'"{model}" does not support thinking'}
