@@ -126,6 +126,10 @@ def test_errors_are_what_the_client_raises(client):
     with pytest.raises(ollama.ResponseError) as e:
         client.chat(model=MODEL, messages=[{"role": "user", "content": "what is this?", "images": [b"\x89PNG"]}])
     assert e.value.status_code == 400 and "images" in e.value.error
+    with pytest.raises(ollama.ResponseError) as e:  # SmolLM2 does not think, so Ollama's 400
+        client.chat(model=MODEL, messages=ASK, think=True)
+    assert e.value.status_code == 400 and e.value.error == f'"{MODEL}" does not support thinking'
+    assert client.chat(model=MODEL, messages=ASK, think=False, options={"num_predict": 2}).done
 
 
 def test_a_request_with_nothing_to_generate_loads_the_model(client):
