@@ -50,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(or set MILI_MODEL)")
     p.add_argument("--served-model-name", nargs="+", metavar="NAME",
                    help="the name clients ask for (default: the model's directory name); more names are aliases a "
-                        "request may ask for too, as vLLM's: answers carry the first")
+                        "request may ask for too, as vLLM's (answers carry the name asked for)")
     p.add_argument("--host", default=os.environ.get("MILI_HOST", "127.0.0.1"),
                    help="address to listen on (or set MILI_HOST; default 127.0.0.1)")
     # A string default goes through type=int, so a bad MILI_PORT is a clean usage error.

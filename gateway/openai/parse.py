@@ -239,8 +239,8 @@ def _content(content: str | list | None) -> str:
 
 
 def require_model(model: str, served: tuple[str, ...]) -> None:
-    """`served`: the --served-model-name names, any of which a request may ask for (the first is the one answers
-    carry)."""
+    """`served`: the --served-model-name names, any of which a request may ask for (answers carry the one asked for;
+    metrics and /health the first)."""
     if model not in served:
         raise ApiError(404, f"the model {model!r} does not exist; this server serves {served_names_text(served)}",
                        "model", "model_not_found")
