@@ -55,7 +55,8 @@ class CompletionRequest(CommonFields):
     prompts: tuple[str | tuple[int, ...], ...]  # text, or token ids
     echo: bool
     prompt_logprobs: int | None  # vLLM's extension, as asked (params.prompt_logprobs also covers echo)
-    constraint: OutputConstraint | None = None  # None: unconstrained
+    response_format: ResponseFormat | None = None  # vLLM's, as chat's; None: text
+    constraint: OutputConstraint | None = None  # beyond response_format (never with it); None: unconstrained
     suffix: str | None = None  # fill in the middle: the text after what is generated (gateway/text/fill_in_middle.py)
 
 
@@ -94,8 +95,10 @@ def parse_completion(raw: Any, limits: Limits) -> CompletionRequest:
     wanted = [k for k in (prompt_logprobs, body.logprobs if echo else None) if k is not None]
     if wanted:
         common["params"] = dataclasses.replace(common["params"], prompt_logprobs=max(wanted))
+    response_format = parse_response_format(raw.get("response_format"))
+    constraint = parse_output_constraint(raw, ("response_format",) if response_format is not None else ())
     return CompletionRequest(**common, prompts=prompts, echo=echo, prompt_logprobs=prompt_logprobs,
-                             constraint=parse_output_constraint(raw), suffix=body.suffix or None)
+                             response_format=response_format, constraint=constraint, suffix=body.suffix or None)
 
 
 def check_priority(priority: int | None, limits: Limits) -> None:

@@ -213,6 +213,7 @@ class CompletionBody(CommonBody):
     suffix: str | None = Field(None, description="the text after the insertion point: the model writes what goes "
                                                  "between the prompt and it (fill-in-the-middle; text prompts, no "
                                                  "echo, and a model with fill-in-the-middle tokens, else a 400)")
+    response_format: ResponseFormat | None = Field(None, description="vLLM's: the answer's JSON, as chat's" + _ONE)
 
 
 # ----- chat -----

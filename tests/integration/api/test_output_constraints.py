@@ -38,6 +38,9 @@ CASES = [
     ({"guided_json": SCHEMA}, lambda text: jsonschema.validate(json.loads(text), SCHEMA) is None),
     ({"structured_outputs": {"json": json.dumps(SCHEMA)}}, lambda text: jsonschema.validate(json.loads(text), SCHEMA) is None),
     ({"json_schema": SCHEMA}, lambda text: jsonschema.validate(json.loads(text), SCHEMA) is None),
+    # response_format on completions too, as vLLM takes it (chat's own tests: test_structured_output.py).
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA, "strict": True}}},
+     lambda text: jsonschema.validate(json.loads(text), SCHEMA) is None),
     # Any object: a random walk may stay inside a string to max_tokens, so a cut answer is let be (it opened the object).
     ({"structured_outputs": {"json_object": True}}, lambda text: text.startswith("{")),
 ]
@@ -117,6 +120,23 @@ def test_chat_takes_one_constraint_with_response_format_and_tools(server, extra,
     r = httpx2.post(f"{server.url}/v1/chat/completions", json={
         "model": SERVED_NAME, "messages": [{"role": "user", "content": "x"}], "max_tokens": 4, **extra}, timeout=60)
     assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
+    if "response_format" in extra:  # completions count it as chat does
+        r = httpx2.post(f"{server.url}/v1/completions", json={
+            "model": SERVED_NAME, "prompt": "x", "max_tokens": 4, **extra}, timeout=60)
+        assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
+
+
+def test_completions_take_a_strict_schema_as_chat_does(server):
+    """strict: a keyword the grammar does not implement is a 400 naming response_format, on completions too."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "s", "strict": True,
+                                                  "schema": {"type": "object", "not": {"required": ["a"]}}}}
+    r = httpx2.post(f"{server.url}/v1/completions", json={
+        "model": SERVED_NAME, "prompt": "x", "max_tokens": 4, "response_format": fmt}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
+    del fmt["json_schema"]["strict"]
+    r = httpx2.post(f"{server.url}/v1/completions", json={
+        "model": SERVED_NAME, "prompt": "x", "max_tokens": 4, "response_format": fmt}, timeout=60)
+    assert r.status_code == 200, r.text
 
 
 def test_tools_the_model_may_not_call_leave_the_constraint_alone(server):
