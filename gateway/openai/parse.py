@@ -48,6 +48,7 @@ class CommonFields:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    continuous_usage: bool  # vLLM's continuous_usage_stats (with include_usage): usage on every chunk
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,7 @@ def _common(body: schema.CommonBody, limits: Limits, max_tokens: int | None, log
     if body.stream_options is not None and not stream:
         raise invalid("stream_options is only allowed when stream is true", "stream_options")
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    continuous_usage = include_usage and bool(body.stream_options.continuous_usage_stats)
     check_priority(body.priority, limits)
     # A field the body leaves out takes SamplingParams' default.
     given = {name: getattr(body, name) for name in _SAMPLING_FIELDS if getattr(body, name) is not None}
@@ -188,7 +190,8 @@ def _common(body: schema.CommonBody, limits: Limits, max_tokens: int | None, log
     except SamplingParamsError as e:
         param = "max_completion_tokens" if e.param == "max_tokens" and max_tokens_named_completion else e.param
         raise invalid(str(e), param) from None
-    return dict(model=body.model, params=params, stop=tuple(stop), stream=stream, include_usage=include_usage)
+    return dict(model=body.model, params=params, stop=tuple(stop), stream=stream, include_usage=include_usage,
+                continuous_usage=continuous_usage)
 
 
 # The body's fields that SamplingParams takes as they are.

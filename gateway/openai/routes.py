@@ -11,7 +11,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
@@ -338,8 +338,15 @@ async def _with_error_event(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
     yield "[DONE]"
 
 
+def _usage_so_far(req, admitted: Admitted) -> Callable[[], Usage | None]:
+    """A chunk's usage: with vLLM's continuous_usage_stats the tokens so far, else none (only the last chunk's)."""
+    return (lambda: admitted.usage) if req.continuous_usage else (lambda: None)
+
+
 def _completion_chunks(fmt: CompletionFormat, req, admitted: Admitted, prompts: list[list[int]],
                        echo: list[str]) -> AsyncIterator[str]:
+    so_far = _usage_so_far(req, admitted)
+
     async def chunks() -> AsyncIterator[dict]:
         n = req.params.n
         offsets = [len(echo[i // n]) for i in range(len(echo) * n)]
@@ -347,13 +354,13 @@ def _completion_chunks(fmt: CompletionFormat, req, admitted: Admitted, prompts: 
         scored_echo = req.echo and req.params.logprobs is not None
         if req.echo and not scored_echo:
             for i in range(len(offsets)):
-                yield fmt.body([fmt.choice(i, echo[i // n], None, None)], None, req.include_usage)
+                yield fmt.body([fmt.choice(i, echo[i // n], None, None)], so_far(), req.include_usage)
         async for e in admitted.events():
             if scored_echo and e.prompt_logprobs is not None:
                 p = e.index // n
                 lp = echo_logprobs(fmt.names, prompts[p], e.prompt_logprobs, req.params.logprobs)
                 for i in range(p * n, (p + 1) * n):
-                    yield fmt.body([fmt.choice(i, echo[p], lp, None)], None, req.include_usage)
+                    yield fmt.body([fmt.choice(i, echo[p], lp, None)], so_far(), req.include_usage)
             lp = None
             if req.params.logprobs is not None and e.logprobs:
                 lp = fmt.logprobs(e.logprobs, offsets[e.index])
@@ -361,7 +368,7 @@ def _completion_chunks(fmt: CompletionFormat, req, admitted: Admitted, prompts: 
                 # chunk carries can differ while the detokenizer holds back part of a character.
                 offsets[e.index] = lp["text_offset"][-1] + len(lp["tokens"][-1])
             if e.text or lp or e.finish_reason:
-                yield fmt.body([fmt.choice(e.index, e.text, lp, e.finish_reason)], None, req.include_usage)
+                yield fmt.body([fmt.choice(e.index, e.text, lp, e.finish_reason)], so_far(), req.include_usage)
         if req.include_usage:
             yield fmt.body([], admitted.usage)
 
@@ -369,13 +376,15 @@ def _completion_chunks(fmt: CompletionFormat, req, admitted: Admitted, prompts: 
 
 
 def _chat_chunks(fmt: ChatFormat, req, admitted: Admitted) -> AsyncIterator[str]:
+    so_far = _usage_so_far(req, admitted)
+
     async def chunks() -> AsyncIterator[dict]:
         tools = req.tools if req.tools is not None and req.tools.calls_possible else None
         # The role first, before any token: clients see the stream is live. With tools the content may
         # never come (only calls), so it starts as null, as OpenAI's does.
         for i in range(req.params.n):
             yield fmt.body([{"index": i, "delta": {"role": "assistant", "content": None if tools else ""},
-                             "logprobs": None, "finish_reason": None}], None, chunk=True,
+                             "logprobs": None, "finish_reason": None}], so_far(), chunk=True,
                            include_usage_field=req.include_usage)
         with_logprobs = req.top_logprobs is not None
         made_calls = [False] * req.params.n
@@ -384,7 +393,7 @@ def _chat_chunks(fmt: ChatFormat, req, admitted: Admitted) -> AsyncIterator[str]
                 made_calls[e.index] = made_calls[e.index] or bool(e.tool_calls)
                 e.finish_reason = tools.finish_reason(made_calls[e.index], e.finish_reason)
             if e.text or e.reasoning or e.tool_calls or e.finish_reason or (with_logprobs and e.logprobs):
-                yield fmt.body([fmt.delta_choice(e, with_logprobs)], None, chunk=True,
+                yield fmt.body([fmt.delta_choice(e, with_logprobs)], so_far(), chunk=True,
                                include_usage_field=req.include_usage)
         if req.include_usage:
             yield fmt.body([], admitted.usage, chunk=True)

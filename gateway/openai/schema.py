@@ -91,6 +91,8 @@ PRIORITY_DESCRIPTION = ("lower runs first (default 0), with --scheduling-policy 
 class StreamOptions(_Model):
     include_usage: bool | None = None
     include_obfuscation: bool | None = Field(None, description="accepted; MILI's chunks are not padded")
+    continuous_usage_stats: bool | None = Field(None, description="vLLM's: with include_usage, every chunk carries "
+                                                                  "the usage so far")
 
 
 JsonSchemaValue = Union[dict[str, Any], str]

@@ -182,6 +182,7 @@ class GenerationStream:
                 event = choice.advance(item)
                 if choice.num_tokens > tokens_before:  # a stop string may leave a merged delta's tail unread
                     self.metrics.generation_tokens.labels(self.metrics.model).inc(choice.num_tokens - tokens_before)
+                    self.usage.completion_tokens += choice.num_tokens - tokens_before  # live: usage so far
                 if event.finish_reason is not None:
                     self.finish_reasons[choice.index] = event.finish_reason
                     if item.finish_reason is None and not all(c.finished for c in self.choices):

@@ -67,6 +67,25 @@ def test_chat_sse_framing_role_finish_usage(server):
     assert all(c["usage"] is None for c in got[:-1])  # include_usage: null on every other chunk
 
 
+@pytest.mark.parametrize("endpoint", ["chat/completions", "completions"])
+def test_continuous_usage_stats_counts_the_tokens_so_far_on_every_chunk(server, endpoint):
+    """vLLM's stream_options.continuous_usage_stats: each chunk's usage is the prompt and the tokens sent so far
+    (all choices), never falling, and the last chunk's is the whole request's; without include_usage, none."""
+    ask = {"messages": [{"role": "user", "content": "hi"}]} if endpoint.startswith("chat") else {"prompt": "hi"}
+    body = {"model": SERVED_NAME, **ask, "max_tokens": 5, "n": 2, "stream": True, "temperature": 0,
+            "ignore_eos": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    status, lines = stream_lines(f"{server.url}/v1/{endpoint}", body)
+    assert status == 200
+    got = chunks(lines)
+    assert all(c["usage"] is not None for c in got)
+    sent = [c["usage"]["completion_tokens"] for c in got]
+    assert sent == sorted(sent) and sent[-1] == 10 and got[-1]["choices"] == []
+    assert len({c["usage"]["prompt_tokens"] for c in got}) == 1
+    body["stream_options"] = {"continuous_usage_stats": True}
+    status, lines = stream_lines(f"{server.url}/v1/{endpoint}", body)
+    assert status == 200 and all("usage" not in c for c in chunks(lines))
+
+
 def test_chat_non_stream_with_logprobs(client):
     r = client.chat.completions.create(model=SERVED_NAME, messages=[{"role": "system", "content": "be brief"},
                                                                     {"role": "user", "content": "hello"}],
