@@ -211,7 +211,7 @@ class ResponsesBody(_Model):
 
 # POST /v1/responses/input_tokens: the fields of a Responses request that make its prompt, as they are there.
 PROMPT_FIELDS = ("input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text", "reasoning",
-                  "previous_response_id", "truncation", "conversation")
+                "previous_response_id", "truncation", "conversation")
 
 
 class _InputTokensBase(_Model):
