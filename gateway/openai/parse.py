@@ -49,6 +49,7 @@ class CommonFields:
     stream: bool
     include_usage: bool
     continuous_usage: bool  # vLLM's continuous_usage_stats (with include_usage): usage on every chunk
+    skip_special_tokens: bool  # vLLM's: false writes the special tokens the model samples into the text
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,7 @@ def _common(body: schema.CommonBody, limits: Limits, max_tokens: int | None, log
         param = "max_completion_tokens" if e.param == "max_tokens" and max_tokens_named_completion else e.param
         raise invalid(str(e), param) from None
     return dict(model=body.model, params=params, stop=tuple(stop), stream=stream, include_usage=include_usage,
-                continuous_usage=continuous_usage)
+                continuous_usage=continuous_usage, skip_special_tokens=body.skip_special_tokens is not False)
 
 
 # The body's fields that SamplingParams takes as they are.

@@ -141,7 +141,7 @@ async def admit_chat(request: Request, req: ChatRequest, deadline: float | None)
     calls = req.tools is not None and req.tools.calls_possible
     options = TextOptions(stop=req.stop, split_reasoning=state.text.split_reasoning,
                           starts_in_reasoning=state.text.starts_in_reasoning(rendered), parse_tool_calls=calls,
-                          tool_calls_only=calls and req.tools.calls_only)
+                          tool_calls_only=calls and req.tools.calls_only, skip_special_tokens=req.skip_special_tokens)
     return _admit(state, req, [prompt], options, caller(request), deadline, params), options
 
 
@@ -153,7 +153,8 @@ async def admit_completion(request: Request, req: CompletionRequest,
     _check_served(state, req)
     prompts = [state.text.encode_prompt(p, req.suffix) for p in req.prompts]
     params = await _constrained(state, req, "none")  # completions split no reasoning off
-    return _admit(state, req, prompts, TextOptions(stop=req.stop), caller(request), deadline, params), prompts
+    options = TextOptions(stop=req.stop, skip_special_tokens=req.skip_special_tokens)
+    return _admit(state, req, prompts, options, caller(request), deadline, params), prompts
 
 
 async def _constrained(state, req: ChatRequest | CompletionRequest, reasoning: str) -> SamplingParams:

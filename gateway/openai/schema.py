@@ -135,6 +135,8 @@ class CommonBody(_Model):
     min_tokens: _int(MIN_TOKENS) | None = Field(
         None, description="at most max_tokens")
     stop_token_ids: list[TokenId] | None = None
+    skip_special_tokens: bool | None = Field(None, description="default true; false: special tokens the model "
+                                                               "writes are in the text (not the one ending it)")
     prompt_logprobs: Logprobs | None = Field(
         None, description="per prompt token (the first null): {token id: {logprob, rank, decoded_token}}; "
                           "not with stream")

@@ -85,9 +85,16 @@ class _Choice:
 
     def advance(self, delta: wire.TokenDelta) -> ChoiceEvent:
         finish = delta.finish_reason
-        text, hit, taken = self._text(delta.token_ids, finish is not None)
+        token_ids, unwritten = delta.token_ids, 0
+        if delta.stop_token_id in self.detok.special_ids and token_ids and token_ids[-1] == delta.stop_token_id:
+            # A special stop token (an EOS) ends the answer and is not part of its text, even where special tokens
+            # are written (skip_special_tokens false); it is still one of the tokens generated.
+            token_ids, unwritten = token_ids[:-1], 1
+        text, hit, taken = self._text(token_ids, finish is not None)
         if hit:
             finish = "stop"
+        else:
+            taken += unwritten
         self.num_tokens += taken
         event = ChoiceEvent(self.index, logprobs=[TokenLogprob(t, lp, [(a, b) for a, b in top])
                                                   for t, lp, top in (delta.logprobs or ())[:taken]],

@@ -49,6 +49,7 @@ class IncrementalDetokenizer:
 
     def __init__(self, tokenizer: Tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool = True):
         vocab = _vocab(tokenizer)
+        self.special_ids = vocab.special_ids
         if vocab.byte_level:
             self._text: _ByteLevelText | _WindowText = _ByteLevelText(vocab, skip_special_tokens)
         else:

@@ -86,6 +86,34 @@ def test_continuous_usage_stats_counts_the_tokens_so_far_on_every_chunk(server, 
     assert status == 200 and all("usage" not in c for c in chunks(lines))
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_skip_special_tokens_false_writes_them_but_not_the_stop_token(server, stream):
+    """vLLM's skip_special_tokens: false puts the special tokens the model writes into the text; a special token that
+    stops the answer (as an EOS does) is not written, and is still counted."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(server.model / "tokenizer.json"))
+    special = min(i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special)
+    name = tokenizer.id_to_token(special)
+
+    def complete(**extra) -> tuple[str, str, int]:
+        body = {"model": SERVED_NAME, "prompt": "hi", "max_tokens": 3, "logit_bias": {str(special): 100},
+                "ignore_eos": True, "stream": stream, **extra}
+        if not stream:
+            r = httpx2.post(f"{server.url}/v1/completions", json=body, timeout=60).json()
+            return r["choices"][0]["text"], r["choices"][0]["finish_reason"], r["usage"]["completion_tokens"]
+        status, lines = stream_lines(f"{server.url}/v1/completions",
+                                     {**body, "stream_options": {"include_usage": True}})
+        got = chunks(lines)
+        texts = [c["choices"][0] for c in got if c["choices"]]
+        return ("".join(c["text"] for c in texts), next(c["finish_reason"] for c in texts if c["finish_reason"]),
+                got[-1]["usage"]["completion_tokens"])
+
+    assert complete() == ("", "length", 3)
+    assert complete(skip_special_tokens=False) == (name * 3, "length", 3)
+    assert complete(skip_special_tokens=False, stop_token_ids=[special]) == ("", "stop", 1)
+
+
 def test_chat_non_stream_with_logprobs(client):
     r = client.chat.completions.create(model=SERVED_NAME, messages=[{"role": "system", "content": "be brief"},
                                                                     {"role": "user", "content": "hello"}],
