@@ -145,7 +145,7 @@ def test_json_object_with_a_schema_as_llama_cpp_and_tgi_send_it(server, name):
     assert reason == "stop" and joined["content"] == chat(server, response_format=fmt, max_tokens=60,
                                                           temperature=0).json()["choices"][0]["message"]["content"]
     both = {"type": "json_object", "schema": {"enum": ["schema"]}, "value": {"enum": ["value"]}}
-    assert chat(server, response_format=both, max_tokens=5).json()["choices"][0]["message"]["content"] == '"schema"'
+    assert chat(server, response_format=both, max_tokens=20).json()["choices"][0]["message"]["content"] == '"schema"'
 
 
 @pytest.mark.parametrize("fmt, param", [
