@@ -42,11 +42,13 @@ async def list_models(request: Request) -> Response:
     names = list(request.app.state.mili.settings.served_model_names)
     after, before = request.query_params.get("after_id"), request.query_params.get("before_id")
     if before in names:  # Anthropic's cursors: the page just before one id, or just after one
-        names = names[:names.index(before)][-limit:]
-    elif after in names:
-        names = names[names.index(after) + 1:]
-    data = [model_card(request, name) for name in names[:limit]]
-    return JSONResponse({"object": "list", "data": data, "has_more": len(names) > limit,
+        earlier = names[:names.index(before)]
+        page, has_more = earlier[-limit:], len(earlier) > limit
+    else:
+        later = names[names.index(after) + 1:] if after in names else names
+        page, has_more = later[:limit], len(later) > limit
+    data = [model_card(request, name) for name in page]
+    return JSONResponse({"object": "list", "data": data, "has_more": has_more,
                          "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None})
 
 

@@ -45,7 +45,8 @@ def test_anthropic_pages_through_the_names(server):
     page = models.list(limit=1)
     assert [m.id for m in page.data] == [NAMES[0]] and page.has_more
     assert [m.id for m in models.list(after_id=NAMES[0])] == list(NAMES[1:])
-    assert [m.id for m in models.list(before_id=NAMES[2], limit=1).data] == [NAMES[1]]
+    before = models.list(before_id=NAMES[2], limit=1)
+    assert [m.id for m in before.data] == [NAMES[1]] and before.has_more  # NAMES[0] is further back
     assert [m.id for m in models.list(after_id=NAMES[2])] == []
 
 
