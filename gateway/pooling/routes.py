@@ -41,6 +41,11 @@ async def _body(request: Request, task: str, model_cls, default_tag: bool = Fals
     return state, req
 
 
+def _answered_name(state, req) -> str:
+    """The model name an answer carries: the one the request asked for (any served name), else the first."""
+    return req.model or state.settings.served_model_name
+
+
 def _prompts(state) -> PromptBuilder:
     info = ready_info(state)
     return PromptBuilder(state.text.tokenizer, state.pooling, info.vocab_size, info.max_model_len)
@@ -55,8 +60,7 @@ async def embeddings(request: Request) -> Response:
     prompts = _prompts(state).embedding_inputs(inputs, req.truncate_prompt_tokens, req.add_special_tokens)
     vectors = await pool_prompts(request, prompts, deadline, req.priority)
     data = [encode_embedding(matryoshka(v, req.dimensions), req.encoding_format) for v in vectors]
-    model = req.model or state.settings.served_model_name  # the name asked for, as every answer carries it
-    return JSONResponse(embeddings_body(model, data, sum(map(len, prompts))))
+    return JSONResponse(embeddings_body(_answered_name(state, req), data, sum(map(len, prompts))))
 
 
 async def ollama_embed(request: Request) -> Response:
@@ -95,7 +99,7 @@ async def rerank(request: Request) -> Response:
     prompts = _prompts(state).pairs([req.query] * len(req.documents), req.documents, req.truncate_prompt_tokens,
                                     req.instruction)
     scores = [v[0] for v in await pool_prompts(request, prompts, deadline, req.priority)]
-    return JSONResponse(rerank_body(req.model or state.settings.served_model_name, req.documents, scores, req.top_n,
+    return JSONResponse(rerank_body(_answered_name(state, req), req.documents, scores, req.top_n,
                                     req.return_documents, sum(map(len, prompts))))
 
 
@@ -127,4 +131,4 @@ async def score(request: Request) -> Response:
                       f"{first_name} pairs with {second_name} one to one", second_name)
     prompts = _prompts(state).pairs(firsts, seconds, req.truncate_prompt_tokens, req.instruction)
     scores = [v[0] for v in await pool_prompts(request, prompts, deadline, req.priority)]
-    return JSONResponse(score_body(req.model or state.settings.served_model_name, scores, sum(map(len, prompts))))
+    return JSONResponse(score_body(_answered_name(state, req), scores, sum(map(len, prompts))))
