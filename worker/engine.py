@@ -66,10 +66,10 @@ class LLMEngine:
         self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, self.dtype)
         if self.kv_dtype == torch.int8 and self.device.type != "cpu":
             raise ValueError(f"kv cache dtype int8 is served on the CPU, not on {self.device}")
-        self.max_model_len = config.max_model_len or mc.max_position_embeddings
-        if self.max_model_len > mc.max_position_embeddings:
-            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's "
-                             f"max_position_embeddings {mc.max_position_embeddings}")
+        self.max_model_len = config.max_model_len or mc.context_length
+        if self.max_model_len > mc.context_length:
+            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's context length "
+                             f"{mc.context_length} ({mc.context_length_source})")
         self.attention_backend = get_attention_backend(
             config.attention_backend, self.device, GpuShape(mc.num_heads, mc.num_kv_heads, mc.head_dim), self.dtype,
             config.block_size)

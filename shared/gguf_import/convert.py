@@ -217,9 +217,13 @@ def _rope_scaling(gguf: GGUFFile, arch: str, head_dim: int, rope_theta: float) -
     meta = gguf.metadata
     kind = meta.get(f"{arch}.rope.scaling.type")
     factor = meta.get(f"{arch}.rope.scaling.factor")
-    if kind not in (None, "none") and not (kind == "linear" and factor in (None, 1.0)):
+    if kind == "yarn":
+        return _yarn_scaling(meta, arch, factor)
+    if kind == "linear" and factor not in (None, 1.0):
+        return {"rope_type": "linear", "factor": float(factor)}
+    if kind not in (None, "none", "linear"):
         raise GGUFImportError(f"unsupported {arch}.rope.scaling.type {kind!r} (factor {factor}); "
-                              "only llama3-style scaling via rope_freqs.weight is supported")
+                              "supported: linear, yarn, and llama3-style scaling via rope_freqs.weight")
     info = gguf.tensors.get(_ROPE_FREQS)
     if info is None:
         return None
@@ -228,6 +232,25 @@ def _rope_scaling(gguf: GGUFFile, arch: str, head_dim: int, rope_theta: float) -
         return llama3_scaling_from_factors(factors, rope_theta, head_dim)
     except RopeScalingError as e:
         raise GGUFImportError(f"unsupported {_ROPE_FREQS}: {e}") from e
+
+
+def _yarn_scaling(meta: dict[str, Any], arch: str, factor) -> dict[str, Any]:
+    """llama.cpp's YaRN keys as HF's rope_scaling (what convert_hf_to_gguf.py wrote them from)."""
+    key = f"{arch}.rope.scaling."
+    original = meta.get(key + "original_context_length")
+    if factor is None or original is None:
+        raise GGUFImportError(f"{key}type 'yarn' needs {key}factor and {key}original_context_length")
+    # Scales beside the factor's own temperature (DeepSeek's log multiplier, explicit attention factors) are
+    # refused rather than guessed: HF and ggml spell them differently.
+    for name, neutral in (("attn_factor", 1.0), ("yarn_attn_factor", 1.0), ("yarn_log_multiplier", 0.0)):
+        value = meta.get(key + name)
+        if value is not None and float(value) != neutral:
+            raise GGUFImportError(f"unsupported {key}{name} {value} (YaRN with its default temperature only)")
+    scaling = {"rope_type": "yarn", "factor": float(factor), "original_max_position_embeddings": int(original)}
+    for name in ("beta_fast", "beta_slow"):
+        if meta.get(key + "yarn_" + name) is not None:
+            scaling[name] = float(meta[key + "yarn_" + name])
+    return scaling
 
 
 def _generation_config(meta: dict[str, Any]) -> dict[str, Any]:

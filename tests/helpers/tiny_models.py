@@ -7,12 +7,14 @@ from pathlib import Path
 import torch
 
 # name -> config overrides; together they cover GQA ratios 1, 2, 4, tied and untied embeddings,
-# head_dim != hidden / heads, qkv bias, q/k norm and llama3 rope scaling.
+# head_dim != hidden / heads, qkv bias, q/k norm, and llama3 and YaRN rope scaling (YaRN's interpolated
+# frequencies and attention factor change every position's rotation, short prompts' included).
 TINY_MODELS: dict[str, dict] = {
     "qwen3": dict(arch="Qwen3", hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                   tie_word_embeddings=True),
     "qwen2": dict(arch="Qwen2", hidden_size=64, num_attention_heads=8, num_key_value_heads=2,
-                  tie_word_embeddings=False),
+                  tie_word_embeddings=False,
+                  rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}),
     "llama": dict(arch="Llama", hidden_size=64, num_attention_heads=4, num_key_value_heads=4,
                   tie_word_embeddings=False,
                   rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,

@@ -10,6 +10,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from worker.checkpoint.rope_scaling import (RopeScaling, RopeScalingError, describe_context_length, parse_rope_scaling,
+                                            scaled_context_length)
+
 SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM")
 # The same decoders with a sequence-classification head (`score`, on the last token) instead of the LM head.
 CLASSIFIER_ARCHITECTURES = {a.replace("ForCausalLM", "ForSequenceClassification"): a for a in SUPPORTED_ARCHITECTURES}
@@ -17,16 +20,6 @@ CLASSIFIER_ARCHITECTURES = {a.replace("ForCausalLM", "ForSequenceClassification"
 
 class UnsupportedModelError(ValueError):
     pass
-
-
-@dataclass(frozen=True)
-class RopeScaling:
-    """llama3-style frequency scaling (Llama 3.1/3.2 and models derived from them)."""
-
-    factor: float
-    low_freq_factor: float
-    high_freq_factor: float
-    original_max_position_embeddings: int
 
 
 @dataclass(frozen=True)
@@ -51,12 +44,25 @@ class ModelConfig:
     torch_dtype: str | None
     num_labels: int = 0  # a sequence classifier's outputs; 0: a causal LM
 
+    @property
+    def context_length(self) -> int:
+        """The longest sequence the model serves: max_position_embeddings, stretched by linear or YaRN scaling."""
+        return scaled_context_length(self.rope_scaling, self.max_position_embeddings)
+
+    @property
+    def context_length_source(self) -> str:
+        """Where context_length comes from, for messages."""
+        return describe_context_length(self.rope_scaling, self.max_position_embeddings)
+
     @classmethod
-    def from_dir(cls, model_dir: str | Path) -> ModelConfig:
+    def from_dir(cls, model_dir: str | Path, overrides: dict | None = None) -> ModelConfig:
+        """overrides: config.json keys to replace (`--hf-overrides`); an object merges into the one it replaces, so
+        `{"rope_parameters": {"rope_type": "yarn", ...}}` keeps the checkpoint's rope_theta beside it."""
         model_dir = Path(model_dir)
         cfg = _read_json(model_dir / "config.json")
         if cfg is None:
             raise UnsupportedModelError(f"{model_dir} has no config.json")
+        cfg = _merged(cfg, overrides or {})
         gen = _read_json(model_dir / "generation_config.json") or {}
         return cls.from_dicts(cfg, gen)
 
@@ -91,7 +97,7 @@ class ModelConfig:
             head_dim=head_dim,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=float(rope_theta),
-            rope_scaling=_parse_rope_scaling(cfg),
+            rope_scaling=_rope_scaling(cfg),
             max_position_embeddings=cfg.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
@@ -101,6 +107,21 @@ class ModelConfig:
             torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
             num_labels=num_labels,
         )
+
+
+def _merged(base: dict, overrides: dict) -> dict:
+    out = dict(base)
+    for key, value in overrides.items():
+        both_objects = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _merged(out[key], value) if both_objects else value
+    return out
+
+
+def _rope_scaling(cfg: dict) -> RopeScaling | None:
+    try:
+        return parse_rope_scaling(cfg)
+    except RopeScalingError as e:
+        raise UnsupportedModelError(str(e)) from None
 
 
 def _num_labels(cfg: dict) -> int:
@@ -135,20 +156,3 @@ def _refuse_unsupported_settings(cfg: dict) -> None:
     other = sorted({t for t in layer_types if t != "full_attention"})
     if other:
         raise UnsupportedModelError(f"unsupported layer_types {other} (only full_attention)")
-
-
-def _parse_rope_scaling(cfg: dict) -> RopeScaling | None:
-    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or None
-    if not scaling:
-        return None
-    kind = scaling.get("rope_type") or scaling.get("type") or "default"
-    if kind == "default":
-        return None
-    if kind != "llama3":
-        raise UnsupportedModelError(f"unsupported rope_scaling type {kind!r} (supported: llama3)")
-    return RopeScaling(
-        factor=float(scaling["factor"]),
-        low_freq_factor=float(scaling["low_freq_factor"]),
-        high_freq_factor=float(scaling["high_freq_factor"]),
-        original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
-    )

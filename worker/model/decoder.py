@@ -18,7 +18,8 @@ from torch import nn
 from worker.attention.metadata import AttentionBackend, AttentionMetadata
 from worker.checkpoint.model_config import ModelConfig
 from worker.model.layer_ops import LayerOps, TorchLayerOps
-from worker.model.layers import RMSNorm, RotaryEmbedding
+from worker.model.layers import RMSNorm
+from worker.model.rotary import RotaryEmbedding
 from worker.model.packed_linear import PackedLinear, pack_linears
 from worker.model.step_context import StepContext
 from worker.quant.linear import BlockEmbedding, QuantLinear, module_for, repack_for_kernel

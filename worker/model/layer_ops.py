@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from worker.attention.metadata import AttentionBackend
 from worker.attention.mojo_cpu import MojoAttentionBackend
 from worker.checkpoint.model_config import ModelConfig
-from worker.model.layers import RMSNorm, apply_rotary, rms_norm
+from worker.model.layers import RMSNorm, rms_norm
+from worker.model.rotary import apply_rotary
 from worker.model.step_context import StepContext
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from worker.attention.metadata import AttentionMetadata
-from worker.model.layers import RotaryEmbedding
+from worker.model.rotary import RotaryEmbedding
 
 
 @dataclass

@@ -34,9 +34,9 @@ class DraftModelProposer:
         if mc.vocab_size != target_vocab_size:
             raise ValueError(f"the draft model's vocabulary ({mc.vocab_size}) is not the target's "
                              f"({target_vocab_size}): they must share the tokenizer")
-        if mc.max_position_embeddings < max_model_len:
-            raise ValueError(f"the draft model's max_position_embeddings {mc.max_position_embeddings} is below "
-                             f"max_model_len {max_model_len}")
+        if mc.context_length < max_model_len:
+            raise ValueError(f"the draft model's context length {mc.context_length} ({mc.context_length_source}) "
+                             f"is below max_model_len {max_model_len}")
         self.vocab_size = mc.vocab_size
         model = load_model(model_dir, mc, attention_backend, dtype, max_model_len, device=device,
                            ops=get_layer_ops(attention_backend, mc, device))

@@ -14,7 +14,7 @@ from kernels import kv_int8
 from kernels import layers as mojo_layers
 from kernels.reference import attention as reference
 from kernels.reference.paged_inputs import random_paged_batch
-from worker.model.layers import RotaryEmbedding
+from worker.model.rotary import RotaryEmbedding
 
 
 @pytest.fixture(scope="module")

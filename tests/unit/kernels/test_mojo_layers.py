@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from kernels import attention as mojo_attention
 from kernels import layers as mojo_layers
 from kernels.reference import attention as reference
-from worker.model.layers import RMSNorm, RotaryEmbedding, apply_rotary
+from worker.model.layers import RMSNorm
+from worker.model.rotary import RotaryEmbedding, apply_rotary
 
 DTYPES = [torch.float32, torch.bfloat16]
 

@@ -406,10 +406,43 @@ def test_unknown_pre_tokenizer(tmp_path, tiny_llama):
         convert_gguf(src, tmp_path / "hf")
 
 
-def test_unsupported_rope_scaling(tmp_path, tiny_llama):
-    src = write_gguf(tmp_path / "m.gguf", "llama", *tiny_llama,
-                     extra_kv={"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0})
-    with pytest.raises(GGUFImportError, match="llama.rope.scaling.type 'yarn'"):
+@pytest.mark.parametrize("rope, keys", [
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+     {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 64}),
+    ({"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 96, "beta_fast": 16.0,
+      "beta_slow": 2.0},
+     {"rope.scaling.type": "yarn", "rope.scaling.factor": 2.0, "rope.scaling.original_context_length": 96,
+      "rope.scaling.yarn_beta_fast": 16.0, "rope.scaling.yarn_beta_slow": 2.0}),
+    ({"rope_type": "linear", "factor": 2.0}, {"rope.scaling.type": "linear", "rope.scaling.factor": 2.0}),
+], ids=["yarn", "yarn-betas", "linear"])
+def test_rope_scaling_keys_round_trip(tmp_path, rope, keys):
+    """The keys convert_hf_to_gguf.py writes for a Qwen checkpoint's rope_scaling come back as that rope_scaling,
+    and the converted model computes what the original does at positions past the original context."""
+    from transformers import AutoModelForCausalLM
+
+    seed = 2025
+    print(f"seed={seed} rope={rope}")
+    model, cfg = tiny_model("qwen3", seed, rope_parameters=rope | {"rope_theta": 1000000.0})
+    src = write_gguf(tmp_path / "m.gguf", "qwen3", model, cfg, extra_kv={f"qwen3.{k}": v for k, v in keys.items()})
+    out = convert_gguf(src, tmp_path / "hf")
+    assert json.loads((out / "config.json").read_text())["rope_scaling"] == rope
+    loaded = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    input_ids, positions = torch.tensor([[5, 17, 260, 3, 99, 270]]), torch.tensor([[0, 1, 2, 70, 150, 250]])
+    with torch.no_grad():
+        want = model(input_ids, position_ids=positions).logits
+        torch.testing.assert_close(loaded(input_ids, position_ids=positions).logits, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("keys, message", [
+    ({"llama.rope.scaling.type": "longrope", "llama.rope.scaling.factor": 4.0}, "rope.scaling.type 'longrope'"),
+    ({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}, "original_context_length"),
+    ({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0,
+      "llama.rope.scaling.original_context_length": 64, "llama.rope.scaling.yarn_log_multiplier": 0.1},
+     "yarn_log_multiplier 0.1"),
+], ids=["longrope", "yarn-without-context", "yarn-log-multiplier"])
+def test_unsupported_rope_scaling(tmp_path, tiny_llama, keys, message):
+    src = write_gguf(tmp_path / "m.gguf", "llama", *tiny_llama, extra_kv=keys)
+    with pytest.raises(GGUFImportError, match=message):
         convert_gguf(src, tmp_path / "hf")
 
 

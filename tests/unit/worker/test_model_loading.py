@@ -85,7 +85,7 @@ def test_pickled_checkpoints_are_not_loaded(tmp_path):
     ({"architectures": ["MistralForCausalLM"]}, "unsupported architecture"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
     ({"use_sliding_window": True}, "use_sliding_window"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling type 'yarn'"),
+    ({"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}, "rope_scaling type 'dynamic'"),
     ({"layer_types": ["full_attention", "sliding_attention"]}, "sliding_attention"),
     ({"mlp_bias": True}, "mlp_bias"),
 ])
