@@ -90,7 +90,8 @@ class GatewayState:
         threads = settings.worker_threads or max(1, (os.cpu_count() or 1) // settings.num_workers)
         self.pool = WorkerPool(engine_config, settings.served_model_name, settings.num_workers, threads,
                                tcp_host=settings.worker_tcp_host, tcp_port=settings.worker_tcp_port,
-                               on_stats=self._on_worker_stats, debug_faults=settings.enable_debug_faults)
+                               on_stats=self._on_worker_stats, debug_faults=settings.enable_debug_faults,
+                               on_bad_config=self._stop_serving)
         self.capacity = settings.num_workers * engine_config.max_num_seqs + settings.max_waiting_requests
         self.streams = (StreamRegistry(settings.stream_resume_ttl, settings.stream_resume_max_bytes, self.metrics)
                         if settings.stream_resume_ttl > 0 else None)
@@ -98,6 +99,15 @@ class GatewayState:
                           if settings.responses_store_max_bytes > 0 else None)
         self.draining = False
         self.started = int(time.time())
+        self.fatal: str | None = None  # why the server stopped itself: a model its workers cannot serve
+        self.stop_server: Callable[[], None] = lambda: None  # set by whatever runs the app (gateway/serve.py)
+
+    def _stop_serving(self, reason: str) -> None:
+        """A worker cannot serve the model as configured: every restart would fail alike, so the server exits
+        instead of answering 503 forever."""
+        if self.fatal is None:
+            self.fatal = reason
+            self.stop_server()
 
     def _on_worker_stats(self, slot, previous: wire.WorkerStats | None, stats: wire.WorkerStats) -> None:
         self.metrics.worker_counters(previous, stats)

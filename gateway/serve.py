@@ -9,6 +9,7 @@ seconds the rest are cut off and the workers are stopped.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 from pathlib import Path
@@ -42,6 +43,16 @@ def _speculative_config(value: str) -> SpeculativeConfig | None:
         raise argparse.ArgumentTypeError(str(e)) from e
 
 
+def _hf_overrides(value: str) -> dict:
+    try:
+        overrides = json.loads(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from e
+    if not isinstance(overrides, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object of config.json keys, got {value!r}")
+    return overrides
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     # Each flag below that names an environment variable takes its default from it (the container image sets
     # MILI_HOST=0.0.0.0); a flag given on the command line wins.
@@ -67,7 +78,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "else cpu; cuda[:N] fails at once where CUDA is unavailable. On cuda: bfloat16 weights and "
                         "KV cache on the GPU, attention through the torch reference")
     p.add_argument("--dtype", choices=DTYPES, default="auto")
-    p.add_argument("--max-model-len", type=int)
+    p.add_argument("--max-model-len", type=int,
+                   help="the longest prompt + output, in tokens (default: the model's context length, stretched by "
+                        "its rope_scaling; lowered to what the KV cache holds)")
+    p.add_argument("--hf-overrides", metavar="JSON", type=_hf_overrides,
+                   help='config.json keys to replace (an object merges key by key), e.g. YaRN for long contexts: \'{"rope_scaling": '
+                        '{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}\'')
     p.add_argument("--max-num-seqs", type=int, default=128)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--block-size", type=int, default=16)
@@ -162,6 +178,12 @@ class _DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, state):
         super().__init__(config)
         self.mili_state = state
+        state.stop_server = self.stop_without_signal
+
+    def stop_without_signal(self) -> None:
+        """Shut down as for a SIGTERM, without one for uvicorn to raise again at exit (the exit code says why)."""
+        self.mili_state.draining = True
+        self.should_exit = True
 
     def handle_exit(self, sig, frame) -> None:
         if not self.mili_state.draining:
@@ -196,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
         activation_quantization=args.activation_quantization, enable_prefix_caching=not args.no_prefix_caching,
         enforce_eager=args.enforce_eager,
         scheduling_policy=args.scheduling_policy, task=task,
-        speculative_config=args.speculative_config)
+        speculative_config=args.speculative_config, hf_overrides=args.hf_overrides)
     tcp_host, tcp_port = None, 0
     if args.worker_tcp:
         tcp_host, _, port = args.worker_tcp.rpartition(":")
@@ -227,4 +249,7 @@ def run(args: argparse.Namespace) -> int:
              ", from the checkpoint" if args.task == "auto" else "", args.host, args.port,
              " (chat page at /)" if settings.web_ui else "")
     server.run()
+    if app.state.mili.fatal is not None:
+        log.error("stopped: %s", app.state.mili.fatal)
+        return 1
     return 0

@@ -33,7 +33,9 @@ _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 class EngineConfig:
     model: str  # HF-format directory
     dtype: str = "auto"
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    max_model_len: int | None = None  # None: the model's context length (max_position_embeddings, rope-scaled)
+    # config.json keys to replace before the model is read (vLLM's --hf-overrides), e.g. a YaRN rope_scaling.
+    hf_overrides: dict | None = None
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
     block_size: int = 16

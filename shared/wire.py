@@ -27,6 +27,10 @@ import msgspec
 from shared.request_limits import INT64
 from shared.sampling_params import SamplingParams
 
+# A worker's exit code when it cannot serve the model as configured (an unsupported checkpoint, a setting the
+# model cannot take: the engine's ValueError at construction). Restarting cannot help, so the gateway stops.
+EXIT_BAD_CONFIG = 78  # sysexits.h's EX_CONFIG
+
 # A prompt of a million token ids packs to about 5 MB; anything far beyond is not a request.
 MAX_FRAME_BYTES = 64 << 20
 

@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
-        self.model_config = mc = ModelConfig.from_dir(config.model)
+        self.model_config = mc = ModelConfig.from_dir(config.model, config.hf_overrides)
         # Everything the engine allocates goes to this device; config.device may say "auto".
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device.type)

@@ -75,7 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     sender = threading.Thread(target=_send, args=(ctx, args.outputs, outbox), daemon=True, name="outputs")
     sender.start()
 
-    engine = LLMEngine(EngineConfig(**json.loads(args.config)))
+    try:
+        engine = LLMEngine(EngineConfig(**json.loads(args.config)))
+    except ValueError as e:  # the model or a setting it cannot take: the same on every restart
+        log.error("cannot serve %s: %s", args.served_model_name, e)
+        return wire.EXIT_BAD_CONFIG
     if engine.runner.decode_graphs is not None:  # before the first request, which must not wait for captures
         start = time.monotonic()
         captured = engine.runner.decode_graphs.capture_all()

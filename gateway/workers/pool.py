@@ -34,7 +34,8 @@ class WorkerPool:
     def __init__(self, engine_config: EngineConfig, served_model_name: str, num_workers: int = 1,
                  threads_per_worker: int = 0, tcp_host: str | None = None, tcp_port: int = 0,
                  on_stats: Callable[[WorkerLink, wire.WorkerStats | None, wire.WorkerStats], None] | None = None,
-                 debug_faults: bool = False):
+                 debug_faults: bool = False, on_bad_config: Callable[[str], None] | None = None):
+        """on_bad_config: called once a worker has exited because it cannot serve the model as configured."""
         self.engine_config = engine_config
         self.served_model_name = served_model_name
         self._ipc_dir = None if tcp_host else tempfile.mkdtemp(prefix="mili-")  # mkdtemp makes it 0700
@@ -44,8 +45,8 @@ class WorkerPool:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
         launch = WorkerLaunch(engine_config, served_model_name, threads_per_worker, debug_faults, env,
                               Transport(ipc_dir=self._ipc_dir, tcp_host=tcp_host, tcp_port=tcp_port), self.zmq_ctx)
-        self.slots = [WorkerSlot(i, launch, self.on_stats, self.resubmit, lambda: self.stopping)
-                      for i in range(num_workers)]
+        self.slots = [WorkerSlot(i, launch, self.on_stats, self.resubmit, lambda: self.stopping,
+                                 on_bad_config or (lambda reason: None)) for i in range(num_workers)]
         self.stopping = False
         self._on_stats = on_stats
         self._tasks: list[asyncio.Task] = []

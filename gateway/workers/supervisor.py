@@ -50,16 +50,19 @@ class WorkerLaunch:
 
 class WorkerSlot(WorkerLink):
     """One worker process and its link, restarted in place when it dies. `resubmit` starts a request that
-    has no output yet on a live worker (False when none is up); `stopping` says the pool is shutting down."""
+    has no output yet on a live worker (False when none is up); `stopping` says the pool is shutting down;
+    `on_bad_config` hears that the worker cannot serve the model as configured, which no restart mends."""
 
     def __init__(self, index: int, launch: WorkerLaunch,
                  on_stats: Callable[[WorkerLink, wire.WorkerStats | None, wire.WorkerStats], None],
-                 resubmit: Callable[[RequestHandle], bool], stopping: Callable[[], bool]):
+                 resubmit: Callable[[RequestHandle], bool], stopping: Callable[[], bool],
+                 on_bad_config: Callable[[str], None]):
         super().__init__(index, on_stats)
         self.launch = launch
         self.process: asyncio.subprocess.Process | None = None
         self._resubmit = resubmit
         self._stopping = stopping
+        self._on_bad_config = on_bad_config
 
     async def supervise(self) -> None:
         failures = 0
@@ -77,6 +80,11 @@ class WorkerSlot(WorkerLink):
                 continue
             code = await self.process.wait()
             if self._stopping():
+                break
+            if code == wire.EXIT_BAD_CONFIG:
+                self._on_exit(code)
+                self.down_reason = f"worker {self.index} cannot serve the model as configured (its log says why)"
+                self._on_bad_config(self.down_reason)
                 break
             self._on_exit(code)
             failures = 1 if time.monotonic() - started > STABLE_S else failures + 1
