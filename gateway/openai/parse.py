@@ -50,6 +50,8 @@ class CommonFields:
     include_usage: bool
     continuous_usage: bool  # vLLM's continuous_usage_stats (with include_usage): usage on every chunk
     skip_special_tokens: bool  # vLLM's: false writes the special tokens the model samples into the text
+    include_stop: bool  # vLLM's include_stop_str_in_output: the text keeps the stop string that ended it
+    return_token_ids: bool  # vLLM's: prompt_token_ids and each choice's generated token_ids in the answer
 
 
 @dataclass(frozen=True)
@@ -192,7 +194,8 @@ def _common(body: schema.CommonBody, limits: Limits, max_tokens: int | None, log
         param = "max_completion_tokens" if e.param == "max_tokens" and max_tokens_named_completion else e.param
         raise invalid(str(e), param) from None
     return dict(model=body.model, params=params, stop=tuple(stop), stream=stream, include_usage=include_usage,
-                continuous_usage=continuous_usage, skip_special_tokens=body.skip_special_tokens is not False)
+                continuous_usage=continuous_usage, skip_special_tokens=body.skip_special_tokens is not False,
+                include_stop=bool(body.include_stop_str_in_output), return_token_ids=bool(body.return_token_ids))
 
 
 # The body's fields that SamplingParams takes as they are.

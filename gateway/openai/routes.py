@@ -86,6 +86,7 @@ async def completions(request: Request) -> Response:
     n = req.params.n
     texts, logprobs, reasons = _gather(events, len(prompts) * n)
     scores = _prompt_scores(events, n)
+    generated = _token_ids(events, len(texts))
     choices = []
     for i, text in enumerate(texts):
         p = i // n
@@ -97,6 +98,8 @@ async def completions(request: Request) -> Response:
         choice = fmt.choice(i, echo[p] + text, lp, reasons[i])
         if req.prompt_logprobs is not None:  # vLLM's extension, per choice
             choice["prompt_logprobs"] = vllm_prompt_logprobs(fmt.names, scores[p], req.prompt_logprobs)
+        if req.return_token_ids:  # vLLM's too
+            choice["prompt_token_ids"], choice["token_ids"] = prompts[p], generated[i]
         choices.append(choice)
     return JSONResponse(fmt.body(choices, admitted.usage))
 
@@ -118,13 +121,18 @@ async def chat_completions(request: Request) -> Response:
         reasoning[e.index] += e.reasoning
         call_pieces[e.index] += e.tool_calls
     choices = []
+    generated = _token_ids(events, req.params.n)
     for i in range(req.params.n):
         tool_calls = assemble(call_pieces[i])
         reason = req.tools.finish_reason(bool(tool_calls), reasons[i]) if req.tools else reasons[i]
         choices.append(fmt.message_choice(i, texts[i], reasoning[i] if options.split_reasoning else None,
                                           fmt.logprobs(logprobs[i]) if req.top_logprobs is not None else None,
                                           reason, tool_calls))
+        if req.return_token_ids:  # vLLM's extension: the choice's tokens, the prompt's once for the response
+            choices[-1]["token_ids"] = generated[i]
     body = fmt.body(choices, admitted.usage)
+    if req.return_token_ids:
+        body["prompt_token_ids"] = admitted.streams[0].prompt
     if req.prompt_logprobs is not None:  # vLLM's extension, once for the response
         body["prompt_logprobs"] = vllm_prompt_logprobs(fmt.names, _prompt_scores(events, req.params.n)[0],
                                                        req.prompt_logprobs)
@@ -141,7 +149,8 @@ async def admit_chat(request: Request, req: ChatRequest, deadline: float | None)
     calls = req.tools is not None and req.tools.calls_possible
     options = TextOptions(stop=req.stop, split_reasoning=state.text.split_reasoning,
                           starts_in_reasoning=state.text.starts_in_reasoning(rendered), parse_tool_calls=calls,
-                          tool_calls_only=calls and req.tools.calls_only, skip_special_tokens=req.skip_special_tokens)
+                          tool_calls_only=calls and req.tools.calls_only, skip_special_tokens=req.skip_special_tokens,
+                          include_stop=req.include_stop)
     return _admit(state, req, [prompt], options, caller(request), deadline, params), options
 
 
@@ -153,7 +162,7 @@ async def admit_completion(request: Request, req: CompletionRequest,
     _check_served(state, req)
     prompts = [state.text.encode_prompt(p, req.suffix) for p in req.prompts]
     params = await _constrained(state, req, "none")  # completions split no reasoning off
-    options = TextOptions(stop=req.stop, skip_special_tokens=req.skip_special_tokens)
+    options = TextOptions(stop=req.stop, skip_special_tokens=req.skip_special_tokens, include_stop=req.include_stop)
     return _admit(state, req, prompts, options, caller(request), deadline, params), prompts
 
 
@@ -285,6 +294,13 @@ def _gather(events: list[ChoiceEvent], num_choices: int):
     return texts, logprobs, reasons
 
 
+def _token_ids(events: list[ChoiceEvent], num_choices: int) -> list[list[int]]:
+    generated: list[list[int]] = [[] for _ in range(num_choices)]
+    for e in events:
+        generated[e.index].extend(e.token_ids)
+    return generated
+
+
 def _prompt_scores(events: list[ChoiceEvent], choices_per_prompt: int) -> dict[int, list[PromptLogprob]]:
     """Prompt index -> its prompt logprobs (entry i: prompt token i + 1), for requests that asked."""
     return {e.index // choices_per_prompt: e.prompt_logprobs for e in events if e.prompt_logprobs is not None}
@@ -348,6 +364,17 @@ def _completion_chunks(fmt: CompletionFormat, req, admitted: Admitted, prompts: 
                        echo: list[str]) -> AsyncIterator[str]:
     so_far = _usage_so_far(req, admitted)
 
+    prompt_pending = [True] * (len(prompts) * req.params.n)
+
+    def choice(index: int, text: str, lp: dict | None, finish_reason: str | None, token_ids=()) -> dict:
+        """A chunk's choice; with vLLM's return_token_ids, its tokens, and the prompt's on the choice's first."""
+        out = fmt.choice(index, text, lp, finish_reason)
+        if req.return_token_ids:
+            if prompt_pending[index]:
+                out["prompt_token_ids"], prompt_pending[index] = prompts[index // req.params.n], False
+            out["token_ids"] = list(token_ids)
+        return out
+
     async def chunks() -> AsyncIterator[dict]:
         n = req.params.n
         offsets = [len(echo[i // n]) for i in range(len(echo) * n)]
@@ -355,21 +382,22 @@ def _completion_chunks(fmt: CompletionFormat, req, admitted: Admitted, prompts: 
         scored_echo = req.echo and req.params.logprobs is not None
         if req.echo and not scored_echo:
             for i in range(len(offsets)):
-                yield fmt.body([fmt.choice(i, echo[i // n], None, None)], so_far(), req.include_usage)
+                yield fmt.body([choice(i, echo[i // n], None, None)], so_far(), req.include_usage)
         async for e in admitted.events():
             if scored_echo and e.prompt_logprobs is not None:
                 p = e.index // n
                 lp = echo_logprobs(fmt.names, prompts[p], e.prompt_logprobs, req.params.logprobs)
                 for i in range(p * n, (p + 1) * n):
-                    yield fmt.body([fmt.choice(i, echo[p], lp, None)], so_far(), req.include_usage)
+                    yield fmt.body([choice(i, echo[p], lp, None)], so_far(), req.include_usage)
             lp = None
             if req.params.logprobs is not None and e.logprobs:
                 lp = fmt.logprobs(e.logprobs, offsets[e.index])
                 # Offsets advance by the tokens' own texts, as in the non-streamed response: the text a
                 # chunk carries can differ while the detokenizer holds back part of a character.
                 offsets[e.index] = lp["text_offset"][-1] + len(lp["tokens"][-1])
-            if e.text or lp or e.finish_reason:
-                yield fmt.body([fmt.choice(e.index, e.text, lp, e.finish_reason)], so_far(), req.include_usage)
+            if e.text or lp or e.finish_reason or (req.return_token_ids and e.token_ids):
+                yield fmt.body([choice(e.index, e.text, lp, e.finish_reason, e.token_ids)], so_far(),
+                               req.include_usage)
         if req.include_usage:
             yield fmt.body([], admitted.usage)
 
@@ -384,18 +412,24 @@ def _chat_chunks(fmt: ChatFormat, req, admitted: Admitted) -> AsyncIterator[str]
         # The role first, before any token: clients see the stream is live. With tools the content may
         # never come (only calls), so it starts as null, as OpenAI's does.
         for i in range(req.params.n):
-            yield fmt.body([{"index": i, "delta": {"role": "assistant", "content": None if tools else ""},
-                             "logprobs": None, "finish_reason": None}], so_far(), chunk=True,
-                           include_usage_field=req.include_usage)
+            first = fmt.body([{"index": i, "delta": {"role": "assistant", "content": None if tools else ""},
+                               "logprobs": None, "finish_reason": None}], so_far(), chunk=True,
+                             include_usage_field=req.include_usage)
+            if req.return_token_ids:  # vLLM's extension: the prompt's tokens on each choice's first chunk
+                first["prompt_token_ids"] = admitted.streams[0].prompt
+            yield first
         with_logprobs = req.top_logprobs is not None
         made_calls = [False] * req.params.n
         async for e in admitted.events():
             if tools is not None:
                 made_calls[e.index] = made_calls[e.index] or bool(e.tool_calls)
                 e.finish_reason = tools.finish_reason(made_calls[e.index], e.finish_reason)
-            if e.text or e.reasoning or e.tool_calls or e.finish_reason or (with_logprobs and e.logprobs):
-                yield fmt.body([fmt.delta_choice(e, with_logprobs)], so_far(), chunk=True,
-                               include_usage_field=req.include_usage)
+            if (e.text or e.reasoning or e.tool_calls or e.finish_reason or (with_logprobs and e.logprobs)
+                    or (req.return_token_ids and e.token_ids)):
+                delta = fmt.delta_choice(e, with_logprobs)
+                if req.return_token_ids:
+                    delta["token_ids"] = e.token_ids
+                yield fmt.body([delta], so_far(), chunk=True, include_usage_field=req.include_usage)
         if req.include_usage:
             yield fmt.body([], admitted.usage, chunk=True)
 

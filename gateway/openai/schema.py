@@ -137,6 +137,10 @@ class CommonBody(_Model):
     stop_token_ids: list[TokenId] | None = None
     skip_special_tokens: bool | None = Field(None, description="default true; false: special tokens the model "
                                                                "writes are in the text (not the one ending it)")
+    include_stop_str_in_output: bool | None = Field(None, description="true: the text ends with the stop string "
+                                                                      "that ended it")
+    return_token_ids: bool | None = Field(None, description="true: the answer carries prompt_token_ids and each "
+                                                            "choice (each chunk) its generated token_ids")
     prompt_logprobs: Logprobs | None = Field(
         None, description="per prompt token (the first null): {token id: {logprob, rank, decoded_token}}; "
                           "not with stream")

@@ -53,6 +53,8 @@ class ChoiceEvent:
     # The last of `logprobs` is the stop token that ended the choice: the chat and completions APIs list it (as
     # vLLM does), the Responses API's text logprobs do not. A delta may carry text tokens before it.
     ends_on_stop_token: bool = False
+    # The generated tokens this event accounts for: those up to a stop string's last, or a stop token not written.
+    token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -68,6 +70,7 @@ class TextOptions:
     split_reasoning: bool = False
     starts_in_reasoning: bool = False
     skip_special_tokens: bool = True
+    include_stop: bool = False  # the text keeps the stop string that ended it (vLLM's include_stop_str_in_output)
     parse_tool_calls: bool = False  # the content's <tool_call> blocks become tool_calls (the grammar made them)
     tool_calls_only: bool = False  # the grammar allows calls and no text (tool_specs.ToolSpec.calls_only)
 
@@ -76,7 +79,7 @@ class _Choice:
     def __init__(self, index: int, tokenizer: Tokenizer, prompt: list[int], options: TextOptions):
         self.index = index
         self.detok = IncrementalDetokenizer(tokenizer, prompt, skip_special_tokens=options.skip_special_tokens)
-        self.stops = StopStringMatcher(list(options.stop)) if options.stop else None
+        self.stops = StopStringMatcher(list(options.stop), options.include_stop) if options.stop else None
         self.reasoning = ReasoningSplitter(options.starts_in_reasoning) if options.split_reasoning else None
         self.tool_calls = ToolCallParser(options.tool_calls_only) if options.parse_tool_calls else None
         self.num_tokens = 0
@@ -99,7 +102,8 @@ class _Choice:
         event = ChoiceEvent(self.index, logprobs=[TokenLogprob(t, lp, [(a, b) for a, b in top])
                                                   for t, lp, top in (delta.logprobs or ())[:taken]],
                             stop_string=self.stops.matched if hit and self.stops is not None else None,
-                            ends_on_stop_token=delta.stop_token_id is not None and not hit and taken > 0)
+                            ends_on_stop_token=delta.stop_token_id is not None and not hit and taken > 0,
+                            token_ids=list(delta.token_ids[:taken]))
         if self.reasoning is not None:
             event.reasoning, text = self.reasoning.feed(text)
             if finish is not None:
@@ -151,6 +155,7 @@ class GenerationStream:
         self.metrics = metrics
         self.arrival = arrival
         self.handle: RequestHandle = pool.submit(prompt, params, deadline, tenant, tenant_weight)
+        self.prompt = prompt
         self.choices = [_Choice(i, tokenizer, prompt, options) for i in range(params.n)]
         self.usage = Usage(prompt_tokens=len(prompt))
         self.finish_reasons: list[str | None] = [None] * params.n

@@ -1,4 +1,5 @@
-"""Stop strings over streamed text: nothing of a stop string ever reaches the client.
+"""Stop strings over streamed text: nothing of a stop string reaches the client (unless it asked for the one that
+ended the text, vLLM's include_stop_str_in_output).
 
 Text that could still grow into a stop string (a suffix that is a proper prefix of some stop) is held
 back until the next piece settles it, so a stop string may span any number of pieces. The stop that
@@ -12,23 +13,24 @@ from __future__ import annotations
 
 
 class StopStringMatcher:
-    def __init__(self, stops: list[str]):
+    def __init__(self, stops: list[str], include_stop: bool = False):
         if not stops or any(not s for s in stops):
             raise ValueError("stop strings must be non-empty")
         self.stops = list(dict.fromkeys(stops))
+        self.include_stop = include_stop
         self.held = ""  # never contains a whole stop string, so every match ends in newly fed text
         self.matched: str | None = None  # the stop string that was hit
 
     def feed(self, text: str) -> tuple[str, bool]:
         """(text safe to emit now, whether a stop string was hit). After a hit the emitted text ends
-        where the stop string begins; the matcher must not be fed again."""
+        where the stop string begins (include_stop: where it ends); the matcher must not be fed again."""
         buf = self.held + text
         # Per stop its first occurrence, which is also its earliest completion; then (end, start) order.
         hits = [(i + len(s), i) for s in self.stops if (i := buf.find(s)) >= 0]
         if hits:
             end, start = min(hits)
             self.held, self.matched = "", buf[start:end]
-            return buf[:start], True
+            return buf[:end if self.include_stop else start], True
         keep = max(_partial_suffix(buf, s) for s in self.stops)
         self.held = buf[len(buf) - keep:]
         return buf[:len(buf) - keep], False

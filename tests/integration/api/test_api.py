@@ -140,6 +140,15 @@ def test_stop_string_spanning_tokens_never_leaks(client, server, test_seed):
     pieces = [c["choices"][0]["text"] for c in chunks(lines) if c["choices"]]
     assert "".join(pieces) == expected
     assert not any(stop in p for p in pieces)
+    # vLLM's include_stop_str_in_output: the same cut, after the stop string instead of before it.
+    include = {"extra_body": {"ignore_eos": True, "include_stop_str_in_output": True}}
+    kept = client.completions.create(**(kwargs | include), stop=[stop])
+    assert kept.choices[0].text == expected + stop and kept.choices[0].finish_reason == "stop"
+    chat = dict(model=SERVED_NAME, messages=[{"role": "user", "content": "tell a story"}], max_tokens=40, **GREEDY)
+    whole = client.chat.completions.create(**chat).choices[0].message.content
+    stop = whole[len(whole) // 2:len(whole) // 2 + 4]
+    kept = client.chat.completions.create(**(chat | include), stop=[stop])
+    assert kept.choices[0].message.content == whole[:whole.find(stop) + len(stop)]
 
 
 def _raw(kwargs: dict) -> dict:

@@ -38,7 +38,7 @@ class Admitted:
 
 
 def streamed_offsets(echo: str) -> list[int]:
-    req = SimpleNamespace(params=SimpleNamespace(n=1, logprobs=0), echo=False, include_usage=False,
+    req = SimpleNamespace(params=SimpleNamespace(n=1, logprobs=0), echo=False, include_usage=False, return_token_ids=False,
                           continuous_usage=False)
 
     async def collect() -> list[str]:

@@ -11,12 +11,13 @@ import pytest
 from gateway.text.stop_strings import StopStringMatcher
 
 
-def oracle_cut(text: str, stops: list[str]) -> tuple[str, bool]:
-    """Scan the text as it grows: cut at the first stop string to complete (the longest, on a tie)."""
+def oracle_cut(text: str, stops: list[str], include_stop: bool = False) -> tuple[str, bool]:
+    """Scan the text as it grows: cut at the first stop string to complete (the longest, on a tie), before it or,
+    include_stop, after it."""
     for end in range(1, len(text) + 1):
         done = [s for s in stops if text[:end].endswith(s)]
         if done:
-            return text[:end - max(map(len, done))], True
+            return text[:end if include_stop else end - max(map(len, done))], True
     return text, False
 
 
@@ -45,14 +46,15 @@ def random_pieces(rng: random.Random, text: str) -> list[str]:
     return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])] if text else [""]
 
 
+@pytest.mark.parametrize("include_stop", [False, True], ids=["cut-before", "include-stop"])
 @pytest.mark.parametrize("alphabet", ["ab", "abc", "aé😀 \n"])
-def test_random_texts_and_stops_against_the_oracle(alphabet, test_seed):
+def test_random_texts_and_stops_against_the_oracle(alphabet, include_stop, test_seed):
     rng = random.Random(test_seed)
     for _ in range(400):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 40)))
         stops = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 7))) for _ in range(rng.randrange(1, 17))]
-        emitted, hit = run(StopStringMatcher(stops), random_pieces(rng, text), stops)
-        expected, expected_hit = oracle_cut(text, stops)
+        emitted, hit = run(StopStringMatcher(stops, include_stop), random_pieces(rng, text), stops)
+        expected, expected_hit = oracle_cut(text, stops, include_stop)
         assert ("".join(emitted), hit) == (expected, expected_hit), (text, stops)
         # Nothing past the cut was ever emitted, even for a moment: every emitted prefix is a prefix of it.
         assert all(expected.startswith("".join(emitted[:k])) for k in range(len(emitted) + 1)), (text, stops)

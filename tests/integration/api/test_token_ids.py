@@ -1,0 +1,81 @@
+"""vLLM's return_token_ids: the prompt's token ids and each choice's generated ones, beside the text, as RL and
+evaluation clients read them (streamed: the prompt's on each choice's first chunk, each chunk its new tokens)."""
+
+from __future__ import annotations
+
+import functools
+
+import httpx2
+import pytest
+
+from tests.helpers.sse import chunks, stream_lines
+from tests.integration.conftest import SERVED_NAME
+
+GREEDY = {"temperature": 0.0, "ignore_eos": True, "return_token_ids": True}
+COMPLETION = {"model": SERVED_NAME, "prompt": ["Once upon a time", "The sea"], "max_tokens": 12, "n": 2, **GREEDY}
+CHAT = {"model": SERVED_NAME, "messages": [{"role": "user", "content": "tell a story"}], "max_tokens": 12, **GREEDY}
+
+
+@functools.cache
+def _tokenizer(model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def _post(server, path: str, body: dict) -> dict:
+    r = httpx2.post(f"{server.url}{path}", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_completions_carry_prompt_and_generated_ids(server, tiny_model_dir):
+    body = _post(server, "/v1/completions", COMPLETION)
+    assert len(body["choices"]) == 4
+    generated = 0
+    for choice in body["choices"]:
+        prompt = COMPLETION["prompt"][choice["index"] // 2]
+        assert choice["prompt_token_ids"] == _post(server, "/tokenize", {"prompt": prompt})["tokens"]
+        assert len(choice["token_ids"]) == 12  # ignore_eos, no stop: every token, and the text is theirs
+        assert choice["text"] == _tokenizer(tiny_model_dir).decode(choice["token_ids"], skip_special_tokens=True)
+        generated += len(choice["token_ids"])
+    assert generated == body["usage"]["completion_tokens"]
+
+
+def test_streamed_completion_ids_join_to_the_whole(server):
+    whole = {c["index"]: c for c in _post(server, "/v1/completions", COMPLETION)["choices"]}
+    status, lines = stream_lines(f"{server.url}/v1/completions", COMPLETION | {"stream": True})
+    assert status == 200
+    ids: dict[int, list[int]] = {i: [] for i in whole}
+    prompts: dict[int, list[list[int]]] = {i: [] for i in whole}
+    for chunk in chunks(lines):
+        for c in chunk["choices"]:
+            ids[c["index"]] += c["token_ids"]
+            if "prompt_token_ids" in c:
+                prompts[c["index"]].append(c["prompt_token_ids"])
+    for i, choice in whole.items():
+        assert ids[i] == choice["token_ids"] and prompts[i] == [choice["prompt_token_ids"]]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_chat_carries_the_rendered_prompt_and_each_choices_ids(server, stream):
+    rendered = _post(server, "/tokenize", {"messages": CHAT["messages"]})["tokens"]
+    whole = _post(server, "/v1/chat/completions", CHAT)
+    assert whole["prompt_token_ids"] == rendered and len(whole["choices"][0]["token_ids"]) == 12
+    if not stream:
+        return
+    status, lines = stream_lines(f"{server.url}/v1/chat/completions", CHAT | {"stream": True})
+    got = list(chunks(lines))
+    assert got[0]["prompt_token_ids"] == rendered and all("prompt_token_ids" not in c for c in got[1:])
+    assert [t for c in got[1:] for choice in c["choices"] for t in choice["token_ids"]] == \
+        whole["choices"][0]["token_ids"]
+
+
+def test_a_stop_string_cuts_the_ids_with_the_text(server):
+    first = _post(server, "/v1/completions", COMPLETION | {"prompt": "Once upon a time", "n": 1})["choices"][0]
+    stop = first["text"][len(first["text"]) // 2:][:3]
+    cut = _post(server, "/v1/completions", COMPLETION | {"prompt": "Once upon a time", "n": 1, "stop": [stop]})
+    ids = cut["choices"][0]["token_ids"]
+    # The tokens up to the one that completed the stop string, as the usage counts them.
+    assert len(ids) == cut["usage"]["completion_tokens"] and ids == first["token_ids"][:len(ids)]
+    assert cut["choices"][0]["finish_reason"] == "stop"
