@@ -64,11 +64,15 @@ _LAYER_TENSORS = {
     "attn_q.bias": "self_attn.q_proj.bias",
     "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.bias": "self_attn.o_proj.bias",
     "attn_q_norm.weight": "self_attn.q_norm.weight",
     "attn_k_norm.weight": "self_attn.k_norm.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+    "ffn_gate.bias": "mlp.gate_proj.bias",
+    "ffn_up.bias": "mlp.up_proj.bias",
+    "ffn_down.bias": "mlp.down_proj.bias",
 }
 _REQUIRED_LAYER_TENSORS = ("attn_norm.weight", "ffn_norm.weight", "attn_q.weight", "attn_k.weight",
                            "attn_v.weight", "attn_output.weight", "ffn_gate.weight", "ffn_up.weight",
@@ -201,7 +205,7 @@ def _config(gguf: GGUFFile, arch: str, names: dict[str, str]) -> dict[str, Any]:
         "use_cache": True,
     }
     if arch == "llama":
-        config["mlp_bias"] = False
+        config["mlp_bias"] = "blk.0.ffn_up.bias" in gguf.tensors
     else:
         config["use_sliding_window"] = False
     if embd.torch_shape[1] != hidden:

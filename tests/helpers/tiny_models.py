@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 # name -> config overrides; together they cover GQA ratios 1, 2, 4, tied and untied embeddings,
-# head_dim != hidden / heads, qkv bias, q/k norm, and llama3 and YaRN rope scaling (YaRN's interpolated
+# head_dim != hidden / heads, qkv bias (Qwen2), q/k/v/o and MLP biases (Llama's attention_bias, mlp_bias), q/k norm, and llama3 and YaRN rope scaling (YaRN's interpolated
 # frequencies and attention factor change every position's rotation, short prompts' included).
 TINY_MODELS: dict[str, dict] = {
     "qwen3": dict(arch="Qwen3", hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
@@ -16,7 +16,7 @@ TINY_MODELS: dict[str, dict] = {
                   tie_word_embeddings=False,
                   rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}),
     "llama": dict(arch="Llama", hidden_size=64, num_attention_heads=4, num_key_value_heads=4,
-                  tie_word_embeddings=False,
+                  tie_word_embeddings=False, attention_bias=True, mlp_bias=True,
                   rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
 }
@@ -39,10 +39,11 @@ def build_tiny_model(name: str, seed: int, out_dir: Path, vocab_size: int = 320,
         initializer_range=0.25, bos_token_id=1, eos_token_id=2, pad_token_id=0, **spec)
     torch.manual_seed(seed)
     model = model_cls(config).float().eval()
-    if arch == "Qwen2":  # the default init leaves biases at zero; make them matter
-        with torch.no_grad():
-            for layer in model.model.layers:
-                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+    with torch.no_grad():  # the default init leaves biases at zero; make them matter
+        for layer in model.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+                if proj.bias is not None:
                     proj.bias.normal_(0, 0.25)
     model.save_pretrained(out_dir, safe_serialization=True)
     model.config._attn_implementation = "eager"

@@ -37,7 +37,9 @@ class ModelConfig:
     rope_scaling: RopeScaling | None
     max_position_embeddings: int
     tie_word_embeddings: bool
-    qkv_bias: bool  # Qwen2 (and Llama with attention_bias)
+    qkv_bias: bool  # Qwen2, and Llama or Qwen3 with attention_bias
+    o_bias: bool  # Llama or Qwen3 with attention_bias (Qwen2's output projection has none)
+    mlp_bias: bool  # Llama's mlp_bias: gate, up and down projections with biases
     qk_norm: bool  # Qwen3: RMSNorm over head_dim on q and k before rope
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
@@ -101,6 +103,8 @@ class ModelConfig:
             max_position_embeddings=cfg.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
+            o_bias=arch != "Qwen2ForCausalLM" and bool(cfg.get("attention_bias", False)),
+            mlp_bias=bool(cfg.get("mlp_bias", False)),
             qk_norm=arch == "Qwen3ForCausalLM",
             eos_token_ids=_eos_ids(gen.get("eos_token_id", cfg.get("eos_token_id"))),
             bos_token_id=gen.get("bos_token_id", cfg.get("bos_token_id")),
@@ -148,8 +152,6 @@ def _refuse_unsupported_settings(cfg: dict) -> None:
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
         raise UnsupportedModelError(f"unsupported hidden_act {act!r} (only 'silu')")
-    if cfg.get("mlp_bias"):
-        raise UnsupportedModelError("unsupported setting mlp_bias=true")
     if cfg.get("use_sliding_window"):
         raise UnsupportedModelError("unsupported setting use_sliding_window=true (sliding-window attention)")
     layer_types = cfg.get("layer_types") or []

@@ -1,7 +1,8 @@
 """One decoder-only transformer that covers Qwen3, Qwen2 and Llama checkpoints.
 
-The three differ only in flags on ModelConfig: Qwen2 adds q/k/v biases, Qwen3 adds per-head RMSNorm
-on q and k (and may set head_dim != hidden / heads), Llama may use llama3 rope scaling. Projections
+The three differ only in flags on ModelConfig: Qwen2 adds q/k/v biases (Llama and Qwen3 with attention_bias add
+them and an output-projection bias; Llama's mlp_bias adds gate, up and down biases), Qwen3 adds per-head RMSNorm on q and k (and may set head_dim != hidden /
+heads), and any may scale its rotary frequencies (worker/model/rotary.py). Projections
 are fused (q|k|v, gate|up) so each layer runs four matmuls; the weight loader fills the fused
 tensors from the checkpoint's separate ones.
 
@@ -33,7 +34,7 @@ class Attention(nn.Module):
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias, **factory)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False, **factory)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias, **factory)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, **factory)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, **factory)
@@ -54,8 +55,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, ops: LayerOps, **factory):
         super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False, **factory)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False, **factory)
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias, **factory)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias, **factory)
         self.ops = ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -283,6 +283,24 @@ def test_round_trip(tmp_path, arch, qtype):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=lambda m: f"seed={seed}: {m}")
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_projection_biases_round_trip(tmp_path, arch):
+    """attention_bias on Llama and Qwen3 puts biases on q, k, v and the output projection (llama.cpp's
+    attn_output.bias), Llama's mlp_bias on gate, up and down; they come back as they went in, q and k's
+    unpermuted."""
+    from worker.checkpoint.model_config import ModelConfig
+
+    model, cfg = tiny_model(arch, 77, attention_bias=True, **({"mlp_bias": True} if arch == "llama" else {}))
+    out = convert_gguf(write_gguf(tmp_path / "m.gguf", arch, model, cfg), tmp_path / "hf")
+    converted = load_file(str(out / "model.safetensors"))
+    for name, t in model.state_dict().items():
+        if name.endswith("_proj.bias"):
+            assert torch.equal(converted[name], t), name
+    assert "model.layers.1.self_attn.o_proj.bias" in converted
+    mc = ModelConfig.from_dir(out)
+    assert mc.qkv_bias and mc.o_bias and mc.mlp_bias is (arch == "llama")
+
+
 def llamacpp_rope_factors(theta: float, head_dim: int, factor: float, low: float, high: float, original: int):
     """convert_hf_to_gguf.py LlamaModel.generate_extra_tensors, for rope_type llama3."""
     import math

@@ -87,7 +87,6 @@ def test_pickled_checkpoints_are_not_loaded(tmp_path):
     ({"use_sliding_window": True}, "use_sliding_window"),
     ({"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}, "rope_scaling type 'dynamic'"),
     ({"layer_types": ["full_attention", "sliding_attention"]}, "sliding_attention"),
-    ({"mlp_bias": True}, "mlp_bias"),
 ])
 def test_unsupported_settings_are_refused_by_name(qwen2_dir, setting, message):
     config = json.loads((qwen2_dir / "config.json").read_text())
