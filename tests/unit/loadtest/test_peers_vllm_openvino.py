@@ -215,7 +215,8 @@ def test_a_named_servers_children_are_measured_by_their_process_names(tmp_path):
     server = RunningServer(spec, 0, 1, tmp_path / "srv.log", "m")
     try:
         deadline = time.monotonic() + 10
-        while len(server.processes()) < 3 and time.monotonic() < deadline:
+        # Until both children have exec'd: a child caught between fork and exec still reads as "sh".
+        while sum(r.startswith("sleep") for r in server.processes()) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         roles = server.processes()
     finally:
