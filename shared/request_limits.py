@@ -102,6 +102,11 @@ MAX_SCHEMA_PROPERTIES = 1000
 MAX_COMPILE_SECONDS = 1.0
 # An llguidance grammar (a JSON schema or Lark text compiled by the gateway) bigger than this is refused.
 MAX_GRAMMAR_CHARS = 1 << 20
+# vLLM's bad_words: how many words a request may ban, and how long each may be. Each is checked against the
+# output's tail on every step, so both bound per-step work.
+MAX_BAD_WORDS = 64
+MAX_BAD_WORD_CHARS = 128
+MAX_BAD_WORD_TOKENS = 4 * MAX_BAD_WORD_CHARS  # a byte-level tokenizer may spend a token per UTF-8 byte
 
 
 def decimal_below(n: int) -> str:

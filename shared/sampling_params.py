@@ -1,7 +1,7 @@
 """Per-request sampling parameters, shared by the gateway (which builds them) and the worker (which obeys them).
 
 Field names and defaults follow OpenAI's API plus the extensions vLLM users expect (top_k, min_p,
-repetition_penalty, ignore_eos, min_tokens, stop_token_ids). Validation happens once, here, so the
+repetition_penalty, ignore_eos, min_tokens, stop_token_ids, allowed_token_ids, bad_words). Validation happens once, here, so the
 engine can trust every instance it receives.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared.request_limits import (FREQUENCY_PENALTY, LOGIT_BIAS, LOGPROBS, MAX_GRAMMAR_CHARS, MAX_TOKENS, MIN_P,
-                                   MIN_TOKENS, N, PRESENCE_PENALTY, PRIORITY, REPETITION_PENALTY, SEED, TEMPERATURE,
-                                   TOKEN_ID, TOP_K, TOP_P)
+from shared.request_limits import (FREQUENCY_PENALTY, LOGIT_BIAS, LOGPROBS, MAX_BAD_WORD_TOKENS, MAX_BAD_WORDS,
+                                   MAX_GRAMMAR_CHARS, MAX_TOKENS, MIN_P, MIN_TOKENS, N, PRESENCE_PENALTY, PRIORITY,
+                                   REPETITION_PENALTY, SEED, TEMPERATURE, TOKEN_ID, TOP_K, TOP_P)
 
 # Temperatures below this sample greedily (as vLLM's _SAMPLING_EPS): dividing float32 logits by, say, 1e-45
 # overflows to inf, and inf - inf would make every probability NaN.
@@ -52,12 +52,21 @@ class SamplingParams:
     # vLLM's request priority: under --scheduling-policy priority, lower is admitted first and preempted last
     # (worker/core/scheduler.py); under fcfs the gateway accepts only the default, 0.
     priority: int = 0
+    # vLLM's allowed_token_ids: only these tokens may be sampled (None: any).
+    allowed_token_ids: tuple[int, ...] | None = None
+    # vLLM's bad_words, as the gateway tokenized them: a sequence's last token is banned wherever the output so
+    # far ends with the rest of it (a one-token word everywhere).
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         object.__setattr__(self, "logit_bias", {int(k): float(v) for k, v in self.logit_bias.items()})
+        if self.allowed_token_ids is not None:
+            object.__setattr__(self, "allowed_token_ids", tuple(int(t) for t in self.allowed_token_ids))
+        object.__setattr__(self, "bad_words_token_ids",
+                           tuple(tuple(int(t) for t in word) for word in self.bad_words_token_ids))
         self._validate()
 
     def _validate(self) -> None:
@@ -104,6 +113,14 @@ class SamplingParams:
               f"prompt_logprobs must be between {LOGPROBS.lo} and {LOGPROBS.hi}, got {self.prompt_logprobs}")
         check(PRIORITY.contains(self.priority), "priority",
               f"priority must be an integer between {PRIORITY.lo} and {PRIORITY.hi}, got {self.priority}")
+        check(self.allowed_token_ids is None or len(self.allowed_token_ids) > 0, "allowed_token_ids",
+              "allowed_token_ids must not be empty")
+        check(all(TOKEN_ID.contains(t) for t in self.allowed_token_ids or ()), "allowed_token_ids",
+              f"allowed_token_ids must be non-negative (at most {TOKEN_ID.hi})")
+        check(len(self.bad_words_token_ids) <= 2 * MAX_BAD_WORDS  # a word and its form after a space
+              and all(0 < len(w) <= MAX_BAD_WORD_TOKENS and all(TOKEN_ID.contains(t) for t in w)
+                      for w in self.bad_words_token_ids),
+              "bad_words", "each bad word must be a non-empty sequence of token ids")
         check(self.grammar is None or (isinstance(self.grammar, str) and 0 < len(self.grammar) <= MAX_GRAMMAR_CHARS),
               "response_format", f"a grammar must be a non-empty string of at most {MAX_GRAMMAR_CHARS} characters")
 
@@ -113,7 +130,9 @@ class SamplingParams:
 
     def check_token_ids(self, vocab_size: int) -> None:
         """Token ids given by the client must exist in the model's vocabulary."""
-        for param, ids in (("logit_bias", self.logit_bias.keys()), ("stop_token_ids", self.stop_token_ids)):
+        for param, ids in (("logit_bias", self.logit_bias.keys()), ("stop_token_ids", self.stop_token_ids),
+                           ("allowed_token_ids", self.allowed_token_ids or ()),
+                           ("bad_words", [t for word in self.bad_words_token_ids for t in word])):
             bad = [t for t in ids if t >= vocab_size]
             if bad:
                 raise SamplingParamsError(param, f"token id {bad[0]} is outside the vocabulary (size {vocab_size})")

@@ -52,6 +52,7 @@ class CommonFields:
     skip_special_tokens: bool  # vLLM's: false writes the special tokens the model samples into the text
     include_stop: bool  # vLLM's include_stop_str_in_output: the text keeps the stop string that ended it
     return_token_ids: bool  # vLLM's: prompt_token_ids and each choice's generated token_ids in the answer
+    bad_words: tuple[str, ...]  # vLLM's: tokenized at admission (gateway/text/bad_words.py)
 
 
 @dataclass(frozen=True)
@@ -189,13 +190,14 @@ def _common(body: schema.CommonBody, limits: Limits, max_tokens: int | None, log
         params = SamplingParams(
             **given, n=n, max_tokens=max_tokens, logit_bias={int(k): v for k, v in (body.logit_bias or {}).items()},
             ignore_eos=bool(body.ignore_eos), stop_token_ids=tuple(body.stop_token_ids or ()), seed=body.seed,
-            logprobs=logprobs)
+            logprobs=logprobs, allowed_token_ids=body.allowed_token_ids)
     except SamplingParamsError as e:
         param = "max_completion_tokens" if e.param == "max_tokens" and max_tokens_named_completion else e.param
         raise invalid(str(e), param) from None
     return dict(model=body.model, params=params, stop=tuple(stop), stream=stream, include_usage=include_usage,
                 continuous_usage=continuous_usage, skip_special_tokens=body.skip_special_tokens is not False,
-                include_stop=bool(body.include_stop_str_in_output), return_token_ids=bool(body.return_token_ids))
+                include_stop=bool(body.include_stop_str_in_output), return_token_ids=bool(body.return_token_ids),
+                bad_words=tuple(body.bad_words or ()))
 
 
 # The body's fields that SamplingParams takes as they are.

@@ -31,6 +31,7 @@ from gateway.server.task_guard import require_task
 from gateway.streams.choice_stream import ChoiceEvent, GenerationStream, TextOptions, Usage, merge
 from gateway.streams.resume_buffer import NamedEvent, Payload
 from gateway.streams.resume_routes import start_response as resumable_response
+from gateway.text.bad_words import bad_words_token_ids
 from gateway.text.grammars import build_grammar, free_text_rules, response_format_rules
 from gateway.text.output_constraints import constraint_rules
 from gateway.text.prompt_logprobs import PromptLogprob, echo_logprobs, join_logprobs, vllm_prompt_logprobs
@@ -145,7 +146,7 @@ async def admit_chat(request: Request, req: ChatRequest, deadline: float | None)
     _check_served(state, req)
     rendered, prompt = state.text.render_chat(list(req.messages), req.template_kwargs, req.tools,
                                               req.add_generation_prompt, req.continue_final_message)
-    params = await _constrained(state, req, state.text.reasoning_mode(rendered))
+    params = _with_bad_words(state, req, await _constrained(state, req, state.text.reasoning_mode(rendered)))
     calls = req.tools is not None and req.tools.calls_possible
     options = TextOptions(stop=req.stop, split_reasoning=state.text.split_reasoning,
                           starts_in_reasoning=state.text.starts_in_reasoning(rendered), parse_tool_calls=calls,
@@ -161,9 +162,15 @@ async def admit_completion(request: Request, req: CompletionRequest,
     state = request.app.state.mili
     _check_served(state, req)
     prompts = [state.text.encode_prompt(p, req.suffix) for p in req.prompts]
-    params = await _constrained(state, req, "none")  # completions split no reasoning off
+    params = _with_bad_words(state, req, await _constrained(state, req, "none"))  # no reasoning split off
     options = TextOptions(stop=req.stop, skip_special_tokens=req.skip_special_tokens, include_stop=req.include_stop)
     return _admit(state, req, prompts, options, caller(request), deadline, params), prompts
+
+
+def _with_bad_words(state, req: CommonFields, params: SamplingParams) -> SamplingParams:
+    if not req.bad_words:
+        return params
+    return dataclasses.replace(params, bad_words_token_ids=bad_words_token_ids(state.text.tokenizer, req.bad_words))
 
 
 async def _constrained(state, req: ChatRequest | CompletionRequest, reasoning: str) -> SamplingParams:

@@ -19,7 +19,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 
 from gateway.text.reasoning_effort import EFFORTS
 from shared.request_limits import (COMPLETION_MAX_TOKENS_DEFAULT, FREQUENCY_PENALTY, LOGIT_BIAS, LOGPROBS,
-                                   MAX_COMPLETION_TOKENS, MAX_TOKENS, MAX_TOOLS, MIN_P, MIN_TOKENS, N, NAME_PATTERN,
+                                   MAX_BAD_WORD_CHARS, MAX_BAD_WORDS, MAX_COMPLETION_TOKENS, MAX_TOKENS, MAX_TOOLS, MIN_P, MIN_TOKENS, N, NAME_PATTERN,
                                    PRESENCE_PENALTY, PRIORITY, REPETITION_PENALTY, SEED, TEMPERATURE, TOKEN_ID,
                                    TOKEN_ID_KEY_PATTERN, TOP_K, TOP_P, Range)
 
@@ -141,6 +141,11 @@ class CommonBody(_Model):
                                                                       "that ended it")
     return_token_ids: bool | None = Field(None, description="true: the answer carries prompt_token_ids and each "
                                                             "choice (each chunk) its generated token_ids")
+    allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = Field(
+        None, description="only these tokens may be sampled")
+    bad_words: Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_BAD_WORD_CHARS)]],
+                         Field(max_length=MAX_BAD_WORDS)] | None = Field(
+        None, description="words the output never contains (as a word or after other text)")
     prompt_logprobs: Logprobs | None = Field(
         None, description="per prompt token (the first null): {token id: {logprob, rank, decoded_token}}; "
                           "not with stream")

@@ -3,7 +3,8 @@ token per row, plus logprobs where a request asked for them.
 
 The pipeline follows vLLM v1's order, so results match what its users expect:
   1. logprobs come from the RAW logits (log_softmax before anything below touches them);
-  2. per-entry edits: min_tokens (EOS / stop ids -> -inf) and logit_bias;
+  2. per-entry edits: min_tokens (EOS / stop ids -> -inf), logit_bias and bad words (-inf), then
+     allowed_token_ids (every other token -inf);
   3. penalties: repetition (tokens in prompt or output), then frequency and presence (output only);
   4. greedy rows take the argmax of those processed logits;
   5. the other rows divide by temperature, apply min_p, then top_k, then top_p (over the distribution
@@ -168,8 +169,9 @@ def _process(logits: torch.Tensor, rows: list[SamplingRow], eos_ids: tuple[int, 
     """min_tokens masking, logit_bias, then penalties. Returns `logits` itself when nothing applies and
     not always_copy, else a new float32 tensor; never writes to `logits`."""
     edits = _edit_entries(rows, eos_ids, logits.shape[1])
+    restricted = [i for i, r in enumerate(rows) if r.params.allowed_token_ids is not None]
     penalized = [i for i, r in enumerate(rows) if _penalized(r.params)]
-    if not (edits or penalized or always_copy):
+    if not (edits or restricted or penalized or always_copy):
         return logits
     out = logits.to(torch.float32, copy=True)  # [num_rows, vocab]
     if edits:
@@ -178,13 +180,19 @@ def _process(logits: torch.Tensor, rows: list[SamplingRow], eos_ids: tuple[int, 
         # accumulate: a bias added to a min_tokens -inf stays -inf, whichever order the entries come in.
         out.index_put_((_index(row_ids, dev), _index(token_ids, dev)),
                        host_values_to(values, torch.float32, dev), accumulate=True)
+    for i in restricted:
+        allowed = _index([t for t in rows[i].params.allowed_token_ids if t < out.shape[1]], out.device)
+        kept = out[i, allowed]
+        out[i] = float("-inf")
+        out[i, allowed] = kept
     if penalized:
         _apply_penalties(out, rows, penalized)
     return out
 
 
 def _edit_entries(rows: list[SamplingRow], eos_ids: tuple[int, ...], vocab: int) -> list[tuple[int, int, float]]:
-    """(row, token, additive value) for every logit_bias entry and every min_tokens block."""
+    """(row, token, additive value) for every logit_bias entry, every min_tokens block and every bad word whose
+    beginning the output ends with."""
     entries: list[tuple[int, int, float]] = []
     for i, row in enumerate(rows):
         p = row.params
@@ -193,6 +201,11 @@ def _edit_entries(rows: list[SamplingRow], eos_ids: tuple[int, ...], vocab: int)
             # With ignore_eos the EOS is an ordinary token (it stops nothing), so there is nothing to block.
             blocked = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_ids))
             entries.extend((i, t, float("-inf")) for t in blocked if t < vocab)
+        output = row.output_token_ids
+        for word in p.bad_words_token_ids:
+            head = len(word) - 1
+            if word[-1] < vocab and head <= len(output) and list(output[len(output) - head:]) == list(word[:head]):
+                entries.append((i, word[-1], float("-inf")))
     return entries
 
 

@@ -37,7 +37,8 @@ def sampling_row(seq: Sequence, drafted: Tokens[int] = ()) -> SamplingRow:
     params = seq.params
     # Histories are copied only for requests whose sampling reads them.
     needs_prompt = params.repetition_penalty != 1.0
-    needs_output = needs_prompt or params.presence_penalty or params.frequency_penalty or params.min_tokens
+    needs_output = (needs_prompt or params.presence_penalty or params.frequency_penalty or params.min_tokens
+                    or params.bad_words_token_ids)
     output = seq.output_token_ids + list(drafted) if needs_output else ()
     return SamplingRow(
         params=params,

@@ -79,3 +79,41 @@ def test_a_stop_string_cuts_the_ids_with_the_text(server):
     # The tokens up to the one that completed the stop string, as the usage counts them.
     assert len(ids) == cut["usage"]["completion_tokens"] and ids == first["token_ids"][:len(ids)]
     assert cut["choices"][0]["finish_reason"] == "stop"
+
+
+def test_allowed_token_ids_bound_every_sampled_token(server):
+    allowed = [1, 2, 300, 4000, 9000]
+    for body in (COMPLETION | {"temperature": 1.0, "seed": 3}, CHAT | {"temperature": 1.0, "n": 2}):
+        path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+        for choice in _post(server, path, body | {"allowed_token_ids": allowed})["choices"]:
+            assert len(choice["token_ids"]) == 12 and set(choice["token_ids"]) <= set(allowed)
+
+
+def test_bad_words_are_never_sampled_and_change_nothing_before(server, tiny_model_dir):
+    from tokenizers import Tokenizer
+
+    from gateway.text.bad_words import bad_words_token_ids
+
+    tokenizer = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
+    body = COMPLETION | {"prompt": "Once upon a time", "n": 1, "max_tokens": 24}
+    original = _post(server, "/v1/completions", body)["choices"][0]["token_ids"]
+    # A word the greedy answer writes as one token of its own, either form (as written or after a space).
+    position, word = next((i, tokenizer.decode([t]).strip()) for i, t in enumerate(original)
+                          if tokenizer.decode([t]).strip().isalpha()
+                          and (t,) in bad_words_token_ids(tokenizer, (tokenizer.decode([t]).strip(),)))
+    banned = set(bad_words_token_ids(tokenizer, (word,)))
+    ids = _post(server, "/v1/completions", body | {"bad_words": [word]})["choices"][0]["token_ids"]
+    assert ids[:position] == original[:position] and ids[position] != original[position]
+    assert not any(tuple(ids[i:i + len(seq)]) == seq for seq in banned for i in range(len(ids)))
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("allowed_token_ids", [], "allowed_token_ids"),
+    ("allowed_token_ids", [10 ** 7], "outside the vocabulary"),
+    ("bad_words", [""], "bad_words"),
+    ("bad_words", ["x" * 129], "bad_words"),
+    ("bad_words", ["w"] * 65, "bad_words"),
+])
+def test_bad_allowed_ids_and_bad_words_are_400s(server, field, value, message):
+    r = httpx2.post(f"{server.url}/v1/chat/completions", json=CHAT | {field: value}, timeout=30)
+    assert r.status_code == 400 and message in r.text, r.text

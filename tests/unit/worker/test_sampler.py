@@ -168,6 +168,44 @@ def test_min_tokens_blocks_eos_and_stop_ids_until_reached() -> None:
     assert not {eos, stop} & set(sampler(logits.expand(300, 10), blocked).token_ids)
 
 
+def test_allowed_token_ids_restrict_greedy_and_random_draws(seed: int) -> None:
+    allowed = (0, 3, 6)
+    assert Sampler(8, [])(LOGITS8.expand(2, 8), [make_row(temperature=0.0, allowed_token_ids=allowed),
+                                                  make_row(temperature=0.0)]).token_ids == [3, 1]
+    # A draw from the distribution renormalized over the allowed set; a logit_bias still applies inside it.
+    counts = draw_counts(LOGITS8, SamplingParams(allowed_token_ids=allowed, logit_bias={0: 1.0}), seed)
+    kept = torch.full((8,), float("-inf"), dtype=torch.float64)
+    kept[list(allowed)] = LOGITS8.double()[list(allowed)]
+    kept[0] += 1.0
+    assert_matches(counts, kept.softmax(-1))
+
+
+def test_bad_words_ban_a_words_last_token_after_the_rest_of_it() -> None:
+    logits = torch.tensor([0.0, 1.0, 2.0, 9.0, 8.0, 3.0])
+    words = ((3,), (5, 4))  # a one-token word, banned everywhere; a two-token word, its 4 only after a 5
+    rows = [make_row(temperature=0.0, bad_words_token_ids=words, output=output)
+            for output in [(), (1,), (5,), (1, 5), (5, 1)]]
+    assert Sampler(6, [])(logits.expand(5, 6), rows).token_ids == [4, 4, 5, 5, 4]
+    # A word longer than the output so far cannot have begun; a three-token word checks both tokens before.
+    rows = [make_row(temperature=0.0, bad_words_token_ids=((1, 2, 3),), output=output)
+            for output in [(2,), (1, 2), (0, 2)]]
+    assert Sampler(6, [])(logits.expand(3, 6), rows).token_ids == [3, 4, 3]
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    ({"allowed_token_ids": ()}, "allowed_token_ids"),
+    ({"allowed_token_ids": (-1,)}, "allowed_token_ids"),
+    ({"bad_words_token_ids": ((),)}, "bad_words"),
+])
+def test_bad_allowed_and_banned_ids_are_refused(kwargs: dict, param: str) -> None:
+    with pytest.raises(SamplingParamsError) as e:
+        SamplingParams(**kwargs)
+    assert e.value.param == param
+    with pytest.raises(SamplingParamsError, match="outside the vocabulary") as e:
+        SamplingParams(allowed_token_ids=(1, 50), bad_words_token_ids=((2,),)).check_token_ids(10)
+    assert e.value.param == "allowed_token_ids"
+
+
 def test_padded_columns_never_sampled(seed: int) -> None:
     logits = torch.zeros(12)
     logits[10:] = 100.0  # padded embedding rows: huge but not part of the vocab
