@@ -53,6 +53,7 @@ class CommonFields:
     include_stop: bool  # vLLM's include_stop_str_in_output: the text keeps the stop string that ended it
     return_token_ids: bool  # vLLM's: prompt_token_ids and each choice's generated token_ids in the answer
     bad_words: tuple[str, ...]  # vLLM's: tokenized at admission (gateway/text/bad_words.py)
+    truncate_prompt_tokens: int | None  # vLLM's: keep the prompt's last N tokens (-1: the context length)
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,7 @@ def _common(body: schema.CommonBody, limits: Limits, max_tokens: int | None, log
     return dict(model=body.model, params=params, stop=tuple(stop), stream=stream, include_usage=include_usage,
                 continuous_usage=continuous_usage, skip_special_tokens=body.skip_special_tokens is not False,
                 include_stop=bool(body.include_stop_str_in_output), return_token_ids=bool(body.return_token_ids),
-                bad_words=tuple(body.bad_words or ()))
+                bad_words=tuple(body.bad_words or ()), truncate_prompt_tokens=body.truncate_prompt_tokens)
 
 
 # The body's fields that SamplingParams takes as they are.

@@ -146,6 +146,7 @@ async def admit_chat(request: Request, req: ChatRequest, deadline: float | None)
     _check_served(state, req)
     rendered, prompt = state.text.render_chat(list(req.messages), req.template_kwargs, req.tools,
                                               req.add_generation_prompt, req.continue_final_message)
+    [prompt] = _truncated(state, req, [prompt])
     params = _with_bad_words(state, req, await _constrained(state, req, state.text.reasoning_mode(rendered)))
     calls = req.tools is not None and req.tools.calls_possible
     options = TextOptions(stop=req.stop, split_reasoning=state.text.split_reasoning,
@@ -161,10 +162,23 @@ async def admit_completion(request: Request, req: CompletionRequest,
     runs); returns its prompts' token ids too."""
     state = request.app.state.mili
     _check_served(state, req)
-    prompts = [state.text.encode_prompt(p, req.suffix) for p in req.prompts]
+    prompts = _truncated(state, req, [state.text.encode_prompt(p, req.suffix) for p in req.prompts])
     params = _with_bad_words(state, req, await _constrained(state, req, "none"))  # no reasoning split off
     options = TextOptions(stop=req.stop, skip_special_tokens=req.skip_special_tokens, include_stop=req.include_stop)
     return _admit(state, req, prompts, options, caller(request), deadline, params), prompts
+
+
+def _truncated(state, req: CommonFields, prompts: list[list[int]]) -> list[list[int]]:
+    """vLLM's truncate_prompt_tokens: each prompt's last N tokens (the conversation's end is what a reply needs)."""
+    keep = req.truncate_prompt_tokens
+    if keep is None:
+        return prompts
+    context = ready_info(state).max_model_len
+    if keep > context:
+        raise invalid(f"truncate_prompt_tokens ({keep}) exceeds this model's context length ({context} tokens)",
+                      "truncate_prompt_tokens")
+    keep = context if keep == -1 else keep
+    return [p[len(p) - keep:] if len(p) > keep else p for p in prompts]
 
 
 def _with_bad_words(state, req: CommonFields, params: SamplingParams) -> SamplingParams:

@@ -15,13 +15,13 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from gateway.text.reasoning_effort import EFFORTS
 from shared.request_limits import (COMPLETION_MAX_TOKENS_DEFAULT, FREQUENCY_PENALTY, LOGIT_BIAS, LOGPROBS,
                                    MAX_BAD_WORD_CHARS, MAX_BAD_WORDS, MAX_COMPLETION_TOKENS, MAX_TOKENS, MAX_TOOLS, MIN_P, MIN_TOKENS, N, NAME_PATTERN,
                                    PRESENCE_PENALTY, PRIORITY, REPETITION_PENALTY, SEED, TEMPERATURE, TOKEN_ID,
-                                   TOKEN_ID_KEY_PATTERN, TOP_K, TOP_P, Range)
+                                   TOKEN_ID_KEY_PATTERN, TOP_K, TOP_P, TRUNCATE_PROMPT_TOKENS, Range)
 
 
 def _limit(name: str) -> dict[str, Any]:
@@ -39,6 +39,17 @@ def _int(bounds: Range, **field: Any) -> Any:
     after a validator, pydantic would write the bounds into the JSON schema as "ge"/"le" instead of
     minimum/maximum)."""
     return Annotated[int, Field(**bounds.field_kwargs(), **field), BeforeValidator(_integral)]
+
+
+def _not_zero(value: int) -> int:
+    if value == 0:
+        raise ValueError("must be -1 (the context length) or positive")
+    return value
+
+
+# vLLM's truncate_prompt_tokens on generation: 0 would leave nothing to continue.
+TruncatePrompt = Annotated[_int(TRUNCATE_PROMPT_TOKENS, json_schema_extra={**_limit("context"), "not": {"const": 0}}),
+                           AfterValidator(_not_zero)]
 
 
 def _float(bounds: Range) -> Any:
@@ -141,6 +152,8 @@ class CommonBody(_Model):
                                                                       "that ended it")
     return_token_ids: bool | None = Field(None, description="true: the answer carries prompt_token_ids and each "
                                                             "choice (each chunk) its generated token_ids")
+    truncate_prompt_tokens: TruncatePrompt | None = Field(
+        None, description="keep the prompt's last N tokens (after the chat template); -1: the context length")
     allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = Field(
         None, description="only these tokens may be sampled")
     bad_words: Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_BAD_WORD_CHARS)]],

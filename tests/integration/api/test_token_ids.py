@@ -117,3 +117,25 @@ def test_bad_words_are_never_sampled_and_change_nothing_before(server, tiny_mode
 def test_bad_allowed_ids_and_bad_words_are_400s(server, field, value, message):
     r = httpx2.post(f"{server.url}/v1/chat/completions", json=CHAT | {field: value}, timeout=30)
     assert r.status_code == 400 and message in r.text, r.text
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_end(server):
+    full = _post(server, "/v1/completions", COMPLETION | {"n": 1})
+    whole = [c["prompt_token_ids"] for c in full["choices"]]
+    cut = _post(server, "/v1/completions", COMPLETION | {"n": 1, "truncate_prompt_tokens": 2})
+    assert [c["prompt_token_ids"] for c in cut["choices"]] == [p[-2:] for p in whole]
+    assert cut["usage"]["prompt_tokens"] == 4
+    rendered = _post(server, "/v1/chat/completions", CHAT)["prompt_token_ids"]
+    chat = _post(server, "/v1/chat/completions", CHAT | {"truncate_prompt_tokens": 5})
+    assert chat["prompt_token_ids"] == rendered[-5:] and chat["usage"]["prompt_tokens"] == 5
+    # Longer than the prompt, or the whole context (-1): the prompt as it is.
+    for keep in (300, -1):
+        body = _post(server, "/v1/chat/completions", CHAT | {"truncate_prompt_tokens": keep, "max_tokens": 1})
+        assert body["prompt_token_ids"] == rendered
+
+
+@pytest.mark.parametrize("keep, message", [(0, "-1 (the context length) or positive"),
+                                           (10 ** 6, "exceeds this model's context length")])
+def test_truncate_prompt_tokens_out_of_range_is_a_400(server, keep, message):
+    r = httpx2.post(f"{server.url}/v1/completions", json=COMPLETION | {"truncate_prompt_tokens": keep}, timeout=30)
+    assert r.status_code == 400 and message in r.text and "truncate_prompt_tokens" in r.text, r.text
