@@ -17,7 +17,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from gateway.openai.response_bodies import TokenNames
-from gateway.responses_api.to_chat import ResponsesRequest
+from gateway.responses_api.to_chat import ResponsesRequest, function_namespaces
 from gateway.streams.choice_stream import ChoiceEvent, TokenLogprob, Usage
 
 
@@ -39,6 +39,7 @@ class ResponseBuilder:
         self.pending_logprobs: list[dict[str, Any]] = []
         self.reasoning_text = ""
         self.sequence = 0
+        self.namespaces = function_namespaces(req.body.tools or [])  # a namespaced function's calls name it
 
     # ----- events -----
     def start(self) -> list[dict[str, Any]]:
@@ -67,8 +68,11 @@ class ResponseBuilder:
             if call.id is not None:
                 self.pending_space = ""
                 events += self._close("completed")
-                events += self._add({"id": _new_id("fc"), "type": "function_call", "status": "in_progress",
-                                     "call_id": call.id, "name": call.name, "arguments": ""})
+                item = {"id": _new_id("fc"), "type": "function_call", "status": "in_progress", "call_id": call.id,
+                        "name": call.name, "arguments": ""}
+                if call.name in self.namespaces:
+                    item["namespace"] = self.namespaces[call.name]
+                events += self._add(item)
             if call.arguments:
                 self.open["arguments"] += call.arguments
                 events.append(self._event("response.function_call_arguments.delta", item_id=self.open["id"],

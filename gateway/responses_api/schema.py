@@ -3,8 +3,10 @@
 MILI serves the API as the Chat Completions API it translates into (gateway/responses_api/to_chat.py): the
 conversation comes whole in `input` (an agent loop sends `response.output` back in, followed by its tool results),
 or continues a stored response named by `previous_response_id` (gateway/responses_api/store.py). What needs more
-state (`conversation`, `background`) or OpenAI's hosted tools is refused with a 400 naming the field. Models are
-strict and forbid unknown fields, as the other endpoints' (gateway/openai/schema.py).
+state (`conversation`, `background`) is refused with a 400 naming the field. Of OpenAI's hosted tools, web search is
+accepted and not offered to the model (agent clients such as Codex send it by default; MILI runs no hosted tool);
+the others are refused. Models are strict and forbid unknown fields, as the other endpoints'
+(gateway/openai/schema.py).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class FunctionCallItem(_Model):
     type: Literal["function_call"]
     call_id: str
     name: str
+    namespace: str | None = Field(None, description="the tool namespace the function was declared in")
     arguments: str = Field(description="a JSON value, as text")
     id: str | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
@@ -117,6 +120,30 @@ class FunctionTool(_Model):
     strict: bool | None = None
 
 
+class NamespaceTool(_Model):
+    """Function tools grouped under a name (OpenAI's tool namespaces): the model is offered the functions, and a
+    call of one carries the namespace back."""
+
+    type: Literal["namespace"]
+    name: str = Field(pattern=NAME_PATTERN)
+    description: str | None = None
+    tools: Annotated[list[FunctionTool], Field(min_length=1, max_length=MAX_TOOLS)]
+
+
+class WebSearchTool(_Model):
+    """OpenAI's hosted web search: accepted (Codex sends it by default) and not offered to the model, since MILI runs
+    no hosted tool; its settings change nothing."""
+
+    type: Literal["web_search", "web_search_preview"]
+    external_web_access: bool | None = None
+    filters: dict[str, Any] | None = None
+    search_context_size: Literal["low", "medium", "high"] | None = None
+    user_location: dict[str, Any] | None = None
+
+
+Tool = Annotated[Union[FunctionTool, NamespaceTool, WebSearchTool], Field(discriminator="type")]
+
+
 class FunctionChoice(_Model):
     type: Literal["function"]
     name: str
@@ -149,8 +176,10 @@ class ResponseStreamOptions(_Model):
 
 class ResponsesBody(_Model):
     model_config = ConfigDict(json_schema_extra={"allOf": [
+        # A call the model must make needs a function it is offered (flat or in a namespace; hosted tools are not).
         _when("tool_choice", {"anyOf": [{"const": "required"}, {"type": "object"}]},
-              _needs("tools", {"type": "array", "minItems": 1}))]})
+              _needs("tools", {"type": "array", "minItems": 1, "contains": {
+                  "type": "object", "required": ["type"], "properties": {"type": {"enum": ["function", "namespace"]}}}}))]})
 
     model: str = Field(description="the served model name (GET /v1/models); any other is a 404",
                        json_schema_extra=_limit("model"))
@@ -164,7 +193,7 @@ class ResponsesBody(_Model):
     top_p: TopP | None = None
     stream: bool | None = Field(None, description="true: the response is text/event-stream of typed events")
     stream_options: ResponseStreamOptions | None = None
-    tools: Annotated[list[FunctionTool], Field(max_length=MAX_TOOLS)] | None = None
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: Union[Literal["none", "auto", "required"], FunctionChoice] | None = Field(
         None, description="required needs tools; a named function must be one of tools")
     parallel_tool_calls: bool | None = None
@@ -183,6 +212,8 @@ class ResponsesBody(_Model):
     prompt_cache_key: str | None = None
     prompt_cache_retention: PromptCacheRetention | None = Field(None, description=PROMPT_CACHE_RETENTION)
     metadata: dict[str, str] | None = None
+    client_metadata: dict[str, Any] | None = Field(None, description="accepted (Codex sends its session ids); "
+                                                                     "not echoed")
     service_tier: str | None = None
     store: bool | None = Field(None, description="default true: the response is kept for previous_response_id and "
                                                  "GET /v1/responses/{id} (false on a server that keeps none)")

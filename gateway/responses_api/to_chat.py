@@ -4,7 +4,8 @@
 The translation: `instructions` is a system message ahead of the input; the input's messages keep their roles
 (developer as system); function calls sent back join the assistant turn before them as its tool_calls, and
 their outputs become tool messages; reasoning items are dropped (templates drop earlier turns' reasoning).
-Flat function tools and `tool_choice` take chat's nested shapes; `text.format` becomes `response_format`;
+Flat function tools and `tool_choice` take chat's nested shapes (a namespace's functions are offered beside the
+others; a hosted web search tool is not offered); `text.format` becomes `response_format`;
 `max_output_tokens` is max_completion_tokens. A 400 from the chat checks names the Responses field.
 """
 
@@ -17,8 +18,8 @@ from typing import Any
 
 from gateway.openai.parse import ChatRequest, Limits, parse_chat
 from gateway.openai.validation import validate
-from gateway.responses_api.schema import (LOGPROBS, UNSUPPORTED, FunctionCallItem, FunctionCallOutputItem, MessageItem,
-                                          ReasoningItem, ResponsesBody, item_kind)
+from gateway.responses_api.schema import (LOGPROBS, UNSUPPORTED, FunctionCallItem, FunctionCallOutputItem, FunctionTool,
+                                          MessageItem, NamespaceTool, ReasoningItem, ResponsesBody, Tool, item_kind)
 from gateway.server.errors import ApiError, invalid
 
 # A chat field's name in a 400 -> the Responses field it came from (by prefix).
@@ -82,9 +83,10 @@ def chat_body(body: ResponsesBody) -> dict[str, Any]:
         chat["top_logprobs"] = body.top_logprobs or 0
     if body.max_output_tokens is not None:
         chat["max_completion_tokens"] = body.max_output_tokens
-    if body.tools is not None:
+    functions = offered_functions(body.tools or [])
+    if body.tools is not None and (functions or not body.tools):  # hosted tools alone: the model is offered none
         chat["tools"] = [{"type": "function", "function": tool.model_dump(exclude={"type"}, exclude_none=True)}
-                         for tool in body.tools]
+                         for tool, _ in functions]
     if body.tool_choice is not None:
         choice = body.tool_choice
         chat["tool_choice"] = choice if isinstance(choice, str) else {"type": "function",
@@ -97,6 +99,30 @@ def chat_body(body: ResponsesBody) -> dict[str, Any]:
         else:
             chat["response_format"] = {"type": text_format.type}
     return chat
+
+
+def offered_functions(tools: list[Tool]) -> list[tuple[FunctionTool, str | None]]:
+    """The functions the model is offered, each with the namespace it was declared in (None: at the top level).
+    The model sees plain names, so a name declared twice, in namespaces or not, is a 400."""
+    functions: list[tuple[FunctionTool, str | None]] = []
+    for tool in tools:
+        if isinstance(tool, FunctionTool):
+            functions.append((tool, None))
+        elif isinstance(tool, NamespaceTool):
+            functions += [(inner, tool.name) for inner in tool.tools]
+    seen: dict[str, str | None] = {}
+    for tool, namespace in functions:
+        if tool.name in seen:
+            where = [f"namespace {ns!r}" if ns else "the top level" for ns in (seen[tool.name], namespace)]
+            raise invalid(f"tool {tool.name!r} is declared twice ({where[0]} and {where[1]}): the model calls "
+                          "functions by name", "tools")
+        seen[tool.name] = namespace
+    return functions
+
+
+def function_namespaces(tools: list[Tool]) -> dict[str, str]:
+    """Function name -> the namespace it was declared in, for the functions declared in one."""
+    return {tool.name: namespace for tool, namespace in offered_functions(tools) if namespace is not None}
 
 
 def _messages(body: ResponsesBody) -> list[dict[str, Any]]:

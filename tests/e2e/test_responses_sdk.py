@@ -158,8 +158,29 @@ def test_streamed_tool_call(client):
     assert pieces == calls[0].arguments and json.loads(pieces)["city"]
 
 
+def test_codex_shaped_tools_namespaces_and_hosted_search(client):
+    """What Codex sends: functions grouped in a namespace (a call of one names it), a hosted web search (accepted,
+    not offered: MILI runs no hosted tool) and client_metadata. The agent loop sends the namespaced call back."""
+    tools = [{"type": "namespace", "name": "weather_v1", "description": "Weather tools.", "tools": [WEATHER]},
+             {"type": "web_search", "external_web_access": False}]
+    ask = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+    first = client.responses.create(model=MODEL, input=ask, tools=tools, tool_choice="required",
+                                    parallel_tool_calls=False, max_output_tokens=60, temperature=0,
+                                    extra_body={"client_metadata": {"session_id": "s-1"}})
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert len(calls) == 1 and (calls[0].name, calls[0].namespace) == ("get_weather", "weather_v1")
+    assert [t.type for t in first.tools] == ["namespace", "web_search"]  # echoed as sent
+    follow = ask + first.output + [{"type": "function_call_output", "call_id": calls[0].call_id, "output": "Sunny"}]
+    second = client.responses.create(model=MODEL, input=follow, tools=tools, max_output_tokens=20, temperature=0)
+    assert second.output and second.usage.input_tokens > first.usage.input_tokens
+    # The model is offered the same functions as when they are declared flat: the same prompt.
+    flat = client.responses.input_tokens.count(input=ask, tools=[WEATHER]).input_tokens
+    assert client.responses.input_tokens.count(input=ask, tools=tools).input_tokens == flat
+
+
 @pytest.mark.parametrize("extra, param", [
-    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"tools": [{"type": "file_search", "vector_store_ids": ["vs_1"]}]}, "tools[0].type"),
+    ({"tools": [WEATHER, {"type": "namespace", "name": "w", "description": "d", "tools": [WEATHER]}]}, "tools"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "https://x"}]}]},
      "input[0].content"),
     ({"max_output_tokens": 10**6}, "max_output_tokens"),

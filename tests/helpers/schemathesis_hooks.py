@@ -302,10 +302,21 @@ def _as_chat(body: dict) -> dict:
             messages.append({"role": item.get("role"), "content": item.get("content")})
     chat = {"messages": messages, "max_completion_tokens": body.get("max_output_tokens")}
     if isinstance(body.get("tools"), list):
-        chat["tools"] = [{"type": "function", "function": t} for t in body["tools"]]
+        # A namespace's functions are offered beside the others; hosted tools are not offered.
+        functions = [inner for t in body["tools"] for inner in _offered(t)]
+        if functions or not body["tools"]:
+            chat["tools"] = [{"type": "function", "function": t} for t in functions]
     choice = body.get("tool_choice")
     chat["tool_choice"] = {"function": {"name": choice.get("name")}} if isinstance(choice, dict) else choice
     return chat
+
+
+def _offered(tool: Any) -> list[dict]:
+    """The functions a Responses tool offers the model: itself, a namespace's functions, or none (hosted tools)."""
+    if not isinstance(tool, dict):
+        return []
+    inner = tool.get("tools") if tool.get("type") == "namespace" else [tool]
+    return [t for t in inner if isinstance(t, dict) and t.get("type") == "function"] if isinstance(inner, list) else []
 
 
 # Output constraints (gateway/text/output_constraints.py): top-level fields and structured_outputs' keys.
