@@ -82,7 +82,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the longest prompt + output, in tokens (default: the model's context length, stretched by "
                         "its rope_scaling; lowered to what the KV cache holds)")
     p.add_argument("--hf-overrides", metavar="JSON", type=_hf_overrides,
-                   help='config.json keys to replace (an object merges key by key), e.g. YaRN for long contexts: \'{"rope_scaling": '
+                   help='config.json keys to replace (an object merges key by key), e.g. YaRN for long contexts: '
+                        '\'{"rope_scaling": '
                         '{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}\'')
     p.add_argument("--max-num-seqs", type=int, default=128)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)

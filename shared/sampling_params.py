@@ -1,8 +1,8 @@
 """Per-request sampling parameters, shared by the gateway (which builds them) and the worker (which obeys them).
 
 Field names and defaults follow OpenAI's API plus the extensions vLLM users expect (top_k, min_p,
-repetition_penalty, ignore_eos, min_tokens, stop_token_ids, allowed_token_ids, bad_words). Validation happens once, here, so the
-engine can trust every instance it receives.
+repetition_penalty, ignore_eos, min_tokens, stop_token_ids, allowed_token_ids, bad_words). Validation happens
+once, here, so the engine can trust every instance it receives.
 """
 
 from __future__ import annotations

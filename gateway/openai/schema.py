@@ -19,7 +19,8 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from gateway.text.reasoning_effort import EFFORTS
 from shared.request_limits import (COMPLETION_MAX_TOKENS_DEFAULT, FREQUENCY_PENALTY, LOGIT_BIAS, LOGPROBS,
-                                   MAX_BAD_WORD_CHARS, MAX_BAD_WORDS, MAX_COMPLETION_TOKENS, MAX_TOKENS, MAX_TOOLS, MIN_P, MIN_TOKENS, N, NAME_PATTERN,
+                                   MAX_BAD_WORD_CHARS, MAX_BAD_WORDS, MAX_COMPLETION_TOKENS, MAX_TOKENS, MAX_TOOLS,
+                                   MIN_P, MIN_TOKENS, N, NAME_PATTERN,
                                    PRESENCE_PENALTY, PRIORITY, REPETITION_PENALTY, SEED, TEMPERATURE, TOKEN_ID,
                                    TOKEN_ID_KEY_PATTERN, TOP_K, TOP_P, TRUNCATE_PROMPT_TOKENS, Range)
 

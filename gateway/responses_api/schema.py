@@ -179,7 +179,8 @@ class ResponsesBody(_Model):
         # A call the model must make needs a function it is offered (flat or in a namespace; hosted tools are not).
         _when("tool_choice", {"anyOf": [{"const": "required"}, {"type": "object"}]},
               _needs("tools", {"type": "array", "minItems": 1, "contains": {
-                  "type": "object", "required": ["type"], "properties": {"type": {"enum": ["function", "namespace"]}}}}))]})
+                  "type": "object", "required": ["type"],
+                  "properties": {"type": {"enum": ["function", "namespace"]}}}}))]})
 
     model: str = Field(description="the served model name (GET /v1/models); any other is a 404",
                        json_schema_extra=_limit("model"))

@@ -7,8 +7,9 @@ from pathlib import Path
 import torch
 
 # name -> config overrides; together they cover GQA ratios 1, 2, 4, tied and untied embeddings,
-# head_dim != hidden / heads, qkv bias (Qwen2), q/k/v/o and MLP biases (Llama's attention_bias, mlp_bias), q/k norm, and llama3 and YaRN rope scaling (YaRN's interpolated
-# frequencies and attention factor change every position's rotation, short prompts' included).
+# head_dim != hidden / heads, qkv bias (Qwen2), q/k/v/o and MLP biases (Llama's attention_bias, mlp_bias),
+# q/k norm, and llama3 and YaRN rope scaling (YaRN's interpolated frequencies and attention factor change every
+# position's rotation, short prompts' included).
 TINY_MODELS: dict[str, dict] = {
     "qwen3": dict(arch="Qwen3", hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                   tie_word_embeddings=True),

@@ -1,8 +1,9 @@
 """One decoder-only transformer that covers Qwen3, Qwen2 and Llama checkpoints.
 
 The three differ only in flags on ModelConfig: Qwen2 adds q/k/v biases (Llama and Qwen3 with attention_bias add
-them and an output-projection bias; Llama's mlp_bias adds gate, up and down biases), Qwen3 adds per-head RMSNorm on q and k (and may set head_dim != hidden /
-heads), and any may scale its rotary frequencies (worker/model/rotary.py). Projections
+them and an output-projection bias; Llama's mlp_bias adds gate, up and down biases), Qwen3 adds per-head RMSNorm
+on q and k (and may set head_dim != hidden / heads), and any may scale its rotary frequencies
+(worker/model/rotary.py). Projections
 are fused (q|k|v, gate|up) so each layer runs four matmuls; the weight loader fills the fused
 tensors from the checkpoint's separate ones.
 

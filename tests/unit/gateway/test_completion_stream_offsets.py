@@ -38,8 +38,8 @@ class Admitted:
 
 
 def streamed_offsets(echo: str) -> list[int]:
-    req = SimpleNamespace(params=SimpleNamespace(n=1, logprobs=0), echo=False, include_usage=False, return_token_ids=False,
-                          continuous_usage=False)
+    req = SimpleNamespace(params=SimpleNamespace(n=1, logprobs=0), echo=False, include_usage=False,
+                          continuous_usage=False, return_token_ids=False)
 
     async def collect() -> list[str]:
         return [s async for s in _completion_chunks(CompletionFormat("m", Names()), req, Admitted(), [[]], [echo])]
