@@ -81,6 +81,36 @@ def test_refusals_name_the_responses_field(body, param):
     assert e.value.status == 400 and e.value.param == param, e.value.message
 
 
+def _function(name: str) -> dict:
+    return {**TOOL, "name": name}
+
+
+def test_namespaced_functions_are_offered_flat_and_hosted_search_not_at_all():
+    tools = [_function("a"), {"type": "namespace", "name": "ns", "description": "d", "tools": [_function("b")]},
+             {"type": "web_search", "external_web_access": False}]
+    req = parse(input="x", tools=tools, client_metadata={"session": "s"})
+    assert [tool.name for tool in req.chat.tools.tools] == ["a", "b"]
+    assert parse(input="x", tools=[{"type": "web_search_preview"}]).chat.tools is None  # nothing to offer
+    # The call of a namespaced function names its namespace; a flat one does not.
+    _, response = run([ChoiceEvent(0, tool_calls=[ToolCallDelta(0, "call_a", "a", "{}")]),
+                       ChoiceEvent(0, tool_calls=[ToolCallDelta(1, "call_b", "b", "{}")], finish_reason="tool_calls")],
+                      "tool_calls", tools=tools)
+    assert [(item["name"], item.get("namespace")) for item in response["output"]] == [("a", None), ("b", "ns")]
+
+
+@pytest.mark.parametrize("tools, message", [
+    ([_function("a"), {"type": "namespace", "name": "ns", "description": "d", "tools": [_function("a")]}],
+     "'a' is declared twice (the top level and namespace 'ns')"),
+    ([{"type": "namespace", "name": f"ns{i}", "description": "d", "tools": [_function(f"f{i}_{j}") for j in range(2)]}
+      for i in range(65)], "at most 128"),
+    ([{"type": "file_search", "vector_store_ids": ["v"]}], "file_search"),
+])
+def test_tools_the_model_cannot_be_offered_are_400s_naming_tools(tools, message):
+    with pytest.raises(ApiError) as e:
+        parse(input="x", tools=tools)
+    assert e.value.status == 400 and e.value.param.startswith("tools") and message in e.value.message, e.value.message
+
+
 # ----- the output -----
 def run(events: list[ChoiceEvent], finish: str | None, **body) -> tuple[list[dict], dict]:
     builder = ResponseBuilder(parse(input="x", **body), tokenizer())
