@@ -221,6 +221,7 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
         Route("/api/embeddings", _api(pooling.ollama_embeddings), methods=["POST"]),
         Route("/api/tags", _api(ollama.tags), methods=["GET"]),
         Route("/api/show", _api(ollama.show), methods=["POST"]),
+        Route("/api/pull", _api(ollama.pull), methods=["POST"]),
         Route("/api/ps", _api(ollama.ps), methods=["GET"]),
         Route("/api/version", _api(ollama.version), methods=["GET"]),
         Route("/tokenize", _api(tokenize), methods=["POST"]),

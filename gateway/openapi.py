@@ -19,7 +19,7 @@ from pydantic.json_schema import models_json_schema
 
 from gateway.anthropic.schema import CountTokensBody, MessagesBody
 from gateway.openai.model_routes import MAX_LIST_LIMIT
-from gateway.ollama.schema import OllamaChatBody, OllamaGenerateBody, OllamaShowBody
+from gateway.ollama.schema import OllamaChatBody, OllamaGenerateBody, OllamaPullBody, OllamaShowBody
 from gateway.openai.parse import Limits, with_default_tag
 from gateway.openai.schema import ChatBody, CompletionBody
 from gateway.openai.tokenize_schema import DetokenizeBody, TokenizeChatBody, TokenizePromptBody
@@ -57,7 +57,8 @@ def _request_schemas() -> tuple[dict[str, dict], dict[str, Any]]:
                                     (CohereRerankRequest, "validation"), (ScoreRequest, "validation"),
                                     (MessagesBody, "validation"), (CountTokensBody, "validation"),
                                     (OllamaChatBody, "validation"), (OllamaGenerateBody, "validation"),
-                                    (OllamaShowBody, "validation"), (OllamaEmbedRequest, "validation"),
+                                    (OllamaShowBody, "validation"), (OllamaPullBody, "validation"),
+                                    (OllamaEmbedRequest, "validation"),
                                     (OllamaEmbeddingsRequest, "validation")],
                                    ref_template=_REF)
     return {model.__name__: ref for (model, _), ref in refs.items()}, top["$defs"]
@@ -297,6 +298,9 @@ def _ollama_paths(task: str, refs: dict[str, dict]) -> dict[str, Any]:
                                       _OLLAMA_DONE, streams=True),
         "/api/show": _ollama_post("The served model's details (Ollama's API)", refs["OllamaShowBody"], {
             "type": "object", "required": ["details", "model_info", "capabilities"]}),
+        "/api/pull": _ollama_post("Pull a model (Ollama's API): the served one is here already", refs["OllamaPullBody"],
+                                  {"type": "object", "required": ["status"], "properties": {"status": {
+                                      "const": "success"}}}, streams=True),
         "/api/tags": _ollama_get("the served model, as Ollama lists models"),
         "/api/ps": _ollama_get("the served model once loaded, as Ollama lists running models"),
         "/api/version": _ollama_get("MILI's version"),

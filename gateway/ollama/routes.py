@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gateway.ollama.output import OllamaOutput
-from gateway.ollama.schema import OllamaChatBody, OllamaGenerateBody, OllamaShowBody
+from gateway.ollama.schema import OllamaChatBody, OllamaGenerateBody, OllamaPullBody, OllamaShowBody
 from gateway.ollama.to_chat import chat_body, generate_body, ollama_names
 from gateway.openai.parse import (ChatRequest, CompletionRequest, Limits, parse_chat, parse_completion, require_model,
                                   with_default_tag, without_default_tag)
@@ -136,15 +136,32 @@ async def ps(request: Request) -> Response:
     return JSONResponse({"models": [entry] if info is not None else []})
 
 
-async def show(request: Request) -> Response:
+async def pull(request: Request) -> Response:
+    """Ollama clients pull a model before using it: the served one is here already, so the pull succeeds at once."""
     state = request.app.state.mili
-    body = validate(OllamaShowBody, await read_json(request, state.settings.max_body_bytes), ())
-    name = body.model or body.name
+    body = validate(OllamaPullBody, await read_json(request, state.settings.max_body_bytes), ())
+    _served_name(state, body.model or body.name, " (it pulls no other)")
+    if body.stream:
+        return Response(_line({"status": "success"}), media_type=NDJSON)
+    return JSONResponse({"status": "success"})
+
+
+def _served_name(state, name: str | None, refusal_note: str = "") -> str:
+    """The served model a request names (by any of its names, with or without Ollama's :latest tag)."""
     if not name:
         raise ApiError(400, "model is required", "model")
     served = state.settings.served_model_names
     if without_default_tag(name, served) not in served:
-        raise ApiError(404, f"model '{name}' not found; this server serves '{with_default_tag(served[0])}'", "model")
+        raise ApiError(404, f"model '{name}' not found; this server serves '{with_default_tag(served[0])}'"
+                       + refusal_note, "model")
+    return name
+
+
+async def show(request: Request) -> Response:
+    state = request.app.state.mili
+    body = validate(OllamaShowBody, await read_json(request, state.settings.max_body_bytes), ())
+    _served_name(state, body.model or body.name)
+    served = state.settings.served_model_names
     entry = _model_entry(state, served[0])
     info = state.pool.info
     arch = entry["details"]["family"]

@@ -1,5 +1,5 @@
 """Ollama's API through Ollama's official Python client (`ollama`), against the default model, as its docs use it:
-the model listed, shown and running; chat and generate, streamed and not; structured output; a tool call's result
+the model listed, shown, pulled and running; chat and generate, streamed and not; structured output; a tool call's result
 sent back; options; errors as the client raises them."""
 
 from __future__ import annotations
@@ -31,6 +31,15 @@ def test_the_served_model_is_listed_shown_and_running(client, server):
     [running] = client.ps().models
     assert running.model == TAGGED and running.size_vram == 0  # on the CPU
     assert httpx2.get(f"{server.url}/api/version").json()["version"]
+
+
+def test_pulling_the_served_model_succeeds_at_once_and_another_is_a_404(client):
+    """Ollama clients pull before they use a model: the served one is here, so the pull ends at once."""
+    assert client.pull(TAGGED).status == "success"
+    assert [p.status for p in client.pull(MODEL, stream=True)] == ["success"]
+    with pytest.raises(ollama.ResponseError) as e:
+        client.pull("llama3.2")
+    assert e.value.status_code == 404 and "pulls no other" in e.value.error
 
 
 @pytest.mark.parametrize("model", [MODEL, TAGGED])

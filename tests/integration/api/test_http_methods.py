@@ -17,7 +17,7 @@ ROUTES = {"/v1/completions": {"POST"}, "/v1/chat/completions": {"POST"}, "/v1/re
           "/version": {"GET", "HEAD"}, "/debug/kv": {"GET", "HEAD"},
           "/v1/streams/{stream_id}": {"GET", "HEAD"},  # resumable streams (404 for an unknown id)
           "/": {"GET", "HEAD"}, "/web-ui/{name}": {"GET", "HEAD"},  # the chat page and its assets
-          "/api/chat": {"POST"}, "/api/generate": {"POST"}, "/api/show": {"POST"},  # Ollama's API
+          "/api/chat": {"POST"}, "/api/generate": {"POST"}, "/api/show": {"POST"}, "/api/pull": {"POST"},  # Ollama
           "/api/tags": {"GET", "HEAD"}, "/api/ps": {"GET", "HEAD"}, "/api/version": {"GET", "HEAD"}}
 # Methods a path answers through another route that matches it too: not 405, and not in its Allow header.
 THROUGH_ANOTHER_ROUTE = {"/v1/responses/input_tokens": {"GET", "HEAD", "DELETE"}}  # a stored response's (a 404)
