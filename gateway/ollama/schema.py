@@ -117,8 +117,8 @@ class OllamaGenerateBody(_Generating):
     context: NoContext | None = None
 
 
-class OllamaPullBody(OllamaBody):
-    """POST /api/pull: the served model is already here (a success at once); MILI downloads no other."""
+class _NamingModel(OllamaBody):
+    """A body that names a model as `model` or, in older clients, `name`."""
 
     model_config = ConfigDict(json_schema_extra={"anyOf": [
         {"required": [field], "properties": {field: {"type": "string"}}} for field in ("model", "name")]})
@@ -126,16 +126,15 @@ class OllamaPullBody(OllamaBody):
     model: OllamaModelName | None = None
     name: str | None = Field(None, min_length=1, description="the older clients' name for model (one of the two is "
                                                              "required; model wins)")
+
+
+class OllamaPullBody(_NamingModel):
+    """POST /api/pull: the served model is already here (a success at once); MILI downloads no other."""
+
     insecure: bool | None = None
     stream: bool = Field(True, description="true (Ollama's default): the status as one newline-delimited JSON line")
 
 
-class OllamaShowBody(OllamaBody):
-    model_config = ConfigDict(json_schema_extra={"anyOf": [
-        {"required": [field], "properties": {field: {"type": "string"}}} for field in ("model", "name")]})
-
-    model: OllamaModelName | None = None
-    name: str | None = Field(None, min_length=1, description="the older clients' name for model (one of the two is "
-                                                             "required; model wins)")
+class OllamaShowBody(_NamingModel):
     verbose: bool | None = None
 
