@@ -10,8 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker.checkpoint.rope_scaling import (RopeScaling, RopeScalingError, describe_context_length, parse_rope_scaling,
-                                            scaled_context_length)
+from worker.checkpoint.rope_scaling import RopeScaling, RopeScalingError, parse_rope_scaling, scaled_context_length
 
 SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM")
 # The same decoders with a sequence-classification head (`score`, on the last token) instead of the LM head.
@@ -49,12 +48,12 @@ class ModelConfig:
     @property
     def context_length(self) -> int:
         """The longest sequence the model serves: max_position_embeddings, stretched by linear or YaRN scaling."""
-        return scaled_context_length(self.rope_scaling, self.max_position_embeddings)
+        return scaled_context_length(self.rope_scaling, self.max_position_embeddings)[0]
 
     @property
     def context_length_source(self) -> str:
         """Where context_length comes from, for messages."""
-        return describe_context_length(self.rope_scaling, self.max_position_embeddings)
+        return scaled_context_length(self.rope_scaling, self.max_position_embeddings)[1]
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, overrides: dict | None = None) -> ModelConfig:

@@ -75,22 +75,17 @@ def parse_rope_scaling(cfg: dict) -> RopeScaling | None:
     raise RopeScalingError(f"unsupported rope_scaling type {kind!r} (supported: {', '.join(SUPPORTED_KINDS)})")
 
 
-def scaled_context_length(scaling: RopeScaling | None, max_position_embeddings: int) -> int:
-    """The longest context the scaled model serves, by vLLM's rule: YaRN stretches the original context by its
-    factor, linear stretches max_position_embeddings; llama3 checkpoints already state their full length."""
+def scaled_context_length(scaling: RopeScaling | None, max_position_embeddings: int) -> tuple[int, str]:
+    """The longest context the scaled model serves, and where it comes from (for messages), by vLLM's rule: YaRN
+    stretches the original context by its factor, linear stretches max_position_embeddings; llama3 checkpoints
+    already state their full length."""
     if isinstance(scaling, YarnRope):
-        return int(scaling.original_max_position_embeddings * scaling.factor)
+        original = scaling.original_max_position_embeddings
+        return int(original * scaling.factor), f"YaRN: original_max_position_embeddings {original} x {scaling.factor}"
     if isinstance(scaling, LinearRope):
-        return int(max_position_embeddings * scaling.factor)
-    return max_position_embeddings
-
-
-def describe_context_length(scaling: RopeScaling | None, max_position_embeddings: int) -> str:
-    if isinstance(scaling, YarnRope):
-        return f"YaRN: original_max_position_embeddings {scaling.original_max_position_embeddings} x {scaling.factor}"
-    if isinstance(scaling, LinearRope):
-        return f"linear rope scaling: max_position_embeddings {max_position_embeddings} x {scaling.factor}"
-    return f"max_position_embeddings {max_position_embeddings}"
+        return (int(max_position_embeddings * scaling.factor),
+                f"linear rope scaling: max_position_embeddings {max_position_embeddings} x {scaling.factor}")
+    return max_position_embeddings, f"max_position_embeddings {max_position_embeddings}"
 
 
 def _factor(scaling: dict) -> float:
