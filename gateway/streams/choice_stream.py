@@ -103,7 +103,7 @@ class _Choice:
                                                   for t, lp, top in (delta.logprobs or ())[:taken]],
                             stop_string=self.stops.matched if hit and self.stops is not None else None,
                             ends_on_stop_token=delta.stop_token_id is not None and not hit and taken > 0,
-                            token_ids=list(delta.token_ids[:taken]))
+                            token_ids=delta.token_ids[:taken])  # a slice: already a copy
         if self.reasoning is not None:
             event.reasoning, text = self.reasoning.feed(text)
             if finish is not None:
