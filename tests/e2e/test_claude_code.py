@@ -19,19 +19,16 @@ import subprocess
 
 import pytest
 
-from tests.helpers.scripted_model import build_scripted_model
-from tests.helpers.server import Server
+from tests.helpers.scripted_model import start_scripted_server
 
 CLAUDE = os.environ.get("MILI_CLAUDE_CODE")
 pytestmark = pytest.mark.skipif(not CLAUDE, reason="set MILI_CLAUDE_CODE to the claude executable to run")
-MODEL, OK = "smol", 2231  # OK: "ok" in the default model's tokenizer
+MODEL = "smol"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    model = build_scripted_model(tmp_path_factory.mktemp("scripted") / "model", OK, max_positions=65536)
-    srv = Server(model, "--served-model-name", MODEL, "--num-kv-blocks", "4200",
-                 log_path=tmp_path_factory.mktemp("claude-code") / "server.log").start()
+    srv = start_scripted_server(tmp_path_factory, MODEL)
     yield srv
     srv.stop()
 

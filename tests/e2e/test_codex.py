@@ -15,19 +15,16 @@ import subprocess
 
 import pytest
 
-from tests.helpers.scripted_model import build_scripted_model
-from tests.helpers.server import Server
+from tests.helpers.scripted_model import start_scripted_server
 
 CODEX = os.environ.get("MILI_CODEX")
 pytestmark = pytest.mark.skipif(not CODEX, reason="set MILI_CODEX to the codex executable to run")
-MODEL, OK = "scripted", 2231  # the default model's tokenizer: "ok"
+MODEL = "scripted"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    model = build_scripted_model(tmp_path_factory.mktemp("scripted") / "model", OK)
-    srv = Server(model, "--served-model-name", MODEL, "--num-kv-blocks", "1100",
-                 log_path=tmp_path_factory.mktemp("codex") / "server.log").start()
+    srv = start_scripted_server(tmp_path_factory, MODEL)
     yield srv
     srv.stop()
 

@@ -15,19 +15,16 @@ import subprocess
 
 import pytest
 
-from tests.helpers.scripted_model import build_scripted_model
-from tests.helpers.server import Server
+from tests.helpers.scripted_model import start_scripted_server
 
 QWEN_CODE = os.environ.get("MILI_QWEN_CODE")
 pytestmark = pytest.mark.skipif(not QWEN_CODE, reason="set MILI_QWEN_CODE to the qwen executable to run")
-MODEL, OK = "qwen-local", 2231  # OK: "ok" in the default model's tokenizer
+MODEL = "qwen-local"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    model = build_scripted_model(tmp_path_factory.mktemp("scripted") / "model", OK, max_positions=65536)
-    srv = Server(model, "--served-model-name", MODEL, "--num-kv-blocks", "4200",
-                 log_path=tmp_path_factory.mktemp("qwen-code") / "server.log").start()
+    srv = start_scripted_server(tmp_path_factory, MODEL)
     yield srv
     srv.stop()
 

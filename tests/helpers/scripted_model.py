@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.helpers.server import build_served_tiny_model
+from tests.helpers.server import Server, build_served_tiny_model
 
-NEWLINE, EOS = 198, 2  # the default model's tokenizer: "\n" and <|im_end|>
+NEWLINE, EOS, OK = 198, 2, 2231  # the default model's tokenizer: "\n", <|im_end|> and "ok"
 
 
 def build_scripted_model(out_dir: Path, answer_token: int, max_positions: int = 16384) -> Path:
@@ -45,3 +45,10 @@ def build_scripted_model(out_dir: Path, answer_token: int, max_positions: int = 
     config = config_path.read_text().replace('"tie_word_embeddings": true', '"tie_word_embeddings": false')
     config_path.write_text(config)
     return out_dir
+
+
+def start_scripted_server(tmp_path_factory, served_name: str, max_positions: int = 65536) -> Server:
+    """`mili serve` on a model scripted to answer "ok", with a KV cache that holds one whole context."""
+    model = build_scripted_model(tmp_path_factory.mktemp("scripted") / "model", OK, max_positions=max_positions)
+    return Server(model, "--served-model-name", served_name, "--num-kv-blocks", str(max_positions // 16 + 1),
+                  log_path=tmp_path_factory.mktemp(served_name) / "server.log").start()
