@@ -101,7 +101,8 @@ class LLMEngine:
         # Pooling runs prefill only: no decode step ever comes for the decode program or graphs to serve.
         self.runner = ModelRunner(model, kv_caches, config.block_size, self.device,
                                   decode_program=config.decode_program and self.pooler is None,
-                                  max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len)
+                                  max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
+                                  reads_every_row=self.pooler is not None)
         if graphs_off is None:
             self.runner.use_decode_graphs(scratch_block=num_blocks, max_rows=config.max_num_seqs,
                                           max_model_len=self.max_model_len, capture=self.device.type == "cuda")

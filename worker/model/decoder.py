@@ -23,7 +23,7 @@ from worker.model.layer_ops import LayerOps, TorchLayerOps
 from worker.model.layers import RMSNorm
 from worker.model.rotary import RotaryEmbedding
 from worker.model.packed_linear import PackedLinear, pack_linears
-from worker.model.step_context import StepContext
+from worker.model.step_context import OutputRows, RowStep, StepContext
 from worker.quant.linear import BlockEmbedding, QuantLinear, module_for, repack_for_kernel
 from worker.quant.sources import HEAD
 
@@ -44,13 +44,19 @@ class Attention(nn.Module):
         self.backend = backend
         self.ops = ops
 
-    def forward(self, x: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], step: StepContext) -> torch.Tensor:
-        num_tokens = x.shape[0]
+    def forward(self, x: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], step: StepContext,
+                rows: RowStep | None = None) -> torch.Tensor:
+        """x: [num_tokens, hidden] -> [num_tokens, hidden], or [len(rows.index), hidden] for just those rows (every
+        row's K and V are cached either way)."""
         qkv = self.qkv_proj(x)  # [num_tokens, q_size + 2 * kv_size]
         q = self.ops.qkv_to_cache(self, qkv, kv_cache, step)  # [num_tokens, heads, head_dim]; K, V cached
+        if rows is not None:
+            if rows.index.numel() == 0:
+                return x.new_empty((0, x.shape[1]))
+            q, step = q[rows.index], rows.step  # [num_out, heads, head_dim]
         k_cache, v_cache = kv_cache
-        out = self.backend.attend(q, k_cache, v_cache, step.meta, step.plan, self.scale)  # [tokens, heads, dim]
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
+        out = self.backend.attend(q, k_cache, v_cache, step.meta, step.plan, self.scale)  # [rows, heads, dim]
+        return self.o_proj(out.reshape(q.shape[0], self.q_size))
 
 
 class MLP(nn.Module):
@@ -74,16 +80,22 @@ class DecoderLayer(nn.Module):
         self.ops = ops
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, kv_cache,
-                step: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
+                step: StepContext, rows: RowStep | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x: the previous layer's MLP output (the embeddings, with residual None, for the first layer).
         Returns this layer's MLP output and the residual stream before it; the next layer adds them,
-        fused into its first norm: transformers' `x = x + sublayer(norm(x))`, twice, rounded alike."""
+        fused into its first norm: transformers' `x = x + sublayer(norm(x))`, twice, rounded alike.
+        With `rows`, both for those rows only."""
         norm1, norm2 = self.input_layernorm, self.post_attention_layernorm
         if residual is None:
             residual, h = x, self.ops.rms_norm(x, norm1.weight, norm1.eps)
         else:
             h, residual = self.ops.add_rms_norm(x, residual, norm1.weight, norm1.eps)
-        h, residual = self.ops.add_rms_norm(self.self_attn(h, kv_cache, step), residual, norm2.weight, norm2.eps)
+        attended = self.self_attn(h, kv_cache, step, rows)
+        if rows is not None:
+            residual = residual[rows.index]
+            if attended.shape[0] == 0:  # no row is read past the cache
+                return attended, residual
+        h, residual = self.ops.add_rms_norm(attended, residual, norm2.weight, norm2.eps)
         return self.mlp(h), residual
 
 
@@ -169,14 +181,24 @@ class DecoderForCausalLM(nn.Module):
             del self.lm_head
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
-        """input_ids, positions: [num_tokens] -> final hidden states [num_tokens, hidden]."""
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
+                outputs: OutputRows | None = None) -> torch.Tensor:
+        """input_ids, positions: [num_tokens] -> final hidden states [num_tokens, hidden], or with `outputs` those
+        rows' alone, [len(outputs.index), hidden] (see OutputRows)."""
         x = self.embed_tokens(input_ids)
         self.ops.check_step(positions, self.rotary.cos.shape[0])
         step = StepContext(meta, self.backend.plan(meta), positions, self.rotary, x.dtype)
         residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            x, residual = layer(x, residual, kv_cache, step)
+        last = len(self.layers) - 1
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
+            rows = None
+            if i == last and outputs is not None:
+                row_step = step if outputs.index.numel() == 0 else StepContext(
+                    outputs.meta, self.backend.plan(outputs.meta), positions[outputs.index], self.rotary, x.dtype)
+                rows = RowStep(outputs.index, row_step)
+            x, residual = layer(x, residual, kv_cache, step, rows)
+        if x.shape[0] == 0:  # no row is read: the step only filled the cache
+            return x
         return self.ops.add_rms_norm(x, residual, self.norm.weight, self.norm.eps)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""What every decoder layer needs to know about the step, computed once by the model's forward."""
+"""What every decoder layer needs to know about the step, computed once by the model's forward, and which rows
+of the step the last layer computes."""
 
 from __future__ import annotations
 
@@ -27,3 +28,25 @@ class StepContext:
         if self._tables is None:
             self._tables = self.rotary.tables(self.positions, self.dtype)
         return self._tables
+
+
+@dataclass(frozen=True)
+class OutputRows:
+    """The rows of a step whose final hidden states are read (its sampling and prompt-scoring rows), and the
+    attention metadata that has each of them attend as a one-token decode at its own position.
+
+    Given these, the last layer writes every row's K and V to the cache, as it must, but computes its attention,
+    output projection and MLP for these rows alone: a prefill chunk's other rows feed nothing past their K and V.
+    Each of these rows then attends in the last layer the way a decode row does, whatever chunk it came in, so its
+    bits do not depend on how its prompt was chunked or batched."""
+
+    index: torch.Tensor  # [num_out] int64: rows of the step's tokens, ascending
+    meta: AttentionMetadata | None  # one attention row per output row, each of query length 1 (None: no rows)
+
+
+@dataclass(frozen=True)
+class RowStep:
+    """OutputRows as the last layer takes them: the rows, and a step context of their own for their attention."""
+
+    index: torch.Tensor  # [num_out] int64
+    step: StepContext

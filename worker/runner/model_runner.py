@@ -16,6 +16,7 @@ import torch
 from worker.attention.metadata import AttentionMetadata
 from worker.core.scheduler import ScheduledBatch
 from worker.model.decoder import DecoderForCausalLM
+from worker.model.step_context import OutputRows
 from worker.runner.decode_graphs import CaptureFailed, DecodeGraphs, GraphStep
 from worker.runner.decode_program import DecodeProgram, unsupported_reason
 from worker.runner.prompt_logprobs import PromptSpan, PromptTokenLogprob, prompt_rows_to_score, score_prompt_rows
@@ -34,22 +35,29 @@ class StepInputs:
     prompt_rows: torch.Tensor  # [num_prompt_rows] int64: rows of the hidden states that score a prompt token
     prompt_targets: torch.Tensor  # [num_prompt_rows] int64: the prompt token each of them scores
     prompt_spans: list[PromptSpan]  # which sequence each run of prompt rows belongs to
+    # A step with prompt rows: the rows read after it (logits_indices and prompt_rows then index them), which
+    # alone go through the last layer past its K/V (OutputRows). None: every row is computed and returned.
+    outputs: OutputRows | None = None
 
 
 @dataclass
 class ModelOutput:
     logits: torch.Tensor  # [num_sampling, vocab] float32
     prompt_logprobs: dict[int, list[PromptTokenLogprob]]  # batch index -> this step's new prompt entries
-    hidden: torch.Tensor | None = None  # [num_tokens, hidden]: every row's final hidden state (pooling reads it)
+    # [num_tokens, hidden]: every row's final hidden state (pooling reads it; with StepInputs.outputs, those rows')
+    hidden: torch.Tensor | None = None
 
 
 class ModelRunner:
     def __init__(self, model: DecoderForCausalLM, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                  block_size: int, device: torch.device | str = "cpu", decode_program: bool = False,
-                 max_num_seqs: int = 1, max_model_len: int = 1):
+                 max_num_seqs: int = 1, max_model_len: int = 1, reads_every_row: bool = False):
         """decode_program: run decode-only steps as one kernel program where the model allows it
-        (worker/runner/decode_program.py), with buffers for max_num_seqs rows of up to max_model_len tokens."""
+        (worker/runner/decode_program.py), with buffers for max_num_seqs rows of up to max_model_len tokens.
+        reads_every_row: every row's final hidden state is read (pooling), so the last layer computes them all;
+        otherwise a step with prompt rows takes it for its sampling and prompt-scoring rows only (OutputRows)."""
         self.model = model
+        self.reads_every_row = reads_every_row
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = torch.device(device)
@@ -112,6 +120,7 @@ class ModelRunner:
         query_lens: list[int] = []
         single_prompt_rows: set[int] = set()
         tables: list[list[int]] = []  # one per attention row: a verification's k + 1 rows share its table
+        token_tables: list[list[int]] = []  # one per token: its sequence's table
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
             start = seq.num_computed_tokens
             end = start + n
@@ -126,6 +135,7 @@ class ModelRunner:
             positions.extend(range(start, end))
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            token_tables.extend([table] * n)
             if verifies:
                 # Each row of a verification is, to attention, a one-token decode at its own position: the
                 # same kernel, the same keys, so the bits plain decoding would compute for it (a chunk's
@@ -154,34 +164,31 @@ class ModelRunner:
             if end == seq.num_tokens and seq.num_output_tokens < seq.max_tokens:
                 logits_indices.append(len(input_ids) - 1)
                 sampling_rows.append(i)
-        max_blocks = max(len(table) for table in tables)
-        tables = [table + [0] * (max_blocks - len(table)) for table in tables]
-        query_start = [0]
-        for n in query_lens:
-            query_start.append(query_start[-1] + n)
+        # Rows read after a step with prompt rows: they alone go through the last layer past its K/V (OutputRows),
+        # each as a one-token decode at its own position (its keys are cached by then: the last layer writes the
+        # step's K and V before it attends).
+        read: list[int] | None = None
+        if not self.reads_every_row and (single_prompt_rows or any(n > 1 for n in query_lens)):
+            read = sorted(set(logits_indices) | set(prompt_rows))
+            compact = {row: j for j, row in enumerate(read)}
+            logits_indices = [compact[row] for row in logits_indices]
+            prompt_rows = [compact[row] for row in prompt_rows]
+        host = [torch.tensor(values, dtype=torch.int64)
+                for values in (input_ids, positions, logits_indices, prompt_rows, prompt_targets)]
+        host += _metadata_tensors(slots, tables, context_lens, query_lens)
+        read_lens = [positions[r] + 1 for r in read or ()]  # each read row's keys, its own included
+        if read:
+            host.append(torch.tensor(read, dtype=torch.int64))
+            host += _metadata_tensors([slots[r] for r in read], [token_tables[r] for r in read], read_lens,
+                                      [1] * len(read))
         # Built on the host (from Python lists), then moved together: one copy on an accelerator, none on the CPU.
-        (slot_mapping, block_tables, context_lens_t, query_start_loc, input_ids_t, positions_t, logits_indices_t,
-         prompt_rows_t, prompt_targets_t) = to_device([
-            torch.tensor(slots, dtype=torch.int64),
-            torch.tensor(tables, dtype=torch.int32),
-            torch.tensor(context_lens, dtype=torch.int32),
-            torch.tensor(query_start, dtype=torch.int32),
-            torch.tensor(input_ids, dtype=torch.int64),
-            torch.tensor(positions, dtype=torch.int64),
-            torch.tensor(logits_indices, dtype=torch.int64),
-            torch.tensor(prompt_rows, dtype=torch.int64),
-            torch.tensor(prompt_targets, dtype=torch.int64),
-        ], self.device)
-        meta = AttentionMetadata(
-            slot_mapping=slot_mapping,  # [num_tokens] int64
-            block_tables=block_tables,  # [attention rows, max_blocks] int32
-            context_lens=context_lens_t,  # [attention rows] int32
-            query_start_loc=query_start_loc,  # [attention rows + 1] int32
-            context_lens_host=tuple(context_lens),
-            query_lens_host=tuple(query_lens),
-            single_prompt_rows=frozenset(single_prompt_rows),
-            block_size=bs,
-        )
+        moved = to_device(host, self.device)
+        input_ids_t, positions_t, logits_indices_t, prompt_rows_t, prompt_targets_t = moved[:5]
+        meta = self._metadata(moved[5:9], context_lens, query_lens, frozenset(single_prompt_rows))
+        outputs = None
+        if read is not None:
+            outputs = OutputRows(moved[9], self._metadata(moved[10:14], read_lens, [1] * len(read), frozenset())) \
+                if read else OutputRows(torch.empty(0, dtype=torch.int64, device=self.device), None)
         return StepInputs(
             input_ids=input_ids_t,
             positions=positions_t,
@@ -191,6 +198,21 @@ class ModelRunner:
             prompt_rows=prompt_rows_t,
             prompt_targets=prompt_targets_t,
             prompt_spans=prompt_spans,
+            outputs=outputs,
+        )
+
+    def _metadata(self, tensors: list[torch.Tensor], context_lens: list[int], query_lens: list[int],
+                  single_prompt_rows: frozenset[int]) -> AttentionMetadata:
+        slot_mapping, block_tables, context_lens_t, query_start_loc = tensors  # as _metadata_tensors made them
+        return AttentionMetadata(
+            slot_mapping=slot_mapping,  # [num_tokens] int64
+            block_tables=block_tables,  # [attention rows, max_blocks] int32
+            context_lens=context_lens_t,  # [attention rows] int32
+            query_start_loc=query_start_loc,  # [attention rows + 1] int32
+            context_lens_host=tuple(context_lens),
+            query_lens_host=tuple(query_lens),
+            single_prompt_rows=single_prompt_rows,
+            block_size=self.block_size,
         )
 
     @torch.inference_mode()
@@ -200,7 +222,8 @@ class ModelRunner:
             return ModelOutput(self.decode_graphs.run(inputs), {})
         hidden = self._program_hidden(inputs)
         if hidden is None:
-            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)  # [tokens, hidden]
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta,
+                                inputs.outputs)  # [tokens, hidden], or [outputs, hidden]
         vocab = self.model.config.vocab_size
         if inputs.sampling_rows:
             logits = self.model.compute_logits(hidden[inputs.logits_indices])
@@ -232,3 +255,17 @@ class ModelRunner:
                     e.top = e.top[:span.k]
             out[span.batch_index] = entries
         return out
+
+
+def _metadata_tensors(slots: list[int], tables: list[list[int]], context_lens: list[int],
+                      query_lens: list[int]) -> list[torch.Tensor]:
+    """Attention metadata's tensors on the host, from one slot per token and one table, context length and query
+    length per attention row: slot_mapping, block_tables (padded with block 0), context_lens, query_start_loc."""
+    max_blocks = max(len(table) for table in tables)
+    query_start = [0]
+    for n in query_lens:
+        query_start.append(query_start[-1] + n)
+    return [torch.tensor(slots, dtype=torch.int64),
+            torch.tensor([table + [0] * (max_blocks - len(table)) for table in tables], dtype=torch.int32),
+            torch.tensor(context_lens, dtype=torch.int32),
+            torch.tensor(query_start, dtype=torch.int32)]
