@@ -21,6 +21,12 @@ TINY_MODELS: dict[str, dict] = {
                   rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
 }
+# Architectures served through another's decoder: built on request, not iterated by every parity test.
+MORE_TINY_MODELS: dict[str, dict] = {
+    # Llama's decoder with Mistral's sliding window (none here; tests set one) and head_dim * heads != hidden.
+    "mistral": dict(arch="Mistral", hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                    tie_word_embeddings=False, sliding_window=None),
+}
 
 
 def build_tiny_model(name: str, seed: int, out_dir: Path, vocab_size: int = 320, num_layers: int = 2,
@@ -29,7 +35,7 @@ def build_tiny_model(name: str, seed: int, out_dir: Path, vocab_size: int = 320,
     overrides: config fields that replace the named model's (head counts, sizes)."""
     import transformers
 
-    spec = dict(TINY_MODELS[name]) | overrides
+    spec = dict((TINY_MODELS | MORE_TINY_MODELS)[name]) | overrides
     arch = spec.pop("arch")
     config_cls = getattr(transformers, f"{arch}Config")
     model_cls = getattr(transformers, f"{arch}ForCausalLM")

@@ -1,7 +1,8 @@
 """The model's shape, read from an HF-format config.json and checked against what the engine supports.
 
-Anything we cannot run exactly (sliding windows, unknown rope scaling, other activations) is refused
-here with a message naming the setting, so a model never silently produces wrong tokens.
+Anything we cannot run exactly (per-layer sliding windows, unknown rope scaling, other activations) is refused
+here with a message naming the setting, so a model never silently produces wrong tokens. Mistral's one sliding
+window over every layer is served up to the window's length, where it is full causal attention.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from pathlib import Path
 
 from worker.checkpoint.rope_scaling import RopeScaling, RopeScalingError, parse_rope_scaling, scaled_context_length
 
-SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM")
+# Mistral is Llama's decoder with an optional sliding window (see sliding_window below).
+SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM")
 # The same decoders with a sequence-classification head (`score`, on the last token) instead of the LM head.
 CLASSIFIER_ARCHITECTURES = {a.replace("ForCausalLM", "ForSequenceClassification"): a for a in SUPPORTED_ARCHITECTURES}
 
@@ -44,16 +46,28 @@ class ModelConfig:
     bos_token_id: int | None
     torch_dtype: str | None
     num_labels: int = 0  # a sequence classifier's outputs; 0: a causal LM
+    # Mistral's sliding_window: a token attends to itself and the window - 1 tokens before it. Within that many
+    # tokens this is full causal attention, so the model is served up to it (vLLM's rule for backends without
+    # sliding-window kernels); None: no window.
+    sliding_window: int | None = None
 
     @property
     def context_length(self) -> int:
-        """The longest sequence the model serves: max_position_embeddings, stretched by linear or YaRN scaling."""
-        return scaled_context_length(self.rope_scaling, self.max_position_embeddings)[0]
+        """The longest sequence the model serves: max_position_embeddings, stretched by linear or YaRN scaling,
+        at most the sliding window."""
+        return self._context()[0]
 
     @property
     def context_length_source(self) -> str:
         """Where context_length comes from, for messages."""
-        return scaled_context_length(self.rope_scaling, self.max_position_embeddings)[1]
+        return self._context()[1]
+
+    def _context(self) -> tuple[int, str]:
+        length, source = scaled_context_length(self.rope_scaling, self.max_position_embeddings)
+        if self.sliding_window is not None and self.sliding_window < length:
+            return self.sliding_window, (f"sliding_window {self.sliding_window}: past it the model needs "
+                                         "sliding-window attention, which MILI does not run")
+        return length, source
 
     @classmethod
     def from_dir(cls, model_dir: str | Path, overrides: dict | None = None) -> ModelConfig:
@@ -109,7 +123,19 @@ class ModelConfig:
             bos_token_id=gen.get("bos_token_id", cfg.get("bos_token_id")),
             torch_dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
             num_labels=num_labels,
+            sliding_window=_sliding_window(arch, cfg),
         )
+
+
+def _sliding_window(arch: str, cfg: dict) -> int | None:
+    """Mistral's window (config.json's sliding_window, null for none); the other architectures' sliding_window
+    counts only under use_sliding_window, which _refuse_unsupported_settings refuses."""
+    if arch != "MistralForCausalLM" or cfg.get("sliding_window") is None:
+        return None
+    window = cfg["sliding_window"]
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise UnsupportedModelError(f"sliding_window must be a positive integer or null, got {window!r}")
+    return window
 
 
 def _merged(base: dict, overrides: dict) -> dict:

@@ -82,7 +82,8 @@ def test_pickled_checkpoints_are_not_loaded(tmp_path):
 
 
 @pytest.mark.parametrize("setting, message", [
-    ({"architectures": ["MistralForCausalLM"]}, "unsupported architecture"),
+    ({"architectures": ["GemmaForCausalLM"]}, "unsupported architecture"),
+    ({"architectures": ["MistralForCausalLM"], "sliding_window": 0}, "sliding_window must be a positive integer"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
     ({"use_sliding_window": True}, "use_sliding_window"),
     ({"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}, "rope_scaling type 'dynamic'"),
