@@ -110,8 +110,8 @@ class OllamaGenerateBody(_Generating):
     prompt: str = ""
     system: str | None = None
     suffix: str | None = Field(None, description="the text after the insertion point: fill in the middle (a model "
-                                                 "with fill-in-the-middle tokens; no template, no logprobs)")
-    raw: bool = Field(False, description="the prompt as it is, without the chat template; not with logprobs")
+                                                 "with fill-in-the-middle tokens; no template)")
+    raw: bool = Field(False, description="the prompt as it is, without the chat template")
     images: NoImages | None = None
     template: NoTemplate | None = None
     context: NoContext | None = None

@@ -51,10 +51,10 @@ def generate_body(body: OllamaGenerateBody, served: tuple[str, ...]) -> dict[str
     """A chat body, or with `raw` or a `suffix` a completion body (images, template and context: the schema's
     checks). A suffix asks for the text between the prompt and it, as Ollama's code models' templates do."""
     completion = body.raw or bool(body.suffix)
-    if completion and body.logprobs:
-        raise invalid(f"logprobs with {'raw' if body.raw else 'suffix'} is not supported by this server", "logprobs")
     request = {**_sampling(body, served), **_shaping(body, as_completion=completion)}
     if completion:
+        if body.logprobs:  # the completions API's form: logprobs is the number of alternatives
+            request["logprobs"] = request.pop("top_logprobs", 0)
         request["prompt"] = body.prompt
         if body.suffix:
             request["suffix"] = body.suffix

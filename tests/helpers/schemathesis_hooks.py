@@ -65,9 +65,6 @@ def filter_case(context, case) -> bool:
     if not isinstance(body, dict):
         return True
     if path in ("/api/chat", "/api/generate"):  # Ollama's: judged as the chat or completion body it becomes
-        if path == "/api/generate" and body.get("raw") is True and body.get("logprobs") is True:
-            DROPPED["raw_with_logprobs"] += 1
-            return False
         body = _ollama_as_openai(path, body)
         path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
     if path.endswith(("/responses", "/responses/input_tokens")):

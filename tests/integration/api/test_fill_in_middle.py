@@ -6,6 +6,8 @@ shared tiny server, whose tokenizer has no such tokens, a suffix is a 400 naming
 
 from __future__ import annotations
 
+import json
+
 import httpx2
 import ollama
 import pytest
@@ -20,8 +22,6 @@ PREFIX, SUFFIX = "def area(radius):\n    ", "\n    return result\n"
 
 @pytest.fixture(scope="module")
 def fim_server(tmp_path_factory):
-    import json
-
     template = json.loads((tokenizer_source_dir() / "tokenizer_config.json").read_text())["chat_template"]
     srv, ids = start_tagged_qwen3(tmp_path_factory, "fim", MARKERS, template, "--served-model-name", "fim")
     yield srv, ids
@@ -52,6 +52,25 @@ def test_the_prompt_is_prefix_suffix_middle(fim_server):
     reply = ollama.Client(host=srv.url).generate(model="fim", prompt=PREFIX, suffix=SUFFIX, system="ignored",
                                                  options={"temperature": 0, "num_predict": 12})
     assert reply.response == filled["choices"][0]["text"] and reply.prompt_eval_count == len(expected)
+
+
+@pytest.mark.parametrize("extra", [{"suffix": SUFFIX}, {"raw": True}], ids=["suffix", "raw"])
+def test_ollama_completions_carry_logprobs(fim_server, extra):
+    """/api/generate with a suffix or raw runs as a completion; its logprobs are the completion's, in Ollama's shape."""
+    srv, _ = fim_server
+    body = {"model": "fim", "prompt": PREFIX, "options": {"temperature": 0, "num_predict": 6}, "logprobs": True,
+            "top_logprobs": 2, **extra}
+    reply = httpx2.post(f"{srv.url}/api/generate", json={**body, "stream": False}, timeout=60).json()
+    reference = complete(srv.url, prompt=PREFIX, max_tokens=6, logprobs=2, **({"suffix": SUFFIX} if "suffix" in extra
+                                                                               else {}))["choices"][0]["logprobs"]
+    entries = reply["logprobs"]
+    assert [e["token"] for e in entries] == reference["tokens"] and len(entries) == reply["eval_count"]
+    assert [e["logprob"] for e in entries] == pytest.approx(reference["token_logprobs"], abs=1e-6)
+    assert all(len(e["top_logprobs"]) == 2 for e in entries)
+    assert "".join(reference["tokens"]) == reply["response"]
+    streamed = httpx2.post(f"{srv.url}/api/generate", json={**body, "stream": True}, timeout=60)
+    lines = [json.loads(line) for line in streamed.text.splitlines() if line]
+    assert [e for line in lines for e in line.get("logprobs") or []] == entries
 
 
 @pytest.mark.parametrize("extra, param", [({"echo": True}, "echo"), ({"prompt": [1, 2, 3]}, "prompt")])

@@ -116,10 +116,11 @@ def test_a_suffix_is_a_fill_in_the_middle_completion():
                                          "system": "ignored", "think": True}, ())
     assert generate_body(body, (SERVED,)) == {"model": SERVED, "stream": True, "prompt": "def f(",
                                            "suffix": "    return x"}
-    with pytest.raises(ApiError) as e:
-        generate_body(validate(OllamaGenerateBody, {"model": SERVED, "prompt": "a", "suffix": "b", "logprobs": True},
-                               ()), (SERVED,))
-    assert e.value.param == "logprobs"
+    for extra, logprobs in (({}, 0), ({"top_logprobs": 3}, 3)):  # the completions API's form: the alternatives
+        body = validate(OllamaGenerateBody, {"model": SERVED, "prompt": "a", "suffix": "b", "logprobs": True, **extra},
+                        ())
+        request = generate_body(body, (SERVED,))
+        assert request["logprobs"] == logprobs and "top_logprobs" not in request
 
 
 @pytest.mark.parametrize("field", [{"template": "{{ .Prompt }}"}, {"context": [1, 2]},
