@@ -50,7 +50,8 @@ def chat_body(body: OllamaChatBody, served: tuple[str, ...]) -> dict[str, Any]:
 def generate_body(body: OllamaGenerateBody, served: tuple[str, ...]) -> dict[str, Any]:
     """A chat body, or with `raw` or a `suffix` a completion body (images, template and context: the schema's
     checks). A suffix asks for the text between the prompt and it, as Ollama's code models' templates do."""
-    completion = body.raw or bool(body.suffix)
+    # With no prompt there is nothing to complete: a load request, checked as the chat it would be.
+    completion = bool(body.prompt) and (body.raw or bool(body.suffix))
     request = {**_sampling(body, served), **_shaping(body, as_completion=completion)}
     if completion:
         if body.logprobs:  # the completions API's form: logprobs is the number of alternatives

@@ -121,6 +121,11 @@ def test_a_suffix_is_a_fill_in_the_middle_completion():
                         ())
         request = generate_body(body, (SERVED,))
         assert request["logprobs"] == logprobs and "top_logprobs" not in request
+    # With no prompt there is nothing to complete: a load request, checked as its chat (logprobs a boolean there).
+    for extra in ({"suffix": "b"}, {"raw": True}):
+        body = validate(OllamaGenerateBody, {"model": SERVED, "prompt": "", "logprobs": True, **extra}, ())
+        request = generate_body(body, (SERVED,))
+        assert request["logprobs"] is True and "prompt" not in request and "suffix" not in request
 
 
 @pytest.mark.parametrize("field", [{"template": "{{ .Prompt }}"}, {"context": [1, 2]},
