@@ -3,7 +3,8 @@
 
 A sequence samples this step when its chunk reaches its last known token and it may still generate; an
 earlier prefill chunk only fills the cache, and computing its logits would be wasted work, unless the
-request asked for prompt logprobs (worker/runner/prompt_logprobs.py).
+request asked for prompt logprobs (worker/runner/prompt_logprobs.py). For the same reason, in a step with prompt
+rows only the rows read (sampling and prompt-scoring) go through the last layer past its K/V write (OutputRows).
 """
 
 from __future__ import annotations
