@@ -1,8 +1,8 @@
 """The model's shape, read from an HF-format config.json and checked against what the engine supports.
 
-Anything we cannot run exactly (per-layer sliding windows, unknown rope scaling, other activations) is refused
-here with a message naming the setting, so a model never silently produces wrong tokens. Mistral's one sliding
-window over every layer is served up to the window's length, where it is full causal attention.
+Anything we cannot run exactly (unknown rope scaling, other activations, attention other than causal) is refused
+here with a message naming the setting, so a model never silently produces wrong tokens. A sliding window (Mistral's,
+or Qwen2's and Qwen3's use_sliding_window) is served up to the window's length, where it is full causal attention.
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ class ModelConfig:
     bos_token_id: int | None
     torch_dtype: str | None
     num_labels: int = 0  # a sequence classifier's outputs; 0: a causal LM
-    # Mistral's sliding_window: a token attends to itself and the window - 1 tokens before it. Within that many
-    # tokens this is full causal attention, so the model is served up to it (vLLM's rule for backends without
-    # sliding-window kernels); None: no window.
+    # The sliding window of the layers that have one: a token attends to itself and the window - 1 tokens before
+    # it. Within that many tokens this is full causal attention, so the model is served up to it (vLLM's rule for
+    # backends without sliding-window kernels); None: no layer has a window.
     sliding_window: int | None = None
 
     @property
@@ -128,13 +128,22 @@ class ModelConfig:
 
 
 def _sliding_window(arch: str, cfg: dict) -> int | None:
-    """Mistral's window (config.json's sliding_window, null for none); the other architectures' sliding_window
-    counts only under use_sliding_window, which _refuse_unsupported_settings refuses."""
-    if arch != "MistralForCausalLM" or cfg.get("sliding_window") is None:
+    """The window, where some layer has one, as transformers decides: Mistral's sliding_window covers every layer
+    (null: none); Qwen2's and Qwen3's counts only under use_sliding_window, in the layers layer_types marks
+    sliding_attention (without layer_types, those from max_window_layers on); Llama has none."""
+    window = cfg.get("sliding_window")
+    if arch == "LlamaForCausalLM" or window is None:
         return None
-    window = cfg["sliding_window"]
+    if arch != "MistralForCausalLM":
+        if not cfg.get("use_sliding_window"):
+            return None
+        layer_types = cfg.get("layer_types") or [
+            "sliding_attention" if i >= cfg.get("max_window_layers", 28) else "full_attention"
+            for i in range(cfg["num_hidden_layers"])]
+        if "sliding_attention" not in layer_types:
+            return None
     if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-        raise UnsupportedModelError(f"sliding_window must be a positive integer or null, got {window!r}")
+        raise UnsupportedModelError(f"sliding_window must be a positive integer, got {window!r}")
     return window
 
 
@@ -177,9 +186,7 @@ def _refuse_unsupported_settings(cfg: dict) -> None:
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
         raise UnsupportedModelError(f"unsupported hidden_act {act!r} (only 'silu')")
-    if cfg.get("use_sliding_window"):
-        raise UnsupportedModelError("unsupported setting use_sliding_window=true (sliding-window attention)")
     layer_types = cfg.get("layer_types") or []
-    other = sorted({t for t in layer_types if t != "full_attention"})
+    other = sorted({t for t in layer_types if t not in ("full_attention", "sliding_attention")})
     if other:
-        raise UnsupportedModelError(f"unsupported layer_types {other} (only full_attention)")
+        raise UnsupportedModelError(f"unsupported layer_types {other} (only full_attention and sliding_attention)")

@@ -85,9 +85,10 @@ def test_pickled_checkpoints_are_not_loaded(tmp_path):
     ({"architectures": ["GemmaForCausalLM"]}, "unsupported architecture"),
     ({"architectures": ["MistralForCausalLM"], "sliding_window": 0}, "sliding_window must be a positive integer"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
-    ({"use_sliding_window": True}, "use_sliding_window"),
+    ({"use_sliding_window": True, "sliding_window": 0, "max_window_layers": 0, "layer_types": None},
+     "sliding_window must be"),
     ({"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}, "rope_scaling type 'dynamic'"),
-    ({"layer_types": ["full_attention", "sliding_attention"]}, "sliding_attention"),
+    ({"layer_types": ["full_attention", "linear_attention"]}, "linear_attention"),
 ])
 def test_unsupported_settings_are_refused_by_name(qwen2_dir, setting, message):
     config = json.loads((qwen2_dir / "config.json").read_text())
