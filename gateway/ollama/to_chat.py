@@ -27,7 +27,7 @@ from typing import Any
 
 from gateway.ollama.schema import OllamaChatBody, OllamaGenerateBody, OllamaMessage
 from gateway.openai.parse import PREFILL, ends_in_prefill, without_default_tag
-from gateway.server.errors import invalid, params_renamed
+from gateway.server.errors import params_renamed
 
 # A chat field's name in a 400 -> the Ollama field it came from (by prefix).
 _PARAMS = (("max_tokens", "options.num_predict"), ("repetition_penalty", "options.repeat_penalty"),
