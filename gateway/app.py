@@ -17,6 +17,9 @@ from starlette.routing import Route
 
 from gateway import openapi
 from gateway.anthropic.routes import count_tokens, messages
+from gateway.huggingface import routes as huggingface
+from gateway.huggingface import tei_routes, tgi_routes
+from gateway.huggingface.errors import TEI, TGI, answered_in, dialect_of
 from gateway.ollama import routes as ollama
 from gateway.metrics.mili_metrics import Metrics
 from gateway.openai.parse import Limits
@@ -175,7 +178,7 @@ async def openapi_json(request: Request) -> Response:
     info = state.pool.info
     return JSONResponse(openapi.document(openapi.ServedBounds(
         state.settings.served_model_names, state.settings.limits, info and info.vocab_size, info and info.max_model_len,
-        state.engine_config.task, state.text.split_reasoning)))
+        state.engine_config.task, state.text.split_reasoning, state.settings.web_ui)))
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
@@ -200,6 +203,7 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
                 state.streams.close()
             await state.pool.stop()
 
+    root_post = _api(answered_in(dialect_of, huggingface.root))
     app = Starlette(routes=[
         Route("/v1/completions", _api(completions), methods=["POST"]),
         Route("/v1/chat/completions", _api(chat_completions), methods=["POST"]),
@@ -208,8 +212,8 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
         Route("/v1/responses/{response_id}", _api(stored_response), methods=["GET", "DELETE"]),
         Route("/v1/responses/{response_id}/input_items", _api(response_input_items), methods=["GET"]),
         Route("/v1/embeddings", _api(pooling.embeddings), methods=["POST"]),
-        Route("/v1/rerank", _api(pooling.rerank), methods=["POST"]),
-        Route("/rerank", _api(pooling.rerank), methods=["POST"]),
+        Route("/v1/rerank", _api(tei_routes.rerank_either), methods=["POST"]),
+        Route("/rerank", _api(tei_routes.rerank_either), methods=["POST"]),
         Route("/v2/rerank", _api(pooling.cohere_rerank), methods=["POST"]),
         Route("/score", _api(pooling.score), methods=["POST"]),
         Route("/v1/score", _api(pooling.score), methods=["POST"]),
@@ -224,6 +228,11 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
         Route("/api/pull", _api(ollama.pull), methods=["POST"]),
         Route("/api/ps", _api(ollama.ps), methods=["GET"]),
         Route("/api/version", _api(ollama.version), methods=["GET"]),
+        # Hugging Face's TGI (generate) and TEI (embed, rerank): their own routes, errors in their shape.
+        Route("/generate", _api(answered_in(lambda _: TGI, tgi_routes.generate)), methods=["POST"]),
+        Route("/generate_stream", _api(answered_in(lambda _: TGI, tgi_routes.generate_stream)), methods=["POST"]),
+        Route("/embed", _api(answered_in(lambda _: TEI, tei_routes.embed)), methods=["POST"]),
+        Route("/info", _api(answered_in(dialect_of, huggingface.info)), methods=["GET"]),
         Route("/tokenize", _api(tokenize), methods=["POST"]),
         Route("/detokenize", _api(detokenize), methods=["POST"]),
         Route("/v1/streams/{stream_id}", _api(resume_stream), methods=["GET"]),
@@ -236,7 +245,9 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
         Route("/debug/kv", _api(debug_routes.kv_ledger), methods=["GET"]),
         *([Route("/debug/kv/fault", _api(debug_routes.inject_kv_fault), methods=["POST"])]
           if settings.enable_debug_faults else []),
-        *(web_ui.routes(thinking=state.text.split_reasoning) if settings.web_ui else []),
+        # POST /: TGI's or TEI's route; GET /: the chat page.
+        *(web_ui.routes(thinking=state.text.split_reasoning, post=root_post) if settings.web_ui
+          else [Route("/", root_post, methods=["POST"])]),
     ], exception_handlers={HTTPException: _http_error}, lifespan=lifespan)
     app.state.mili = state
     app.add_middleware(ApiKeyMiddleware, keyring=state.keyring, on_refused=state.metrics.unauthorized,

@@ -60,7 +60,8 @@ class PromptBuilder:
 
     # ----- embeddings -----
     def embedding_inputs(self, inputs: list[str] | list[list[int]], truncate: int | None,
-                         add_special_tokens: bool) -> list[list[int]]:
+                         add_special_tokens: bool, keep_end: bool = False) -> list[list[int]]:
+        """`keep_end`: a cut keeps the input's last tokens rather than its first (TEI's truncation_direction Left)."""
         limit = self._limit(truncate)
         prompts = []
         for item in inputs:
@@ -68,10 +69,12 @@ class PromptBuilder:
                 enc = self.tok.encode(item, add_special_tokens=False)
                 if limit is not None:
                     room = limit - (self.tok.num_special_tokens_to_add(False) if add_special_tokens else 0)
-                    enc.truncate(max(room, 0))
+                    enc.truncate(max(room, 0), direction="left" if keep_end else "right")
                 ids = self.tok.post_process(enc, None, True).ids if add_special_tokens else enc.ids
+            elif limit is not None and len(item) > limit:
+                ids = list(item[-limit:] if keep_end else item[:limit])
             else:
-                ids = list(item[:limit]) if limit is not None else list(item)
+                ids = list(item)
             prompts.append(self._checked(ids, "input"))
         return prompts
 

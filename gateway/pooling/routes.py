@@ -8,6 +8,7 @@ and the context. Then each input (or query-document pair) is one prefill-only re
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -27,11 +28,14 @@ from gateway.server.errors import ApiError, invalid
 from gateway.server.task_guard import require_task
 
 
-async def _body(request: Request, task: str, model_cls, default_tag: bool = False):
-    """The checked body: the task, its shape, the model (with `default_tag`, Ollama's `name:latest` names it too)."""
+async def _body(request: Request, task: str, model_cls, default_tag: bool = False, raw: Any = None):
+    """The checked body: the task, its shape, the model (with `default_tag`, Ollama's `name:latest` names it too).
+    `raw`: the body as read already (by a route that looked at it first), else it is read here."""
     state = request.app.state.mili
     require_task(state.engine_config.task, task)
-    req = validate(model_cls, await read_json(request, state.settings.max_body_bytes), unsupported=UNSUPPORTED)
+    if raw is None:
+        raw = await read_json(request, state.settings.max_body_bytes)
+    req = validate(model_cls, raw, unsupported=UNSUPPORTED)
     check_priority(getattr(req, "priority", None), state.settings.limits)
     served = state.settings.served_model_names
     if req.model is not None:
@@ -93,8 +97,8 @@ def _check_dimensions(state, dimensions: int | None) -> None:
         raise invalid(f"dimensions ({dimensions}) exceeds this model's embedding size ({size})", "dimensions")
 
 
-async def rerank(request: Request) -> Response:
-    state, req = await _body(request, "score", RerankRequest)
+async def rerank(request: Request, raw: Any = None) -> Response:
+    state, req = await _body(request, "score", RerankRequest, raw=raw)
     deadline = request_deadline(request, state.settings.request_timeout)
     prompts = _prompts(state).pairs([req.query] * len(req.documents), req.documents, req.truncate_prompt_tokens,
                                     req.instruction)

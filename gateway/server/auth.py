@@ -161,12 +161,13 @@ def route_label(path: str) -> str:
 
 
 class ApiKeyMiddleware:
-    """Every route but /health (and the paths `is_public` names: the chat page and its assets) needs
+    """Every route but /health (and the requests `is_public(method, path)` names: reading the chat page and its
+    assets) needs
     `Authorization: Bearer KEY` (or `x-api-key: KEY`) with a known key (when any is configured); the caller's
     ApiKey is left in the scope for the routes (`caller`). Each refusal is reported with its route (`on_refused`)."""
 
     def __init__(self, app, keyring: KeyRing, on_refused: Callable[[str], None] | None = None,
-                 is_public: Callable[[str], bool] | None = None):
+                 is_public: Callable[[str, str], bool] | None = None):
         self.app = app
         self.keyring = keyring
         self.on_refused = on_refused
@@ -177,7 +178,7 @@ class ApiKeyMiddleware:
             return await self.app(scope, receive, send)
         if not self.keyring.required:
             scope[SCOPE_KEY] = ANONYMOUS
-        elif scope["path"] != "/health" and not (self.is_public and self.is_public(scope["path"])):
+        elif scope["path"] != "/health" and not (self.is_public and self.is_public(scope["method"], scope["path"])):
             headers = dict(scope["headers"])
             key = self.keyring.lookup(headers.get(b"authorization", b""), headers.get(b"x-api-key", b""))
             if key is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import mimetypes
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from starlette.requests import Request
@@ -38,9 +39,10 @@ _TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=ut
           ".html": "text/html; charset=utf-8", ".svg": "image/svg+xml"}
 
 
-def is_public(path: str) -> bool:
-    """The paths served without an API key: the page and its assets."""
-    return path == PAGE or path.startswith(ASSETS)
+def is_public(method: str, path: str) -> bool:
+    """The requests served without an API key: reading the page and its assets (a POST to / is TGI's or TEI's
+    route, gateway/huggingface/routes.py, and needs the key as every API route does)."""
+    return method in ("GET", "HEAD") and (path == PAGE or path.startswith(ASSETS))
 
 
 class _Asset:
@@ -56,9 +58,11 @@ class _Asset:
         return Response(self.body, media_type=self.media_type, headers=headers)
 
 
-def routes(thinking: bool) -> list[Route]:
+def routes(thinking: bool, post: Callable[[Request], Awaitable[Response]]) -> list[Route]:
     """The page's routes, its files read now (a missing file fails the server's start, not a user's load).
-    `thinking`: whether the served model reasons in <think> tags, so the page offers its on/off switch."""
+    `thinking`: whether the served model reasons in <think> tags, so the page offers its on/off switch. `post`:
+    what answers a POST to the page's path (TGI's route there, gateway/huggingface/routes.py): one route for both
+    methods, so that a 405 there names them both."""
     assets = {p.name: _Asset(p) for p in sorted(STATIC.iterdir()) if p.is_file() and p.name != "index.html"}
     html = (STATIC / "index.html").read_text()
     if _THINKING_MARK not in html:
@@ -66,7 +70,7 @@ def routes(thinking: bool) -> list[Route]:
     page = _Asset(STATIC / "index.html", html.replace(_THINKING_MARK, "true" if thinking else "false").encode())
 
     async def index(request: Request) -> Response:
-        return page.response(request)
+        return await post(request) if request.method == "POST" else page.response(request)
 
     async def asset(request: Request) -> Response:
         found = assets.get(request.path_params["name"])
@@ -74,4 +78,4 @@ def routes(thinking: bool) -> list[Route]:
             return ApiError(404, f"no such file: {request.url.path}").response()
         return found.response(request)
 
-    return [Route(PAGE, index, methods=["GET"]), Route(ASSETS + "{name}", asset, methods=["GET"])]
+    return [Route(PAGE, index, methods=["GET", "POST"]), Route(ASSETS + "{name}", asset, methods=["GET"])]

@@ -21,7 +21,9 @@ def guarded(tiny_model_dir, tmp_path_factory):
 
 @pytest.mark.parametrize("method, path", [("GET", "/v1/models"), ("GET", "/metrics"), ("GET", "/openapi.json"),
                                           ("GET", "/debug/kv"),
-                                          ("POST", "/v1/completions"), ("POST", "/v1/chat/completions")])
+                                          ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
+                                          # TGI's routes; POST / too, on the path of the page served without a key
+                                          ("POST", "/"), ("POST", "/generate"), ("GET", "/info")])
 @pytest.mark.parametrize("header", [None, "Bearer wrong", "Bearer s3cret-ke", KEY])
 def test_routes_refuse_missing_or_wrong_keys(guarded, method, path, header):
     headers = {"authorization": header} if header else {}
@@ -32,6 +34,7 @@ def test_routes_refuse_missing_or_wrong_keys(guarded, method, path, header):
 
 def test_health_is_open_and_the_key_works(guarded):
     assert httpx2.get(f"{guarded.url}/health").status_code == 200
+    assert httpx2.get(f"{guarded.url}/").status_code == 200  # the chat page asks for the key itself
     client = openai.OpenAI(base_url=f"{guarded.url}/v1", api_key=KEY, max_retries=0)
     assert client.completions.create(model="tiny", prompt="hi", max_tokens=2).usage.completion_tokens >= 1
     with pytest.raises(openai.AuthenticationError):

@@ -1,6 +1,7 @@
 """`mili serve` on a tiny sentence-transformers checkpoint laid out as Qwen3-Embedding's is (last-token pooling,
 Normalize, the tokenizer appending <|endoftext|>), found by `--task auto`: /v1/embeddings against
-sentence-transformers, through raw HTTP and the openai SDK, and every bad input."""
+sentence-transformers, through raw HTTP and the openai SDK, and every bad input; TEI's /embed and huggingface_hub's
+feature_extraction on the same vectors."""
 
 from __future__ import annotations
 
@@ -63,8 +64,9 @@ def test_task_is_read_from_the_checkpoint(embed_server):
     assert "task embed, from the checkpoint" in embed_server.log_path.read_text()
     paths = httpx2.get(f"{embed_server.url}/openapi.json").json()["paths"]
     assert "/v1/embeddings" in paths and "/v1/chat/completions" not in paths
-    # The chat page talks to /v1/chat/completions, which an embedding server does not answer: no page either.
-    assert httpx2.get(f"{embed_server.url}/").status_code == 404
+    # The chat page talks to /v1/chat/completions, which an embedding server does not answer: no page either (/
+    # takes TEI's POST there).
+    assert httpx2.get(f"{embed_server.url}/").status_code == 405
 
 
 def test_embeddings_match_sentence_transformers(embed_server, st):
@@ -267,3 +269,89 @@ def test_deadline_passed_is_a_504(embed_server):
                     headers={"X-Request-Timeout": "0.000001"})
     assert r.status_code == 504 and r.json()["error"]["code"] == "deadline_exceeded", r.text
     assert embed_server.metric("mili_requests_total", task="embed", finish_reason="deadline") >= 1
+
+
+# ----- text-embeddings-inference's API: POST /embed, POST /, GET /info -----
+def _tei(server: Server, path: str, body: dict, status: int = 200):
+    r = _post(server, path, body)
+    assert r.status_code == status, r.text
+    return r.json()
+
+
+def test_tei_embed_is_the_same_vectors(embed_server, st):
+    expected = [v.float() for v in st.encode(TEXTS, batch_size=1)]
+    for path in ("/embed", "/"):  # TEI's POST / runs its model's route: /embed on an embedding model
+        batch = _tei(embed_server, path, {"inputs": TEXTS})
+        assert len(batch) == len(TEXTS)
+        for got, want in zip(batch, expected):
+            torch.testing.assert_close(torch.tensor(got), want, atol=1e-4, rtol=1e-4)
+    single = _tei(embed_server, "/embed", {"inputs": TEXTS[0]})  # one text: still a list of one vector
+    assert len(single) == 1
+    torch.testing.assert_close(torch.tensor(single[0]), expected[0], atol=1e-4, rtol=1e-4)
+    (ids,) = st.input_ids([TEXTS[2]])
+    by_ids = _tei(embed_server, "/embed", {"inputs": ids})  # a list of ints is one input's token ids
+    torch.testing.assert_close(torch.tensor(by_ids[0]), expected[2], atol=1e-4, rtol=1e-4)
+    # This checkpoint normalizes (its Normalize module): normalize false gives that same vector.
+    raw = _tei(embed_server, "/embed", {"inputs": TEXTS[1], "normalize": False})
+    torch.testing.assert_close(torch.tensor(raw[0]), expected[1], atol=1e-4, rtol=1e-4)
+
+
+def test_tei_dimensions_cut_before_normalizing(embed_server, st):
+    whole = st.encode([TEXTS[0]])[0].float()
+    unit = _tei(embed_server, "/embed", {"inputs": TEXTS[0], "dimensions": 16})[0]
+    torch.testing.assert_close(torch.tensor(unit), whole[:16] / whole[:16].norm(), atol=1e-4, rtol=1e-4)
+    cut = _tei(embed_server, "/embed", {"inputs": TEXTS[0], "dimensions": 16, "normalize": False})[0]
+    torch.testing.assert_close(torch.tensor(cut), whole[:16], atol=1e-4, rtol=1e-4)
+
+
+def test_tei_truncates_by_default_from_either_end(embed_server, st):
+    long_text = " ".join(TEXTS * 6)
+    (ids,) = st.input_ids([long_text])
+    assert len(ids) > CONTEXT
+    first = _tei(embed_server, "/embed", {"inputs": long_text})[0]  # TEI's default: truncate (--auto-truncate)
+    assert first == _tei(embed_server, "/embed", {"inputs": long_text, "truncation_direction": "Right"})[0]
+    def by_ids(kept: list[int]) -> torch.Tensor:
+        return torch.tensor(_tei(embed_server, "/embed", {"inputs": kept})[0])
+
+    # The tokenizer's appended EOS is added again after the cut, from either end.
+    torch.testing.assert_close(torch.tensor(first), by_ids(ids[:CONTEXT - 1] + ids[-1:]), atol=1e-6, rtol=1e-6)
+    last = _tei(embed_server, "/embed", {"inputs": long_text, "truncation_direction": "Left"})[0]
+    torch.testing.assert_close(torch.tensor(last), by_ids(ids[-CONTEXT:-1] + ids[-1:]), atol=1e-6, rtol=1e-6)
+    refused = _tei(embed_server, "/embed", {"inputs": long_text, "truncate": False}, status=422)
+    assert refused["error_type"] == "Validation" and "context length" in refused["error"]
+
+
+@pytest.mark.parametrize("body,status,kind", [
+    ({"inputs": ""}, 400, "Empty"),
+    ({"inputs": []}, 400, "Empty"),
+    ({"inputs": ["fine", ""]}, 400, "Empty"),
+    ({"inputs": "x", "dimensions": 0}, 422, "Validation"),
+    ({"inputs": "x", "dimensions": 65}, 422, "Validation"),
+    ({"inputs": "x", "prompt_name": "query"}, 422, "Validation"),
+    ({"inputs": "x", "normalize": "yes"}, 422, "Validation"),
+    ({"inputs": "x", "truncation_direction": "Up"}, 422, "Validation"),
+    ({"inputs": [5, 10**9]}, 422, "Validation"),
+    ({"inputs": ["x"] * 2049}, 422, "Validation"),
+    ({"text": "x"}, 422, "Validation"),
+])
+def test_tei_bad_inputs_are_its_errors(embed_server, body, status, kind):
+    assert _tei(embed_server, "/embed", body, status=status)["error_type"] == kind
+    assert httpx2.get(f"{embed_server.url}/health").status_code == 200
+
+
+def test_tei_info_describes_the_embedder(embed_server):
+    info = httpx2.get(f"{embed_server.url}/info", timeout=30).json()
+    assert info["model_id"] == info["served_model_name"] == NAME
+    assert info["model_type"] == {"embedding": {"pooling": "last_token"}}
+    assert info["max_input_length"] == CONTEXT and info["auto_truncate"] is True
+
+
+def test_huggingface_hub_feature_extraction(embed_server, st, monkeypatch):
+    """huggingface_hub's InferenceClient pointed at the server's URL, as its docs point it at a TEI endpoint: it
+    POSTs the text to / and reads an array of vectors."""
+    from huggingface_hub import InferenceClient, constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # the tests run offline; the client calls only this URL
+    got = InferenceClient(model=embed_server.url, timeout=60).feature_extraction(TEXTS[3])
+    assert got.shape == (1, st.encode([TEXTS[3]]).shape[1])
+    torch.testing.assert_close(torch.from_numpy(got[0]), st.encode([TEXTS[3]])[0].float(), atol=1e-4, rtol=1e-4)

@@ -1,6 +1,6 @@
 """`mili serve --task auto` on a tiny Qwen3-Reranker-style causal model, on its Q8_0 GGUF as llama.cpp's converter
-writes one, and on a tiny Qwen3ForSequenceClassification: /v1/rerank, /rerank and /score against the computation done
-with transformers, and bad inputs."""
+writes one, and on a tiny Qwen3ForSequenceClassification: /v1/rerank, /rerank (Jina's shape and TEI's) and /score
+against the computation done with transformers, and bad inputs."""
 
 from __future__ import annotations
 
@@ -169,6 +169,38 @@ def test_bad_inputs(reranker, path, body, param):
     assert r.json()["error"]["param"] == param, r.text
     if param is None:
         assert "--task score" in r.json()["error"]["message"]
+
+
+def test_tei_rerank_dialect(reranker, reranker_dir):
+    """TEI's /rerank (`texts`, a bare array of {index, score}, highest first) on the same routes as Jina's, and TEI's
+    POST / on a scoring server: the scores the yes/no computation gives."""
+    expected = _yes_probabilities(reranker_dir, QUERY, DOCS)
+    for path in ("/rerank", "/v1/rerank", "/"):
+        r = httpx2.post(f"{reranker.url}{path}", json={"query": QUERY, "texts": DOCS}, timeout=60)
+        assert r.status_code == 200, r.text
+        results = r.json()
+        assert sorted(x["index"] for x in results) == list(range(len(DOCS)))
+        assert [x["score"] for x in results] == sorted((x["score"] for x in results), reverse=True)
+        assert all(x.keys() == {"index", "score"} and abs(x["score"] - expected[x["index"]]) < 1e-5 for x in results)
+    with_text = httpx2.post(f"{reranker.url}/rerank", json={"query": QUERY, "texts": DOCS, "return_text": True},
+                            timeout=60).json()
+    assert all(x["text"] == DOCS[x["index"]] for x in with_text)
+    info = httpx2.get(f"{reranker.url}/info", timeout=30).json()
+    assert "reranker" in info["model_type"] and info["max_input_length"] == 256
+
+
+@pytest.mark.parametrize("body,status,kind", [
+    ({"query": QUERY, "texts": []}, 400, "Empty"),
+    ({"query": QUERY, "texts": ["fine", ""]}, 400, "Empty"),
+    ({"query": QUERY, "texts": ["d"], "raw_scores": True}, 422, "Validation"),
+    ({"query": "", "texts": ["d"]}, 422, "Validation"),
+    ({"query": QUERY, "texts": ["d"], "truncation_direction": "Left"}, 422, "Validation"),
+    ({"query": QUERY, "texts": ["d" * 5000], "truncate": False}, 422, "Validation"),
+])
+def test_tei_rerank_bad_inputs(reranker, body, status, kind):
+    r = httpx2.post(f"{reranker.url}/rerank", json=body, timeout=60)
+    assert r.status_code == status and r.json()["error_type"] == kind, r.text
+    assert httpx2.get(f"{reranker.url}/health").status_code == 200
 
 
 def test_truncated_pair_keeps_the_prompt_frame(reranker):

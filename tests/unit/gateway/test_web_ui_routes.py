@@ -53,16 +53,17 @@ def test_with_a_key_only_the_page_and_its_assets_load_without_it():
     assert c.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
 
 
-def test_no_web_ui_leaves_the_root_a_404():
+def test_no_web_ui_serves_no_page():
     import argparse
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     assert parser.parse_args([]).no_web_ui is False and parser.parse_args(["--no-web-ui"]).no_web_ui is True
     c = client(web_ui=False)
-    for path in ("/", "/web-ui/app.js"):
-        r = c.get(path)
-        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", path
+    r = c.get("/web-ui/app.js")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    r = c.get("/")  # the root takes only TGI's POST then
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
     # With a key the page is no longer public either: it does not exist.
     assert client(web_ui=False, api_key=KEY).get("/").status_code == 401
 

@@ -1,0 +1,39 @@
+"""The request bodies of text-embeddings-inference's (TEI's) POST /embed and its dialect of POST /rerank (`texts`, not
+`documents`), as typed models: strict types, unknown fields ignored (as TEI ignores them), MILI's bounds
+(shared/request_limits.py)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import Field
+
+from gateway.huggingface.tgi_schema import _Body
+from gateway.openai.schema import TokenId, _int
+from gateway.pooling.schema import Text
+from shared.request_limits import DIMENSIONS, MAX_EMBEDDING_INPUTS, MAX_SCORE_DOCUMENTS
+
+TokenIdList = list[TokenId]
+Direction = Literal["Right", "Left", "right", "left"]
+# TEI's `inputs`: a text, a list of token ids, or a batch of either (emptiness is TEI's 400 "Empty", checked apart).
+TeiInputs = Union[str, TokenIdList, Annotated[list[Union[str, TokenIdList]], Field(max_length=MAX_EMBEDDING_INPUTS)]]
+TRUNCATE_DESCRIPTION = "cut an input longer than the context (default true, as TEI's --auto-truncate); false: a 422"
+
+
+class TeiEmbedBody(_Body):
+    inputs: TeiInputs
+    normalize: bool = Field(True, description="unit length; false: the model's pooled vector as it is (a checkpoint "
+                                              "with its own Normalize module normalizes it still)")
+    truncate: bool | None = Field(None, description=TRUNCATE_DESCRIPTION)
+    truncation_direction: Direction = Field("Right", description="Left keeps the input's last tokens")
+    prompt_name: None = Field(None, description="not supported: the input is embedded as sent")
+    dimensions: _int(DIMENSIONS) | None = Field(None, description="the first N values (Matryoshka)")
+
+
+class TeiRerankBody(_Body):
+    query: Text
+    texts: Annotated[list[str], Field(max_length=MAX_SCORE_DOCUMENTS)]
+    truncate: bool | None = Field(None, description=TRUNCATE_DESCRIPTION)
+    truncation_direction: Literal["Right", "right"] = Field("Right", description="the document's end is cut")
+    raw_scores: Literal[False] = Field(False, description="not supported: scores are probabilities")
+    return_text: bool = False
