@@ -18,6 +18,9 @@ from typing import Any
 from pydantic.json_schema import models_json_schema
 
 from gateway.anthropic.schema import CountTokensBody, MessagesBody
+from gateway.huggingface.openapi_paths import tei_paths, tgi_paths, with_tei_rerank
+from gateway.huggingface.tei_schema import TeiEmbedBody, TeiRerankBody
+from gateway.huggingface.tgi_schema import TgiGenerateBody
 from gateway.openai.model_routes import MAX_LIST_LIMIT
 from gateway.ollama.schema import OllamaChatBody, OllamaGenerateBody, OllamaPullBody, OllamaShowBody
 from gateway.openai.parse import Limits, with_default_tag
@@ -44,6 +47,7 @@ class ServedBounds:
     max_model_len: int | None = None
     task: str = "generate"  # --task: which routes the server answers (the others are 400s, not listed)
     thinking: bool = True  # the model thinks (Qwen3's tags): Ollama's think may be on
+    page: bool = False  # the chat page is served at GET / (gateway/web_ui/)
 
 
 @lru_cache(maxsize=1)
@@ -59,7 +63,8 @@ def _request_schemas() -> tuple[dict[str, dict], dict[str, Any]]:
                                     (OllamaChatBody, "validation"), (OllamaGenerateBody, "validation"),
                                     (OllamaShowBody, "validation"), (OllamaPullBody, "validation"),
                                     (OllamaEmbedRequest, "validation"),
-                                    (OllamaEmbeddingsRequest, "validation")],
+                                    (OllamaEmbeddingsRequest, "validation"), (TgiGenerateBody, "validation"),
+                                    (TeiEmbedBody, "validation"), (TeiRerankBody, "validation")],
                                    ref_template=_REF)
     return {model.__name__: ref for (model, _), ref in refs.items()}, top["$defs"]
 
@@ -342,14 +347,16 @@ def _stored_response_paths() -> dict[str, Any]:
 def _task_paths(task: str, refs: dict[str, dict]) -> dict[str, Any]:
     """The routes a --task answers beside the common ones."""
     if task == "embed":
-        return {"/v1/embeddings": _pooling_route("Embeddings (OpenAI's shape)", refs["EmbeddingRequest"], _EMBEDDINGS)}
+        return {"/v1/embeddings": _pooling_route("Embeddings (OpenAI's shape)", refs["EmbeddingRequest"], _EMBEDDINGS),
+                **tei_paths(task, refs, _ERROR)}
     if task == "score":
-        rerank = _pooling_route("Rerank documents by relevance to a query (Jina's and Cohere's v1 shape)",
-                                refs["RerankRequest"], _RERANKED)
+        rerank = with_tei_rerank(_pooling_route("Rerank documents by relevance to a query (Jina's and Cohere's v1 "
+                                                "shape)", refs["RerankRequest"], _RERANKED), refs)
         cohere = _pooling_route("Rerank documents by relevance to a query (Cohere's API v2)",
                                 refs["CohereRerankRequest"], _COHERE_RERANKED)
         score = _pooling_route("Score text pairs (vLLM's route)", refs["ScoreRequest"], _SCORES)
-        return {"/v1/rerank": rerank, "/rerank": rerank, "/v2/rerank": cohere, "/score": score, "/v1/score": score}
+        return {"/v1/rerank": rerank, "/rerank": rerank, "/v2/rerank": cohere, "/score": score, "/v1/score": score,
+                **tei_paths(task, refs, _ERROR)}
     return {
         "/v1/completions": _post("Text completion", refs["CompletionBody"], _result("text_completion"), _CHUNKS),
         "/v1/chat/completions": _post("Chat completion", refs["ChatBody"], _result("chat.completion"), _CHUNKS),
@@ -365,6 +372,7 @@ def _task_paths(task: str, refs: dict[str, dict]) -> dict[str, Any]:
         "/v1/messages/count_tokens": _anthropic(_token_route(
             "Count a Messages request's input tokens (as /v1/messages renders it)", refs["CountTokensBody"],
             {"type": "object", "required": ["input_tokens"], "properties": {"input_tokens": {"type": "integer"}}})),
+        **tgi_paths(refs, _ERROR),
     }
 
 
@@ -422,7 +430,7 @@ def document(bounds: ServedBounds) -> dict[str, Any]:
         "200": {"description": "a worker is ready", "content": {_JSON: {"schema": {"type": "object"}}}},
         "503": {"description": "loading, no worker alive, or draining",
                 "content": {_JSON: {"schema": {"type": "object"}}}}}}}
-    return {
+    doc = {
         "openapi": "3.1.0",
         "info": {"title": "MILI", "version": "0.1.0",
                  "description": f"OpenAI-compatible API serving {bounds.models[0]}"},
@@ -443,3 +451,8 @@ def document(bounds: ServedBounds) -> dict[str, Any]:
         },
         "components": {"schemas": schemas},
     }
+    if bounds.page:
+        page = {"summary": "The chat page (no API key needed)", "responses": {
+            "200": {"description": "the page", "content": {"text/html": {"schema": {"type": "string"}}}}}}
+        doc["paths"].setdefault("/", {})["get"] = page
+    return doc

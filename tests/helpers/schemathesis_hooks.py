@@ -45,7 +45,9 @@ def map_case(context, case):
     # Invalid ones are refused before anything is generated anyway.
     if _positive(case) and isinstance(case.body, dict):
         ollama = case.operation.path in ("/api/chat", "/api/generate")
-        if not case.operation.path.endswith(COUNTING):  # nothing is generated there
+        if case.operation.path in TGI_PATHS:
+            case.body = _tgi_capped(dict(case.body))
+        elif not case.operation.path.endswith(COUNTING):  # nothing is generated there
             case.body = _ollama_capped(dict(case.body)) if ollama else _capped(dict(case.body))
         if _stateful(case) and case.operation.path == "/v1/responses":
             # The stateful phase reads back what a POST created; a response made with store: false is not kept
@@ -67,6 +69,11 @@ def filter_case(context, case) -> bool:
     if path in ("/api/chat", "/api/generate"):  # Ollama's: judged as the chat or completion body it becomes
         body = _ollama_as_openai(path, body)
         path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+    if path in TGI_PATHS:  # TGI's: judged as the completion body it becomes
+        if _tgi_streams(path, body) and _tgi_parameters(body).get("decoder_input_details") is True:
+            DROPPED["decoder_input_details_streamed"] += 1
+            return False
+        body, path = _tgi_as_completion(body), "/v1/completions"
     if path.endswith(("/responses", "/responses/input_tokens")):
         body = _as_chat(body)  # the chat request it stands for: the same rules hold
         if not body["messages"]:  # only reasoning items: nothing to answer (a 400 naming input)
@@ -145,6 +152,45 @@ def _ollama_as_openai(path: str, body: dict) -> dict:
     if path == "/api/chat" and isinstance(body.get("tools"), list):
         chat["tools"] = body["tools"]
     return chat
+
+
+TGI_PATHS = ("/generate", "/generate_stream", "/")
+
+
+def _tgi_parameters(body: dict) -> dict:
+    parameters = body.get("parameters")
+    return parameters if isinstance(parameters, dict) else {}
+
+
+def _tgi_streams(path: str, body: dict) -> bool:
+    return path == "/generate_stream" or (path == "/" and body.get("stream") is True)
+
+
+def _tgi_capped(body: dict) -> dict:
+    """TGI generates up to 1024 tokens unless max_new_tokens bounds it: capped as _capped caps."""
+    parameters = body.get("parameters")
+    if parameters is None or isinstance(parameters, dict):
+        value = (parameters or {}).get("max_new_tokens")
+        if not (_integral(value) and 0 < value <= FAST_MAX_TOKENS):
+            body["parameters"] = {**(parameters or {}), "max_new_tokens": FAST_MAX_TOKENS}
+    return body
+
+
+def _tgi_as_completion(body: dict) -> dict:
+    """A TGI body as the completion body the server translates it into (gateway/huggingface/tgi_to_completion.py),
+    as far as the filters look."""
+    parameters = _tgi_parameters(body)
+    completion = {"prompt": body.get("inputs"), "max_tokens": parameters.get("max_new_tokens") or FAST_MAX_TOKENS}
+    grammar = parameters.get("grammar")
+    if isinstance(grammar, dict):
+        value = grammar.get("value")
+        if grammar.get("type") == "regex":
+            completion["structured_outputs"] = {"regex": value}
+        elif grammar.get("type") == "json_schema":
+            completion["structured_outputs"] = {"json": value.get("schema") if isinstance(value, dict) else value}
+        else:
+            completion["structured_outputs"] = {"json": value}
+    return completion
 
 
 def _positive(case) -> bool:
