@@ -5,8 +5,7 @@
 A streamed token's `text` is the text it adds, so the tokens' texts add up to generated_text exactly: its own decoded
 text, or where an event's tokens' own texts do not add up to the event's text (a character split over two tokens,
 written with the second as TGI's incremental decoding writes it), the event's text on its last token that is not
-special. The last token of each event is held until the next event arrives (one
-step), so that the stream's final token, which carries generated_text, is never one already sent.
+special. Each token is sent as soon as it comes; the one that ends the choice carries generated_text.
 In details.tokens each token's text is its own decoded text, as TGI's details list it.
 """
 
@@ -51,24 +50,26 @@ class TgiOutput:
     finish_reason: str | None = None
     tokens: list[TokenLogprob] = field(default_factory=list)
     prefill: list[PromptLogprob] | None = None
-    _pending: dict[str, Any] | None = None  # stream: the token event held back
+    _carried: str = ""  # stream: text that came with no token, sent with the next one
+    _last_id: int | None = None
     _index: int = 0
 
-    def feed(self, e: ChoiceEvent) -> list[dict[str, Any]]:
-        """The stream events this choice event releases (the previous event's last token, and all of this one's
-        tokens but its last)."""
+    def feed(self, e: ChoiceEvent, usage: Usage) -> list[dict[str, Any]]:
+        """The stream events of a choice event, one per token, sent as they come; the token that ends the choice
+        carries the whole text and (when asked) the details. `usage`: the request's, complete by the time the
+        event that ends the choice is fed (the engine sends a choice's finish with its last token)."""
         self.text += e.text
         self.tokens += e.logprobs
         if e.prompt_logprobs is not None:
             self.prefill = e.prompt_logprobs
         if e.finish_reason is not None:
             self.finish_reason = _finish_reason(e)
+        if not e.logprobs:  # text with no token (a detokenizer's flush with no token): it goes with the next one
+            self._carried += e.text
+            return [self._closing(usage)] if e.finish_reason is not None and self._carried else []
         texts = self._texts(e)
-        if not e.logprobs:
-            if self._pending is not None:
-                self._pending["token"]["text"] += e.text
-            return []
-        out = [] if self._pending is None else [self._pending]
+        texts[0], self._carried = self._carried + texts[0], ""
+        out = []
         for lp, text in zip(e.logprobs, texts):
             self._index += 1
             event = {"index": self._index, "token": self._token(lp.token_id, lp.logprob, text),
@@ -76,20 +77,28 @@ class TgiOutput:
             if self.request.top_n_tokens:
                 event["top_tokens"] = [self._token(t, lp_, self.names.text(t)) for t, lp_ in lp.top]
             out.append(event)
-        self._pending = out.pop()
+        self._last_id = e.logprobs[-1].token_id
+        if e.finish_reason is not None:
+            self._finish(out[-1], usage)
         return out
 
-    def last_event(self, usage: Usage) -> dict[str, Any] | None:
-        """The stream's final event: the token held back, with the whole text and (when asked) the details."""
-        if self._pending is None:
-            return None
-        event, self._pending = self._pending, None
+    def _closing(self, usage: Usage) -> dict[str, Any]:
+        """The last event when the choice ended on an event with text and no token: that text, under the last
+        token's id, marked special (no token of its own)."""
+        self._index += 1
+        event = {"index": self._index, "token": {"id": self._last_id if self._last_id is not None else 0,
+                                                 "text": self._carried, "logprob": None, "special": True},
+                 "generated_text": None, "details": None}
+        self._carried = ""
+        self._finish(event, usage)
+        return event
+
+    def _finish(self, event: dict[str, Any], usage: Usage) -> None:
         event["generated_text"] = self.generated_text()
         if self.request.details:
             event["details"] = {"finish_reason": self.finish_reason or "length",
                                 "generated_tokens": usage.completion_tokens, "seed": self.request.seed,
                                 "input_length": usage.prompt_tokens}
-        return event
 
     def whole(self, usage: Usage) -> dict[str, Any]:
         """/generate's answer."""

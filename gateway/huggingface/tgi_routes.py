@@ -74,7 +74,7 @@ async def _serve(request: Request, stream: bool | None, compat: bool) -> Respons
     if stream:
         return sse_response(request, _events(output, admitted), admitted)
     for e in await collect(request, admitted):
-        output.feed(e)
+        output.feed(e, admitted.usage)
     whole = output.whole(admitted.usage)
     return JSONResponse([whole] if compat else whole)
 
@@ -104,10 +104,8 @@ def _max_tokens(state, body: TgiGenerateBody, p: TgiParameters, context: int) ->
 async def _events(output: TgiOutput, admitted: Admitted) -> AsyncIterator[str]:
     try:
         async for e in admitted.events():
-            for event in output.feed(e):
+            for event in output.feed(e, admitted.usage):
                 yield one_line_json(event)
-        if (last := output.last_event(admitted.usage)) is not None:
-            yield one_line_json(last)
     except ApiError as e:
         log.warning("stream ended with an error: %s", e.message)
         yield one_line_json(error_body(e, TGI)[0])
