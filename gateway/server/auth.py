@@ -152,7 +152,8 @@ class KeyRing:
 # Route labels of refused requests: the server's fixed routes, by prefix where a route has a parameter; a
 # path the server does not serve is "other" (the label set stays bounded whatever callers send).
 _ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/models", "/v1/responses", "/v1/embeddings",
-           "/v1/rerank", "/v1/streams", "/api", "/metrics", "/version", "/openapi.json", "/debug")
+           "/v1/rerank", "/v1/streams", "/api", "/metrics", "/version", "/openapi.json", "/debug",
+           "/generate", "/generate_stream", "/embed", "/info")  # the last four: TGI's and TEI's
 ROUTE_LABELS = (*_ROUTES, "other")
 
 

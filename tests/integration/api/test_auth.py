@@ -46,11 +46,13 @@ def test_refusals_are_counted_by_route(guarded):
     scrapes included (they are not API answers, so mili_http_responses_total does not see them)."""
     counted = lambda route: guarded.metric("mili_http_unauthorized_total", route=route)  # noqa: E731
     before = {route: counted(route) for route in ("/metrics", "/version", "/v1/completions", "/v1/responses", "/api",
-                                                  "other")}
+                                                  "/generate_stream", "other")}
     for path in ("/metrics", "/metrics", "/version", "/nowhere/at/all", "/v1/responses/resp_1", "/api/tags"):
         assert httpx2.get(guarded.url + path).status_code == 401
     assert httpx2.post(f"{guarded.url}/v1/completions", json={}).status_code == 401
+    assert httpx2.post(f"{guarded.url}/generate_stream", json={}).status_code == 401
     assert httpx2.get(f"{guarded.url}/health").status_code == 200  # open, so never counted
     after = {route: counted(route) for route in before}
     assert {r: after[r] - before[r] for r in before} == {"/metrics": 2, "/version": 1, "/v1/completions": 1,
-                                                         "/v1/responses": 1, "/api": 1, "other": 1}
+                                                         "/v1/responses": 1, "/api": 1, "/generate_stream": 1,
+                                                         "other": 1}
