@@ -232,6 +232,7 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
         Route("/generate", _api(answered_in(lambda _: TGI, tgi_routes.generate)), methods=["POST"]),
         Route("/generate_stream", _api(answered_in(lambda _: TGI, tgi_routes.generate_stream)), methods=["POST"]),
         Route("/embed", _api(answered_in(lambda _: TEI, tei_routes.embed)), methods=["POST"]),
+        Route("/similarity", _api(answered_in(lambda _: TEI, tei_routes.similarity)), methods=["POST"]),
         Route("/info", _api(answered_in(dialect_of, huggingface.info)), methods=["GET"]),
         Route("/tokenize", _api(tokenize), methods=["POST"]),
         Route("/detokenize", _api(detokenize), methods=["POST"]),

@@ -19,7 +19,7 @@ from pydantic.json_schema import models_json_schema
 
 from gateway.anthropic.schema import CountTokensBody, MessagesBody
 from gateway.huggingface.openapi_paths import tei_paths, tgi_paths, with_tei_rerank
-from gateway.huggingface.tei_schema import TeiEmbedBody, TeiRerankBody
+from gateway.huggingface.tei_schema import TeiEmbedBody, TeiRerankBody, TeiSimilarityBody
 from gateway.huggingface.tgi_schema import TgiGenerateBody
 from gateway.openai.model_routes import MAX_LIST_LIMIT
 from gateway.ollama.schema import OllamaChatBody, OllamaGenerateBody, OllamaPullBody, OllamaShowBody
@@ -64,7 +64,8 @@ def _request_schemas() -> tuple[dict[str, dict], dict[str, Any]]:
                                     (OllamaShowBody, "validation"), (OllamaPullBody, "validation"),
                                     (OllamaEmbedRequest, "validation"),
                                     (OllamaEmbeddingsRequest, "validation"), (TgiGenerateBody, "validation"),
-                                    (TeiEmbedBody, "validation"), (TeiRerankBody, "validation")],
+                                    (TeiEmbedBody, "validation"), (TeiRerankBody, "validation"),
+                                    (TeiSimilarityBody, "validation")],
                                    ref_template=_REF)
     return {model.__name__: ref for (model, _), ref in refs.items()}, top["$defs"]
 

@@ -26,6 +26,7 @@ _STREAM_EVENT = {"type": "object", "required": ["data"], "properties": {"data": 
     "type": "string", "description": "per token {index, token, top_tokens, generated_text (the last only), details "
                                      "(the last only, when asked)}, or {error, error_type}; no [DONE]"}}}
 _VECTORS = {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}
+_COSINES = {"type": "array", "items": {"type": "number"}}
 _RANKED = {"type": "array", "items": {"type": "object", "required": ["index", "score"], "properties": {
     "index": {"type": "integer"}, "score": {"type": "number"}, "text": {"type": "string"}}}}
 
@@ -65,7 +66,13 @@ def tei_paths(task: str, refs: dict[str, dict], key_error: dict[str, Any]) -> di
     codes = (400, 413, 422, 429, 503, 504)
     if task == "embed":
         embed = _post("Embed (TEI's API)", refs["TeiEmbedBody"], {_JSON: {"schema": _VECTORS}}, key_error, *codes)
-        return {"/embed": embed, "/": embed, "/info": _info("The served model (TEI's shape)", key_error)}
+        similarity = _post("Cosine of a sentence with others (TEI's API)", refs["TeiSimilarityBody"],
+                           {_JSON: {"schema": _COSINES}}, key_error, *codes)
+        either = _post("Embed, or with inputs {source_sentence, sentences} the cosines (TEI's route)",
+                       {"oneOf": [refs["TeiEmbedBody"], refs["TeiSimilarityBody"]]},
+                       {_JSON: {"schema": {"oneOf": [_VECTORS, _COSINES]}}}, key_error, *codes)
+        return {"/embed": embed, "/similarity": similarity, "/": either,
+                "/info": _info("The served model (TEI's shape)", key_error)}
     rerank = _post("Rerank texts (TEI's API)", refs["TeiRerankBody"], {_JSON: {"schema": _RANKED}}, key_error, *codes)
     return {"/": rerank, "/info": _info("The served model (TEI's shape)", key_error)}
 

@@ -1,6 +1,7 @@
 """The routes text-generation-inference (TGI) and text-embeddings-inference (TEI) share: GET /info, which says what
 the server serves in the shape of the one its task makes it, and POST /, which runs the route TGI or TEI runs there
-(TGI's generate, streamed or not as the body says; TEI's embed or rerank, as the model is an embedder or a scorer).
+(TGI's generate, streamed or not as the body says; TEI's embed or rerank, as the model is an embedder or a scorer, and
+on an embedder TEI's similarity for a {source_sentence, sentences} body).
 Each route's own handlers live in tgi_routes.py and tei_routes.py."""
 
 from __future__ import annotations
@@ -12,15 +13,23 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.huggingface import tei_routes, tgi_routes
 from gateway.openai.routes import ready_info
+from gateway.server.client_io import read_json
 from gateway.server.version import mili_version
 from shared.request_limits import MAX_EMBEDDING_INPUTS, MAX_SCORE_DOCUMENTS
 
 
 async def root(request: Request) -> Response:
-    task = request.app.state.mili.engine_config.task
+    state = request.app.state.mili
+    task = state.engine_config.task
     if task == "generate":
         return await tgi_routes.compat_generate(request)
-    return await (tei_routes.embed if task == "embed" else tei_routes.rerank)(request)
+    raw = await read_json(request, state.settings.max_body_bytes)
+    if task == "score":
+        return await tei_routes.rerank(request, raw)
+    # An embedder's: /embed, or /similarity for a {source_sentence, sentences} pair (what TEI serves there when
+    # started for sentence similarity, and what huggingface_hub's sentence_similarity sends).
+    similarity = isinstance(raw, dict) and isinstance(raw.get("inputs"), dict)
+    return await (tei_routes.similarity if similarity else tei_routes.embed)(request, raw)
 
 
 async def info(request: Request) -> Response:

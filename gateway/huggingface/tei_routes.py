@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.huggingface.errors import TEI, answered_in
-from gateway.huggingface.tei_schema import TeiEmbedBody, TeiRerankBody
+from gateway.huggingface.tei_schema import SimilarityParameters, TeiEmbedBody, TeiRerankBody, TeiSimilarityBody
 from gateway.openai.routes import ready_info
 from gateway.openai.validation import validate
 from gateway.pooling import routes as pooling
@@ -43,6 +43,22 @@ async def embed(request: Request, raw: Any = None) -> Response:
                                                keep_end=body.truncation_direction.lower() == "left")
     vectors = await pool_prompts(request, prompts, request_deadline(request, state.settings.request_timeout))
     return JSONResponse([_shaped(v, body.dimensions, body.normalize) for v in vectors])
+
+
+async def similarity(request: Request, raw: Any = None) -> Response:
+    """The cosine of the source sentence's embedding with each sentence's, in the sentences' order."""
+    state = request.app.state.mili
+    require_task(state.engine_config.task, "embed")
+    body = validate(TeiSimilarityBody, await _raw(request, raw), ())
+    texts = [body.inputs.source_sentence, *body.inputs.sentences]
+    if not body.inputs.sentences or not all(texts):
+        raise _empty("inputs.sentences" if not body.inputs.sentences else "inputs")
+    options = body.parameters or SimilarityParameters()
+    prompts = _prompts(state).embedding_inputs(texts, -1 if options.truncate is not False else None, True,
+                                               keep_end=options.truncation_direction.lower() == "left")
+    source, *others = [_unit(v) for v in await pool_prompts(
+        request, prompts, request_deadline(request, state.settings.request_timeout))]
+    return JSONResponse([math.fsum(a * b for a, b in zip(source, other)) for other in others])
 
 
 async def rerank(request: Request, raw: Any = None) -> Response:

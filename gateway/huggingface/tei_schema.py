@@ -37,3 +37,22 @@ class TeiRerankBody(_Body):
     truncation_direction: Literal["Right", "right"] = Field("Right", description="the document's end is cut")
     raw_scores: Literal[False] = Field(False, description="not supported: scores are probabilities")
     return_text: bool = False
+
+
+class SimilarityInputs(_Body):
+    source_sentence: str
+    sentences: Annotated[list[str], Field(max_length=MAX_EMBEDDING_INPUTS - 1)]
+
+
+class SimilarityParameters(_Body):
+    truncate: bool | None = Field(None, description=TRUNCATE_DESCRIPTION)
+    truncation_direction: Direction = Field("Right", description="Left keeps the input's last tokens")
+    prompt_name: None = Field(None, description="not supported: the input is embedded as sent")
+
+
+class TeiSimilarityBody(_Body):
+    """TEI's /similarity (and huggingface_hub's sentence_similarity): the cosine of the source sentence's embedding
+    with each sentence's."""
+
+    inputs: SimilarityInputs
+    parameters: SimilarityParameters | None = None

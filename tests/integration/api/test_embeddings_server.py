@@ -1,7 +1,7 @@
 """`mili serve` on a tiny sentence-transformers checkpoint laid out as Qwen3-Embedding's is (last-token pooling,
 Normalize, the tokenizer appending <|endoftext|>), found by `--task auto`: /v1/embeddings against
-sentence-transformers, through raw HTTP and the openai SDK, and every bad input; TEI's /embed and huggingface_hub's
-feature_extraction on the same vectors."""
+sentence-transformers, through raw HTTP and the openai SDK, and every bad input; TEI's /embed and /similarity and
+huggingface_hub's feature_extraction and sentence_similarity on the same vectors."""
 
 from __future__ import annotations
 
@@ -355,3 +355,19 @@ def test_huggingface_hub_feature_extraction(embed_server, st, monkeypatch):
     got = InferenceClient(model=embed_server.url, timeout=60).feature_extraction(TEXTS[3])
     assert got.shape == (1, st.encode([TEXTS[3]]).shape[1])
     torch.testing.assert_close(torch.from_numpy(got[0]), st.encode([TEXTS[3]])[0].float(), atol=1e-4, rtol=1e-4)
+
+
+def test_tei_similarity_is_the_cosine_of_the_vectors(embed_server, st, monkeypatch):
+    vectors = st.encode(TEXTS).float()
+    want = [torch.nn.functional.cosine_similarity(vectors[0], v, dim=0).item() for v in vectors[1:]]
+    body = {"inputs": {"source_sentence": TEXTS[0], "sentences": TEXTS[1:]}}
+    for path in ("/similarity", "/"):  # POST / takes it too, as huggingface_hub's sentence_similarity sends it
+        assert _tei(embed_server, path, body) == pytest.approx(want, abs=1e-4)
+    from huggingface_hub import InferenceClient, constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    got = InferenceClient(model=embed_server.url, timeout=60).sentence_similarity(TEXTS[0], TEXTS[1:])
+    assert got == pytest.approx(want, abs=1e-4)
+    empty = _tei(embed_server, "/similarity", {"inputs": {"source_sentence": TEXTS[0], "sentences": []}}, 400)
+    assert empty["error_type"] == "Empty"
+    assert _tei(embed_server, "/similarity", {"inputs": "x"}, 422)["error_type"] == "Validation"
