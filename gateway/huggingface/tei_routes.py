@@ -17,14 +17,13 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.huggingface.errors import TEI, answered_in
 from gateway.huggingface.tei_schema import SimilarityParameters, TeiEmbedBody, TeiRerankBody, TeiSimilarityBody
-from gateway.openai.routes import ready_info
 from gateway.openai.validation import validate
 from gateway.pooling import routes as pooling
-from gateway.pooling.prompts import PromptBuilder
+from gateway.pooling.output import unit_length
 from gateway.pooling.run import pool_prompts
 from gateway.server.client_io import read_json
 from gateway.server.deadlines import request_deadline
-from gateway.server.errors import ApiError, invalid
+from gateway.server.errors import ApiError
 from gateway.server.task_guard import require_task
 
 
@@ -35,12 +34,9 @@ async def embed(request: Request, raw: Any = None) -> Response:
     inputs = body.inputs if _is_batch(body.inputs) else [body.inputs]
     if not inputs or any(len(item) == 0 for item in inputs):
         raise _empty("inputs")
-    size = state.pooling.dimensions
-    if body.dimensions is not None and size and body.dimensions > size:
-        raise invalid(f"`dimensions` ({body.dimensions}) is larger than this model's embedding size ({size})",
-                      "dimensions")
-    prompts = _prompts(state).embedding_inputs(inputs, -1 if body.truncate is not False else None, True,
-                                               keep_end=body.truncation_direction.lower() == "left")
+    pooling.check_dimensions(state, body.dimensions)
+    prompts = pooling.prompt_builder(state).embedding_inputs(inputs, body.context_cut(), True,
+                                                             keep_end=body.keeps_end())
     vectors = await pool_prompts(request, prompts, request_deadline(request, state.settings.request_timeout))
     return JSONResponse([_shaped(v, body.dimensions, body.normalize) for v in vectors])
 
@@ -54,9 +50,9 @@ async def similarity(request: Request, raw: Any = None) -> Response:
     if not body.inputs.sentences or not all(texts):
         raise _empty("inputs.sentences" if not body.inputs.sentences else "inputs")
     options = body.parameters or SimilarityParameters()
-    prompts = _prompts(state).embedding_inputs(texts, -1 if options.truncate is not False else None, True,
-                                               keep_end=options.truncation_direction.lower() == "left")
-    source, *others = [_unit(v) for v in await pool_prompts(
+    prompts = pooling.prompt_builder(state).embedding_inputs(texts, options.context_cut(), True,
+                                                             keep_end=options.keeps_end())
+    source, *others = [unit_length(v) for v in await pool_prompts(
         request, prompts, request_deadline(request, state.settings.request_timeout))]
     return JSONResponse([math.fsum(a * b for a, b in zip(source, other)) for other in others])
 
@@ -67,8 +63,8 @@ async def rerank(request: Request, raw: Any = None) -> Response:
     body = validate(TeiRerankBody, await _raw(request, raw), ())
     if not body.texts or not all(body.texts):
         raise _empty("texts")
-    prompts = _prompts(state).pairs([body.query] * len(body.texts), body.texts,
-                                    -1 if body.truncate is not False else None, None)
+    prompts = pooling.prompt_builder(state).pairs([body.query] * len(body.texts), body.texts, body.context_cut(),
+                                                  None)
     scores = [v[0] for v in await pool_prompts(request, prompts,
                                                request_deadline(request, state.settings.request_timeout))]
     order = sorted(range(len(scores)), key=lambda i: -scores[i])  # highest first; ties in the texts' order
@@ -99,17 +95,7 @@ def _empty(field: str) -> ApiError:
     return ApiError(400, f"Input validation error: `{field}` cannot be empty", field, code="empty")
 
 
-def _prompts(state) -> PromptBuilder:
-    info = ready_info(state)
-    return PromptBuilder(state.text.tokenizer, state.pooling, info.vocab_size, info.max_model_len)
-
-
 def _shaped(vector: list[float], dimensions: int | None, normalize: bool) -> list[float]:
     """TEI's order: the first `dimensions` values, then (normalize) unit length."""
     head = vector[:dimensions] if dimensions is not None else vector
-    return _unit(head) if normalize else head
-
-
-def _unit(vector: list[float]) -> list[float]:
-    norm = math.sqrt(math.fsum(v * v for v in vector))
-    return [v / norm for v in vector] if norm > 0 else vector
+    return unit_length(head) if normalize else head

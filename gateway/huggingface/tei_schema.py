@@ -8,7 +8,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import Field
 
-from gateway.huggingface.tgi_schema import _Body
+from gateway.huggingface.body import FalseOnly, HfBody
 from gateway.openai.schema import TokenId, _int
 from gateway.pooling.schema import Text
 from shared.request_limits import DIMENSIONS, MAX_EMBEDDING_INPUTS, MAX_SCORE_DOCUMENTS
@@ -20,37 +20,47 @@ TeiInputs = Union[str, TokenIdList, Annotated[list[Union[str, TokenIdList]], Fie
 TRUNCATE_DESCRIPTION = "cut an input longer than the context (default true, as TEI's --auto-truncate); false: a 422"
 
 
-class TeiEmbedBody(_Body):
+class _Truncating(HfBody):
+    truncate: bool | None = Field(None, description=TRUNCATE_DESCRIPTION)
+
+    def context_cut(self) -> int | None:
+        """PromptBuilder's truncate: -1 (cut at the context) unless the request refused truncation."""
+        return None if self.truncate is False else -1
+
+
+class _Embedding(_Truncating):
+    truncation_direction: Direction = Field("Right", description="Left keeps the input's last tokens")
+    prompt_name: None = Field(None, description="not supported: the input is embedded as sent")
+
+    def keeps_end(self) -> bool:
+        return self.truncation_direction.lower() == "left"
+
+
+class TeiEmbedBody(_Embedding):
     inputs: TeiInputs
     normalize: bool = Field(True, description="unit length; false: the model's pooled vector as it is (a checkpoint "
                                               "with its own Normalize module normalizes it still)")
-    truncate: bool | None = Field(None, description=TRUNCATE_DESCRIPTION)
-    truncation_direction: Direction = Field("Right", description="Left keeps the input's last tokens")
-    prompt_name: None = Field(None, description="not supported: the input is embedded as sent")
     dimensions: _int(DIMENSIONS) | None = Field(None, description="the first N values (Matryoshka)")
 
 
-class TeiRerankBody(_Body):
+class TeiRerankBody(_Truncating):
     query: Text
     texts: Annotated[list[str], Field(max_length=MAX_SCORE_DOCUMENTS)]
-    truncate: bool | None = Field(None, description=TRUNCATE_DESCRIPTION)
     truncation_direction: Literal["Right", "right"] = Field("Right", description="the document's end is cut")
-    raw_scores: Literal[False] = Field(False, description="not supported: scores are probabilities")
+    raw_scores: FalseOnly = Field(False, description="not supported: scores are probabilities")
     return_text: bool = False
 
 
-class SimilarityInputs(_Body):
+class SimilarityInputs(HfBody):
     source_sentence: str
     sentences: Annotated[list[str], Field(max_length=MAX_EMBEDDING_INPUTS - 1)]
 
 
-class SimilarityParameters(_Body):
-    truncate: bool | None = Field(None, description=TRUNCATE_DESCRIPTION)
-    truncation_direction: Direction = Field("Right", description="Left keeps the input's last tokens")
-    prompt_name: None = Field(None, description="not supported: the input is embedded as sent")
+class SimilarityParameters(_Embedding):
+    pass
 
 
-class TeiSimilarityBody(_Body):
+class TeiSimilarityBody(HfBody):
     """TEI's /similarity (and huggingface_hub's sentence_similarity): the cosine of the source sentence's embedding
     with each sentence's."""
 

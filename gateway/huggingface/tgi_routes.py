@@ -80,15 +80,20 @@ async def _serve(request: Request, stream: bool | None, compat: bool) -> Respons
 
 
 def _checked(raw: dict) -> TgiGenerateBody:
-    """The body, its parameters checked first so that a 422 names the field inside them."""
-    if isinstance(raw, dict) and isinstance(raw.get("parameters"), dict):
-        try:
-            validate(TgiParameters, raw["parameters"], UNSERVED, tagged={"grammar": lambda node: node.get("type")})
-        except ApiError as e:
-            if e.param is not None:
-                e.message, e.param = e.message.replace(e.param, "parameters." + e.param, 1), "parameters." + e.param
-            raise
-    return validate(TgiGenerateBody, raw, ())
+    """The body. A problem inside `parameters` (whose keys validate() treats as the client's own, naming only the
+    map) is named by checking the parameters on their own, so that the 422 names the field inside them."""
+    try:
+        return validate(TgiGenerateBody, raw, ())
+    except ApiError as e:
+        if e.param == "parameters" and isinstance(raw.get("parameters"), dict):
+            try:
+                validate(TgiParameters, raw["parameters"], UNSERVED, tagged={"grammar": lambda node: node.get("type")})
+            except ApiError as inner:
+                if inner.param is not None:
+                    inner.message = inner.message.replace(inner.param, "parameters." + inner.param, 1)
+                    inner.param = "parameters." + inner.param
+                raise inner from None
+        raise
 
 
 def _max_tokens(state, body: TgiGenerateBody, p: TgiParameters, context: int) -> int:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import Field
 
+from gateway.huggingface.body import FalseOnly, HfBody
 from gateway.openai.schema import (JsonSchemaValue, MaxCompletionTokens, RepetitionPenalty, Seed, StopString, _float,
                                    _int, _limit)
 from shared.request_limits import COUNT_MAX, FREQUENCY_PENALTY, Range
@@ -19,32 +20,22 @@ TOP_N_TOKENS = Range(0, 5)  # TGI's default --max-top-n-tokens
 UNSERVED = ("typical_p", "watermark", "best_of", "adapter_id")
 
 
-def _false(value: bool) -> bool:
-    if value:
-        raise ValueError("not supported")
-    return value
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
-
-
-class JsonGrammar(_Body):
+class JsonGrammar(HfBody):
     type: Literal["json", "json_object"]
     value: JsonSchemaValue = Field(description="a JSON schema, or a string holding one")
 
 
-class SchemaName(_Body):
+class SchemaName(HfBody):
     name: str | None = None
     schema_: dict = Field(alias="schema")
 
 
-class JsonSchemaGrammar(_Body):
+class JsonSchemaGrammar(HfBody):
     type: Literal["json_schema"]
     value: SchemaName
 
 
-class RegexGrammar(_Body):
+class RegexGrammar(HfBody):
     type: Literal["regex"]
     value: str = Field(description="the whole answer matches it (Rust regex syntax; \\d is [0-9])")
 
@@ -52,7 +43,7 @@ class RegexGrammar(_Body):
 TgiGrammar = Annotated[Union[JsonGrammar, JsonSchemaGrammar, RegexGrammar], Field(discriminator="type")]
 
 
-class TgiParameters(_Body):
+class TgiParameters(HfBody):
     max_new_tokens: MaxCompletionTokens | None = Field(
         None, description="the most tokens to generate; none: up to 1024, within the context")
     do_sample: bool = False
@@ -73,13 +64,12 @@ class TgiParameters(_Body):
         None, description="keep the prompt's last N tokens")
     grammar: TgiGrammar | None = None
     typical_p: None = Field(None, description="not supported")
-    watermark: Annotated[bool, AfterValidator(_false), WithJsonSchema({"const": False})] = Field(
-        False, description="not supported")
+    watermark: FalseOnly = Field(False, description="not supported")
     best_of: _int(Range(1, 1)) | None = Field(None, description="not supported beyond 1")
     adapter_id: None = Field(None, description="not supported: no adapters are loaded")
 
 
-class TgiGenerateBody(_Body):
+class TgiGenerateBody(HfBody):
     inputs: Annotated[str, Field(min_length=1)]
     parameters: TgiParameters | None = None
     stream: bool = Field(False, description="POST / only: answer as /generate_stream does")

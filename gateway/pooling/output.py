@@ -14,9 +14,13 @@ def matryoshka(vector: list[float], dimensions: int | None) -> list[float]:
     """The first `dimensions` values, re-normalized to unit length (OpenAI's `dimensions`); all of them when None."""
     if dimensions is None or dimensions == len(vector):
         return vector
-    head = vector[:dimensions]
-    norm = math.sqrt(math.fsum(v * v for v in head))
-    return [v / norm for v in head] if norm > 0 else head
+    return unit_length(vector[:dimensions])
+
+
+def unit_length(vector: list[float]) -> list[float]:
+    """The vector scaled to length 1 (a zero vector as it is)."""
+    norm = math.sqrt(math.fsum(v * v for v in vector))
+    return [v / norm for v in vector] if norm > 0 else vector
 
 
 def encode_embedding(vector: list[float], encoding_format: str) -> list[float] | str:

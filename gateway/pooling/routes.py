@@ -50,7 +50,7 @@ def _answered_name(state, req) -> str:
     return req.model or state.settings.served_model_name
 
 
-def _prompts(state) -> PromptBuilder:
+def prompt_builder(state) -> PromptBuilder:
     info = ready_info(state)
     return PromptBuilder(state.text.tokenizer, state.pooling, info.vocab_size, info.max_model_len)
 
@@ -58,10 +58,10 @@ def _prompts(state) -> PromptBuilder:
 async def embeddings(request: Request) -> Response:
     state, req = await _body(request, "embed", EmbeddingRequest)
     deadline = request_deadline(request, state.settings.request_timeout)
-    _check_dimensions(state, req.dimensions)
+    check_dimensions(state, req.dimensions)
     single = isinstance(req.input, str) or isinstance(req.input[0], int)
     inputs = [req.input] if single else req.input
-    prompts = _prompts(state).embedding_inputs(inputs, req.truncate_prompt_tokens, req.add_special_tokens)
+    prompts = prompt_builder(state).embedding_inputs(inputs, req.truncate_prompt_tokens, req.add_special_tokens)
     vectors = await pool_prompts(request, prompts, deadline, req.priority)
     data = [encode_embedding(matryoshka(v, req.dimensions), req.encoding_format) for v in vectors]
     return JSONResponse(embeddings_body(_answered_name(state, req), data, sum(map(len, prompts))))
@@ -71,12 +71,12 @@ async def ollama_embed(request: Request) -> Response:
     """Ollama's POST /api/embed: the vectors /v1/embeddings gives for the same texts (the model's own pooling and
     normalization). `truncate` (default true) cuts inputs at the context length; false refuses them."""
     state, req = await _body(request, "embed", OllamaEmbedRequest, default_tag=True)
-    _check_dimensions(state, req.dimensions)
+    check_dimensions(state, req.dimensions)
     started = time.monotonic_ns()
     inputs = [req.input] if isinstance(req.input, str) else req.input
     prompts, vectors = [], []
     if inputs:  # Ollama answers an empty list with no vectors
-        prompts = _prompts(state).embedding_inputs(inputs, -1 if req.truncate else None, True)
+        prompts = prompt_builder(state).embedding_inputs(inputs, -1 if req.truncate else None, True)
         vectors = await pool_prompts(request, prompts, request_deadline(request, state.settings.request_timeout))
     return JSONResponse({"model": req.model, "embeddings": [matryoshka(v, req.dimensions) for v in vectors],
                          "total_duration": time.monotonic_ns() - started, "load_duration": 0,
@@ -86,12 +86,12 @@ async def ollama_embed(request: Request) -> Response:
 async def ollama_embeddings(request: Request) -> Response:
     """Ollama's older POST /api/embeddings: {"embedding": one vector}."""
     state, req = await _body(request, "embed", OllamaEmbeddingsRequest, default_tag=True)
-    prompts = _prompts(state).embedding_inputs([req.prompt], -1, True)
+    prompts = prompt_builder(state).embedding_inputs([req.prompt], -1, True)
     [vector] = await pool_prompts(request, prompts, request_deadline(request, state.settings.request_timeout))
     return JSONResponse({"embedding": vector})
 
 
-def _check_dimensions(state, dimensions: int | None) -> None:
+def check_dimensions(state, dimensions: int | None) -> None:
     size = state.pooling.dimensions
     if dimensions is not None and size and dimensions > size:
         raise invalid(f"dimensions ({dimensions}) exceeds this model's embedding size ({size})", "dimensions")
@@ -100,7 +100,7 @@ def _check_dimensions(state, dimensions: int | None) -> None:
 async def rerank(request: Request, raw: Any = None) -> Response:
     state, req = await _body(request, "score", RerankRequest, raw=raw)
     deadline = request_deadline(request, state.settings.request_timeout)
-    prompts = _prompts(state).pairs([req.query] * len(req.documents), req.documents, req.truncate_prompt_tokens,
+    prompts = prompt_builder(state).pairs([req.query] * len(req.documents), req.documents, req.truncate_prompt_tokens,
                                     req.instruction)
     scores = [v[0] for v in await pool_prompts(request, prompts, deadline, req.priority)]
     return JSONResponse(rerank_body(_answered_name(state, req), req.documents, scores, req.top_n,
@@ -110,7 +110,7 @@ async def rerank(request: Request, raw: Any = None) -> Response:
 async def cohere_rerank(request: Request) -> Response:
     state, req = await _body(request, "score", CohereRerankRequest)
     deadline = request_deadline(request, state.settings.request_timeout)
-    prompts = _prompts(state).pairs([req.query] * len(req.documents), req.documents, None, req.instruction,
+    prompts = prompt_builder(state).pairs([req.query] * len(req.documents), req.documents, None, req.instruction,
                                     req.max_tokens_per_doc)
     scores = [v[0] for v in await pool_prompts(request, prompts, deadline, req.priority)]
     return JSONResponse(cohere_rerank_body(req.documents, scores, req.top_n, req.return_documents,
@@ -133,6 +133,6 @@ async def score(request: Request) -> Response:
     elif len(firsts) != len(seconds):
         raise invalid(f"{first_name} has {len(firsts)} texts and {second_name} {len(seconds)}: a list of "
                       f"{first_name} pairs with {second_name} one to one", second_name)
-    prompts = _prompts(state).pairs(firsts, seconds, req.truncate_prompt_tokens, req.instruction)
+    prompts = prompt_builder(state).pairs(firsts, seconds, req.truncate_prompt_tokens, req.instruction)
     scores = [v[0] for v in await pool_prompts(request, prompts, deadline, req.priority)]
     return JSONResponse(score_body(_answered_name(state, req), scores, sum(map(len, prompts))))

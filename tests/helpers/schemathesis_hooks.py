@@ -57,9 +57,7 @@ def map_case(context, case):
         # A body invalid only in its framing (a text/plain content type, which the server reads as JSON anyway)
         # runs: without max_new_tokens TGI's default generates up to 1024 tokens, past the response time limit
         # on a busy machine. Adding the bound where none is given leaves the body as valid or invalid as it was.
-        parameters = case.body.get("parameters")
-        if parameters is None or (isinstance(parameters, dict) and parameters.get("max_new_tokens") is None):
-            case.body = {**case.body, "parameters": {**(parameters or {}), "max_new_tokens": FAST_MAX_TOKENS}}
+        case.body = _tgi_capped(dict(case.body), replace_given=False)
     return case
 
 
@@ -173,12 +171,14 @@ def _tgi_streams(path: str, body: dict) -> bool:
     return path == "/generate_stream" or (path == "/" and body.get("stream") is True)
 
 
-def _tgi_capped(body: dict) -> dict:
-    """TGI generates up to 1024 tokens unless max_new_tokens bounds it: capped as _capped caps."""
+def _tgi_capped(body: dict, replace_given: bool = True) -> dict:
+    """TGI generates up to 1024 tokens unless max_new_tokens bounds it: capped as _capped caps. Without
+    `replace_given`, only a body that gives no bound gets one."""
     parameters = body.get("parameters")
     if parameters is None or isinstance(parameters, dict):
         value = (parameters or {}).get("max_new_tokens")
-        if not (_integral(value) and 0 < value <= FAST_MAX_TOKENS):
+        bounded = _integral(value) and 0 < value <= FAST_MAX_TOKENS
+        if value is None or (replace_given and not bounded):
             body["parameters"] = {**(parameters or {}), "max_new_tokens": FAST_MAX_TOKENS}
     return body
 

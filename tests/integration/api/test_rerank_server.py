@@ -193,6 +193,7 @@ def test_tei_rerank_dialect(reranker, reranker_dir):
     ({"query": QUERY, "texts": []}, 400, "Empty"),
     ({"query": QUERY, "texts": ["fine", ""]}, 400, "Empty"),
     ({"query": QUERY, "texts": ["d"], "raw_scores": True}, 422, "Validation"),
+    ({"query": QUERY, "texts": ["d"], "raw_scores": 0}, 422, "Validation"),  # strict: 0 is not false
     ({"query": "", "texts": ["d"]}, 422, "Validation"),
     ({"query": QUERY, "texts": ["d"], "truncation_direction": "Left"}, 422, "Validation"),
     ({"query": QUERY, "texts": ["d" * 5000], "truncate": False}, 422, "Validation"),
