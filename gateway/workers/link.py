@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -50,13 +52,23 @@ class RequestHandle:
         return len(self.finished) == self.n
 
 
-@dataclass(frozen=True)
+@dataclass
 class Transport:
-    """Where the sockets live: ipc files in a private 0700 directory, or tcp on a given host."""
+    """Where the sockets live: ipc files in a private 0700 directory (made by `open`, removed by `close`, so an
+    application built but never started leaves nothing behind), or tcp on a given host."""
 
-    ipc_dir: str | None = None
     tcp_host: str | None = None
     tcp_port: int = 0
+    ipc_dir: str | None = None
+
+    def open(self) -> None:
+        if self.tcp_host is None and self.ipc_dir is None:
+            self.ipc_dir = tempfile.mkdtemp(prefix="mili-")  # mkdtemp makes it 0700
+
+    def close(self) -> None:
+        if self.ipc_dir is not None:
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)
+            self.ipc_dir = None
 
     def addresses(self, slot: int, generation: int) -> tuple[str, str]:
         if self.tcp_host is not None:

@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 
@@ -38,13 +36,13 @@ class WorkerPool:
         """on_bad_config: called once a worker has exited because it cannot serve the model as configured."""
         self.engine_config = engine_config
         self.served_model_name = served_model_name
-        self._ipc_dir = None if tcp_host else tempfile.mkdtemp(prefix="mili-")  # mkdtemp makes it 0700
+        self._transport = Transport(tcp_host=tcp_host, tcp_port=tcp_port)
         self.zmq_ctx = zmq.asyncio.Context()
         # The worker runs from this checkout whatever the current directory; PYTHONPATH carries it.
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
         launch = WorkerLaunch(engine_config, served_model_name, threads_per_worker, debug_faults, env,
-                              Transport(ipc_dir=self._ipc_dir, tcp_host=tcp_host, tcp_port=tcp_port), self.zmq_ctx)
+                              self._transport, self.zmq_ctx)
         self.slots = [WorkerSlot(i, launch, self.on_stats, self.resubmit, lambda: self.stopping,
                                  on_bad_config or (lambda reason: None)) for i in range(num_workers)]
         self.stopping = False
@@ -53,6 +51,7 @@ class WorkerPool:
         self._next_id = 0
 
     def start(self) -> None:
+        self._transport.open()
         self._tasks = [asyncio.create_task(slot.supervise()) for slot in self.slots]
 
     async def stop(self, timeout: float = 5.0) -> None:
@@ -72,8 +71,7 @@ class WorkerPool:
         for slot in self.slots:
             await slot.close_sockets()
         self.zmq_ctx.term()
-        if self._ipc_dir:
-            shutil.rmtree(self._ipc_dir, ignore_errors=True)
+        self._transport.close()
 
     # ----- state -----
     @property
