@@ -12,6 +12,8 @@ and AMX / vpdpbusd speed-ups. `--out FILE.md` also writes the table (the CPU nam
 `--before FILE` times an earlier build of the same kernel beside it, on the fastest path the CPU has (AMX
 where available, vpdpbusd otherwise; e.g. build/kernels/<hash>/mili_quant.so, left by running an earlier
 commit), and prints after / before.
+`--peaks` measures the machine's peaks first (loadtest/peaks.py: vpdpbusd, vdpbf16ps and AMX rates, memory read
+rate) and adds a table of every figure as a share of its compute ceiling and of the read rate.
 Each figure is the 10th percentile of single-call times, one call of each column in turn, so a
 neighbour's burst of load (which stalls a call for milliseconds on a shared 2-core machine) hits
 every column alike and drops out. Also prints the weight bytes each reads per call.
@@ -42,6 +44,7 @@ from kernels import quant_matmul
 from kernels.formats.blocks import KERNEL_KINDS, RECORD_BYTES, repack
 from kernels.quant_operands import ACTIVATION_MODES
 from loadtest.machine import cpu_name
+from loadtest.peaks import Peaks, measure as measure_peaks, table as peaks_table
 from worker.model.packed_linear import PackedLinear
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "head": (49152, 576),
@@ -117,8 +120,21 @@ def engine_steps(batches: list[int], context: int, steps: int, rounds: int) -> N
         del engines
 
 
-def kernel_table(args: argparse.Namespace) -> list[str]:
-    """The kernel comparison as markdown lines (printed as they come)."""
+def weight_bytes(t: QT, n: int, k: int) -> int:
+    """Bytes of a quantized [n, k] weight's kernel records (output columns padded to whole 16-column tiles)."""
+    return -(-n // 16) * 16 * k // 32 * RECORD_BYTES[t] // 16
+
+
+def ceiling(peaks: Peaks, path: str, mode: str) -> float:
+    """The most GOP/s a quantized column can reach on this machine: its instruction's measured rate on every
+    thread, halved for two-part activations (two products per multiply-add)."""
+    rate = peaks.ops_all_threads["int8 amx" if path == "amx" else "int8 vpdpbusd"]
+    return rate / 2 if mode == "int8x2" else rate
+
+
+def kernel_table(args: argparse.Namespace, peaks: Peaks | None = None) -> list[str]:
+    """The kernel comparison as markdown lines (printed as they come); with `peaks`, a second table of each
+    figure against the machine's compute ceiling and memory read rate."""
     modules = {"": quant_matmul.load()}
     types = [QT[name] for name in args.types]
     paths = ["vnni", "amx"] if quant_matmul.amx_available() else ["vnni"]
@@ -154,6 +170,7 @@ def kernel_table(args: argparse.Namespace) -> list[str]:
     emit("| shape | rows | bf16 us | bf16 GFLOP/s | " + " | ".join(f"{c} us | GOP/s | vs bf16" for c in columns)
          + "".join(f" | {head} speed-up" for head, _, _ in ratios) + " |")
     emit("|---|---:|---:|---:|" + "---:|---:|---:|" * len(columns) + "---:|" * len(ratios))
+    timings: list[tuple[str, int, dict[str, float]]] = []  # (shape, rows, column -> seconds)
     for name in args.shapes:
         n, k = SHAPES[name]
         w = np.random.default_rng(0).standard_normal((n, k)).astype(np.float32) * 0.05
@@ -171,6 +188,7 @@ def kernel_table(args: argparse.Namespace) -> list[str]:
                     module, x, packed[t], KERNEL_KINDS[t], n, path=path, activations=mode)
             samples = interleaved_times(calls, seconds=0.2 * args.rounds)
             best = {key: float(np.percentile(t, 10)) for key, t in samples.items()}
+            timings.append((name, m, best))
             ops = 2 * m * n * k
             cells = [f"{best[key] * 1e6:.0f} | {ops / best[key] / 1e9:.0f} | {best['bf16'] / best[key]:.2f}x"
                      if key in best else "- | - | -" for key in columns]
@@ -181,8 +199,27 @@ def kernel_table(args: argparse.Namespace) -> list[str]:
     emit()
     emit("weight bytes per call: " + ", ".join(
         f"{name}: bf16 {2 * n * k / 1e6:.2f} MB, " + ", ".join(
-            f"{t.name} {-(-n // 16) * 16 * k // 32 * RECORD_BYTES[t] / 16 / 1e6:.2f} MB" for t in types)
+            f"{t.name} {weight_bytes(t, n, k) / 1e6:.2f} MB" for t in types)
         for name, (n, k) in SHAPES.items() if name in args.shapes))
+    if peaks is not None:
+        emit()
+        emit(f"Against the machine (loadtest/peaks.py, measured first in this run): each figure's GOP/s as a share of "
+             f"its ceiling: bf16, vdpbf16ps's rate ({peaks.ops_all_threads['bf16 vdpbf16ps'] / 1e9:.0f} GOP/s); the "
+             f"quantized columns, vpdpbusd's ({peaks.ops_all_threads['int8 vpdpbusd'] / 1e9:.0f}) or AMX's, halved "
+             f"for int8x2 (two products per multiply-add). The weights here stay in the caches between calls, so "
+             f"few-row calls are not held to the memory read rate; loadtest/c1_breakdown.py holds decode to it")
+        emit()
+        shown = [c for c in columns if " before" not in c]
+        emit("| shape | rows | bf16 | " + " | ".join(shown) + " |")
+        emit("|---|---:|---:|" + "---:|" * len(shown))
+        for name, m, best in timings:
+            n, k = SHAPES[name]
+            ops = 2 * m * n * k
+            cells = [f"{ops / best['bf16'] / peaks.ops_all_threads['bf16 vdpbf16ps']:.0%}"]
+            for column in shown:
+                t_name, path, mode = column.split()
+                cells.append(f"{ops / best[column] / ceiling(peaks, path, mode):.0%}" if column in best else "-")
+            emit(f"| {name} {n}x{k} | {m} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -197,6 +234,8 @@ def main() -> None:
     ap.add_argument("--before", metavar="FILE", help="an earlier build's mili_quant.so, timed beside on the fastest path")
     ap.add_argument("--out", metavar="FILE.md", help="also write the table to this markdown file "
                                                      "(e.g. loadtest/results/quant-kernels-quiet.md)")
+    ap.add_argument("--peaks", action="store_true", help="measure the machine's peaks first (loadtest/peaks.py) and "
+                                                         "add a table of each figure against them")
     ap.add_argument("--engine", action="store_true", help="time engine decode steps instead (see above)")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     ap.add_argument("--context", type=int, default=128)
@@ -206,7 +245,13 @@ def main() -> None:
         engine_steps(args.batches, args.context, args.steps, args.rounds)
         return
     load_before = os.getloadavg()[0]
-    lines = kernel_table(args)
+    peak_lines: list[str] = []
+    peaks = None
+    if args.peaks:
+        peaks = measure_peaks()
+        peak_lines = peaks_table(peaks) + [""]
+        print("\n".join(peak_lines), flush=True)
+    lines = peak_lines + kernel_table(args, peaks)
     if args.out:
         command = "python -m loadtest.bench_quant " + " ".join(sys.argv[1:])
         # The machine's load beside the figures: on a shared machine it says how far to trust them.

@@ -7,10 +7,20 @@ from pathlib import Path
 
 
 def cpu_name() -> str:
+    """The model name, with the family and model numbers where a virtual machine shows only a bare brand ("AMD
+    EPYC"): family 25 is AMD's Zen 3 and Zen 4 (model 17: Zen 4 Genoa), 26 is Zen 5."""
     try:
+        fields: dict[str, str] = {}
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            if not line.strip():
+                break  # the first processor's block is enough
+            fields.setdefault(key.strip(), value.strip())
+        name = fields.get("model name")
+        if name:
+            if not any(ch.isdigit() for ch in name) and "cpu family" in fields and "model" in fields:
+                name = f"{name} (family {fields['cpu family']}, model {fields['model']})"
+            return name
     except OSError:
         pass
     return platform.processor() or "unknown CPU"

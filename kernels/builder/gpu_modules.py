@@ -56,7 +56,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernels.builder.modules import BUILD_ROOT, KERNELS_DIR, KernelBuildError, _compile
+from kernels.builder.modules import BUILD_ROOT, KERNELS_DIR, KernelBuildError, compile_source
 
 GPU_SOURCE = KERNELS_DIR / "gpu_attention.mojo"
 GPU_MODULE = "mili_gpu_attention"
@@ -132,7 +132,7 @@ def build_module(shape: GpuShape) -> Path:
     with open(target.parent / ".lock", "a+") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
         if not target.is_file():  # not built by another process while we waited
-            _compile(GPU_SOURCE, target, ("--target-accelerator", GPU_TARGET, "--target-cpu", HOST_CPU,
+            compile_source(GPU_SOURCE, target, ("--target-accelerator", GPU_TARGET, "--target-cpu", HOST_CPU,
                                           *shape.defines()))
     return target
 

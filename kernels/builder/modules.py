@@ -137,7 +137,7 @@ def _build_all(directory: Path, name: str) -> None:
         for module, source in MODULES.items():
             if not (directory / f"{module}.so").is_file():  # not built by another process while we waited
                 try:
-                    _compile(KERNELS_DIR / source, directory / f"{module}.so", module_flags(module))
+                    compile_source(KERNELS_DIR / source, directory / f"{module}.so", module_flags(module))
                 except KernelBuildError as e:
                     errors[module] = e
         if name in errors:
@@ -178,7 +178,9 @@ def check_runs_here(directory: Path) -> None:
     _checked.add(directory)
 
 
-def _compile(source: Path, target: Path, flags: tuple[str, ...] = ()) -> None:
+def compile_source(source: Path, target: Path, flags: tuple[str, ...] = ()) -> None:
+    """Builds one Mojo source into the extension module `target` (a .c source: the OpenMP bridge's shared library),
+    renamed into place only once whole."""
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     if source.suffix == ".c":

@@ -74,7 +74,7 @@ def test_compile_command_carries_the_target(monkeypatch, tmp_path):
     monkeypatch.setattr(modules.subprocess, "run", fake_run)
     monkeypatch.setattr(modules, "mojo_compiler", lambda: "mojo")
     monkeypatch.setenv(target.TARGET_CPU_ENV, "x86-64-v4")
-    modules._compile(modules.KERNELS_DIR / "attention.mojo", tmp_path / "mili_attention.so",
+    modules.compile_source(modules.KERNELS_DIR / "attention.mojo", tmp_path / "mili_attention.so",
                    modules.module_flags("mili_attention"))
     (cmd,) = seen
     assert cmd[:4] == ["mojo", "build", "--target-cpu", "x86-64-v4"] and "shared-lib" in cmd

@@ -1,0 +1,110 @@
+"""The machine's measured peaks, against which the benchmarks read their kernels' rates.
+
+`measure()` builds loadtest/machine_peak.mojo (the quantized matmuls' flags, so its AMX loop compiles as theirs
+does) and times, on one thread and on torch's whole OpenMP team: the int8 `vpdpbusd` rate (what the quantized
+matmuls' vnni path issues), the bfloat16 `vdpbf16ps` rate (what oneDNN's bf16 linear issues), the float32 FMA
+rate, the AMX int8 tile rate where the CPU has AMX, and the memory read rate of a loop over a buffer far larger
+than the caches. Each figure is the best of several timed calls: a peak is what the machine reaches when
+nothing else gets in the way.
+
+`python -m loadtest.peaks` prints them.
+"""
+
+from __future__ import annotations
+
+import array
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kernels import quant_matmul
+from kernels.attention import import_extension, omp_team
+from kernels.builder.modules import KERNELS_DIR, compile_source, module_flags
+from loadtest.machine import cpu_name
+
+SOURCE = Path(__file__).with_name("machine_peak.mojo")
+CHAINS = 16  # machine_peak.mojo's independent accumulators per loop
+# Operations per loop iteration of each kind (2 per multiply-add), and its kind number in machine_peak.mojo.
+KINDS = {"int8 vpdpbusd": (0, CHAINS * 64 * 2), "bf16 vdpbf16ps": (1, CHAINS * 32 * 2),
+         "fp32 fma": (2, CHAINS * 16 * 2), "int8 amx": (3, 4 * 16 * 16 * 32 * 2)}
+READ_KIND = 4
+READ_BYTES_PER_THREAD = 256 << 20  # far past any L3 this runs on
+
+
+@dataclass(frozen=True)
+class Peaks:
+    cpu: str
+    threads: int
+    ops_one_thread: dict[str, float]  # kind -> operations per second
+    ops_all_threads: dict[str, float]
+    read_one_thread: float  # bytes per second
+    read_all_threads: float
+
+
+def build(directory: Path) -> object:
+    target = directory / "mili_peak.so"
+    compile_source(SOURCE, target, ("-I", str(KERNELS_DIR), *module_flags("mili_quant")))
+    return import_extension("mili_peak", target)
+
+
+def _timed(module, params: array.array, threads: int) -> float:
+    """Seconds of one call: one work item on this thread, or one per thread on torch's OpenMP team."""
+    team = omp_team() if threads > 1 else None
+    start = time.perf_counter()
+    if team is None:
+        module.peak((params.buffer_info()[0],))
+    else:
+        team.run(module, "mili_peak_range", params, threads)
+    return time.perf_counter() - start
+
+
+def _best_rate(module, kind: int, work_per_iteration: float, threads: int, buffer: int = 0, size: int = 0,
+               seconds: float = 0.15, calls: int = 5) -> float:
+    """The best of `calls` timed calls' work per second, iterations sized so that a call takes about `seconds`."""
+    sink = array.array("q", [0] * max(threads, 1))
+    iterations = 1
+    while True:
+        params = array.array("q", [kind, iterations, sink.buffer_info()[0], buffer, size])
+        elapsed = _timed(module, params, threads)
+        if elapsed > seconds / 4:
+            break
+        iterations *= 4
+    iterations = max(1, int(iterations * seconds / elapsed))
+    params = array.array("q", [kind, iterations, sink.buffer_info()[0], buffer, size])
+    best = min(_timed(module, params, threads) for _ in range(calls))
+    return iterations * work_per_iteration * threads / best
+
+
+def measure() -> Peaks:
+    threads = torch.get_num_threads() if omp_team() is not None else 1
+    kinds = {name: spec for name, spec in KINDS.items() if name != "int8 amx" or quant_matmul.amx_available()}
+    with tempfile.TemporaryDirectory(prefix="mili-peak-") as tmp:
+        module = build(Path(tmp))
+        one = {name: _best_rate(module, kind, ops, 1) for name, (kind, ops) in kinds.items()}
+        every = {name: _best_rate(module, kind, ops, threads) for name, (kind, ops) in kinds.items()}
+        buffer = torch.ones(threads * READ_BYTES_PER_THREAD, dtype=torch.uint8)
+        read = {n: _best_rate(module, READ_KIND, READ_BYTES_PER_THREAD, n, buffer.data_ptr(),
+                              READ_BYTES_PER_THREAD, seconds=0.3, calls=4) for n in (1, threads)}
+    return Peaks(cpu_name(), threads, one, every, read[1], read[threads])
+
+
+def table(peaks: Peaks) -> list[str]:
+    """The peaks as markdown lines."""
+    lines = [f"machine: {peaks.cpu}; measured peaks (best of timed calls; GOP/s count 2 per multiply-add)", "",
+             f"| what | 1 thread | {peaks.threads} threads |", "|---|---:|---:|"]
+    lines += [f"| {name} | {peaks.ops_one_thread[name] / 1e9:.0f} GOP/s | {peaks.ops_all_threads[name] / 1e9:.0f} "
+              f"GOP/s |" for name in peaks.ops_one_thread]
+    lines.append(f"| memory read | {peaks.read_one_thread / 1e9:.1f} GB/s | {peaks.read_all_threads / 1e9:.1f} GB/s |")
+    return lines
+
+
+def main() -> None:
+    for line in table(measure()):
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

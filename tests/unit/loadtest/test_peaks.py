@@ -1,0 +1,82 @@
+"""The machine-peak loops (loadtest/machine_peak.mojo) run exactly the work loadtest/peaks.py counts: their sums
+are checked against the products and bytes they are said to do, so a rate read off them means what it says. And
+bench_quant's table against the peaks shares each figure out of the ceiling its column names."""
+
+from __future__ import annotations
+
+import argparse
+import array
+
+import numpy as np
+import pytest
+import torch
+
+from kernels import quant_matmul
+from loadtest import bench_quant, peaks
+
+
+@pytest.fixture(scope="module")
+def module(tmp_path_factory):
+    return peaks.build(tmp_path_factory.mktemp("peak"))
+
+
+def run(module, kind: int, iterations: int, buffer: int = 0, size: int = 0) -> int:
+    sink = array.array("q", [0])
+    params = array.array("q", [kind, iterations, sink.buffer_info()[0], buffer, size])
+    module.peak((params.buffer_info()[0],))
+    return sink[0]
+
+
+def wrapped(value: int) -> int:
+    return (value + 2**31) % 2**32 - 2**31  # the loops' int32 lanes wrap
+
+
+def test_int8_loop_runs_its_vpdpbusd_count(module):
+    # Work item 0: unsigned bytes 1, signed bytes 7; each vpdpbusd adds 4 products of 7 to each of 16 lanes.
+    for iterations in (1, 3, 50):
+        assert run(module, peaks.KINDS["int8 vpdpbusd"][0], iterations) == iterations * peaks.CHAINS * 16 * 4 * 7
+
+
+def test_read_loop_reads_every_byte_it_is_given(module):
+    data = torch.randint(0, 256, (3 * 4096,), dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
+    words = data.numpy().view(np.int32).astype(np.int64)
+    got = run(module, peaks.READ_KIND, 2, data.data_ptr(), data.numel())
+    assert got == wrapped(2 * int(words.sum()))
+
+
+def test_float_loops_accumulate_their_products(module):
+    # Item 0: a = 0.001, b = 0.002 (bfloat16 or float32); the sum is truncated to an integer, so run enough.
+    for name, per_iteration in (("bf16 vdpbf16ps", 2 * 16), ("fp32 fma", 16)):
+        iterations = 20_000_000 // (peaks.CHAINS * per_iteration)
+        expected = iterations * peaks.CHAINS * per_iteration * 0.001 * 0.002
+        got = run(module, peaks.KINDS[name][0], iterations)
+        assert abs(got - expected) <= 0.02 * expected + 1, (name, got, expected)
+
+
+@pytest.mark.skipif(not quant_matmul.amx_available(), reason="needs AMX int8 tiles (Intel Sapphire Rapids and later)")
+def test_amx_loop_runs_its_tile_products(module):
+    iterations = 3
+    p = np.array([(1 + i) & 0x0F for i in range(1024)], dtype=np.int64)
+    a = p[:16 * 32].reshape(16, 32)  # tile A1: 16 rows x 32 int8
+    b = p[:8 * 64].reshape(8, 16, 4)  # tile B: 8 K-groups x 16 columns x 4 K, uint8
+    c = iterations * np.einsum("rgj,gcj->rc", a.reshape(16, 8, 4), b)
+    first_bytes = c[0, :4].astype("<i4").view(np.uint8).astype(np.int64)
+    assert run(module, peaks.KINDS["int8 amx"][0], iterations) == int(first_bytes.sum())
+
+
+def test_bench_quant_shares_figures_out_of_their_ceilings(capsys):
+    fake = peaks.Peaks("test CPU", 2, {}, {"int8 vpdpbusd": 800e9, "bf16 vdpbf16ps": 400e9, "int8 amx": 4000e9},
+                       20e9, 40e9)
+    assert bench_quant.ceiling(fake, "vnni", "int8x2") == 400e9 and bench_quant.ceiling(fake, "vnni", "int8") == 800e9
+    assert bench_quant.ceiling(fake, "amx", "int8x2") == 2000e9
+    args = argparse.Namespace(types=["Q8_0"], shapes=["o"], rows=[4], modes=["int8x2", "int8"], before=None,
+                              rounds=1)
+    lines = bench_quant.kernel_table(args, fake)
+    first = next(line for line in lines if line.startswith("| o 576x576 | 4 |"))
+    cells = [c.strip() for c in first.split("|")[1:-1]]
+    bf16_gflops, int8x2_gops, int8_gops = float(cells[3]), float(cells[5]), float(cells[8])
+    shares = next(line for line in lines[lines.index(first) + 1:] if line.startswith("| o 576x576 | 4 |"))
+    bf16_share, int8x2_share, int8_share = [c.strip() for c in shares.split("|")[3:6]]
+    for share, rate, top in ((bf16_share, bf16_gflops, 400), (int8x2_share, int8x2_gops, 400),
+                             (int8_share, int8_gops, 800)):
+        assert abs(float(share.rstrip("%")) - 100 * rate / top) <= 0.5 + 100 * 0.5 / top, (share, rate, top)
