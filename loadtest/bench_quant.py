@@ -13,7 +13,7 @@ and AMX / vpdpbusd speed-ups. `--out FILE.md` also writes the table (the CPU nam
 where available, vpdpbusd otherwise; e.g. build/kernels/<hash>/mili_quant.so, left by running an earlier
 commit), and prints after / before.
 `--peaks` measures the machine's peaks first (loadtest/peaks.py: vpdpbusd, vdpbf16ps and AMX rates, memory read
-rate) and adds a table of every figure as a share of its compute ceiling and of the read rate.
+rate) and adds a table of every figure as a share of its compute ceiling.
 Each figure is the 10th percentile of single-call times, one call of each column in turn, so a
 neighbour's burst of load (which stalls a call for milliseconds on a shared 2-core machine) hits
 every column alike and drops out. Also prints the weight bytes each reads per call.
@@ -134,7 +134,7 @@ def ceiling(peaks: Peaks, path: str, mode: str) -> float:
 
 def kernel_table(args: argparse.Namespace, peaks: Peaks | None = None) -> list[str]:
     """The kernel comparison as markdown lines (printed as they come); with `peaks`, a second table of each
-    figure against the machine's compute ceiling and memory read rate."""
+    figure as a share of the machine's compute ceiling for it."""
     modules = {"": quant_matmul.load()}
     types = [QT[name] for name in args.types]
     paths = ["vnni", "amx"] if quant_matmul.amx_available() else ["vnni"]
