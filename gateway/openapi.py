@@ -25,7 +25,7 @@ from gateway.openai.model_routes import MAX_LIST_LIMIT
 from gateway.ollama.schema import OllamaChatBody, OllamaGenerateBody, OllamaPullBody, OllamaShowBody
 from gateway.openai.parse import Limits, with_default_tag
 from gateway.openai.schema import ChatBody, CompletionBody
-from gateway.openai.tokenize_schema import DetokenizeBody, TokenizeChatBody, TokenizePromptBody
+from gateway.openai.tokenize_schema import DetokenizeBody, LlamaTokenizeBody, TokenizeChatBody, TokenizePromptBody
 from gateway.pooling.schema import (CohereRerankRequest, EmbeddingRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest,
                                     RerankRequest, ScoreRequest)
 from gateway.responses_api.schema import InputTokensBody, ResponsesBody
@@ -57,6 +57,7 @@ def _request_schemas() -> tuple[dict[str, dict], dict[str, Any]]:
                                     (ResponsesBody, "validation"), (InputTokensBody, "validation"),
                                     (TokenizePromptBody, "validation"),
                                     (TokenizeChatBody, "validation"), (DetokenizeBody, "validation"),
+                                    (LlamaTokenizeBody, "validation"),
                                     (EmbeddingRequest, "validation"), (RerankRequest, "validation"),
                                     (CohereRerankRequest, "validation"), (ScoreRequest, "validation"),
                                     (MessagesBody, "validation"), (CountTokensBody, "validation"),
@@ -217,7 +218,14 @@ _TOKENIZED = {"type": "object", "required": ["count", "max_model_len", "tokens",
     "count": {"type": "integer"}, "max_model_len": {"type": ["integer", "null"]},
     "tokens": {"type": "array", "items": {"type": "integer"}},
     "token_strs": {"type": ["array", "null"], "items": {"type": "string"}}}}
-_DETOKENIZED = {"type": "object", "required": ["prompt"], "properties": {"prompt": {"type": "string"}}}
+_LLAMA_TOKENIZED = {"type": "object", "required": ["tokens"], "additionalProperties": False, "properties": {
+    "tokens": {"type": "array", "items": {"oneOf": [
+        {"type": "integer"},
+        {"type": "object", "required": ["id", "piece"], "properties": {
+            "id": {"type": "integer"},
+            "piece": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "integer"}}]}}}]}}}}
+_DETOKENIZED = {"type": "object", "required": ["prompt", "content"],
+                "properties": {"prompt": {"type": "string"}, "content": {"type": "string"}}}
 
 
 _USAGE_ONLY = {"type": "object", "required": ["prompt_tokens", "total_tokens"],
@@ -438,9 +446,12 @@ def document(bounds: ServedBounds) -> dict[str, Any]:
         "paths": {
             **_task_paths(bounds.task, refs),
             **_ollama_paths(bounds.task, refs),
-            "/tokenize": _token_route("Count a prompt's or a conversation's tokens (vLLM's route)",
-                                      {"oneOf": [refs["TokenizePromptBody"], refs["TokenizeChatBody"]]}, _TOKENIZED),
-            "/detokenize": _token_route("Token ids back to text (vLLM's route)", refs["DetokenizeBody"],
+            "/tokenize": _token_route("Count a prompt's or a conversation's tokens (vLLM's route; llama.cpp's "
+                                      "`content` body too)",
+                                      {"oneOf": [refs["TokenizePromptBody"], refs["TokenizeChatBody"],
+                                                 refs["LlamaTokenizeBody"]]},
+                                      {"oneOf": [_TOKENIZED, _LLAMA_TOKENIZED]}),
+            "/detokenize": _token_route("Token ids back to text (vLLM's and llama.cpp's route)", refs["DetokenizeBody"],
                                         _DETOKENIZED),
             "/v1/models": _models(),
             "/v1/models/{model}": _model(),

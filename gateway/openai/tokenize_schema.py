@@ -1,10 +1,11 @@
-"""The request bodies of POST /tokenize and POST /detokenize (vLLM's token-counting routes), as typed models:
-they validate and they make the OpenAPI document, as the OpenAI endpoints' models do (gateway/openai/schema.py).
+"""The request bodies of POST /tokenize and POST /detokenize (vLLM's token-counting routes, and llama.cpp's
+`content` body on /tokenize), as typed models: they validate and they make the OpenAPI document, as the OpenAI
+endpoints' models do (gateway/openai/schema.py).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 
@@ -43,3 +44,15 @@ class TokenizeChatBody(_Model):
 class DetokenizeBody(_Model):
     model: ServedName | None = _MODEL
     tokens: list[TokenId] = Field(description="token ids, decoded with special tokens kept")
+
+
+class LlamaTokenizeBody(_Model):
+    """llama.cpp server's /tokenize body, with its defaults."""
+
+    content: str = Field(description="text, tokenized as it stands (special tokens' text is parsed as those tokens)")
+    add_special: bool | None = Field(None, description="default false: llama.cpp's; true adds the tokenizer's BOS, "
+                                                       "if it has one")
+    with_pieces: bool | None = Field(None, description="default false; true answers each token as {id, piece}: "
+                                                       "its text, or its bytes where they are not whole UTF-8")
+    parse_special: Literal[True] | None = Field(None, description="true (llama.cpp's default): special tokens' text "
+                                                                 "is parsed as those tokens; false is not served")
