@@ -20,6 +20,7 @@ from gateway.anthropic.routes import count_tokens, messages
 from gateway.huggingface import routes as huggingface
 from gateway.huggingface import tei_routes, tgi_routes
 from gateway.huggingface.errors import TEI, TGI, answered_in, dialect_of
+from gateway.llamacpp import routes as llamacpp
 from gateway.ollama import routes as ollama
 from gateway.metrics.mili_metrics import Metrics
 from gateway.openai.parse import Limits
@@ -234,6 +235,9 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
         Route("/embed", _api(answered_in(lambda _: TEI, tei_routes.embed)), methods=["POST"]),
         Route("/similarity", _api(answered_in(lambda _: TEI, tei_routes.similarity)), methods=["POST"]),
         Route("/info", _api(answered_in(dialect_of, huggingface.info)), methods=["GET"]),
+        Route("/completion", _api(llamacpp.completion), methods=["POST"]),
+        Route("/completions", _api(llamacpp.completion), methods=["POST"]),
+        Route("/props", _api(llamacpp.props), methods=["GET"]),
         Route("/tokenize", _api(tokenize), methods=["POST"]),
         Route("/detokenize", _api(detokenize), methods=["POST"]),
         Route("/v1/streams/{stream_id}", _api(resume_stream), methods=["GET"]),

@@ -159,6 +159,7 @@ class GenerationStream:
         self.choices = [_Choice(i, tokenizer, prompt, options) for i in range(params.n)]
         self.usage = Usage(prompt_tokens=len(prompt))
         self.finish_reasons: list[str | None] = [None] * params.n
+        self.first_token_time: float | None = None  # time.monotonic() when the first token arrived
 
     async def events(self) -> AsyncIterator[ChoiceEvent]:
         first_token_seen = False
@@ -184,6 +185,7 @@ class GenerationStream:
                 if item.token_ids:
                     if not first_token_seen:
                         first_token_seen = True
+                        self.first_token_time = now
                         self.metrics.ttft.labels(self.metrics.model).observe(now - self.arrival)
                     elif choice.last_token_time is not None:
                         # One observation per delta: a delta that merged steps the stream fell behind on

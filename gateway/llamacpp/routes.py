@@ -1,0 +1,100 @@
+"""llama.cpp server's own API, for the clients written against it (editor plugins and front-ends that post to
+llama-server's native routes, `curl` scripts): POST /completion (also spelled /completions, as llama-server
+takes it) and GET /props. /tokenize and /detokenize take llama.cpp's bodies beside vLLM's
+(gateway/openai/tokenize_routes.py).
+
+A /completion request runs as the completion it translates into (gateway/llamacpp/to_completion.py) and is answered
+in llama.cpp's shape (gateway/llamacpp/completion_output.py); streamed, as `data: {...}` server-sent events, the
+last with `stop: true`, and no `[DONE]`, as llama-server ends its own. Errors are the OpenAI-shaped error object
+llama-server answers with as well; once a stream has started, a failure is one last `data: {"error": ...}` event.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from gateway.llamacpp.completion_output import LlamaOutput, LlamaRequestView, Times
+from gateway.llamacpp.completion_schema import LlamaCompletionBody
+from gateway.llamacpp.to_completion import completion_body, llama_names
+from gateway.openai.parse import parse_completion
+from gateway.openai.routes import Admitted, admit_completion, collect, ready_info, sse_response
+from gateway.openai.validation import validate
+from gateway.server.client_io import one_line_json, read_json
+from gateway.server.deadlines import request_deadline
+from gateway.server.errors import ApiError
+from gateway.server.task_guard import require_task
+
+log = logging.getLogger("mili.gateway")
+
+# The translated request's fields that generation_settings reports, under llama.cpp's names.
+_SETTINGS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "seed": "seed",
+             "max_tokens": "n_predict", "stop": "stop", "repetition_penalty": "repeat_penalty",
+             "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+             "ignore_eos": "ignore_eos", "logprobs": "n_probs", "grammar": "grammar"}
+
+
+async def completion(request: Request) -> Response:
+    state = request.app.state.mili
+    require_task(state.engine_config.task, "generate")
+    body = validate(LlamaCompletionBody, await read_json(request, state.settings.max_body_bytes), ())
+    deadline = request_deadline(request, state.settings.request_timeout)
+    tokenizer = state.text.tokenizer
+    with llama_names():
+        translated = completion_body(body, state.settings.served_model_name,
+                                     lambda text: tokenizer.encode(text, add_special_tokens=False).ids)
+        req = parse_completion(translated, state.settings.limits)
+        admitted, prompts = await admit_completion(request, req, deadline)
+    prompt_text = body.prompt if isinstance(body.prompt, str) else state.text.decode(prompts[0])
+    view = LlamaRequestView(model=state.settings.served_model_name, prompt_text=prompt_text,
+                            settings=_settings(translated, ready_info(state).max_model_len), n_probs=body.n_probs,
+                            return_tokens=body.return_tokens)
+    output = LlamaOutput(view, state.token_names)
+    if body.stream:
+        return sse_response(request, _events(output, admitted), admitted)
+    for e in await collect(request, admitted):
+        output.feed(e, admitted.usage)
+    return JSONResponse(output.whole(admitted.usage, _times(admitted)))
+
+
+def _times(admitted: Admitted) -> Times:
+    stream = admitted.streams[0]
+    return Times(stream.arrival, stream.first_token_time, stream.choices[0].last_token_time)
+
+
+def _settings(translated: dict, context: int) -> dict:
+    settings = {"n_ctx": context, "n_predict": -1, "temperature": 0.0, "stream": translated["stream"]}
+    settings.update({name: translated[key] for key, name in _SETTINGS.items() if key in translated})
+    return settings
+
+
+async def _events(output: LlamaOutput, admitted: Admitted) -> AsyncIterator[str]:
+    try:
+        async for e in admitted.events():
+            event = output.feed(e, admitted.usage)
+            if event is not None:
+                yield one_line_json(event)
+        yield one_line_json(output.closing(admitted.usage, _times(admitted)))
+    except ApiError as e:
+        log.warning("stream ended with an error: %s", e.message)
+        yield one_line_json(e.body())
+    finally:
+        admitted.abort()
+
+
+async def props(request: Request) -> Response:
+    """What llama-server's clients read before they post: the context length, the chat template, the slots."""
+    state = request.app.state.mili
+    info = state.pool.info
+    context = info.max_model_len if info is not None else None
+    template = state.text.template.source if state.engine_config.task == "generate" else None
+    return JSONResponse({
+        "default_generation_settings": {"n_ctx": context, "params": {"n_predict": -1, "temperature": 0.8,
+                                                                      "top_k": 40, "top_p": 0.95, "min_p": 0.05}},
+        "total_slots": state.engine_config.max_num_seqs * state.settings.num_workers,
+        "model_alias": state.settings.served_model_name, "model_path": str(state.engine_config.model),
+        "chat_template": template or "", "modalities": {"vision": False, "audio": False},
+        "build_info": "MILI", "is_sleeping": False})

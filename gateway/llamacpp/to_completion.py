@@ -1,0 +1,92 @@
+"""A llama.cpp /completion request as the Completions request it means, so that it gets every check, grammar and
+path to the worker a completion gets:
+- sampling: llama.cpp's defaults where the body sets nothing (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05);
+  a temperature of 0 or below is greedy;
+- n_predict -1 runs to the end of the context (the completion's own default); seed -1 is a random seed;
+- n_probs asks for each token's logprob and that many alternatives;
+- grammar (GBNF) and json_schema are the completion's llama.cpp-named constraints;
+- logit_bias in either of llama.cpp's forms, a token given by its text biasing each of its tokens, and `false`
+  meaning never (the lowest bias);
+- repeat_penalty is the completion's repetition_penalty.
+A 400 from those checks names the llama.cpp field (`n_predict`), not the completion field.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable
+
+from gateway.llamacpp.completion_schema import DEFAULTS, SAMPLERS_OFF, LlamaCompletionBody
+from gateway.server.errors import invalid, params_renamed
+from shared.request_limits import LOGIT_BIAS
+
+_RENAMED = {"max_tokens": "n_predict", "logprobs": "n_probs", "repetition_penalty": "repeat_penalty"}
+
+
+def completion_body(body: LlamaCompletionBody, model: str, encode: Callable[[str], list[int]]) -> dict[str, Any]:
+    """`encode`: a text's token ids without special tokens (for logit_bias given as text)."""
+    for name, off in SAMPLERS_OFF.items():
+        if getattr(body, name) != off:
+            raise invalid(f"{name} is not supported by this server (only {off}, which turns it off)", name)
+    if body.n_predict == 0 or body.n_predict < -1:
+        raise invalid(f"n_predict must be -1 (until the end of the context) or at least 1, got {body.n_predict}",
+                      "n_predict")
+    request: dict[str, Any] = {"model": model, "prompt": body.prompt, "stream": body.stream}
+    temperature = DEFAULTS["temperature"] if body.temperature is None else body.temperature
+    if temperature <= 0:
+        request["temperature"] = 0.0
+    else:
+        request["temperature"] = temperature
+        for name in ("top_k", "top_p", "min_p"):
+            value = getattr(body, name)
+            request[name] = DEFAULTS[name] if value is None else value
+        if body.seed != -1:
+            request["seed"] = body.seed
+    if body.n_predict != -1:
+        request["max_tokens"] = body.n_predict
+    if body.stop:
+        request["stop"] = body.stop
+    if body.n_probs:
+        request["logprobs"] = body.n_probs
+    for name in ("grammar", "json_schema"):
+        if getattr(body, name) is not None:
+            request[name] = getattr(body, name)
+    if body.ignore_eos:
+        request["ignore_eos"] = True
+    if body.logit_bias:
+        request["logit_bias"] = _logit_bias(body.logit_bias, encode)
+    if body.repeat_penalty != 1.0:
+        request["repetition_penalty"] = body.repeat_penalty
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(body, name) != 0.0:
+            request[name] = getattr(body, name)
+    return {k: v for k, v in request.items() if v is not None}
+
+
+def _logit_bias(given: list | dict, encode: Callable[[str], list[int]]) -> dict[str, float]:
+    pairs = given.items() if isinstance(given, dict) else [tuple(pair) for pair in given]
+    out: dict[str, float] = {}
+    for token, bias in pairs:
+        if isinstance(bias, bool):
+            if bias:
+                raise invalid("a logit_bias of true means nothing: give a number, or false to ban the token",
+                              "logit_bias")
+            bias = float(LOGIT_BIAS.lo)
+        elif not isinstance(bias, (int, float)):
+            raise invalid("each logit_bias entry is [token, bias]: a bias is a number or false", "logit_bias")
+        if isinstance(token, bool) or isinstance(token, float):
+            raise invalid("each logit_bias entry is [token, bias]: a token is an id or a text", "logit_bias")
+        ids = [token] if isinstance(token, int) else [int(token)] if token.isdigit() else encode(token)
+        for token_id in ids:
+            out[str(token_id)] = float(bias)
+    return out
+
+
+def llama_names() -> contextlib.AbstractContextManager[None]:
+    """A 400 from the completion checks, naming the llama.cpp field."""
+    return params_renamed(_llama_param)
+
+
+def _llama_param(param: str) -> str:
+    head, sep, rest = param.partition(".")
+    return _RENAMED.get(head, head) + sep + rest
