@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 from pathlib import Path
 
 import httpx2
@@ -102,6 +103,12 @@ class Server:
         """The gateway's child processes (its workers)."""
         children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
         return [int(p) for p in children]
+
+    def answer(self, path: str, body: dict, status: int = 200, timeout: float = 60) -> Any:
+        """POST `body` as JSON and the JSON answer, checking the status first (a failure shows the answer)."""
+        r = httpx2.post(f"{self.url}{path}", json=body, headers=self.auth_headers(), timeout=timeout)
+        assert r.status_code == status, r.text
+        return r.json()
 
     def auth_headers(self) -> dict[str, str]:
         """The Authorization header every route but /health needs when the server has MILI_API_KEY."""

@@ -18,16 +18,10 @@ PROMPT = "Once upon a time"
 SAME_LOGPROBS = 1e-4  # as in test_tgi_api.py: a prefix-cache hit changes the float32 matmuls' row counts
 
 
-def _post(server, path: str, body: dict, status: int = 200):
-    r = httpx2.post(f"{server.url}{path}", json=body, timeout=60)
-    assert r.status_code == status, r.text
-    return r.json()
-
-
 def _completion(server, **body) -> dict:
     request = {"model": SERVED_NAME, "prompt": PROMPT, "temperature": 0, "logprobs": 2, "return_token_ids": True,
                **body}
-    return _post(server, "/v1/completions", request)
+    return server.answer("/v1/completions", request)
 
 
 def _stream(server, body: dict) -> list[dict]:
@@ -46,7 +40,7 @@ def _stream(server, body: dict) -> list[dict]:
 def test_greedy_completion_is_the_completion_it_means(server, path):
     want = _completion(server, max_tokens=12)
     choice = want["choices"][0]
-    body = _post(server, path, {"prompt": PROMPT, "n_predict": 12, "temperature": 0, "return_tokens": True})
+    body = server.answer(path, {"prompt": PROMPT, "n_predict": 12, "temperature": 0, "return_tokens": True})
     assert body["content"] == choice["text"] and body["tokens"] == choice["token_ids"]
     assert body["stop"] is True and body["model"] == SERVED_NAME and body["prompt"] == PROMPT
     assert body["tokens_predicted"] == want["usage"]["completion_tokens"]
@@ -58,14 +52,14 @@ def test_greedy_completion_is_the_completion_it_means(server, path):
     assert timings["predicted_n"] == body["tokens_predicted"] and timings["prompt_ms"] >= 0
     assert "completion_probabilities" not in body
     # Token ids as the prompt: the same answer.
-    by_ids = _post(server, path, {"prompt": want["choices"][0]["prompt_token_ids"], "n_predict": 12,
+    by_ids = server.answer(path, {"prompt": want["choices"][0]["prompt_token_ids"], "n_predict": 12,
                                   "temperature": 0})
     assert by_ids["content"] == choice["text"] and by_ids["tokens"] == []  # tokens only with return_tokens
 
 
 def test_probabilities_are_the_completions_logprobs(server):
     choice = _completion(server, max_tokens=8)["choices"][0]
-    body = _post(server, "/completion", {"prompt": PROMPT, "n_predict": 8, "temperature": 0, "n_probs": 2})
+    body = server.answer("/completion", {"prompt": PROMPT, "n_predict": 8, "temperature": 0, "n_probs": 2})
     probs = body["completion_probabilities"]
     assert [p["id"] for p in probs] == choice["token_ids"][:len(probs)]
     assert len(probs) == len(choice["token_ids"]) - (body["stop_type"] == "eos")  # the end token is left out
@@ -79,7 +73,7 @@ def test_probabilities_are_the_completions_logprobs(server):
 
 def test_stream_adds_up_to_the_whole_answer(server):
     body = {"prompt": PROMPT, "n_predict": 16, "temperature": 0, "return_tokens": True, "n_probs": 1}
-    whole = _post(server, "/completion", body)
+    whole = server.answer("/completion", body)
     events = _stream(server, body)
     assert "".join(e["content"] for e in events) == whole["content"]
     assert [t for e in events for t in e["tokens"]] == whole["tokens"]
@@ -95,14 +89,14 @@ def test_a_stop_string_ends_the_text_as_word(server):
     word = text[len(text) // 2:len(text) // 2 + 3]
     if not word.strip():
         pytest.skip(f"no stop string to cut at in {text!r}")
-    body = _post(server, "/completion", {"prompt": PROMPT, "n_predict": 16, "temperature": 0, "stop": [word]})
+    body = server.answer("/completion", {"prompt": PROMPT, "n_predict": 16, "temperature": 0, "stop": [word]})
     assert body["stop_type"] == "word" and body["stopping_word"] == word
     assert body["content"] == text[:text.index(word)]
 
 
 def test_llama_cpp_sampling_defaults_apply_and_a_seed_repeats(server):
     body = {"prompt": PROMPT, "n_predict": 12, "seed": 1234}
-    first, again = _post(server, "/completion", body), _post(server, "/completion", body)
+    first, again = server.answer("/completion", body), server.answer("/completion", body)
     assert first["content"] == again["content"]
     settings = first["generation_settings"]
     assert (settings["temperature"], settings["top_k"], settings["top_p"], settings["min_p"]) == (0.8, 40, 0.95, 0.05)
@@ -114,18 +108,18 @@ def test_llama_cpp_sampling_defaults_apply_and_a_seed_repeats(server):
 def test_logit_bias_bans_a_token_in_either_form(server):
     greedy = _completion(server, max_tokens=1)["choices"][0]["token_ids"][0]
     for bias in ([[greedy, False]], {str(greedy): False}, [[greedy, -100]]):
-        body = _post(server, "/completion", {"prompt": PROMPT, "n_predict": 1, "temperature": 0,
+        body = server.answer("/completion", {"prompt": PROMPT, "n_predict": 1, "temperature": 0,
                                              "return_tokens": True, "logit_bias": bias})
         assert body["tokens"] and body["tokens"][0] != greedy, bias
 
 
 def test_a_gbnf_grammar_constrains_the_text(server):
-    body = _post(server, "/completion", {"prompt": PROMPT, "n_predict": 20, "temperature": 0,
+    body = server.answer("/completion", {"prompt": PROMPT, "n_predict": 20, "temperature": 0,
                                          "grammar": 'root ::= "yes" | "no"'})
     assert body["content"] in ("yes", "no") and body["stop_type"] == "eos"
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
               "additionalProperties": False}
-    body = _post(server, "/completion", {"prompt": PROMPT, "n_predict": 40, "temperature": 0, "json_schema": schema})
+    body = server.answer("/completion", {"prompt": PROMPT, "n_predict": 40, "temperature": 0, "json_schema": schema})
     if body["stop_type"] == "eos":
         assert isinstance(json.loads(body["content"])["a"], int)
 
@@ -163,8 +157,8 @@ def test_bad_input_is_a_400_naming_the_field(server, body, param):
 
 
 def test_unknown_and_idle_fields_are_ignored_as_llama_cpp_ignores_them(server):
-    base = _post(server, "/completion", {"prompt": PROMPT, "n_predict": 6, "temperature": 0})
-    busy = _post(server, "/completion", {"prompt": PROMPT, "n_predict": 6, "temperature": 0, "cache_prompt": True,
+    base = server.answer("/completion", {"prompt": PROMPT, "n_predict": 6, "temperature": 0})
+    busy = server.answer("/completion", {"prompt": PROMPT, "n_predict": 6, "temperature": 0, "cache_prompt": True,
                                          "id_slot": -1, "n_keep": 0, "samplers": ["top_k"], "mirostat": 0,
                                          "typical_p": 1.0, "dry_multiplier": 0.0, "repeat_last_n": 64,
                                          "something_new": {"x": 1}})

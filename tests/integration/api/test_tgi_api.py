@@ -19,17 +19,11 @@ PROMPT = "Once upon a time"
 SAME_LOGPROBS = 1e-4
 
 
-def _post(server, path: str, body: dict, status: int = 200):
-    r = httpx2.post(f"{server.url}{path}", json=body, timeout=60)
-    assert r.status_code == status, r.text
-    return r.json()
-
-
 def _completion(server, **body) -> dict:
     """The greedy completion of PROMPT with its tokens and logprobs: what TGI's answer must match."""
     request = {"model": SERVED_NAME, "prompt": PROMPT, "temperature": 0, "logprobs": 0, "return_token_ids": True,
                **body}
-    return _post(server, "/v1/completions", request)["choices"][0]
+    return server.answer("/v1/completions", request)["choices"][0]
 
 
 def _stream(server, path: str, body: dict) -> list[dict]:
@@ -46,7 +40,7 @@ def _stream(server, path: str, body: dict) -> list[dict]:
 
 def test_generate_is_the_completion_it_means(server):
     want = _completion(server, max_tokens=10)
-    body = _post(server, "/generate", {"inputs": PROMPT, "parameters": {"max_new_tokens": 10, "details": True}})
+    body = server.answer("/generate", {"inputs": PROMPT, "parameters": {"max_new_tokens": 10, "details": True}})
     assert body["generated_text"] == want["text"]
     details = body["details"]
     assert details["generated_tokens"] == len(details["tokens"]) == len(want["token_ids"])
@@ -56,12 +50,12 @@ def test_generate_is_the_completion_it_means(server):
     assert details["prefill"] == [] and details["seed"] is None and "top_tokens" not in details
     assert details["finish_reason"] in ("length", "eos_token")
     # Without details, only the text.
-    assert _post(server, "/generate", {"inputs": PROMPT, "parameters": {"max_new_tokens": 10}}) == {
+    assert server.answer("/generate", {"inputs": PROMPT, "parameters": {"max_new_tokens": 10}}) == {
         "generated_text": want["text"]}
 
 
 def test_stream_tokens_add_up_to_the_generated_text(server):
-    want = _post(server, "/generate", {"inputs": PROMPT, "parameters": {"max_new_tokens": 12, "details": True}})
+    want = server.answer("/generate", {"inputs": PROMPT, "parameters": {"max_new_tokens": 12, "details": True}})
     events = _stream(server, "/generate_stream", {"inputs": PROMPT, "parameters": {"max_new_tokens": 12,
                                                                                   "details": True}})
     assert [e["index"] for e in events] == list(range(1, len(events) + 1))
@@ -73,7 +67,7 @@ def test_stream_tokens_add_up_to_the_generated_text(server):
     assert all(e["details"] is None for e in events[:-1])
     assert events[-1]["details"] == {"finish_reason": want["details"]["finish_reason"],
                                      "generated_tokens": len(events), "seed": None,
-                                     "input_length": len(_post(server, "/tokenize", {"prompt": PROMPT})["tokens"])}
+                                     "input_length": len(server.answer("/tokenize", {"prompt": PROMPT})["tokens"])}
     # Without details the last event's details stay null.
     plain = _stream(server, "/generate_stream", {"inputs": PROMPT, "parameters": {"max_new_tokens": 12}})
     assert plain[-1]["details"] is None and plain[-1]["generated_text"] == want["generated_text"]
@@ -84,7 +78,7 @@ def test_stop_sequences_stay_in_the_text(server):
     if len(full["text"]) < 6:
         pytest.skip(f"this seed's model ends its greedy text early: {full['text']!r}")
     stop = full["text"][3:6]  # a string the greedy text holds
-    body = _post(server, "/generate", {"inputs": PROMPT, "parameters": {"max_new_tokens": 16, "stop": [stop],
+    body = server.answer("/generate", {"inputs": PROMPT, "parameters": {"max_new_tokens": 16, "stop": [stop],
                                                                        "details": True}})
     assert body["details"]["finish_reason"] == "stop_sequence"
     assert body["generated_text"].endswith(stop) and full["text"].startswith(body["generated_text"])
@@ -95,14 +89,14 @@ def test_stop_sequences_stay_in_the_text(server):
 
 
 def test_a_completed_grammar_ends_as_eos_token(server):
-    body = _post(server, "/generate", {"inputs": PROMPT, "parameters": {
+    body = server.answer("/generate", {"inputs": PROMPT, "parameters": {
         "max_new_tokens": 20, "details": True, "grammar": {"type": "regex", "value": "(yes|no)"}}})
     assert body["generated_text"] in ("yes", "no") and body["details"]["finish_reason"] == "eos_token"
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
               "additionalProperties": False}
     for grammar in ({"type": "json", "value": schema}, {"type": "json", "value": json.dumps(schema)},
                     {"type": "json_schema", "value": {"name": "x", "schema": schema}}):
-        text = _post(server, "/generate", {"inputs": PROMPT, "parameters": {"max_new_tokens": 20,
+        text = server.answer("/generate", {"inputs": PROMPT, "parameters": {"max_new_tokens": 20,
                                                                            "grammar": grammar}})["generated_text"]
         assert isinstance(json.loads(text)["ok"], bool), text
 
@@ -110,10 +104,10 @@ def test_a_completed_grammar_ends_as_eos_token(server):
 def test_compat_route_answers_a_list_with_the_prompt(server):
     want = _completion(server, max_tokens=6)["text"]
     body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 6}}
-    assert _post(server, "/", body) == [{"generated_text": PROMPT + want}]  # TGI's default there: the full text
-    assert _post(server, "/", body | {"parameters": {"max_new_tokens": 6, "return_full_text": False}}) == [
+    assert server.answer("/", body) == [{"generated_text": PROMPT + want}]  # TGI's default there: the full text
+    assert server.answer("/", body | {"parameters": {"max_new_tokens": 6, "return_full_text": False}}) == [
         {"generated_text": want}]
-    assert _post(server, "/generate", body | {"parameters": {"max_new_tokens": 6, "return_full_text": True}}) == {
+    assert server.answer("/generate", body | {"parameters": {"max_new_tokens": 6, "return_full_text": True}}) == {
         "generated_text": PROMPT + want}
     events = _stream(server, "/", body | {"stream": True})
     assert events[-1]["generated_text"] == PROMPT + want
@@ -121,9 +115,9 @@ def test_compat_route_answers_a_list_with_the_prompt(server):
 
 
 def test_decoder_input_details_and_top_tokens(server):
-    echo = _post(server, "/v1/completions", {"model": SERVED_NAME, "prompt": PROMPT, "max_tokens": 0, "echo": True,
+    echo = server.answer("/v1/completions", {"model": SERVED_NAME, "prompt": PROMPT, "max_tokens": 0, "echo": True,
                                               "logprobs": 0})["choices"][0]["logprobs"]
-    body = _post(server, "/generate", {"inputs": PROMPT, "parameters": {
+    body = server.answer("/generate", {"inputs": PROMPT, "parameters": {
         "max_new_tokens": 4, "details": True, "decoder_input_details": True, "top_n_tokens": 3}})
     prefill = body["details"]["prefill"]
     assert prefill[0]["logprob"] is None and echo["token_logprobs"][0] is None  # the first token has none
@@ -141,7 +135,7 @@ def test_decoder_input_details_and_top_tokens(server):
 
 def test_sampling_follows_the_seed(server):
     def sample(seed: int, **parameters) -> str:
-        return _post(server, "/generate", {"inputs": PROMPT, "parameters": {
+        return server.answer("/generate", {"inputs": PROMPT, "parameters": {
             "max_new_tokens": 12, "seed": seed, "details": True, **parameters}})
 
     first, again = sample(7, do_sample=True), sample(7, do_sample=True)
@@ -170,21 +164,21 @@ def test_sampling_follows_the_seed(server):
     ({"max_new_tokens": "3"}, "parameters.max_new_tokens"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_parameters_are_tgi_validation_errors(server, parameters, param):
-    body = _post(server, "/generate", {"inputs": PROMPT, "parameters": parameters}, status=422)
+    body = server.answer("/generate", {"inputs": PROMPT, "parameters": parameters}, status=422)
     assert body["error_type"] == "validation" and set(body) == {"error", "error_type"}
     assert param in body["error"], body
 
 
 def test_bad_bodies_and_streams(server):
     for body in ({"inputs": ""}, {"parameters": {}}, {"inputs": 3}, {"inputs": PROMPT, "stream": "yes"}):
-        assert _post(server, "/generate", body, status=422)["error_type"] == "validation"
+        assert server.answer("/generate", body, status=422)["error_type"] == "validation"
     r = httpx2.post(f"{server.url}/generate", content=b"[1, 2", timeout=30)
     assert r.status_code == 422 and r.json()["error_type"] == "validation"
     # The prompt's details have no place in a stream: refused before it starts, as TGI refuses it.
-    assert _post(server, "/generate_stream", {"inputs": PROMPT, "parameters": {"decoder_input_details": True}},
+    assert server.answer("/generate_stream", {"inputs": PROMPT, "parameters": {"decoder_input_details": True}},
                  status=422)["error_type"] == "validation"
     # Unknown fields are ignored, as TGI ignores them.
-    assert "generated_text" in _post(server, "/generate", {"inputs": PROMPT, "extra": 1, "parameters": {
+    assert "generated_text" in server.answer("/generate", {"inputs": PROMPT, "extra": 1, "parameters": {
         "max_new_tokens": 2, "something_new": True}})
     # The server is still serving.
     assert httpx2.get(f"{server.url}/health").status_code == 200
