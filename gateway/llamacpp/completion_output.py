@@ -60,8 +60,8 @@ class LlamaOutput:
             self.stopping_word = e.stop_string or ""
         if not e.text and not ids:
             return None
-        event: dict[str, Any] = {"index": 0, "content": e.text, "tokens": ids if self.request.return_tokens else [],
-                                 "stop": False, "id_slot": -1,
+        # A stream's pieces always carry their token ids (llama-server's do); return_tokens is for the whole answer.
+        event: dict[str, Any] = {"index": 0, "content": e.text, "tokens": ids, "stop": False, "id_slot": -1,
                                  "tokens_predicted": usage.completion_tokens, "tokens_evaluated": usage.prompt_tokens}
         if self.request.n_probs:
             event["completion_probabilities"] = self._probabilities(probs)

@@ -77,6 +77,8 @@ def test_stream_adds_up_to_the_whole_answer(server):
     events = _stream(server, body)
     assert "".join(e["content"] for e in events) == whole["content"]
     assert [t for e in events for t in e["tokens"]] == whole["tokens"]
+    without = _stream(server, {**body, "return_tokens": False})  # pieces carry their ids all the same
+    assert [t for e in without for t in e["tokens"]] == whole["tokens"]
     assert [p["id"] for e in events[:-1] for p in e["completion_probabilities"]] == \
         [p["id"] for p in whole["completion_probabilities"]]
     last = events[-1]
