@@ -44,7 +44,7 @@ from kernels import quant_matmul
 from kernels.formats.blocks import KERNEL_KINDS, RECORD_BYTES, repack
 from kernels.quant_operands import ACTIVATION_MODES
 from loadtest.machine import cpu_name
-from loadtest.peaks import Peaks, measure as measure_peaks, table as peaks_table
+from loadtest.peaks import Peaks, measure as measure_peaks, quant_ceiling, table as peaks_table
 from worker.model.packed_linear import PackedLinear
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "head": (49152, 576),
@@ -123,13 +123,6 @@ def engine_steps(batches: list[int], context: int, steps: int, rounds: int) -> N
 def weight_bytes(t: QT, n: int, k: int) -> int:
     """Bytes of a quantized [n, k] weight's kernel records (output columns padded to whole 16-column tiles)."""
     return -(-n // 16) * 16 * k // 32 * RECORD_BYTES[t] // 16
-
-
-def ceiling(peaks: Peaks, path: str, mode: str) -> float:
-    """The most GOP/s a quantized column can reach on this machine: its instruction's measured rate on every
-    thread, halved for two-part activations (two products per multiply-add)."""
-    rate = peaks.ops_all_threads["int8 amx" if path == "amx" else "int8 vpdpbusd"]
-    return rate / 2 if mode == "int8x2" else rate
 
 
 def kernel_table(args: argparse.Namespace, peaks: Peaks | None = None) -> list[str]:
@@ -218,7 +211,8 @@ def kernel_table(args: argparse.Namespace, peaks: Peaks | None = None) -> list[s
             cells = [f"{ops / best['bf16'] / peaks.ops_all_threads['bf16 vdpbf16ps']:.0%}"]
             for column in shown:
                 t_name, path, mode = column.split()
-                cells.append(f"{ops / best[column] / ceiling(peaks, path, mode):.0%}" if column in best else "-")
+                top = quant_ceiling(peaks, mode, amx=path == "amx")
+                cells.append(f"{ops / best[column] / top:.0%}" if column in best else "-")
             emit(f"| {name} {n}x{k} | {m} | " + " | ".join(cells) + " |")
     return lines
 

@@ -44,6 +44,13 @@ class Peaks:
     read_all_threads: float
 
 
+def quant_ceiling(peaks: Peaks, mode: str, amx: bool) -> float:
+    """The most operations per second the quantized matmuls can do on every thread: the instruction's measured rate
+    (AMX's tile products, or vpdpbusd's), halved for two-part activations (int8x2: two products per multiply-add)."""
+    rate = peaks.ops_all_threads["int8 amx" if amx else "int8 vpdpbusd"]
+    return rate / 2 if mode == "int8x2" else rate
+
+
 def build(directory: Path) -> object:
     target = directory / "mili_peak.so"
     compile_source(SOURCE, target, ("-I", str(KERNELS_DIR), *module_flags("mili_quant")))

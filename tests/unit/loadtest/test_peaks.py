@@ -67,8 +67,8 @@ def test_amx_loop_runs_its_tile_products(module):
 def test_bench_quant_shares_figures_out_of_their_ceilings(capsys):
     fake = peaks.Peaks("test CPU", 2, {}, {"int8 vpdpbusd": 800e9, "bf16 vdpbf16ps": 400e9, "int8 amx": 4000e9},
                        20e9, 40e9)
-    assert bench_quant.ceiling(fake, "vnni", "int8x2") == 400e9 and bench_quant.ceiling(fake, "vnni", "int8") == 800e9
-    assert bench_quant.ceiling(fake, "amx", "int8x2") == 2000e9
+    assert peaks.quant_ceiling(fake, "int8x2", False) == 400e9 and peaks.quant_ceiling(fake, "int8", False) == 800e9
+    assert peaks.quant_ceiling(fake, "int8x2", True) == 2000e9
     args = argparse.Namespace(types=["Q8_0"], shapes=["o"], rows=[4], modes=["int8x2", "int8"], before=None,
                               rounds=1)
     lines = bench_quant.kernel_table(args, fake)
