@@ -25,6 +25,7 @@ from params import Params, param_int, param_ptr, param_float
 from kv_int8 import I8, quantize_row, scale_at, scale_offset, value_offset
 from attention_chunks import attend_chunks
 from attention_prompt import prompt_scratch_floats
+from attention_prompt_bf16 import bf16_prompt_scratch_floats
 
 comptime F32 = DType.float32
 comptime BF16 = DType.bfloat16
@@ -206,9 +207,9 @@ def paged_attention(args: PythonObject) raises -> PythonObject:
 
 
 def prompt_rows_scratch(args: PythonObject) raises -> PythonObject:
-    """attention_prompt.mojo's scratch per work item beyond the row path's (args: ()): what kernels/attention.py
-    allots."""
-    return PythonObject(prompt_scratch_floats())
+    """The prompt-row paths' scratch per work item beyond the row path's, the larger of attention_prompt.mojo's (an
+    int8 cache) and attention_prompt_bf16.mojo's (a bfloat16 cache) (args: ()): what kernels/attention.py allots."""
+    return PythonObject(max(prompt_scratch_floats(), bf16_prompt_scratch_floats()))
 
 
 @export

@@ -210,8 +210,8 @@ def paged_attention(module: ModuleType, query: torch.Tensor, k_cache: torch.Tens
     threading: "caller" runs the work items on this thread; "omp" splits them over the process's OpenMP
     team (torch's threads; see omp_program.c), or runs them here when that bridge is unavailable. (Mojo's
     own thread pool is not offered: it competes with torch's spinning threads for the cores.)
-    prompt_rows=False runs every row on its own, never a prompt's rows together (attention_prompt.mojo, over
-    an int8 cache): the same bits, which the tests check."""
+    prompt_rows=False runs every row on its own, never a prompt's rows together (attention_prompt.mojo over an
+    int8 cache, attention_prompt_bf16.mojo over a bfloat16 one): the same bits, which the tests check."""
     _require(threading in THREADINGS, f"threading must be one of {THREADINGS}")
     items = _checked_attention(query, k_cache, v_cache, plan)
     if items.shape[0] == 0:
@@ -234,20 +234,22 @@ def attention_scratch(n_items: int, k_cache: torch.Tensor, prompt_rows: bool = T
     return torch.empty(n_items, _scratch_width(k_cache, prompt_rows), dtype=torch.float32)
 
 
-# attention_parts.mojo's CHUNK and MAX_GROUP: what a thread's scratch holds on the chunked path; and
-# attention_prompt.mojo's prompt_scratch_floats(), what its prompt rows over an int8 cache take after that.
+# attention_parts.mojo's CHUNK and MAX_GROUP: what a thread's scratch holds on the chunked path; and the larger of
+# attention_prompt.mojo's and attention_prompt_bf16.mojo's scratch figures, what a prompt's rows run together over an
+# int8 or a bfloat16 cache take after that.
 _CHUNK, _MAX_GROUP = 256, 4
-_PROMPT_ROWS_FLOATS = 24000
+_PROMPT_ROWS_FLOATS = 36992
 
 
 def _scratch_width(k_cache: torch.Tensor, prompt_rows: bool = True) -> int:
     """Float32 scratch per work item: for head_dim 64 and 128 (attention_chunks.mojo, which uses its range's first
-    item's) a chunk's scores and its keys' values and scale offsets, then over an int8 cache (unless not
-    prompt_rows) what attention_prompt.mojo takes to run an item's prompt rows together; for others
-    (attention.mojo's _attend_rows) two head_dim vectors and a group of 16 keys' scores."""
+    item's) a chunk's scores and its keys' values and scale offsets, then over an int8 or a bfloat16 cache (unless
+    not prompt_rows) what attention_prompt.mojo or attention_prompt_bf16.mojo takes to run an item's prompt rows
+    together; for others (attention.mojo's _attend_rows) two head_dim vectors and a group of 16 keys' scores."""
     head_dim = kv_int8.head_dim_of(k_cache)
     if head_dim in (64, 128):
-        rows = _PROMPT_ROWS_FLOATS if prompt_rows and kv_int8.is_int8(k_cache) else 0
+        together = kv_int8.is_int8(k_cache) or k_cache.dtype == torch.bfloat16
+        rows = _PROMPT_ROWS_FLOATS if prompt_rows and together else 0
         return _MAX_GROUP * _CHUNK + 4 * _CHUNK + rows
     return 2 * head_dim + 16
 

@@ -23,33 +23,20 @@
 #      read and widened once, where 8-zmm slices read it twice; 9-11% less time in attention at 32 decode rows.
 #      Each value gets its keys' products added in key order in any slicing, so the slices change no bit.
 # Scores and key offsets of a chunk live in the calling thread's scratch. Nothing depends on which other items
-# are in the call or on the thread: a row gets the same bits in any batch.
+# are in the call or on the thread: a row gets the same bits in any batch. A work item's prompt rows go through the
+# context together instead where the scratch has room, with the same bits: attention_prompt.mojo over an int8 cache,
+# attention_prompt_bf16.mojo over a bfloat16 one.
 
 from std.sys import llvm_intrinsic, size_of
 from numerics import narrow
 from params import Params, param_int, param_ptr, param_float
 from kv_int8 import I8
 from lane_tree import bitrev4, lane_sums, level_sum
-from attention_parts import F32, BF16, KEYS, CHUNK, MAX_GROUP, ACC_VALUES, F32x16, BF16x32, I16x32, I32x16, \
+from attention_parts import F32, BF16, KEYS, CHUNK, MAX_GROUP, ACC_VALUES, F32x16, I16x32, I32x16, \
     HAS_BF16_DOT, HAS_I16_DOT, I16_MAX, NEG, AHEAD, REREAD_BYTES, heads_per_pass, chunk_offsets, prefetch_rows, \
-    fold_chunk, query_i16, int8_scores, masked, row_scales
+    fold_chunk, query_i16, int8_scores, masked, row_scales, scores_bf16
 from attention_prompt import PROMPT_MIN_ROWS, PROMPT_SCRATCH_AT, prompt_scratch_floats, attend_prompt_rows
-
-
-@always_inline
-def _dot_bf16(acc: F32x16, a: BF16x32, b: BF16x32) -> F32x16:
-    """acc + per lane i: a[2i] b[2i] + a[2i+1] b[2i+1], the products exact (vdpbf16ps)."""
-    return llvm_intrinsic["llvm.x86.avx512bf16.dpbf16ps.512", F32x16](acc, a, b)
-
-
-@always_inline
-def _partials_bf16[HD: Int](q: Pointer[Scalar[BF16], MutAnyOrigin], k: Pointer[Scalar[BF16], MutAnyOrigin]) -> F32x16:
-    """16 partial sums of the bfloat16 rows q[:HD] . k[:HD]."""
-    var acc = F32x16(0)
-    comptime for c in range(0, HD, 32):
-        acc = _dot_bf16(acc, q.unsafe_offset(c).unsafe_load[width=32](), k.unsafe_offset(c).unsafe_load[width=32]())
-    return acc
-
+from attention_prompt_bf16 import BF16_PROMPT_MIN_ROWS, bf16_prompt_scratch_floats, attend_prompt_rows_bf16
 
 
 @always_inline
@@ -132,9 +119,15 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
         var table = block_tables.unsafe_offset(seq * max_blocks)
         var r_begin = Int(items[unsafe_offset=4 * i + 2])
         var r_end = Int(items[unsafe_offset=4 * i + 3])
-        comptime if I16_DOT:  # a prompt's rows together where the scratch has room (the same bits)
+        # A prompt's rows together where the scratch has room (the same bits).
+        comptime if I16_DOT:
             if r_end - r_begin >= PROMPT_MIN_ROWS and scratch_width >= PROMPT_SCRATCH_AT + prompt_scratch_floats():
                 attend_prompt_rows[dt, HD](args, scores, seq, kvh, r_begin, r_end)
+                continue
+        elif BF16_DOT:
+            if (r_end - r_begin >= BF16_PROMPT_MIN_ROWS
+                    and scratch_width >= PROMPT_SCRATCH_AT + bf16_prompt_scratch_floats()):
+                attend_prompt_rows_bf16[HD](args, scores, seq, kvh, r_begin, r_end)
                 continue
         for r in range(r_begin, r_end):
             var token = q0_token + r
@@ -194,23 +187,20 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
                                 var s: F32x16
                                 comptime if I16_DOT:
                                     s = int8_scores(key_sums[g], k_scales, q16_scale[g])
+                                elif BF16_DOT:
+                                    s = scores_bf16[HD](
+                                        rebind[Pointer[Scalar[BF16], MutAnyOrigin]](qp.unsafe_offset(g * HD)),
+                                        rebind[Pointer[Scalar[BF16], MutAnyOrigin]](k_cache), offs, scale)
                                 else:
                                     var p = Array[F32x16, KEYS](fill=F32x16(0))
                                     comptime for j in range(KEYS):
                                         var k_row = k_cache.unsafe_offset(Int(offs[unsafe_offset=j]))
-                                        comptime if BF16_DOT:
-                                            p[bitrev4(j)] = _partials_bf16[HD](
-                                                rebind[Pointer[Scalar[BF16], MutAnyOrigin]](qp.unsafe_offset(g * HD)),
-                                                rebind[Pointer[Scalar[BF16], MutAnyOrigin]](k_row))
-                                        else:
-                                            var kf = k_row.unsafe_load[width=HD]().cast[F32]()
-                                            var prod = (qf[g] * kf).reduce_add[KEYS]()
-                                            comptime if cdt == I8:
-                                                prod = prod * k_scales[j]
-                                            p[bitrev4(j)] = prod
+                                        var kf = k_row.unsafe_load[width=HD]().cast[F32]()
+                                        var prod = (qf[g] * kf).reduce_add[KEYS]()
+                                        comptime if cdt == I8:
+                                            prod = prod * k_scales[j]
+                                        p[bitrev4(j)] = prod
                                     s = lane_sums(p)
-                                    comptime if BF16_DOT:
-                                        s = s * scale
                                 s = masked(s, n, lane)
                                 maxes[g] = max(maxes[g], s)
                                 scores.unsafe_offset(g * CHUNK + j0).unsafe_store(s)

@@ -1,13 +1,15 @@
-# What the two CPU paged-attention paths over head_dim 64 and 128 share (attention_chunks.mojo: one query row at a
-# time; attention_prompt.mojo: a work item's prompt rows together over an int8 cache): their constants, a chunk's
-# key offsets, the software prefetch, and the online softmax and V pass that fold one chunk of keys into a row's
-# accumulators. Both paths run these same steps on the same scores, so a row gets the same bits on either.
+# What the CPU paged-attention paths over head_dim 64 and 128 share (attention_chunks.mojo: one query row at a
+# time; attention_prompt.mojo and attention_prompt_bf16.mojo: a work item's prompt rows together over an int8 or a
+# bfloat16 cache): their constants, a chunk's key offsets, the software prefetch, the scores over a bfloat16 cache,
+# and the online softmax and V pass that fold one chunk of keys into a row's accumulators. Every path runs these
+# same steps on the same scores, so a row gets the same bits on any.
 
 from std.math import exp, round
 from std.memory import bitcast
 from std.sys import CompilationTarget, llvm_intrinsic, size_of
 from std.sys.intrinsics import prefetch, PrefetchOptions
 from kv_int8 import I8, SCALE_BYTES, scale_at, scale_offset, value_offset
+from lane_tree import bitrev4, lane_sums
 
 comptime F32 = DType.float32
 comptime BF16 = DType.bfloat16
@@ -35,6 +37,33 @@ comptime REREAD_BYTES = 4096 * 1024
 def heads_per_pass[HD: Int]() -> Int:
     """Query heads that go through the context together (their V accumulators fill 16 zmm)."""
     return MAX_GROUP if HD <= 64 else 2
+
+
+@always_inline
+def _dot_bf16(acc: F32x16, a: BF16x32, b: BF16x32) -> F32x16:
+    """acc + per lane i: a[2i] b[2i] + a[2i+1] b[2i+1], the products exact (vdpbf16ps)."""
+    return llvm_intrinsic["llvm.x86.avx512bf16.dpbf16ps.512", F32x16](acc, a, b)
+
+
+@always_inline
+def _partials_bf16[HD: Int](q: Pointer[Scalar[BF16], MutAnyOrigin], k: Pointer[Scalar[BF16], MutAnyOrigin]) -> F32x16:
+    """16 partial sums of the bfloat16 rows q[:HD] . k[:HD]."""
+    var acc = F32x16(0)
+    comptime for c in range(0, HD, 32):
+        acc = _dot_bf16(acc, q.unsafe_offset(c).unsafe_load[width=32](), k.unsafe_offset(c).unsafe_load[width=32]())
+    return acc
+
+
+@always_inline
+def scores_bf16[HD: Int](q: Pointer[Scalar[BF16], MutAnyOrigin], k_cache: Pointer[Scalar[BF16], MutAnyOrigin],
+                         offs: Pointer[Scalar[DType.int64], MutAnyOrigin], scale: Float32) -> F32x16:
+    """The scaled scores of one bfloat16 query head (q[:HD]) against the 16 keys whose rows sit at offs[:16] in a
+    bfloat16 cache (AVX-512 BF16): each key leaves a vector of partial sums of exact products, and the lane tree
+    sums the 16 vectors into one vector of 16 scores, key j's in lane j."""
+    var p = Array[F32x16, KEYS](fill=F32x16(0))
+    comptime for j in range(KEYS):
+        p[bitrev4(j)] = _partials_bf16[HD](q, k_cache.unsafe_offset(Int(offs[unsafe_offset=j])))
+    return lane_sums(p) * scale
 
 
 @always_inline
@@ -106,6 +135,24 @@ def add_values[cdt: DType, HD: Int, G: Int, S: Int, NG: Int](
         part[g] = acc[g * NS + j]
     for t in range(nk):
         var v = v_cache.unsafe_offset(Int(offsets[unsafe_offset=t]) + j * S).unsafe_load[width=S]().cast[F32]()
+        comptime for g in range(NG):
+            part[g] += v * weights[unsafe_offset=g * CHUNK + t]
+    comptime for g in range(NG):
+        acc[g * NS + j] = part[g]
+
+
+@always_inline
+def add_values_f32[HD: Int, G: Int, S: Int, NG: Int](
+        mut acc: Array[SIMD[F32, S], G * (HD // S)], j: Int, values: Pointer[Scalar[F32], MutAnyOrigin],
+        weights: Pointer[Scalar[F32], MutAnyOrigin], nk: Int):
+    """add_values over V rows already widened to float32, values[t * HD:(t + 1) * HD] for key t: the same
+    multiply-adds in the same order on the same numbers, so the same bits, without widening each row again."""
+    comptime NS = HD // S
+    var part = Array[SIMD[F32, S], NG](fill=SIMD[F32, S](0))
+    comptime for g in range(NG):
+        part[g] = acc[g * NS + j]
+    for t in range(nk):
+        var v = values.unsafe_offset(t * HD + j * S).unsafe_load[width=S]()
         comptime for g in range(NG):
             part[g] += v * weights[unsafe_offset=g * CHUNK + t]
     comptime for g in range(NG):
@@ -205,24 +252,19 @@ def add_values_i16[HD: Int, G: Int, NG: Int](mut acc: Array[SIMD[F32, HD], G],
 
 
 @always_inline
-def fold_chunk[cdt: DType, HD: Int, G: Int, S: Int, INT_V: Bool](
+def chunk_weights[cdt: DType, HD: Int, G: Int, S: Int, INT_V: Bool](
         mut acc: Array[SIMD[F32, S], G * (HD // S)], mut m: Array[Float32, G], mut l: Array[Float32, G],
         maxes: Array[F32x16, G], scores: Pointer[Scalar[F32], MutAnyOrigin], ng: Int, nk: Int,
-        v_cache: Pointer[Scalar[cdt], MutAnyOrigin], offsets: Pointer[Scalar[DType.int64], MutAnyOrigin],
-        scale_offsets: Pointer[Scalar[DType.int64], MutAnyOrigin]):
-    """One chunk of nk keys into the first ng heads' running softmax (m, l) and accumulators (acc, NS slices of S
-    values a head): the chunk's scores in scratch (scores[g * CHUNK + t], masked lanes -3e38) become their
-    weights, its maximum (maxes, lane-wise) folds into the running one, and its V rows are added, one slice of S
-    values at a time, into every head's accumulator slice. Over an int8 cache each weight is stored times its V
-    row's scale (16 keys' scales read once for every head), so the V walk is one multiply-add per value; with
-    INT_V (an int8 cache, bfloat16 queries, a CPU with AVX512-VNNI) the walk is add_values_i16's integer sums
-    instead, over the weights in 16 bits: half the instructions of the float walk, and a relative error per
-    weight under 2^-16 of the chunk's largest."""
+        v_cache: Pointer[Scalar[cdt], MutAnyOrigin],
+        scale_offsets: Pointer[Scalar[DType.int64], MutAnyOrigin]) -> Array[F32x16, G]:
+    """The first half of fold_chunk: the chunk's scores in scratch become their weights in place, its maximum
+    (maxes, lane-wise) folds into the running one (m), and the running sum (l) and accumulators are rescaled to it.
+    Returns the weights' lane-wise maxima (INT_V's scale)."""
     comptime NS = HD // S
     var n_groups = (nk + KEYS - 1) // KEYS
     var new_m = Array[Float32, G](fill=NEG)
     var totals = Array[F32x16, G](fill=F32x16(0))
-    var tops = Array[F32x16, G](fill=F32x16(0))  # the weights' lane-wise maxima (INT_V's scale)
+    var tops = Array[F32x16, G](fill=F32x16(0))
     comptime for g in range(G):
         if g < ng:
             new_m[g] = max(m[g], maxes[g].reduce_max())
@@ -246,6 +288,25 @@ def fold_chunk[cdt: DType, HD: Int, G: Int, S: Int, INT_V: Bool](
             comptime for j in range(NS):
                 acc[g * NS + j] = acc[g * NS + j] * corr
             m[g] = new_m[g]
+    return tops^
+
+
+@always_inline
+def fold_chunk[cdt: DType, HD: Int, G: Int, S: Int, INT_V: Bool](
+        mut acc: Array[SIMD[F32, S], G * (HD // S)], mut m: Array[Float32, G], mut l: Array[Float32, G],
+        maxes: Array[F32x16, G], scores: Pointer[Scalar[F32], MutAnyOrigin], ng: Int, nk: Int,
+        v_cache: Pointer[Scalar[cdt], MutAnyOrigin], offsets: Pointer[Scalar[DType.int64], MutAnyOrigin],
+        scale_offsets: Pointer[Scalar[DType.int64], MutAnyOrigin]):
+    """One chunk of nk keys into the first ng heads' running softmax (m, l) and accumulators (acc, NS slices of S
+    values a head): the chunk's scores in scratch (scores[g * CHUNK + t], masked lanes -3e38) become their
+    weights, its maximum (maxes, lane-wise) folds into the running one, and its V rows are added, one slice of S
+    values at a time, into every head's accumulator slice. Over an int8 cache each weight is stored times its V
+    row's scale (16 keys' scales read once for every head), so the V walk is one multiply-add per value; with
+    INT_V (an int8 cache, bfloat16 queries, a CPU with AVX512-VNNI) the walk is add_values_i16's integer sums
+    instead, over the weights in 16 bits: half the instructions of the float walk, and a relative error per
+    weight under 2^-16 of the chunk's largest."""
+    comptime NS = HD // S
+    var tops = chunk_weights[cdt, HD, G, S, INT_V](acc, m, l, maxes, scores, ng, nk, v_cache, scale_offsets)
     comptime if INT_V:
         comptime assert cdt == I8 and S == HD, "integer V sums take an int8 cache, one slice a head"
         var factors = weights_i16[G](scores, tops, ng, nk)

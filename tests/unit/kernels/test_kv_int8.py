@@ -181,8 +181,8 @@ def test_prompt_rows_together_give_each_row_its_own_bits(module, test_seed, head
 
 
 def test_the_scratch_has_room_for_the_prompt_rows(module):
-    """The prompt path runs only where an item's scratch holds its part: kernels/attention.py's figure is the
-    kernel's own."""
+    """The prompt-row paths (int8 and bfloat16 caches) run only where an item's scratch holds their part:
+    kernels/attention.py's figure is the kernel's own, the larger of the two."""
     assert mojo_attention._PROMPT_ROWS_FLOATS == module.prompt_rows_scratch(())
 
 

@@ -203,6 +203,27 @@ def test_a_rows_bits_depend_on_neither_block_size_nor_batch(module, test_seed, d
         assert torch.equal(out, outs[0])
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_prompt_rows_together_over_a_bfloat16_cache_give_each_row_its_own_bits(module, test_seed, head_dim):
+    """A prompt's rows over a bfloat16 cache run together (attention_prompt_bf16.mojo: a chunk's V rows widened
+    once for all of them) with exactly the bits each row gets on its own, whatever its chunk edges and neighbours:
+    chunking or batching a prompt never changes them, and a decode row after it reads the same cache alike."""
+    rng = random.Random(test_seed)
+    torch.manual_seed(test_seed)
+    for group, kv_heads in ((1, 2), (2, 1), (3, 3), (4, 1), (5, 2), (8, 1)):
+        seqs = [(rng.randrange(8, 40), 8), (rng.randrange(300, 700), rng.randrange(9, 60)), (16, 16), (600, 1),
+                (rng.randrange(250, 270), 33), (3, 2)]  # prompt chunks over cached prefixes (chunk edges at 256)
+        k_cache, v_cache, plan, ref_plan, _ = make_batch(rng, 16, kv_heads, head_dim, torch.bfloat16, seqs)
+        query = torch.randn(plan.num_tokens, kv_heads * group, head_dim).to(torch.bfloat16)
+        for threading in mojo_attention.THREADINGS:
+            together, alone = (mojo_attention.paged_attention(module, query, k_cache, v_cache, plan, 0.125,
+                                                              threading=threading, prompt_rows=rows)
+                               for rows in (True, False))
+            assert torch.equal(together, alone), (group, kv_heads, threading)
+        expected = reference.paged_attention(query, k_cache, v_cache, ref_plan, 0.125)
+        torch.testing.assert_close(together.float(), expected.float(), atol=1.6e-2, rtol=1.6e-2)
+
+
 def test_prefill_chunks_go_to_the_kernel_unless_the_cpu_has_amx(monkeypatch):
     from kernels.builder import target
     from worker.attention import mojo_cpu
