@@ -237,6 +237,7 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
         Route("/info", _api(answered_in(dialect_of, huggingface.info)), methods=["GET"]),
         Route("/completion", _api(llamacpp.completion), methods=["POST"]),
         Route("/completions", _api(llamacpp.completion), methods=["POST"]),
+        Route("/infill", _api(llamacpp.infill), methods=["POST"]),
         Route("/props", _api(llamacpp.props), methods=["GET"]),
         Route("/tokenize", _api(tokenize), methods=["POST"]),
         Route("/detokenize", _api(detokenize), methods=["POST"]),

@@ -53,3 +53,16 @@ class LlamaCompletionBody(LlamaBody):
     xtc_probability: float = 0.0
     top_n_sigma: float = -1.0
     dynatemp_range: float = 0.0
+
+
+class InfillChunk(LlamaBody):
+    text: str = Field(description="another file's text, put ahead of the one being edited")
+    filename: str = Field("tmp", description="its name, after the file separator")
+
+
+class LlamaInfillBody(LlamaCompletionBody):
+    """POST /infill: /completion's fields, with the code around the cursor in place of the prompt."""
+    input_prefix: str = Field(description="the text before the cursor")
+    input_suffix: str = Field(description="the text after the cursor")
+    input_extra: list[InfillChunk] = Field(default_factory=list, description="other files, as context")
+    prompt: str = Field("", description="text after the prefix, where the completion continues from")

@@ -1,7 +1,7 @@
 """llama.cpp server's own API, for the clients written against it (editor plugins and front-ends that post to
 llama-server's native routes, `curl` scripts): POST /completion (also spelled /completions, as llama-server
-takes it) and GET /props. /tokenize and /detokenize take llama.cpp's bodies beside vLLM's
-(gateway/openai/tokenize_routes.py).
+takes it), POST /infill (code at an editor's cursor, gateway/llamacpp/infill.py) and GET /props. /tokenize and
+/detokenize take llama.cpp's bodies beside vLLM's (gateway/openai/tokenize_routes.py).
 
 A /completion request runs as the completion it translates into (gateway/llamacpp/to_completion.py) and is answered
 in llama.cpp's shape (gateway/llamacpp/completion_output.py); streamed, as `data: {...}` server-sent events, the
@@ -18,7 +18,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.llamacpp.completion_output import LlamaOutput, LlamaRequestView, Times
-from gateway.llamacpp.completion_schema import LlamaCompletionBody
+from gateway.llamacpp.completion_schema import LlamaCompletionBody, LlamaInfillBody
+from gateway.llamacpp.infill import infill_ids
 from gateway.llamacpp.to_completion import completion_body, llama_names
 from gateway.openai.parse import parse_completion
 from gateway.openai.routes import Admitted, admit_completion, collect, ready_info, sse_response
@@ -27,6 +28,7 @@ from gateway.server.client_io import one_line_json, read_json
 from gateway.server.deadlines import request_deadline
 from gateway.server.errors import ApiError
 from gateway.server.task_guard import require_task
+from gateway.text.fill_in_middle import SPELLINGS
 
 log = logging.getLogger("mili.gateway")
 
@@ -41,14 +43,41 @@ async def completion(request: Request) -> Response:
     state = request.app.state.mili
     require_task(state.engine_config.task, "generate")
     body = validate(LlamaCompletionBody, await read_json(request, state.settings.max_body_bytes), ())
-    deadline = request_deadline(request, state.settings.request_timeout)
+    return await _answer(request, body, _translated(request, body))
+
+
+async def infill(request: Request) -> Response:
+    state = request.app.state.mili
+    require_task(state.engine_config.task, "generate")
+    body = validate(LlamaInfillBody, await read_json(request, state.settings.max_body_bytes), ())
+    fim = state.text.fim
+    if fim is None:
+        raise ApiError(501, "Infill is not supported by this model: its tokenizer has none of the fill-in-the-middle "
+                            "tokens (" + ", ".join(SPELLINGS[0]) + ")")
+    translated = _translated(request, body)
+    translated["prompt"] = infill_ids(state.text.tokenizer, fim, body.input_prefix, body.input_suffix, body.prompt,
+                                      [(chunk.filename, chunk.text) for chunk in body.input_extra],
+                                      ready_info(state).max_model_len, body.n_predict)
+    return await _answer(request, body, translated)
+
+
+def _translated(request: Request, body: LlamaCompletionBody) -> dict:
+    """The completion request `body` means."""
+    state = request.app.state.mili
     tokenizer = state.text.tokenizer
     with llama_names():
-        translated = completion_body(body, state.settings.served_model_name,
-                                     lambda text: tokenizer.encode(text, add_special_tokens=False).ids)
+        return completion_body(body, state.settings.served_model_name,
+                               lambda text: tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+async def _answer(request: Request, body: LlamaCompletionBody, translated: dict) -> Response:
+    """Runs the translated completion and answers it in llama.cpp's shape, whole or streamed."""
+    state = request.app.state.mili
+    deadline = request_deadline(request, state.settings.request_timeout)
+    with llama_names():
         req = parse_completion(translated, state.settings.limits)
         admitted, prompts = await admit_completion(request, req, deadline)
-    prompt_text = body.prompt if isinstance(body.prompt, str) else state.text.decode(prompts[0])
+    prompt_text = translated["prompt"] if isinstance(translated["prompt"], str) else state.text.decode(prompts[0])
     view = LlamaRequestView(model=state.settings.served_model_name, prompt_text=prompt_text,
                             settings=_settings(translated, ready_info(state).max_model_len), n_probs=body.n_probs,
                             return_tokens=body.return_tokens)

@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
           405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
-          503: "service_unavailable_error", 504: "timeout_error"}
+          501: "not_supported_error", 503: "service_unavailable_error", 504: "timeout_error"}
 # Anthropic's error types (docs.claude.com/en/api/errors); any other 4xx is invalid_request_error, 5xx api_error.
 _ANTHROPIC_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
                     413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error", 504: "timeout_error"}

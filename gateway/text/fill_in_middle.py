@@ -6,6 +6,10 @@ Qwen3 vocabulary's) `<|fim_prefix|>`, `<|fim_suffix|>`, `<|fim_middle|>`, or Sta
 `<fim_suffix>`, `<fim_middle>`. The prompt is laid out prefix-suffix-middle, as both were trained:
 `PREFIX prompt SUFFIX suffix MIDDLE`, each text tokenized on its own without special tokens; the model writes the
 middle and ends it with its end-of-text token. A model without the markers answers a suffix with a 400.
+
+Models trained on whole repositories (Qwen2.5-Coder, StarCoder2) also know a repository-name marker and a file
+separator, `<|repo_name|>` and `<|file_sep|>` (`<reponame>`, `<file_sep>`), which put other files ahead of the one
+being edited; llama.cpp server's /infill uses them (gateway/llamacpp/infill.py).
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from dataclasses import dataclass
 from tokenizers import Tokenizer
 
 SPELLINGS = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"), ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"))
+REPO_SPELLINGS = ("<|repo_name|>", "<reponame>")
+FILE_SEP_SPELLINGS = ("<|file_sep|>", "<file_sep>")
 
 
 @dataclass(frozen=True)
@@ -22,15 +28,23 @@ class FimTokens:
     prefix: int
     suffix: int
     middle: int
+    repo: int | None = None  # the repository-name marker, where the vocabulary has one
+    file_sep: int | None = None  # the file separator, likewise
 
 
 def fim_tokens(tokenizer: Tokenizer) -> FimTokens | None:
-    """The tokenizer's fill-in-the-middle markers, in the first spelling it has all three of; None without."""
+    """The tokenizer's fill-in-the-middle markers, in the first spelling it has all three of, with its repository
+    markers where it has them; None without the three."""
     for names in SPELLINGS:
         ids = [tokenizer.token_to_id(name) for name in names]
         if all(i is not None for i in ids):
-            return FimTokens(*ids)
+            return FimTokens(*ids, repo=_first_token(tokenizer, REPO_SPELLINGS),
+                             file_sep=_first_token(tokenizer, FILE_SEP_SPELLINGS))
     return None
+
+
+def _first_token(tokenizer: Tokenizer, names: tuple[str, ...]) -> int | None:
+    return next((i for i in map(tokenizer.token_to_id, names) if i is not None), None)
 
 
 def fim_prompt(tokenizer: Tokenizer, tokens: FimTokens, prefix: str, suffix: str) -> list[int]:

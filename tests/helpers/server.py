@@ -46,14 +46,15 @@ def build_served_tiny_model(arch: str, seed: int, out_dir: Path, max_positions: 
     return out_dir
 
 
-def build_tagged_qwen3(seed: int, out_dir: Path, tags: list[str], chat_template: str) -> dict[str, int]:
+def build_tagged_qwen3(seed: int, out_dir: Path, tags: list[str], chat_template: str,
+                       max_positions: int = 512) -> dict[str, int]:
     """A served tiny Qwen3 whose tokenizer (the default model's) gains `tags` as added tokens, as Qwen3's
     has <think> and <tool_call>, served with `chat_template`; the tags' ids."""
     from tokenizers import AddedToken, Tokenizer
 
     tok = Tokenizer.from_file(str(tokenizer_source_dir() / "tokenizer.json"))
     tok.add_tokens([AddedToken(t, special=False) for t in tags])  # first, so the model's vocabulary covers them
-    build_served_tiny_model("qwen3", seed, out_dir, vocab_size=tok.get_vocab_size())
+    build_served_tiny_model("qwen3", seed, out_dir, max_positions=max_positions, vocab_size=tok.get_vocab_size())
     tok.save(str(out_dir / "tokenizer.json"))
     config = json.loads((out_dir / "tokenizer_config.json").read_text())
     config["chat_template"] = chat_template
@@ -135,7 +136,7 @@ class Server:
 
 
 def start_tagged_qwen3(tmp_path_factory, label: str, tags: list[str], chat_template: str,
-                       *flags: str) -> tuple[Server, dict[str, int]]:
+                       *flags: str, max_positions: int = 512) -> tuple[Server, dict[str, int]]:
     """`mili serve` on a fresh random tiny Qwen3 with `tags` as added tokens (build_tagged_qwen3), under `flags`;
     the started server and the tags' ids. The model's seed is printed, to rerun a failure."""
     import random
@@ -144,5 +145,5 @@ def start_tagged_qwen3(tmp_path_factory, label: str, tags: list[str], chat_templ
     out.mkdir()
     seed = random.randrange(2**31)
     print(f"\n[{label} model] seed={seed}")
-    ids = build_tagged_qwen3(seed, out, tags, chat_template)
+    ids = build_tagged_qwen3(seed, out, tags, chat_template, max_positions)
     return Server(out, *flags, log_path=tmp_path_factory.mktemp("logs") / "server.log").start(), ids
