@@ -4,15 +4,18 @@ events, one per choice event with its text, token ids and (n_probs) probabilitie
 true, empty content and the whole answer's other fields, as llama.cpp's server ends its stream.
 
 stop_type is llama.cpp's: "eos" (the model's end token, a stop token or a finished grammar), "word" (a stop string,
-named in stopping_word) or "limit" (n_predict or the context). The end token is neither in `tokens` nor in
-completion_probabilities, as llama.cpp leaves it out of both.
+named in stopping_word) or "limit" (n_predict, the context, or one of the code-completion stops n_indent and
+t_max_predict_ms, gateway/llamacpp/early_stop.py, after which `stopped` is true and the caller ends the request).
+The end token is neither in `tokens` nor in completion_probabilities, as llama.cpp leaves it out of both.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.llamacpp.early_stop import EarlyStop
 from gateway.openai.response_bodies import TokenNames
 from gateway.streams.choice_stream import ChoiceEvent, TokenLogprob, Usage
 
@@ -35,6 +38,8 @@ class LlamaRequestView:
     settings: dict[str, Any]  # the sampling settings it ran with (generation_settings)
     n_probs: int
     return_tokens: bool
+    n_indent: int = 0
+    t_max_predict_ms: int = 0
 
 
 @dataclass
@@ -46,22 +51,37 @@ class LlamaOutput:
     probs: list[TokenLogprob] = field(default_factory=list)
     stop_type: str = "none"
     stopping_word: str = ""
+    early: EarlyStop = field(init=False)
 
-    def feed(self, e: ChoiceEvent, usage: Usage) -> dict[str, Any] | None:
-        """The stream event of a choice event (None when it carries nothing); the closing event is `closing()`."""
+    def __post_init__(self) -> None:
+        self.early = EarlyStop(self.request.n_indent, self.request.t_max_predict_ms)
+
+    @property
+    def stopped(self) -> bool:
+        """Whether a code-completion stop ended the text: the caller ends the request."""
+        return self.early.stopped
+
+    def feed(self, e: ChoiceEvent, usage: Usage, first_token_time: float | None = None) -> dict[str, Any] | None:
+        """The stream event of a choice event (None when it carries nothing); the closing event is `closing()`.
+        first_token_time: time.monotonic() of the request's first token (for t_max_predict_ms)."""
+        if self.stopped:
+            return None
         ids, probs = e.token_ids, e.logprobs
         if e.ends_on_stop_token:
             ids, probs = ids[:-1], probs[:-1]
-        self.content += e.text
+        text = self.early.take(e.text, first_token_time, time.monotonic())
+        self.content += text
         self.tokens += ids
         self.probs += probs
-        if e.finish_reason is not None:
+        if self.stopped:
+            self.stop_type, self.stopping_word = "limit", ""
+        elif e.finish_reason is not None:
             self.stop_type = "limit" if e.finish_reason == "length" else "word" if e.stop_string else "eos"
             self.stopping_word = e.stop_string or ""
-        if not e.text and not ids:
+        if not text and not ids:
             return None
         # A stream's pieces always carry their token ids (llama-server's do); return_tokens is for the whole answer.
-        event: dict[str, Any] = {"index": 0, "content": e.text, "tokens": ids, "stop": False, "id_slot": -1,
+        event: dict[str, Any] = {"index": 0, "content": text, "tokens": ids, "stop": False, "id_slot": -1,
                                  "tokens_predicted": usage.completion_tokens, "tokens_evaluated": usage.prompt_tokens}
         if self.request.n_probs:
             event["completion_probabilities"] = self._probabilities(probs)

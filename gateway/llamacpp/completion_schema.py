@@ -1,6 +1,6 @@
 """The request body of llama.cpp server's own POST /completion, as a typed model. Types are strict; bounds are the
 completion checks' (the request runs as the completion it means, gateway/llamacpp/to_completion.py). Unknown
-fields are ignored, as llama.cpp ignores them (cache_prompt, id_slot, n_keep, samplers, t_max_predict_ms and
+fields are ignored, as llama.cpp ignores them (cache_prompt, id_slot, n_keep, samplers, t_max_prompt_ms and
 the like change nothing MILI does: its prefix cache is always on). llama.cpp's samplers that MILI does not have
 are accepted only at the value that turns them off (SAMPLERS_OFF), a 400 naming the field otherwise."""
 
@@ -47,6 +47,10 @@ class LlamaCompletionBody(LlamaBody):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     return_tokens: bool = Field(False, description="the generated token ids in `tokens`")
+    n_indent: int = Field(0, description="code completion: end the text before a line, after the first, indented by "
+                                         "fewer spaces or tabs than this (0: off)")
+    t_max_predict_ms: int = Field(0, description="code completion: once the text has a newline, end it this many "
+                                                 "milliseconds after its first token (0: off)")
     typical_p: float = 1.0
     mirostat: int = 0
     dry_multiplier: float = 0.0

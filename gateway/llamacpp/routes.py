@@ -22,9 +22,9 @@ from gateway.llamacpp.completion_schema import LlamaCompletionBody, LlamaInfillB
 from gateway.llamacpp.infill import infill_ids
 from gateway.llamacpp.to_completion import completion_body, llama_names
 from gateway.openai.parse import parse_completion
-from gateway.openai.routes import Admitted, admit_completion, collect, ready_info, sse_response
+from gateway.openai.routes import Admitted, admit_completion, ready_info, sse_response
 from gateway.openai.validation import validate
-from gateway.server.client_io import one_line_json, read_json
+from gateway.server.client_io import collect_unless_disconnected, one_line_json, read_json
 from gateway.server.deadlines import request_deadline
 from gateway.server.errors import ApiError
 from gateway.server.task_guard import require_task
@@ -80,13 +80,25 @@ async def _answer(request: Request, body: LlamaCompletionBody, translated: dict)
     prompt_text = translated["prompt"] if isinstance(translated["prompt"], str) else state.text.decode(prompts[0])
     view = LlamaRequestView(model=state.settings.served_model_name, prompt_text=prompt_text,
                             settings=_settings(translated, ready_info(state).max_model_len), n_probs=body.n_probs,
-                            return_tokens=body.return_tokens)
+                            return_tokens=body.return_tokens, n_indent=body.n_indent,
+                            t_max_predict_ms=body.t_max_predict_ms)
     output = LlamaOutput(view, state.token_names)
     if body.stream:
         return sse_response(request, _events(output, admitted), admitted)
-    for e in await collect(request, admitted):
-        output.feed(e, admitted.usage)
+    try:
+        await collect_unless_disconnected(request, _fed(output, admitted))
+    finally:
+        admitted.abort()
     return JSONResponse(output.whole(admitted.usage, _times(admitted)))
+
+
+async def _fed(output: LlamaOutput, admitted: Admitted) -> AsyncIterator[None]:
+    """Feeds the answer its choice events until they end, or until a code-completion stop ends the text."""
+    async for e in admitted.events():
+        output.feed(e, admitted.usage, admitted.streams[0].first_token_time)
+        yield None
+        if output.stopped:
+            return
 
 
 def _times(admitted: Admitted) -> Times:
@@ -103,9 +115,11 @@ def _settings(translated: dict, context: int) -> dict:
 async def _events(output: LlamaOutput, admitted: Admitted) -> AsyncIterator[str]:
     try:
         async for e in admitted.events():
-            event = output.feed(e, admitted.usage)
+            event = output.feed(e, admitted.usage, admitted.streams[0].first_token_time)
             if event is not None:
                 yield one_line_json(event)
+            if output.stopped:
+                break
         yield one_line_json(output.closing(admitted.usage, _times(admitted)))
     except ApiError as e:
         log.warning("stream ended with an error: %s", e.message)

@@ -126,6 +126,35 @@ def test_a_gbnf_grammar_constrains_the_text(server):
         assert isinstance(json.loads(body["content"])["a"], int)
 
 
+CODE = "def f():\n    x = 1\n    return x\nprint(f())\n"  # what the grammar below makes the model write
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_n_indent_ends_a_suggestion_with_its_block(server, stream):
+    """A grammar fixes the text; n_indent 4 ends it before `print`, the block's indentation left intact, and the
+    stream sends exactly what the whole answer keeps."""
+    grammar = "root ::= " + json.dumps(CODE)
+    body = {"prompt": PROMPT, "n_predict": 64, "temperature": 0, "grammar": grammar}
+    assert server.answer("/completion", body)["content"] == CODE
+    want = "def f():\n    x = 1\n    return x\n"
+    if stream:
+        events = _stream(server, {**body, "n_indent": 4})
+        assert "".join(e["content"] for e in events) == want and events[-1]["stop_type"] == "limit"
+    else:
+        cut = server.answer("/completion", {**body, "n_indent": 4})
+        assert cut["content"] == want and cut["stop_type"] == "limit"
+        assert cut["tokens_predicted"] < server.answer("/completion", body)["tokens_predicted"]
+
+
+def test_t_max_predict_ms_ends_a_suggestion_after_its_first_line(server):
+    lines = "".join(f"line {i}\n" for i in range(30))
+    body = {"prompt": PROMPT, "n_predict": 200, "temperature": 0, "grammar": "root ::= " + json.dumps(lines),
+            "t_max_predict_ms": 1}
+    cut = server.answer("/completion", body)
+    assert cut["stop_type"] == "limit" and "\n" in cut["content"] and lines.startswith(cut["content"])
+    assert len(cut["content"]) < len(lines)
+
+
 def test_props_names_the_context_and_template(server):
     props = httpx2.get(f"{server.url}/props", timeout=30).json()
     assert props["default_generation_settings"]["n_ctx"] == httpx2.get(f"{server.url}/health").json()["max_model_len"]
