@@ -69,6 +69,9 @@ class StepPlan:
     # False: items in row order (sequences, then KV heads), so that the first n x kv_heads items are the first n
     # rows' (the decode program refills one plan for its max rows and runs a prefix of its items each step).
     balanced: bool = True
+    # Whether an item has several query rows (a prompt's chunk, draft tokens to verify): only then does a call need
+    # the room the prompt-row paths take in scratch, whose untouched pages each call would otherwise fault in.
+    multi_row_items: bool = True
     _items: dict[int, torch.Tensor] = field(default_factory=dict)
 
     @classmethod
@@ -95,7 +98,8 @@ class StepPlan:
         min_block_id, max_block_id = table_range(tables.numpy(), lens.numpy(), block_size)
         return cls(block_tables=tables, context_lens=lens,
                    query_start=torch.tensor(starts, dtype=torch.int32), slot_mapping=slot_mapping.contiguous(),
-                   rows=rows, balanced=balanced, num_tokens=starts[-1], min_slot=int(slot_mapping.min()),
+                   rows=rows, balanced=balanced, multi_row_items=any(r1 - r0 > 1 for _, r0, r1 in rows),
+                   num_tokens=starts[-1], min_slot=int(slot_mapping.min()),
                    max_slot=int(slot_mapping.max()),
                    min_block_id=min_block_id, max_block_id=max_block_id)
 
@@ -218,7 +222,7 @@ def paged_attention(module: ModuleType, query: torch.Tensor, k_cache: torch.Tens
         return out if out is not None else torch.empty_like(query)
     if out is None:
         out = torch.empty(query.shape, dtype=query.dtype)
-    scratch = attention_scratch(items.shape[0], k_cache, prompt_rows)
+    scratch = attention_scratch(items.shape[0], k_cache, prompt_rows and plan.multi_row_items)
     params = _attention_params(query, k_cache, v_cache, plan, scale, out, items, scratch)
     launch(module, "paged_attention", params, items.shape[0], threading)
     return out
