@@ -5,7 +5,8 @@
 # The row path walks the context once per row, and for every key of every chunk widens the V row from bfloat16 to
 # float32 again (a zero-extend and a shift per 16 values: as many vector operations as the multiply-adds they feed,
 # two query heads sharing them at head_dim 128); in a 2048-token prompt the V walk was 44% of the kernel's samples,
-# most of it on the widening. Here the item's rows (at most ROWS) go through the context together, chunk by chunk:
+# half of its instructions the widening. Here the item's rows (at most ROWS) go through the context together, chunk
+# by chunk:
 #   - the chunk's key offsets are found once for all its rows, and its V rows are widened once into scratch;
 #   - each row scores the chunk (attention_parts.scores_bf16, the row path's code) and folds it into its running
 #     softmax (attention_parts.chunk_weights, the row path's) and V accumulators (attention_parts.add_values_f32:
