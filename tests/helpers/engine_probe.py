@@ -87,7 +87,10 @@ def run_greedy(engine: LLMEngine, prompts: list[list[int]], max_tokens: int, che
 
 def assert_matches_reference(run: ProbedRun, hf_model, rtol: float = 1e-4, atol: float = 1e-4) -> None:
     """Every recorded logits row equals transformers' at the same position, and every greedy token is the
-    reference argmax there (so the whole continuation equals transformers' greedy decoding)."""
+    reference argmax there (so the whole continuation equals transformers' greedy decoding), or ties it within the
+    same bound: a random model now and then has two logits a float32 rounding apart (seed 2083911516: 1.4e-6), where
+    either pick agrees with transformers as far as the logits can. The reference runs on the engine's own tokens,
+    so every position after such a tie is still checked."""
     device = next(hf_model.parameters()).device  # the reference runs where the caller put it
     for rid, tokens in run.tokens.items():
         with torch.no_grad():
@@ -99,4 +102,6 @@ def assert_matches_reference(run: ProbedRun, hf_model, rtol: float = 1e-4, atol:
             expected = ref[pos - 1]
             torch.testing.assert_close(ours.to(device), expected, rtol=rtol, atol=atol,
                                        msg=lambda m: f"{rid} position {pos}: {m}")
-            assert tokens[pos] == int(expected.argmax()), f"{rid}: greedy token differs at position {pos}"
+            best = expected.max()
+            tied = best - expected[tokens[pos]] <= atol + rtol * best.abs()
+            assert tokens[pos] == int(expected.argmax()) or tied, f"{rid}: greedy token differs at position {pos}"
