@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from tokenizers import Tokenizer
 
-from gateway.text.fill_in_middle import FimTokens
+from gateway.text.fill_in_middle import FimTokens, part_ids
 
 BATCH = 2048  # llama-server's default --batch-size, from which it cuts the prefix's and the suffix's budgets
 REPO_NAME = "myproject\n"  # the repository name llama-server writes after the repository marker
@@ -32,7 +32,7 @@ def infill_ids(tokenizer: Tokenizer, fim: FimTokens, prefix: str, suffix: str, p
     """The prompt's token ids. extra: (filename, text) per chunk; context: the sequence's context length;
     n_predict: the request's (-1: no limit)."""
     def encode(text: str) -> list[int]:
-        return tokenizer.encode(text, add_special_tokens=False).ids
+        return part_ids(tokenizer, text)
 
     extra_ids: list[int] = []
     if fim.repo is not None:

@@ -49,7 +49,9 @@ def _first_token(tokenizer: Tokenizer, names: tuple[str, ...]) -> int | None:
 
 def fim_prompt(tokenizer: Tokenizer, tokens: FimTokens, prefix: str, suffix: str) -> list[int]:
     """The token ids that ask for the text between `prefix` and `suffix`."""
-    def encode(text: str) -> list[int]:
-        return tokenizer.encode(text, add_special_tokens=False).ids
+    return [tokens.prefix, *part_ids(tokenizer, prefix), tokens.suffix, *part_ids(tokenizer, suffix), tokens.middle]
 
-    return [tokens.prefix, *encode(prefix), tokens.suffix, *encode(suffix), tokens.middle]
+
+def part_ids(tokenizer: Tokenizer, text: str) -> list[int]:
+    """One part of a fill-in-the-middle prompt as token ids: tokenized on its own, without special tokens around it."""
+    return tokenizer.encode(text, add_special_tokens=False).ids
