@@ -4,7 +4,7 @@ text between the prompt and the suffix, as code editors ask for the code at the 
 Whether a model can is in its tokenizer: code models are trained with three marker tokens, Qwen2.5-Coder's (and the
 Qwen3 vocabulary's) `<|fim_prefix|>`, `<|fim_suffix|>`, `<|fim_middle|>`, or StarCoder's `<fim_prefix>`,
 `<fim_suffix>`, `<fim_middle>`. The prompt is laid out prefix-suffix-middle, as both were trained:
-`PREFIX prompt SUFFIX suffix MIDDLE`, each text tokenized on its own without special tokens; the model writes the
+`PREFIX prompt SUFFIX suffix MIDDLE`, each text tokenized on its own as plain text (part_ids); the model writes the
 middle and ends it with its end-of-text token. A model without the markers answers a suffix with a 400.
 
 Models trained on whole repositories (Qwen2.5-Coder, StarCoder2) also know a repository-name marker and a file
@@ -53,5 +53,17 @@ def fim_prompt(tokenizer: Tokenizer, tokens: FimTokens, prefix: str, suffix: str
 
 
 def part_ids(tokenizer: Tokenizer, text: str) -> list[int]:
-    """One part of a fill-in-the-middle prompt as token ids: tokenized on its own, without special tokens around it."""
-    return tokenizer.encode(text, add_special_tokens=False).ids
+    """One part of a fill-in-the-middle prompt as token ids: tokenized on its own, without special tokens around it,
+    and as plain text: code that spells a special token (a tokenizer's source, a template, this module) gets the
+    spelling's ordinary tokens, never the marker itself, as llama-server tokenizes /infill's parts. Otherwise a file
+    being edited could close the prefix or open a new middle.
+
+    The flag is the shared tokenizer's own, set around this call and put back: every encode runs on the gateway's
+    event loop thread, so none runs meanwhile (the grammar checker's thread only serializes the tokenizer, which
+    does not read the flag)."""
+    was = tokenizer.encode_special_tokens
+    tokenizer.encode_special_tokens = True
+    try:
+        return tokenizer.encode(text, add_special_tokens=False).ids
+    finally:
+        tokenizer.encode_special_tokens = was
