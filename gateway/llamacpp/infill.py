@@ -47,16 +47,7 @@ def infill_ids(tokenizer: Tokenizer, fim: FimTokens, prefix: str, suffix: str, p
     prefix_take = min(len(prefix_ids), 3 * (batch // 4))
     suffix_take = min(len(suffix_ids), max(0, batch // 4 - (2 + len(prompt_ids))))
     extra_take = min(max(0, context - batch - 2 * n_predict), len(extra_ids))
-    return [*extra_ids[len(extra_ids) - extra_take:], *leading_special_ids(tokenizer),
+    return [*extra_ids[len(extra_ids) - extra_take:], *fim.leading,
             fim.prefix, *prefix_ids[len(prefix_ids) - prefix_take:], *prompt_ids,
             fim.suffix, *suffix_ids[:suffix_take], fim.middle]
 
-
-def leading_special_ids(tokenizer: Tokenizer) -> list[int]:
-    """The special tokens the tokenizer puts before a text (a Llama tokenizer's BOS; none for Qwen's)."""
-    plain = tokenizer.encode("a", add_special_tokens=False).ids
-    full = tokenizer.encode("a", add_special_tokens=True).ids
-    for start in range(len(full) - len(plain) + 1):
-        if full[start:start + len(plain)] == plain:
-            return full[:start]
-    return []

@@ -30,6 +30,7 @@ class FimTokens:
     middle: int
     repo: int | None = None  # the repository-name marker, where the vocabulary has one
     file_sep: int | None = None  # the file separator, likewise
+    leading: tuple[int, ...] = ()  # what the tokenizer puts before a text (a Llama tokenizer's BOS; none for Qwen's)
 
 
 def fim_tokens(tokenizer: Tokenizer) -> FimTokens | None:
@@ -39,8 +40,19 @@ def fim_tokens(tokenizer: Tokenizer) -> FimTokens | None:
         ids = [tokenizer.token_to_id(name) for name in names]
         if all(i is not None for i in ids):
             return FimTokens(*ids, repo=_first_token(tokenizer, REPO_SPELLINGS),
-                             file_sep=_first_token(tokenizer, FILE_SEP_SPELLINGS))
+                             file_sep=_first_token(tokenizer, FILE_SEP_SPELLINGS),
+                             leading=leading_special_ids(tokenizer))
     return None
+
+
+def leading_special_ids(tokenizer: Tokenizer) -> tuple[int, ...]:
+    """The special tokens the tokenizer puts before a text (a Llama tokenizer's BOS; none for Qwen's)."""
+    plain = tokenizer.encode("a", add_special_tokens=False).ids
+    full = tokenizer.encode("a", add_special_tokens=True).ids
+    for start in range(len(full) - len(plain) + 1):
+        if full[start:start + len(plain)] == plain:
+            return tuple(full[:start])
+    return ()
 
 
 def _first_token(tokenizer: Tokenizer, names: tuple[str, ...]) -> int | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tokenizers import AddedToken, processors
 
-from gateway.llamacpp.infill import BATCH, CURRENT_FILE, REPO_NAME, SNIPPET, infill_ids, leading_special_ids
+from gateway.llamacpp.infill import BATCH, CURRENT_FILE, REPO_NAME, SNIPPET, infill_ids
 from gateway.text.fill_in_middle import fim_tokens
 from tests.helpers.toy_tokenizers import byte_bpe
 
@@ -72,9 +72,9 @@ def test_each_part_is_cut_to_llama_servers_budget():
 def test_a_bos_goes_ahead_of_the_prefix_where_the_tokenizer_puts_one():
     tok = tokenizer(MARKERS + ["<s>"])
     bos = tok.token_to_id("<s>")
-    assert leading_special_ids(tok) == []
+    assert fim_tokens(tok).leading == ()
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
-    assert leading_special_ids(tok) == [bos]
     fim = fim_tokens(tok)
+    assert fim.leading == (bos,)
     ids = infill_ids(tok, fim, "p", "s", "", [("a", "A")], 32768, 64)
     assert ids[:ids.index(fim.prefix)] == [*encode(tok, SNIPPET), *encode(tok, "A"), bos]
