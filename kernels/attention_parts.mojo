@@ -123,36 +123,26 @@ def prefetch_rows[cdt: DType, HD: Int](cache: Pointer[Scalar[cdt], MutAnyOrigin]
 
 
 @always_inline
-def add_values[cdt: DType, HD: Int, G: Int, S: Int, NG: Int](
-        mut acc: Array[SIMD[F32, S], G * (HD // S)], j: Int, v_cache: Pointer[Scalar[cdt], MutAnyOrigin],
+def add_values[cdt: DType, HD: Int, G: Int, S: Int, NG: Int, WIDENED: Bool = False](
+        mut acc: Array[SIMD[F32, S], G * (HD // S)], j: Int, rows: Pointer[Scalar[cdt], MutAnyOrigin],
         offsets: Pointer[Scalar[DType.int64], MutAnyOrigin], weights: Pointer[Scalar[F32], MutAnyOrigin], nk: Int):
     """Slice j (values j*S .. j*S+S-1) of the first NG heads' accumulators plus the chunk's nk V rows, each times
     its weight in scratch (weights[g * CHUNK + t], an int8 row's scale included), in key order. NG is a constant
-    and the slice's NG * S / 16 accumulators stay in registers for the whole walk."""
+    and the slice's NG * S / 16 accumulators stay in registers for the whole walk. Key t's row is at offsets[t] in
+    the cache, or, WIDENED, at t * HD in a chunk's rows already widened to float32 (rows: float32; offsets unread):
+    the same multiply-adds in the same order on the same numbers, so the same bits."""
     comptime NS = HD // S
+    comptime assert not WIDENED or cdt == F32, "widened rows are float32"
     var part = Array[SIMD[F32, S], NG](fill=SIMD[F32, S](0))
     comptime for g in range(NG):
         part[g] = acc[g * NS + j]
     for t in range(nk):
-        var v = v_cache.unsafe_offset(Int(offsets[unsafe_offset=t]) + j * S).unsafe_load[width=S]().cast[F32]()
-        comptime for g in range(NG):
-            part[g] += v * weights[unsafe_offset=g * CHUNK + t]
-    comptime for g in range(NG):
-        acc[g * NS + j] = part[g]
-
-
-@always_inline
-def add_values_f32[HD: Int, G: Int, S: Int, NG: Int](
-        mut acc: Array[SIMD[F32, S], G * (HD // S)], j: Int, values: Pointer[Scalar[F32], MutAnyOrigin],
-        weights: Pointer[Scalar[F32], MutAnyOrigin], nk: Int):
-    """add_values over V rows already widened to float32, values[t * HD:(t + 1) * HD] for key t: the same
-    multiply-adds in the same order on the same numbers, so the same bits, without widening each row again."""
-    comptime NS = HD // S
-    var part = Array[SIMD[F32, S], NG](fill=SIMD[F32, S](0))
-    comptime for g in range(NG):
-        part[g] = acc[g * NS + j]
-    for t in range(nk):
-        var v = values.unsafe_offset(t * HD + j * S).unsafe_load[width=S]()
+        var at: Int
+        comptime if WIDENED:
+            at = t * HD
+        else:
+            at = Int(offsets[unsafe_offset=t])
+        var v = rows.unsafe_offset(at + j * S).unsafe_load[width=S]().cast[F32]()
         comptime for g in range(NG):
             part[g] += v * weights[unsafe_offset=g * CHUNK + t]
     comptime for g in range(NG):

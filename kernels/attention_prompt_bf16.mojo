@@ -9,16 +9,16 @@
 # by chunk:
 #   - the chunk's key offsets are found once for all its rows, and its V rows are widened once into scratch;
 #   - each row scores the chunk (attention_parts.scores_bf16, the row path's code) and folds it into its running
-#     softmax (attention_parts.chunk_weights, the row path's) and V accumulators (attention_parts.add_values_f32:
-#     the row path's multiply-adds in its order on the same float32 values), its state kept in scratch between
-#     chunks.
+#     softmax (attention_parts.chunk_weights, the row path's) and V accumulators (attention_parts.add_values, the
+#     row path's own, over the widened rows: its multiply-adds in its order on the same float32 values), its state
+#     kept in scratch between chunks.
 # Every step is the row path's on the same numbers, so a row gets the same bits on either path: how a prompt is
 # chunked or batched never changes its result (tested).
 
 from numerics import narrow
 from params import Params, param_int, param_ptr, param_float
 from attention_parts import F32, BF16, KEYS, CHUNK, MAX_GROUP, ACC_VALUES, F32x16, NEG, AHEAD, heads_per_pass, \
-    chunk_offsets, prefetch_rows, chunk_weights, add_values_f32, masked, scores_bf16
+    chunk_offsets, prefetch_rows, chunk_weights, add_values, masked, scores_bf16
 from attention_prompt import ROWS, PROMPT_SCRATCH_AT
 
 # From this many rows an item's widened V chunk serves enough rows to pay for its stores (a 2-row item already gains).
@@ -136,7 +136,7 @@ def attend_prompt_rows_bf16[HD: Int](args: Params, scratch: Pointer[Scalar[F32],
                 comptime for n in range(1, G + 1):  # the head count as a constant, as fold_chunk has it
                     if ng == n:
                         comptime for j in range(NS):
-                            add_values_f32[HD, G, S, n](acc, j, values, scores, nk_r)
+                            add_values[F32, HD, G, S, n, WIDENED=True](acc, j, values, offsets, scores, nk_r)
                 comptime for g in range(G):
                     if g < ng:
                         run_max[unsafe_offset=r * MAX_GROUP + g] = m[g]
