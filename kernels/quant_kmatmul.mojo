@@ -66,7 +66,9 @@ def rows_per_block[kind: Int, two: Bool]() -> Int:
     """Activation rows sharing one unpacked weight block, as many as their accumulators, dot-product chains
     and the block's 8 weight vectors leave zmm registers for: 8 with one int8 part and one chain a row (every
     type but Q6_K, which keeps its halves' sums apart), else 4 (two chains a row, per part)."""
-    return 8 if not two and kind != KIND_Q6_K else 4
+    comptime if two:
+        return 4
+    return 6 if kind == KIND_Q6_K else 8
 
 # The output's row stride in elements (kernels/quant_operands.py: >= N, for a column slice of a wider output).
 comptime P_LDC = 17

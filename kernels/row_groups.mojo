@@ -17,8 +17,8 @@ def row_groups[R: Int, rows: def[n: Int](Params, Int, Int) thin -> None](p: Para
     while r + R <= end:
         rows[R](p, t, r)
         r += R
-    comptime if R >= 8:
-        if r + 4 <= end:
+    comptime if R > 4:
+        while r + 4 <= end:
             rows[4](p, t, r)
             r += 4
     comptime if R >= 4:
