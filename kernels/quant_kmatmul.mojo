@@ -10,8 +10,9 @@
 #      (int8); plus the block's sum of q and its sum over elements 0-15 (Q6_K's scales change every 16
 #      weights; sum_hi = sum - sum_lo).
 #   2. tiles: per 16-column tile and 32-element block, sixteen vpdpbusd (u8 weights x s8 q1, and x s8 q2;
-#      int8: the first eight only) give exact int32 partial dots of 16 columns, lo over K-steps 0-15 and
-#      hi over 16-31, each 254 * dot(w, q1) + dot(w, q2) (|lo|, |hi| <= 16 * 63 * 32258) or dot(w, q1):
+#      int8: the first eight only) give exact int32 dots of 16 columns, 254 * dot(w, q1) + dot(w, q2) or
+#      dot(w, q1): for Q6_K lo over K-steps 0-15 and hi over 16-31 (|lo|, |hi| <= 16 * 63 * 32258), for the
+#      others the whole block's in lo and hi = 0 (|lo| <= 32 * 31 * 32258):
 #        Q5_0: y += d * da * (lo + hi - 16 * sum q)
 #        Q5_1: y += d * da * (lo + hi) + m * (da * sum q)
 #        Q4_K: y += (d * sc) * da * (lo + hi) - (dmin * mn) * (da * sum q)     sc, mn: 6-bit, per 32
@@ -64,11 +65,12 @@ comptime QK = 32  # activation block
 @always_inline
 def rows_per_block[kind: Int, two: Bool]() -> Int:
     """Activation rows sharing one unpacked weight block, as many as their accumulators, dot-product chains
-    and the block's 8 weight vectors leave zmm registers for: 8 with one int8 part and one chain a row (every
-    type but Q6_K, which keeps its halves' sums apart), else 4 (two chains a row, per part)."""
-    comptime if two:
-        return 4
-    return 6 if kind == KIND_Q6_K else 8
+    and the block's 8 weight vectors leave zmm registers for: a chain a part over the whole block (every type
+    but Q6_K) gives 8 rows with one int8 part and 6 with two; Q6_K keeps its halves' sums apart, two chains a
+    part: 6 rows with one part, 3 with two (with 4, the compiler kept some of their values on the stack)."""
+    comptime if kind == KIND_Q6_K:
+        return 3 if two else 6
+    return 6 if two else 8
 
 # The output's row stride in elements (kernels/quant_operands.py: >= N, for a column slice of a wider output).
 comptime P_LDC = 17
@@ -187,10 +189,11 @@ def _block_row[kind: Int, two: Bool](y: F32x16, w: Array[U8x64, 8], dw: F32x16, 
                                      sum: Int32, lo_sum: Int32, s_f: Float32) -> F32x16:
     """y plus one block's contribution for one activation row (the same instructions for every row)."""
     var a32 = bitcast[DType.int32, 8](a)
-    # Independent dependency chains, per half of the block and per part; integer sums, so exact.
+    # Dependency chains per part, and for Q6_K per half of the block; the rows of a group run theirs side by side.
+    # Integer sums, so exact in any order.
     var lo1 = I32x16(0)
     var hi1 = I32x16(0)
-    comptime if two:
+    comptime if two and kind == KIND_Q6_K:
         var b32 = bitcast[DType.int32, 8](a2)
         var lo2 = I32x16(0)
         var hi2 = I32x16(0)
@@ -201,6 +204,13 @@ def _block_row[kind: Int, two: Bool](y: F32x16, w: Array[U8x64, 8], dw: F32x16, 
             hi2 = _dpbusd(hi2, w[g + 4], b32[g + 4])
         return _block_epilogue[kind](y, combine_parts(lo1, lo2), combine_parts(hi1, hi2), dw, mw, sc_lo, sc_hi, da,
                                      sum, lo_sum, s_f)
+    elif two:  # one chain a part over the whole block; the epilogue adds lo + hi, here hi = 0 (as the AMX path)
+        var b32 = bitcast[DType.int32, 8](a2)
+        var lo2 = I32x16(0)
+        comptime for g in range(8):
+            lo1 = _dpbusd(lo1, w[g], a32[g])
+            lo2 = _dpbusd(lo2, w[g], b32[g])
+        return _block_epilogue[kind](y, combine_parts(lo1, lo2), hi1, dw, mw, sc_lo, sc_hi, da, sum, lo_sum, s_f)
     elif kind == KIND_Q6_K:
         comptime for g in range(4):
             lo1 = _dpbusd(lo1, w[g], a32[g])

@@ -8,11 +8,11 @@ from params import Params
 
 @always_inline
 def row_groups[R: Int, rows: def[n: Int](Params, Int, Int) thin -> None](p: Params, t: Int, start: Int, end: Int):
-    """Rows start .. end-1 of tile t in groups of R (the kernel's rows per weight block), the rest in halving
-    groups (6 rows of 4 a group run as 4 + 2, not 4 + 1 + 1): each group unpacks a weight block once for all its
-    rows, and a few-row step (a speculating sequence's verification rows) pays few passes. rows[n](p, t, r) runs
-    rows r .. r+n-1 of tile t; a row's arithmetic is the same in every group size, so its bits do not depend on
-    the batch."""
+    """Rows start .. end-1 of tile t in groups of R (the kernel's rows per weight block), the rest in groups of 4,
+    2 and 1 below R (6 rows of 4 a group run as 4 + 2, not 4 + 1 + 1): each group unpacks a weight block once for
+    all its rows, and a few-row step (a speculating sequence's verification rows) pays few passes. rows[n](p, t, r)
+    runs rows r .. r+n-1 of tile t; a row's arithmetic is the same in every group size, so its bits do not depend
+    on the batch."""
     var r = start
     while r + R <= end:
         rows[R](p, t, r)
@@ -21,12 +21,13 @@ def row_groups[R: Int, rows: def[n: Int](Params, Int, Int) thin -> None](p: Para
         while r + 4 <= end:
             rows[4](p, t, r)
             r += 4
-    comptime if R >= 4:
-        if r + 2 <= end:
+    comptime if R > 2:
+        while r + 2 <= end:
             rows[2](p, t, r)
             r += 2
-    if r < end:
+    while r < end:
         rows[1](p, t, r)
+        r += 1
 
 
 @always_inline

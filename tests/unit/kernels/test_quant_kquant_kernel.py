@@ -201,7 +201,7 @@ def test_rows_are_batch_and_thread_invariant(module, qtype, activations, test_se
     assert np.array_equal(full, run(x, threading="caller"))
     for i in (0, 5, 36):
         assert np.array_equal(run(x[i:i + 1])[0], full[i])
-    for start, size in ((3, 4), (2, 7), (1, 9), (10, 27)):  # row groups of 8 (Q6_K: 6), 4, 2 and 1
+    for start, size in ((3, 4), (2, 7), (1, 9), (5, 11), (10, 27)):  # row groups of 8, 6, 4, 3, 2 and 1
         assert np.array_equal(run(x[start:start + size]), full[start:start + size])
 
 
