@@ -76,7 +76,9 @@ def _logit_bias(given: list | dict, encode: Callable[[str], list[int]]) -> dict[
             raise invalid("each logit_bias entry is [token, bias]: a bias is a number or false", "logit_bias")
         if isinstance(token, bool) or isinstance(token, float):
             raise invalid("each logit_bias entry is [token, bias]: a token is an id or a text", "logit_bias")
-        ids = [token] if isinstance(token, int) else [int(token)] if token.isdigit() else encode(token)
+        # A decimal id in ASCII digits; any other text ('²' and '٣' are digits to str.isdigit) is tokenized.
+        is_id = isinstance(token, str) and token.isascii() and token.isdigit()
+        ids = [token] if isinstance(token, int) else [int(token)] if is_id else encode(token)
         for token_id in ids:
             out[str(token_id)] = float(bias)
     return out

@@ -69,7 +69,7 @@ def _option(where: str, name: str, value: str) -> float | int | str:
             raise KeysFileError(f"{where}: weight must be a number > 0 and <= {MAX_WEIGHT:g}, got {value!r}")
         return weight
     if name == "max_concurrent":
-        if not value.isdigit() or int(value) < 1:
+        if not (value.isascii() and value.isdigit()) or int(value) < 1:
             raise KeysFileError(f"{where}: max_concurrent must be an integer >= 1, got {value!r}")
         return int(value)
     raise KeysFileError(f"{where}: unknown option {name!r} (known: name, weight, max_concurrent)")

@@ -39,6 +39,7 @@ def test_a_keys_file_parses_with_defaults_and_comments():
     ("sk-a max_concurrent=0", "max_concurrent must be an integer >= 1"),
     ("sk-a max_concurrent=2.5", "max_concurrent must be an integer >= 1"),
     ("sk-a max_concurrent=", "max_concurrent must be an integer >= 1"),
+    ("sk-a max_concurrent=²", "max_concurrent must be an integer >= 1"),  # a digit to str.isdigit, not to int()
     ("sk-a name=", "name must be 1-64"),
     ("sk-a name=tëam", "name must be 1-64"),
     ("sk-a name=" + "x" * 65, "name must be 1-64"),
