@@ -75,7 +75,7 @@ async def _answer(request: Request, body: LlamaCompletionBody, translated: dict)
     state = request.app.state.mili
     deadline = request_deadline(request, state.settings.request_timeout)
     with llama_names():
-        req = parse_completion(translated, state.settings.limits)
+        req = parse_completion(translated, state.settings.limits, default_max_tokens=None)  # n_predict -1
         admitted, prompts = await admit_completion(request, req, deadline)
     prompt_text = translated["prompt"] if isinstance(translated["prompt"], str) else state.text.decode(prompts[0])
     view = LlamaRequestView(model=state.settings.served_model_name, prompt_text=prompt_text,

@@ -2,7 +2,8 @@
 path to the worker a completion gets:
 - sampling: llama.cpp's defaults where the body sets nothing (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05);
   a temperature of 0 or below is greedy;
-- n_predict -1 runs to the end of the context (the completion's own default); seed -1 is a random seed;
+- n_predict -1 runs to the end of the context (the route parses the completion with no max_tokens default);
+  seed -1 is a random seed;
 - n_probs asks for each token's logprob and that many alternatives;
 - grammar (GBNF) and json_schema are the completion's llama.cpp-named constraints;
 - logit_bias in either of llama.cpp's forms, a token given by its text biasing each of its tokens, and `false`

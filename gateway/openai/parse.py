@@ -82,9 +82,12 @@ class ChatRequest(CommonFields):
     continue_final_message: bool = False  # the last message (an assistant's text) is continued: a prefill
 
 
-def parse_completion(raw: Any, limits: Limits) -> CompletionRequest:
+def parse_completion(raw: Any, limits: Limits,
+                     default_max_tokens: int | None = COMPLETION_MAX_TOKENS_DEFAULT) -> CompletionRequest:
+    """default_max_tokens: what a body without max_tokens generates at most (None: up to the end of the context,
+    llama.cpp's n_predict -1)."""
     body = _validate(CompletionBody, raw)
-    max_tokens = COMPLETION_MAX_TOKENS_DEFAULT if body.max_tokens is None else body.max_tokens
+    max_tokens = default_max_tokens if body.max_tokens is None else body.max_tokens
     common = _common(body, limits, max_tokens, body.logprobs)
     echo = bool(body.echo)
     if max_tokens == 0 and not echo:

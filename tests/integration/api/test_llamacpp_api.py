@@ -126,6 +126,16 @@ def test_a_gbnf_grammar_constrains_the_text(server):
         assert isinstance(json.loads(body["content"])["a"], int)
 
 
+def test_without_n_predict_the_text_runs_until_it_ends(server):
+    """n_predict -1 (llama.cpp's default) is no limit short of the context, not /v1/completions' default of 16
+    tokens: a grammar fixes a text of more than 16 tokens, and all of it comes back, ended by the model."""
+    text = " ".join(str(i) for i in range(40))
+    for body in ({}, {"n_predict": -1}):
+        answer = server.answer("/completion", {"prompt": PROMPT, "temperature": 0, "return_tokens": True,
+                                               "grammar": f'root ::= "{text}"', **body})
+        assert answer["content"] == text and answer["stop_type"] == "eos" and len(answer["tokens"]) > 16
+
+
 CODE = "def f():\n    x = 1\n    return x\nprint(f())\n"  # what the grammar below makes the model write
 
 
