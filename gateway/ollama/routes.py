@@ -88,8 +88,8 @@ def _parsed(kind: str, body: OllamaChatBody | OllamaGenerateBody, served: tuple[
     gets. A request with nothing to generate (Ollama's way to load a model) is checked as one empty user turn,
     so that a body is valid or not whatever its messages, and then not run."""
     translated = chat_body(body, served) if kind == "chat" else generate_body(body, served)
-    if "prompt" in translated:
-        return parse_completion(translated, limits)
+    if "prompt" in translated:  # without num_predict: until the context ends, as for chat (not a completion's 16)
+        return parse_completion(translated, limits, default_max_tokens=None)
     translated["messages"] = translated.get("messages") or [{"role": "user", "content": ""}]
     return parse_chat(translated, limits)
 

@@ -141,6 +141,15 @@ def test_errors_are_what_the_client_raises(client):
     assert client.chat(model=MODEL, messages=ASK, think=False, options={"num_predict": 2}).done
 
 
+def test_a_raw_generate_without_num_predict_runs_until_the_text_ends(client):
+    """No num_predict is Ollama's "until the context ends" for a raw generate too (it runs as a completion, whose own
+    default would stop at 16 tokens): a schema fixes a longer text, and all of it comes back, ended by the model."""
+    text = " ".join(str(i) for i in range(40))
+    raw = client.generate(model=MODEL, prompt="Count: ", raw=True, format={"type": "string", "enum": [text]},
+                          options={"temperature": 0})
+    assert raw.done_reason == "stop" and json.loads(raw.response) == text and raw.eval_count > 16
+
+
 def test_a_request_with_nothing_to_generate_loads_the_model(client):
     loaded = client.chat(model=MODEL, messages=[])
     assert loaded.done and loaded.done_reason == "load"
