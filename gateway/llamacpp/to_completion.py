@@ -5,7 +5,7 @@ path to the worker a completion gets:
 - n_predict -1 runs to the end of the context (the route parses the completion with no max_tokens default);
   seed -1 is a random seed;
 - n_probs asks for each token's logprob and that many alternatives;
-- grammar (GBNF) and json_schema are the completion's llama.cpp-named constraints;
+- grammar (GBNF; an empty one is none) and json_schema are the completion's llama.cpp-named constraints;
 - logit_bias in either of llama.cpp's forms, a token given by its text biasing each of its tokens, and `false`
   meaning never (the lowest bias);
 - repeat_penalty is the completion's repetition_penalty.
@@ -49,9 +49,10 @@ def completion_body(body: LlamaCompletionBody, model: str, encode: Callable[[str
         request["stop"] = body.stop
     if body.n_probs:
         request["logprobs"] = body.n_probs
-    for name in ("grammar", "json_schema"):
-        if getattr(body, name) is not None:
-            request[name] = getattr(body, name)
+    if body.grammar:  # an empty grammar is none, as llama-server reads it (its web UI sends "")
+        request["grammar"] = body.grammar
+    if body.json_schema is not None:
+        request["json_schema"] = body.json_schema
     if body.ignore_eos:
         request["ignore_eos"] = True
     if body.logit_bias:

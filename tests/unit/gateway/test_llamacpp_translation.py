@@ -16,3 +16,11 @@ def test_a_logit_bias_token_in_ascii_digits_is_an_id_and_any_other_text_is_token
     """'²' and '٣' are digits to str.isdigit (int() refuses the first and reads the second as 3): both are text."""
     assert _bias({"17": 2.0, "²": 1.0}) == {"17": 2.0, "1001": 1.0}
     assert _bias([["٣", -1.0], [5, False], ["hey", 0.5]]) == {"1001": -1.0, "5": -100.0, "1003": 0.5}
+
+
+def test_an_empty_grammar_is_no_grammar():
+    """llama.cpp's web UI and other clients send "grammar": "" for none; llama-server runs them unconstrained."""
+    translated = completion_body(LlamaCompletionBody.model_validate({"prompt": "hi", "grammar": ""}), "m", list)
+    assert "grammar" not in translated
+    given = completion_body(LlamaCompletionBody.model_validate({"prompt": "hi", "grammar": 'root ::= "a"'}), "m", list)
+    assert given["grammar"] == 'root ::= "a"'
