@@ -27,8 +27,8 @@ class LlamaBody(BaseModel):
 
 
 class LlamaCompletionBody(LlamaBody):
-    prompt: Union[str, Annotated[list[int], Field(min_length=1)]] = Field(
-        description="the text, or its token ids")
+    prompt: Union[str, Annotated[list[Union[int, str]], Field(min_length=1)]] = Field(
+        description="the text, its token ids, or token ids and texts mixed (one prompt, as llama-server reads them)")
     n_predict: int = Field(-1, description="the most tokens to generate; -1: until the end of the context")
     temperature: float | None = Field(None, description="default 0.8; 0 or below: greedy")
     top_k: int | None = Field(None, description="default 40; 0: off")

@@ -67,7 +67,7 @@ def _translated(request: Request, body: LlamaCompletionBody) -> dict:
     tokenizer = state.text.tokenizer
     with llama_names():
         return completion_body(body, state.settings.served_model_name,
-                               lambda text: tokenizer.encode(text, add_special_tokens=False).ids)
+                               lambda text, add_special: tokenizer.encode(text, add_special_tokens=add_special).ids)
 
 
 async def _answer(request: Request, body: LlamaCompletionBody, translated: dict) -> Response:

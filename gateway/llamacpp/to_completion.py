@@ -24,15 +24,17 @@ from shared.request_limits import LOGIT_BIAS
 _RENAMED = {"max_tokens": "n_predict", "logprobs": "n_probs", "repetition_penalty": "repeat_penalty"}
 
 
-def completion_body(body: LlamaCompletionBody, model: str, encode: Callable[[str], list[int]]) -> dict[str, Any]:
-    """`encode`: a text's token ids without special tokens (for logit_bias given as text)."""
+def completion_body(body: LlamaCompletionBody, model: str,
+                    tokenize: Callable[[str, bool], list[int]]) -> dict[str, Any]:
+    """`tokenize(text, add_special)`: a text's token ids, with the tokenizer's special tokens around it or without
+    (logit_bias given as text; the texts of a mixed prompt)."""
     for name, off in SAMPLERS_OFF.items():
         if getattr(body, name) != off:
             raise invalid(f"{name} is not supported by this server (only {off}, which turns it off)", name)
     if body.n_predict == 0 or body.n_predict < -1:
         raise invalid(f"n_predict must be -1 (until the end of the context) or at least 1, got {body.n_predict}",
                       "n_predict")
-    request: dict[str, Any] = {"model": model, "prompt": body.prompt, "stream": body.stream}
+    request: dict[str, Any] = {"model": model, "prompt": _prompt(body.prompt, tokenize), "stream": body.stream}
     temperature = DEFAULTS["temperature"] if body.temperature is None else body.temperature
     if temperature <= 0:
         request["temperature"] = 0.0
@@ -56,13 +58,31 @@ def completion_body(body: LlamaCompletionBody, model: str, encode: Callable[[str
     if body.ignore_eos:
         request["ignore_eos"] = True
     if body.logit_bias:
-        request["logit_bias"] = _logit_bias(body.logit_bias, encode)
+        request["logit_bias"] = _logit_bias(body.logit_bias, lambda text: tokenize(text, False))
     if body.repeat_penalty != 1.0:
         request["repetition_penalty"] = body.repeat_penalty
     for name in ("presence_penalty", "frequency_penalty"):
         if getattr(body, name) != 0.0:
             request[name] = getattr(body, name)
     return {k: v for k, v in request.items() if v is not None}
+
+
+def _prompt(prompt: str | list[int | str], tokenize: Callable[[str, bool], list[int]]) -> str | list[int]:
+    """The text or token ids; token ids and texts mixed become token ids as llama-server makes them: each text
+    tokenized alone, special tokens parsed, the first element (if a text) with the tokenizer's leading ones. A list
+    of texts alone is llama-server's several prompts, which MILI does not serve."""
+    if isinstance(prompt, str) or all(isinstance(p, int) for p in prompt):
+        return prompt
+    if all(isinstance(p, str) for p in prompt):
+        raise invalid("one prompt per request: a list of texts is several prompts to llama-server, which this "
+                      "server does not run in one request; send each alone (token ids and texts mixed are one prompt)",
+                      "prompt")
+    ids: list[int] = []
+    for i, part in enumerate(prompt):
+        ids.extend([part] if isinstance(part, int) else tokenize(part, i == 0))
+    if not ids:
+        raise invalid("the prompt has no tokens", "prompt")
+    return ids
 
 
 def _logit_bias(given: list | dict, encode: Callable[[str], list[int]]) -> dict[str, float]:

@@ -126,6 +126,18 @@ def test_a_gbnf_grammar_constrains_the_text(server):
         assert isinstance(json.loads(body["content"])["a"], int)
 
 
+def test_token_ids_and_texts_mixed_are_one_prompt(server):
+    """llama-server's mixed prompt, ["Once upon", <ids of " a time">], is the prompt those tokens make; a list of texts
+    alone (its several prompts) is a 400 naming prompt."""
+    ids = httpx2.post(f"{server.url}/tokenize", json={"content": " a time"}, timeout=30).json()["tokens"]
+    want = server.answer("/completion", {"prompt": PROMPT, "n_predict": 6, "temperature": 0, "return_tokens": True})
+    mixed = server.answer("/completion", {"prompt": ["Once upon", *ids], "n_predict": 6, "temperature": 0,
+                                          "return_tokens": True})
+    assert mixed["tokens"] == want["tokens"] and mixed["content"] == want["content"]
+    r = httpx2.post(f"{server.url}/completion", json={"prompt": ["Once", "upon"], "n_predict": 2}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+
+
 def test_without_n_predict_the_text_runs_until_it_ends(server):
     """n_predict -1 (llama.cpp's default) is no limit short of the context, not /v1/completions' default of 16
     tokens: a grammar fixes a text of more than 16 tokens, and all of it comes back, ended by the model."""
