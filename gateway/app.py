@@ -239,6 +239,7 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
         Route("/completions", _api(llamacpp.completion), methods=["POST"]),
         Route("/infill", _api(llamacpp.infill), methods=["POST"]),
         Route("/props", _api(llamacpp.props), methods=["GET"]),
+        Route("/apply-template", _api(llamacpp.apply_template), methods=["POST"]),
         Route("/tokenize", _api(tokenize), methods=["POST"]),
         Route("/detokenize", _api(detokenize), methods=["POST"]),
         Route("/v1/streams/{stream_id}", _api(resume_stream), methods=["GET"]),

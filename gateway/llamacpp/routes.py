@@ -1,7 +1,8 @@
 """llama.cpp server's own API, for the clients written against it (editor plugins and front-ends that post to
 llama-server's native routes, `curl` scripts): POST /completion (also spelled /completions, as llama-server
-takes it), POST /infill (code at an editor's cursor, gateway/llamacpp/infill.py) and GET /props. /tokenize and
-/detokenize take llama.cpp's bodies beside vLLM's (gateway/openai/tokenize_routes.py).
+takes it), POST /infill (code at an editor's cursor, gateway/llamacpp/infill.py), POST /apply-template (a
+conversation rendered by the chat template, not run) and GET /props. /tokenize and /detokenize take llama.cpp's
+bodies beside vLLM's (gateway/openai/tokenize_routes.py).
 
 A /completion request runs as the completion it translates into (gateway/llamacpp/to_completion.py) and is answered
 in llama.cpp's shape (gateway/llamacpp/completion_output.py); streamed, as `data: {...}` server-sent events, the
@@ -23,6 +24,8 @@ from gateway.llamacpp.infill import infill_ids
 from gateway.llamacpp.to_completion import completion_body, llama_names
 from gateway.openai.parse import parse_completion
 from gateway.openai.routes import Admitted, admit_completion, ready_info, sse_response
+from gateway.openai.tokenize_routes import rendered_chat
+from gateway.openai.tokenize_schema import TokenizeChatBody
 from gateway.openai.validation import validate
 from gateway.server.client_io import collect_unless_disconnected, one_line_json, read_json
 from gateway.server.deadlines import request_deadline
@@ -126,6 +129,17 @@ async def _events(output: LlamaOutput, admitted: Admitted) -> AsyncIterator[str]
         yield one_line_json(e.body())
     finally:
         admitted.abort()
+
+
+async def apply_template(request: Request) -> Response:
+    """llama-server's POST /apply-template: the conversation rendered by the served chat template, as a chat request
+    with it would run, without running it, so that a client can edit the prompt (prefill the answer, say) and post it
+    to /completion. Takes /tokenize's conversation fields; answers {prompt}."""
+    state = request.app.state.mili
+    require_task(state.engine_config.task, "generate")
+    body = validate(TokenizeChatBody, await read_json(request, state.settings.max_body_bytes))
+    prompt, _ = rendered_chat(state, body)
+    return JSONResponse({"prompt": prompt})
 
 
 async def props(request: Request) -> Response:

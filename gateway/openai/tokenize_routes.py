@@ -34,13 +34,7 @@ async def tokenize(request: Request) -> Response:
         return _llama_tokenize(state, validate(LlamaTokenizeBody, raw))
     if isinstance(raw, dict) and "messages" in raw:
         body = validate(TokenizeChatBody, raw)
-        _check_model(body.model, served)
-        # The same parsing as a chat request's (tool_calls' arguments, developer as system, content parts).
-        fields = body.model_dump(include={"messages", "tools", "chat_template_kwargs", "add_generation_prompt",
-                                          "continue_final_message"}, exclude_none=True)
-        chat = parse_chat({"model": served[0], **fields}, state.settings.limits)
-        _, tokens = state.text.render_chat(list(chat.messages), chat.template_kwargs, chat.tools,
-                                           chat.add_generation_prompt, chat.continue_final_message)
+        _, tokens = rendered_chat(state, body)
     else:
         body = validate(TokenizePromptBody, raw)
         _check_model(body.model, served)
@@ -49,6 +43,18 @@ async def tokenize(request: Request) -> Response:
     token_strs = [state.text.tokenizer.id_to_token(t) for t in tokens] if body.return_token_strs else None
     return JSONResponse({"count": len(tokens), "max_model_len": info.max_model_len if info else None,
                          "tokens": tokens, "token_strs": token_strs})
+
+
+def rendered_chat(state, body: TokenizeChatBody) -> tuple[str, list[int]]:
+    """The conversation's prompt text and token ids, as a chat request with it would run: the same parsing
+    (tool_calls' arguments, developer as system, content parts) and the served chat template."""
+    served = state.settings.served_model_names
+    _check_model(body.model, served)
+    fields = body.model_dump(include={"messages", "tools", "chat_template_kwargs", "add_generation_prompt",
+                                      "continue_final_message"}, exclude_none=True)
+    chat = parse_chat({"model": served[0], **fields}, state.settings.limits)
+    return state.text.render_chat(list(chat.messages), chat.template_kwargs, chat.tools, chat.add_generation_prompt,
+                                  chat.continue_final_message)
 
 
 async def detokenize(request: Request) -> Response:

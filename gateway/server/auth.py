@@ -154,7 +154,7 @@ class KeyRing:
 _ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/models", "/v1/responses", "/v1/embeddings",
            "/v1/rerank", "/v1/streams", "/api", "/metrics", "/version", "/openapi.json", "/debug",
            "/generate", "/generate_stream", "/embed", "/similarity", "/info",  # TGI's and TEI's
-           "/completion", "/completions", "/infill", "/props")  # llama.cpp server's
+           "/completion", "/completions", "/infill", "/props", "/apply-template")  # llama.cpp's
 ROUTE_LABELS = (*_ROUTES, "other")
 
 

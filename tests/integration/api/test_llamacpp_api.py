@@ -138,6 +138,23 @@ def test_token_ids_and_texts_mixed_are_one_prompt(server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
 
 
+def test_apply_template_gives_the_prompt_a_chat_request_runs(server):
+    """llama-server's /apply-template: the conversation as the chat template renders it; posted to /completion, it
+    gives the tokens the chat request gives."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
+    prompt = server.answer("/apply-template", {"messages": messages})["prompt"]
+    assert "Name a colour." in prompt
+    counted = server.answer("/tokenize", {"messages": messages})["tokens"]
+    assert httpx2.post(f"{server.url}/tokenize", json={"content": prompt}, timeout=30).json()["tokens"] == counted
+    chat = server.answer("/v1/chat/completions", {"model": SERVED_NAME, "messages": messages, "max_tokens": 6,
+                                                  "temperature": 0, "return_token_ids": True})
+    completion = server.answer("/completion", {"prompt": prompt, "n_predict": 6, "temperature": 0,
+                                               "return_tokens": True})
+    assert completion["tokens"] == chat["choices"][0]["token_ids"]
+    r = httpx2.post(f"{server.url}/apply-template", json={"messages": "hi"}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"].startswith("messages")
+
+
 def test_without_n_predict_the_text_runs_until_it_ends(server):
     """n_predict -1 (llama.cpp's default) is no limit short of the context, not /v1/completions' default of 16
     tokens: a grammar fixes a text of more than 16 tokens, and all of it comes back, ended by the model."""
