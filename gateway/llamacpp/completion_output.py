@@ -1,7 +1,8 @@
 """llama.cpp's /completion answers, from a completion's ChoiceEvents: the whole answer `{"content", "tokens",
 "stop": true, "stop_type", "stopping_word", "tokens_predicted", "tokens_evaluated", "timings", ...}`, and the stream's
 events, one per choice event with its text, token ids and (n_probs) probabilities, then a last one with `stop`
-true, empty content and the whole answer's other fields, as llama.cpp's server ends its stream.
+true, empty content and the whole answer's other fields, as llama.cpp's server ends its stream. With
+`response_fields` the whole answer and that last event carry only the fields named (editor plugins name theirs).
 
 stop_type is llama.cpp's: "eos" (the model's end token, a stop token or a finished grammar), "word" (a stop string,
 named in stopping_word) or "limit" (n_predict, the context, or one of the code-completion stops n_indent and
@@ -40,6 +41,7 @@ class LlamaRequestView:
     return_tokens: bool
     n_indent: int = 0
     t_max_predict_ms: int = 0
+    response_fields: tuple[str, ...] = ()  # the final answer's fields to return (all when empty)
 
 
 @dataclass
@@ -89,11 +91,14 @@ class LlamaOutput:
 
     def closing(self, usage: Usage, times: Times) -> dict[str, Any]:
         """The stream's last event: stop true, no content, the whole answer's other fields."""
-        closing = {**self.whole(usage, times), "content": "", "tokens": []}
+        closing = {**self._answer(usage, times), "content": "", "tokens": []}
         closing.pop("completion_probabilities", None)  # each token's went out with it
-        return closing
+        return _picked(closing, self.request.response_fields)
 
     def whole(self, usage: Usage, times: Times) -> dict[str, Any]:
+        return _picked(self._answer(usage, times), self.request.response_fields)
+
+    def _answer(self, usage: Usage, times: Times) -> dict[str, Any]:
         body = {"index": 0, "content": self.content, "tokens": self.tokens if self.request.return_tokens else [],
                 "id_slot": 0, "stop": True, "model": self.request.model,
                 "tokens_predicted": usage.completion_tokens, "tokens_evaluated": usage.prompt_tokens,
@@ -109,6 +114,23 @@ class LlamaOutput:
         return [{"id": p.token_id, **self.names.chat_entry(p.token_id, p.logprob),
                  "top_logprobs": [{"id": t, **self.names.chat_entry(t, lp)} for t, lp in p.top]} for p in probs]
 
+
+
+def _picked(answer: dict[str, Any], paths: tuple[str, ...]) -> dict[str, Any]:
+    """llama-server's response_fields: only the named fields, a nested one named by its path ("timings/prompt_n")
+    and returned at the top under that path; a field the answer lacks is left out. No paths: the whole answer."""
+    if not paths:
+        return answer
+    picked: dict[str, Any] = {}
+    for path in paths:
+        value: Any = answer
+        for key in path.split("/"):
+            if not (isinstance(value, dict) and key in value):
+                break
+            value = value[key]
+        else:
+            picked[path] = value
+    return picked
 
 
 def _timings(usage: Usage, times: Times) -> dict[str, float]:

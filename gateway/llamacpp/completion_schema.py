@@ -51,6 +51,8 @@ class LlamaCompletionBody(LlamaBody):
                                          "fewer spaces or tabs than this (0: off)")
     t_max_predict_ms: int = Field(0, description="code completion: once the text has a newline, end it this many "
                                                  "milliseconds after its first token (0: off)")
+    response_fields: list[str] = Field(default_factory=list, description="only these fields of the final answer; a "
+                                       "nested one by its path (\"timings/prompt_n\"), returned under that name")
     typical_p: float = 1.0
     mirostat: int = 0
     dry_multiplier: float = 0.0

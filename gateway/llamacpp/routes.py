@@ -84,7 +84,7 @@ async def _answer(request: Request, body: LlamaCompletionBody, translated: dict)
     view = LlamaRequestView(model=state.settings.served_model_name, prompt_text=prompt_text,
                             settings=_settings(translated, ready_info(state).max_model_len), n_probs=body.n_probs,
                             return_tokens=body.return_tokens, n_indent=body.n_indent,
-                            t_max_predict_ms=body.t_max_predict_ms)
+                            t_max_predict_ms=body.t_max_predict_ms, response_fields=tuple(body.response_fields))
     output = LlamaOutput(view, state.token_names)
     if body.stream:
         return sse_response(request, _events(output, admitted), admitted)

@@ -155,6 +155,23 @@ def test_apply_template_gives_the_prompt_a_chat_request_runs(server):
     assert r.status_code == 400 and r.json()["error"]["param"].startswith("messages")
 
 
+def test_response_fields_pick_the_answers_fields_as_editor_plugins_name_them(server):
+    """llama.vim's and llama.vscode's response_fields: only those fields, nested ones at the top under their path, a
+    missing one left out; the streamed answer's last event likewise."""
+    fields = ["content", "timings/prompt_n", "timings/predicted_n", "truncated", "tokens_cached", "no/such"]
+    body = {"prompt": PROMPT, "n_predict": 5, "temperature": 0}
+    whole = server.answer("/completion", body)
+    picked = server.answer("/completion", {**body, "response_fields": fields})
+    assert set(picked) == set(fields) - {"no/such"}
+    assert picked["content"] == whole["content"] and picked["truncated"] is False
+    assert picked["timings/predicted_n"] == whole["timings"]["predicted_n"] == 5
+    assert picked["timings/prompt_n"] + picked["tokens_cached"] == whole["tokens_evaluated"]
+    status, lines = stream_lines(f"{server.url}/completion", {**body, "stream": True, "response_fields": fields})
+    events = [json.loads(p) for p in data_payloads(lines)]
+    assert status == 200 and set(events[-1]) == set(fields) - {"no/such"} and events[-1]["content"] == ""
+    assert "".join(e["content"] for e in events) == whole["content"]
+
+
 def test_without_n_predict_the_text_runs_until_it_ends(server):
     """n_predict -1 (llama.cpp's default) is no limit short of the context, not /v1/completions' default of 16
     tokens: a grammar fixes a text of more than 16 tokens, and all of it comes back, ended by the model."""
