@@ -382,6 +382,10 @@ def _task_paths(task: str, refs: dict[str, dict]) -> dict[str, Any]:
             "Count a Messages request's input tokens (as /v1/messages renders it)", refs["CountTokensBody"],
             {"type": "object", "required": ["input_tokens"], "properties": {"input_tokens": {"type": "integer"}}})),
         **tgi_paths(refs, _ERROR),
+        "/apply-template": _token_route(
+            "A conversation as the chat template renders it for a chat request, not run (llama.cpp's route)",
+            refs["TokenizeChatBody"], {"type": "object", "required": ["prompt"], "additionalProperties": False,
+                                       "properties": {"prompt": {"type": "string"}}}),
     }
 
 

@@ -98,7 +98,7 @@ def filter_case(context, case) -> bool:
     elif path.endswith("/input_tokens"):  # nothing is generated: the conversation's rules, not the context's
         rules = (_unknown_named_tool, _tool_declared_twice, _call_arguments_not_json, _constraints_beyond_one,
                  _final_message_not_continuable)
-    elif path.endswith("/tokenize"):  # nothing is generated: only the rules of a conversation's own fields
+    elif path.endswith(("/tokenize", "/apply-template")):  # nothing is generated: a conversation's own rules
         rules = (_tool_declared_twice, _call_arguments_not_json, _final_message_not_continuable) \
             if "messages" in body else ()
     elif path.endswith(("/chat/completions", "/responses")):
