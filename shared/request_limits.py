@@ -109,6 +109,12 @@ MAX_BAD_WORD_CHARS = 128
 MAX_BAD_WORD_TOKENS = 4 * MAX_BAD_WORD_CHARS  # a byte-level tokenizer may spend a token per UTF-8 byte
 
 
+def is_decimal(text: str) -> bool:
+    """Whether `text` is a decimal number in ASCII digits: str.isdigit alone is true for '²' (which int() refuses)
+    and for '٣' (which int() reads as 3)."""
+    return text.isascii() and text.isdigit()
+
+
 def decimal_below(n: int) -> str:
     """A regular expression for the decimal numbers 0 .. n-1 (no leading zeros): token ids as JSON object keys."""
     top = str(n - 1)

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from gateway.llamacpp.completion_schema import DEFAULTS, SAMPLERS_OFF, LlamaCompletionBody
 from gateway.server.errors import invalid, params_renamed
-from shared.request_limits import LOGIT_BIAS
+from shared.request_limits import LOGIT_BIAS, is_decimal
 
 _RENAMED = {"max_tokens": "n_predict", "logprobs": "n_probs", "repetition_penalty": "repeat_penalty"}
 
@@ -77,11 +77,9 @@ def _prompt(prompt: str | list[int | str], tokenize: Callable[[str, bool], list[
         raise invalid("one prompt per request: a list of texts is several prompts to llama-server, which this "
                       "server does not run in one request; send each alone (token ids and texts mixed are one prompt)",
                       "prompt")
-    ids: list[int] = []
+    ids: list[int] = []  # never empty: the list holds an id
     for i, part in enumerate(prompt):
         ids.extend([part] if isinstance(part, int) else tokenize(part, i == 0))
-    if not ids:
-        raise invalid("the prompt has no tokens", "prompt")
     return ids
 
 
@@ -98,9 +96,7 @@ def _logit_bias(given: list | dict, encode: Callable[[str], list[int]]) -> dict[
             raise invalid("each logit_bias entry is [token, bias]: a bias is a number or false", "logit_bias")
         if isinstance(token, bool) or isinstance(token, float):
             raise invalid("each logit_bias entry is [token, bias]: a token is an id or a text", "logit_bias")
-        # A decimal id in ASCII digits; any other text ('²' and '٣' are digits to str.isdigit) is tokenized.
-        is_id = isinstance(token, str) and token.isascii() and token.isdigit()
-        ids = [token] if isinstance(token, int) else [int(token)] if is_id else encode(token)
+        ids = [token] if isinstance(token, int) else [int(token)] if is_decimal(token) else encode(token)
         for token_id in ids:
             out[str(token_id)] = float(bias)
     return out

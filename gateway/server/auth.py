@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.server.errors import ANTHROPIC_VERSION_HEADER, ApiError
+from shared.request_limits import is_decimal
 
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _KEY = re.compile(r"[\x21-\x7e]+")  # what can follow "Bearer " in a header: printable ASCII, no spaces
@@ -69,7 +70,7 @@ def _option(where: str, name: str, value: str) -> float | int | str:
             raise KeysFileError(f"{where}: weight must be a number > 0 and <= {MAX_WEIGHT:g}, got {value!r}")
         return weight
     if name == "max_concurrent":
-        if not (value.isascii() and value.isdigit()) or int(value) < 1:
+        if not is_decimal(value) or int(value) < 1:
             raise KeysFileError(f"{where}: max_concurrent must be an integer >= 1, got {value!r}")
         return int(value)
     raise KeysFileError(f"{where}: unknown option {name!r} (known: name, weight, max_concurrent)")

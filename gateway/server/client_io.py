@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from starlette.requests import ClientDisconnect, Request
 
 from gateway.server.errors import ApiError, invalid
+from shared.request_limits import is_decimal
 
 T = TypeVar("T")
 
@@ -34,7 +35,7 @@ async def read_json(request: Request, max_bytes: int) -> Any:
     ClientDisconnected if the client leaves before the body is complete."""
     declared = request.headers.get("content-length")
     too_large = ApiError(413, f"the request body exceeds the limit of {max_bytes} bytes")
-    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > max_bytes:
+    if declared is not None and is_decimal(declared) and int(declared) > max_bytes:
         raise too_large
     chunks, size = [], 0
     try:
