@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import array
 import ctypes
+import heapq
 import importlib.machinery
 import importlib.util
 import logging
@@ -126,19 +127,24 @@ ROW_COST_IN_KEYS = 32
 
 
 def balanced_order(costs: np.ndarray, shares: int) -> np.ndarray:
-    """An order of the items whose `shares` contiguous equal-count parts have about equal total cost: items are
-    dealt by falling cost to the parts in snake order (0, 1, .., k-1, k-1, .., 0, ..), then each part keeps its
-    items in their first order (a prompt's rows and heads next to each other, for the cache). Without it a
+    """An order of the items whose `shares` contiguous parts, sized as the OpenMP team splits them (share t is items
+    n*t // shares .. n*(t+1) // shares - 1, omp_program.c's share_start), have about equal total cost: items are
+    dealt by falling cost, each to the part with the least cost so far that still has room, then each part keeps
+    its items in their first order (a prompt's rows and heads next to each other, for the cache). Without it a
     prompt's causal rows put three times the work of its first half on the thread given its second half."""
     n = len(costs)
     if shares <= 1 or n <= 1:
         return np.arange(n)
-    by_cost = np.argsort(-costs, kind="stable")
-    rank = np.arange(n)
-    lane = rank % shares
-    part = np.where((rank // shares) % 2 == 0, lane, shares - 1 - lane)
+    room = [(n * (t + 1)) // shares - (n * t) // shares for t in range(shares)]
+    open_parts = [(0, t) for t in range(shares) if room[t]]  # (cost so far, part): a heap
+    heapq.heapify(open_parts)
     owner = np.empty(n, dtype=np.int64)
-    owner[by_cost] = part
+    for i in np.argsort(-costs, kind="stable").tolist():
+        total, t = heapq.heappop(open_parts)
+        owner[i] = t
+        room[t] -= 1
+        if room[t]:
+            heapq.heappush(open_parts, (total + int(costs[i]), t))
     return np.lexsort((np.arange(n), owner))
 
 

@@ -238,7 +238,7 @@ def test_prefill_chunks_go_to_the_kernel_unless_the_cpu_has_amx(monkeypatch):
     assert mojo_cpu.default_prefill() == "kernel"
 
 
-@pytest.mark.parametrize("threads", [2, 3, 4])
+@pytest.mark.parametrize("threads", [2, 3, 4, 8])
 def test_work_items_are_ordered_so_equal_count_shares_cost_alike(test_seed, threads, monkeypatch):
     """A prompt's causal rows cost in proportion to their position: the items' equal-count shares (the OpenMP
     split) must each get about the same number of query-key pairs, and every item must appear exactly once."""
