@@ -45,6 +45,22 @@ def check_prefix_cache_hits(model_dir, hf_model, seed: int, **engine) -> None:
     assert engine.scheduler.prefix_hit_tokens - queries_before >= 3 * 40
 
 
+def check_next_turn_same_bits_warm_or_cold(model_dir, seed: int, **engine) -> None:
+    """A prompt that repeats an earlier request's prompt and output (a chat's next turn) gets the same logits,
+    bit for bit, whether that request's blocks are still cached or not: its prompt blocks are shared, its
+    generated ones (computed as decodes, not as a prompt chunk) are not."""
+    warm = make_engine(model_dir, block_size=8, **engine)
+    first = run_greedy(warm, random_prompts(seed, [21]), STEPS)
+    next_turn = first.tokens["req-0"] + random_prompts(seed + 1, [5])[0]
+    hits_before = warm.scheduler.prefix_hit_tokens
+    warm_run = run_greedy(warm, [next_turn], 8)
+    assert warm.scheduler.prefix_hit_tokens - hits_before == 16  # the two blocks of the first prompt
+    cold_run = run_greedy(make_engine(model_dir, block_size=8, **engine), [next_turn], 8)
+    assert warm_run.tokens == cold_run.tokens
+    for (pos_w, warm_row), (pos_c, cold_row) in zip(warm_run.logits["req-0"], cold_run.logits["req-0"], strict=True):
+        assert pos_w == pos_c and torch.equal(warm_row, cold_row), pos_w
+
+
 def check_preemption_by_recompute(model_dir, hf_model, seed: int, **engine) -> None:
     # 12 blocks of 8 tokens: each request needs up to 9 blocks, so they cannot all stay resident.
     engine = make_engine(model_dir, block_size=8, num_kv_blocks=12, max_model_len=96, **engine)

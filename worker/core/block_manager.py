@@ -2,9 +2,13 @@
 
 Plain Python, no torch: the scheduler consults it every step and tests drive it directly.
 
-A full block is identified by a chained digest, blake2b(parent digest + its token ids), so equal
-digests mean equal whole prefixes; each cached block also keeps its token ids and a hit is verified
-against them. Blocks nothing references but that hold a digest stay cached, evicted least recently
+A full block is identified by a chained digest, blake2b(parent digest + its token ids [+ how many of
+them its sequence generated]), so equal digests mean equal whole prefixes computed alike; each cached
+block also keeps its token ids and a hit is verified against them. Generated positions are counted
+because they are not the same bits as the same tokens computed as a prompt (a generated token's row
+attends as a one-token decode, a prompt's as part of a chunk): a new request whose prompt repeats an
+earlier request's output (the next turn of a chat) computes those blocks afresh, as it would with an
+empty cache, so its output never depends on what the cache held. Blocks nothing references but that hold a digest stay cached, evicted least recently
 freed first when fresh blocks run out. Invariant: used + cached-free + free == total (audited while
 serving by worker/core/kv_audit.py).
 """
@@ -29,8 +33,18 @@ class Block:
         self.last_owner: str | None = None  # request that last took it fresh (names the culprit of a leak)
 
 
-def block_digest(parent: bytes, token_ids: list[int] | tuple[int, ...]) -> bytes:
-    return hashlib.blake2b(parent + array("q", token_ids).tobytes(), digest_size=16).digest()
+def block_digest(parent: bytes, token_ids: list[int] | tuple[int, ...], generated: int = 0) -> bytes:
+    """generated: how many of the block's positions its sequence generated (none for a prompt's blocks)."""
+    data = parent + array("q", token_ids).tobytes()
+    if generated:
+        data += b"generated" + generated.to_bytes(4, "little")
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def generated_positions(seq: Sequence, block_index: int, block_size: int) -> int:
+    """How many positions of seq's block `block_index` hold tokens it generated (past its prompt)."""
+    start, end = block_index * block_size, (block_index + 1) * block_size
+    return max(0, end - max(start, seq.num_prompt_tokens))
 
 
 class BlockManager:
@@ -73,7 +87,7 @@ class BlockManager:
         tokens = seq.token_ids
         for i in range((len(tokens) - 1) // self.block_size):
             chunk = tokens[i * self.block_size:(i + 1) * self.block_size]
-            digest = block_digest(parent, chunk)
+            digest = block_digest(parent, chunk, generated_positions(seq, i, self.block_size))
             block_id = self._by_digest.get(digest)
             if block_id is None or self.blocks[block_id].token_ids != tuple(chunk):
                 break
@@ -88,7 +102,7 @@ class BlockManager:
             i = len(seq.block_hashes)
             chunk = seq.token_ids[i * self.block_size:(i + 1) * self.block_size]
             parent = seq.block_hashes[-1] if seq.block_hashes else b""
-            digest = block_digest(parent, chunk)
+            digest = block_digest(parent, chunk, generated_positions(seq, i, self.block_size))
             seq.block_hashes.append(digest)
             block = self.blocks[seq.block_table[i]]
             if self.enable_prefix_caching and block.digest is None and digest not in self._by_digest:

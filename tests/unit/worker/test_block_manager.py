@@ -87,6 +87,27 @@ def test_divergent_prefix_stops_matching():
     assert bm.match_prefix(seq([5, 6, 7, 8, 1, 2, 3, 4, 9], "z")) == []
 
 
+def test_generated_blocks_match_only_their_own_sequence():
+    """A block holding generated tokens is not the same bits as those tokens computed as a prompt: another
+    request whose prompt repeats them (a chat's next turn) does not take it, while the sequence itself, computed
+    again after a preemption, does; the prompt's own blocks are shared either way."""
+    bm = BlockManager(16, BS)
+    a = seq(list(range(6)))  # prompt: block 0 and half of block 1
+    prefill(bm, a)
+    a.token_ids += [50, 51, 52, 53, 54]  # generated: the rest of block 1, all of block 2 and one more
+    bm.allocate(a, 5)
+    a.num_computed_tokens += 5
+    bm.register_computed_blocks(a)
+    next_turn = seq(list(a.token_ids) + [60], "next")
+    assert bm.match_prefix(next_turn) == a.block_table[:1]
+    again = seq(list(range(6)), "a-again")  # a itself, preempted: same prompt, same outputs
+    again.token_ids += [50, 51, 52, 53, 54]
+    assert bm.match_prefix(again) == a.block_table[:2]  # all full blocks but the one holding its last token
+    later = seq(list(range(6)) + [50, 51, 52, 53, 54, 55, 56], "b")
+    later.num_prompt_tokens = 8  # a prompt that ends inside block 1 later than a's: block 1 differs
+    assert bm.match_prefix(later) == a.block_table[:1]
+
+
 def test_lru_eviction_order():
     bm = BlockManager(4, BS)
     a, b = seq([1] * 4 + [0], "a"), seq([2] * 4 + [0], "b")

@@ -45,6 +45,10 @@ def test_prefix_cache_hits(tiny, backend, test_seed):
     cases.check_prefix_cache_hits(*tiny, test_seed, attention_backend=backend)
 
 
+def test_next_turn_same_bits_warm_or_cold(tiny, backend, test_seed):
+    cases.check_next_turn_same_bits_warm_or_cold(tiny[0], test_seed, attention_backend=backend)
+
+
 def test_preemption_by_recompute(tiny, backend, test_seed):
     cases.check_preemption_by_recompute(*tiny, test_seed, attention_backend=backend)
 

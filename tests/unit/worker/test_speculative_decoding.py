@@ -24,7 +24,7 @@ import torch
 from shared.sampling_params import SamplingParams
 from tests.helpers.engine_probe import make_engine
 from tests.helpers.tiny_models import build_tiny_model
-from worker.core.block_manager import block_digest
+from worker.core.block_manager import block_digest, generated_positions
 
 VOCAB = 320
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
@@ -84,7 +84,8 @@ def check_kv(eng) -> None:
         assert seq.num_computed_tokens <= seq.num_tokens - 1 or not seq.draft_token_ids
         parent = b""
         for i, digest in enumerate(seq.block_hashes):
-            parent = block_digest(parent, seq.token_ids[i * bm.block_size:(i + 1) * bm.block_size])
+            parent = block_digest(parent, seq.token_ids[i * bm.block_size:(i + 1) * bm.block_size],
+                                  generated_positions(seq, i, bm.block_size))
             assert digest == parent, f"{seq}: block {i}'s digest is not over its accepted tokens"
 
 
