@@ -21,7 +21,7 @@
 # contiguously.
 
 from std.math import round
-from std.sys import inlined_assembly
+from std.sys import CompilationTarget, inlined_assembly
 from params import Params, param_int, param_ptr
 from lane_tree import bitrev4, lane_maxima, lane_sums
 
@@ -52,14 +52,20 @@ comptime ACT_INT8X2 = 0
 comptime ACT_INT8 = 1
 
 
+comptime HAS_AVX512 = CompilationTarget._has_feature["avx512f"]()
+
+
 @always_inline
 def combine_parts(dot1: SIMD[DType.int32, 16], dot2: SIMD[DType.int32, 16]) -> SIMD[DType.int32, 16]:
     """254 * dot1 + dot2, exactly (int32), as 256 * dot1 - 2 * dot1 + dot2. A vpmulld issues to the pipes the
     kernels' vpdpbusd and FMAs use (AMD Zen 4: about 5% of a two-part matmul), a shift and adds do not; the
     shift is written as one instruction because LLVM folds shifts and adds by constants back into vpmulld."""
-    var times256 = inlined_assembly["vpslld $$8, $1, $0", SIMD[DType.int32, 16], constraints="=v,v",
-                                    has_side_effect=False](dot1)
-    return times256 - (dot1 + dot1) + dot2
+    comptime if HAS_AVX512:
+        var times256 = inlined_assembly["vpslld $$8, $1, $0", SIMD[DType.int32, 16], constraints="=v,v",
+                                        has_side_effect=False](dot1)
+        return times256 - (dot1 + dot1) + dot2
+    else:  # the instruction above takes one 512-bit register; AVX2 holds the vector in two
+        return (dot1 << 8) - (dot1 + dot1) + dot2
 
 
 # The int8 activation bytes a row chunk of the vpdpbusd paths may hold: a quarter of a 1 MiB L2 (Zen 5's), the

@@ -47,7 +47,7 @@ from std.python.bindings import PythonModuleBuilder
 from std.os import abort
 from std.memory import alloc, bitcast, stack_allocation
 from std.sys import llvm_intrinsic
-from numerics import byte_bits, high_nibbles, narrow
+from numerics import byte_bits, dpbusd, high_nibbles, narrow
 from params import Params, param_int, param_ptr
 from row_groups import prefetch_next, row_groups
 from quant_activations import P_BLOCK_STRIDE, P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, P_SUM_LO, combine_parts, \
@@ -130,8 +130,7 @@ def block_bytes[kind: Int]() -> Int:
 @always_inline
 def _dpbusd(acc: I32x16, w: U8x64, a: Int32) -> I32x16:
     """acc + per lane the sum of 4 products u8 w x s8 a (a: 4 packed int8, the same for every lane)."""
-    return llvm_intrinsic["llvm.x86.avx512.vpdpbusd.512", I32x16](
-        acc, bitcast[DType.int8, 64](w), bitcast[DType.int8, 64](I32x16(a)))
+    return dpbusd[True](acc, w, bitcast[DType.int8, 64](I32x16(a)))  # every K-quant weight is below 64
 
 
 @always_inline

@@ -34,7 +34,7 @@ from std.python.bindings import PythonModuleBuilder
 from std.os import abort
 from std.memory import alloc, bitcast, stack_allocation
 from std.sys import llvm_intrinsic
-from numerics import high_nibbles, narrow
+from numerics import dpbusd, high_nibbles, narrow
 from params import Params, param_int, param_ptr
 from row_groups import prefetch_next, row_groups
 from quant_activations import P_BLOCK_STRIDE, P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, combine_parts, \
@@ -99,10 +99,9 @@ def quant_bytes[kind: Int]() -> Int:
 
 
 @always_inline
-def _dpbusd(acc: I32x16, w: U8x64, a: I32x16) -> I32x16:
-    """acc + per lane the sum of 4 products u8 w x s8 a (a's lanes are 4 packed int8)."""
-    return llvm_intrinsic["llvm.x86.avx512.vpdpbusd.512", I32x16](
-        acc, bitcast[DType.int8, 64](w), bitcast[DType.int8, 64](a))
+def _dpbusd[small: Bool](acc: I32x16, w: U8x64, a: I32x16) -> I32x16:
+    """acc + per lane the sum of 4 products u8 w x s8 a (a's lanes are 4 packed int8); small: w < 128 (4-bit)."""
+    return dpbusd[small](acc, w, bitcast[DType.int8, 64](a))
 
 
 # ----- phase 2: 16-column tiles ------------------------------------------------------------------------
@@ -129,7 +128,7 @@ def _f16x16(p: Pointer[Scalar[DType.uint8], MutAnyOrigin], offset: Int) -> F32x1
 
 
 @always_inline
-def _block_dot[two: Bool](w: Array[U8x64, 8], a: SIMD[DType.int8, QK], a2: SIMD[DType.int8, QK],
+def _block_dot[two: Bool, small: Bool](w: Array[U8x64, 8], a: SIMD[DType.int8, QK], a2: SIMD[DType.int8, QK],
                           start: I32x16) -> I32x16:
     """One block's exact integer dot products of 16 weight columns with one row's activations:
     254 * dot(w, q1) + dot(w, q2) (two parts; |.| <= 32 * 255 * 32385 < 2^31) or start + dot(w, q1) (one)."""
@@ -142,15 +141,15 @@ def _block_dot[two: Bool](w: Array[U8x64, 8], a: SIMD[DType.int8, QK], a2: SIMD[
         var lo0 = I32x16(0)
         var lo1 = I32x16(0)
         comptime for g in range(0, 8, 2):
-            hi0 = _dpbusd(hi0, w[g], I32x16(a32[g]))
-            lo0 = _dpbusd(lo0, w[g], I32x16(b32[g]))
-            hi1 = _dpbusd(hi1, w[g + 1], I32x16(a32[g + 1]))
-            lo1 = _dpbusd(lo1, w[g + 1], I32x16(b32[g + 1]))
+            hi0 = _dpbusd[small](hi0, w[g], I32x16(a32[g]))
+            lo0 = _dpbusd[small](lo0, w[g], I32x16(b32[g]))
+            hi1 = _dpbusd[small](hi1, w[g + 1], I32x16(a32[g + 1]))
+            lo1 = _dpbusd[small](lo1, w[g + 1], I32x16(b32[g + 1]))
         return combine_parts(hi0 + hi1, lo0 + lo1)
     else:  # one chain from `start`: the rows of rows_per_block run theirs side by side
         hi0 = start
         comptime for g in range(8):
-            hi0 = _dpbusd(hi0, w[g], I32x16(a32[g]))
+            hi0 = _dpbusd[small](hi0, w[g], I32x16(a32[g]))
         return hi0
 
 
@@ -224,7 +223,7 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int, two: Bool](p: Params, t: Int, r
             var j = b * stride + row
             var s_i = sa_i[unsafe_offset=j]
             # One part: the chain starts at minus the offset's sum (no subtraction in the epilogue).
-            var dot = _block_dot[two](w, a, a2, I32x16(-_offset_sum[kind](s_i)))
+            var dot = _block_dot[two, kind != KIND_Q8_0](w, a, a2, I32x16(-_offset_sum[kind](s_i)))
             y[r] = _block_epilogue[kind, not two](y[r], dot, dw, mw, da[unsafe_offset=j], s_i, sa_f[unsafe_offset=j])
         rec = rec.unsafe_offset(rec_bytes)
     comptime for r in range(R):

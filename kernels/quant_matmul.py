@@ -16,6 +16,8 @@ from types import ModuleType
 import torch
 
 from kernels.attention import DTYPE_CODES, THREADINGS, kernel_params, load_module
+from kernels.builder.modules import KernelBuildError
+from kernels.builder.target import quant_kernels_unsupported
 from kernels.quant_operands import (QK, activation_addresses, activation_mode, activation_scratch_bytes,
                                     check_scratch, checked_output, run_quantized)
 
@@ -52,6 +54,10 @@ def amx_available() -> bool:
 
 
 def load() -> ModuleType:
+    """The built module; KernelBuildError (never a SIGILL) on a CPU that cannot run it."""
+    reason = quant_kernels_unsupported()
+    if reason is not None:
+        raise KernelBuildError(reason)
     return load_module(MODULE)
 
 

@@ -35,8 +35,9 @@ SHARED_SOURCES = ("numerics.mojo", "params.mojo", "kv_int8.mojo", "lane_tree.moj
 # Extra compiler flags per module. The quantized matmuls' AMX tile paths need the AMX features at compile
 # time (added to the target's); they run only where the CPU has them (kernels/quant_matmul.py checks). For an
 # explicit target CPU the quantized matmuls also get the AVX-512 features their vpdpbusd path is written in:
-# they are loaded only on CPUs that have them (worker/quant/linear.py checks avx512bw and avx512_vnni), while
-# the other modules keep to the target's features.
+# they are loaded only on CPUs that have them (kernels/builder/target.py's quant_kernels_unsupported), while
+# the other modules keep to the target's features. Built for this host they take its features as they are (on
+# an AVX2-only CPU, vpdpbusd's integers come from widened products: kernels/numerics.mojo's dpbusd).
 AMX_FLAGS = ("--target-features", "+amx-tile,+amx-int8")
 EXPLICIT_TARGET_QUANT_FLAGS = ("--target-features", "+avx512f,+avx512bw,+avx512vnni,+amx-tile,+amx-int8")
 EXTRA_FLAGS = {"mili_quant": AMX_FLAGS, "mili_quant_k": AMX_FLAGS}

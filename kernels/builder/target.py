@@ -98,6 +98,25 @@ def parse_effective_features(printed: str) -> list[str]:
     return [f[1:] for f in match.group(1).split(",") if f.startswith("+")]
 
 
+# The quantized matmuls (kernels/quant_matmul.mojo, kernels/quant_kmatmul.mojo) built for this host run on any
+# x86-64 CPU (vpdpbusd where it has AVX-512 VNNI, the same integers from widened products elsewhere); built for
+# an explicit target CPU they are given the AVX-512 features (kernels/builder/modules.py), which a CPU must have:
+# /proc/cpuinfo's names for them.
+QUANT_CPU_FLAGS = ("avx512f", "avx512bw", "avx512_vnni")
+
+
+def quant_kernels_unsupported(cpuinfo: str | None = None) -> str | None:
+    """Why this CPU cannot run the quantized matmuls as built, or None where it can."""
+    flags = cpu_flags(cpuinfo)
+    if target_cpu() is None:
+        return None if "avx2" in flags else "the quantized-weight kernels need an x86-64 CPU with AVX2"
+    missing = [flag for flag in QUANT_CPU_FLAGS if flag not in flags]
+    if not missing:
+        return None
+    return (f"the quantized-weight kernels built for {TARGET_CPU_ENV}={target_cpu()} need AVX-512 VNNI, and this "
+            f"CPU lacks {', '.join(missing)} (unset {TARGET_CPU_ENV} to build them for this CPU)")
+
+
 def missing_features(required: list[str], flags: frozenset[str]) -> list[str]:
     """The LLVM features in `required` that this CPU's flags show it lacks (only those with a known flag)."""
     missing = []

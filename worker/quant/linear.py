@@ -26,20 +26,14 @@ from kernels.formats.kblocks import NAMES as KQUANT_NAMES
 
 log = logging.getLogger(__name__)
 
-REQUIRED_CPU_FLAGS = ("avx512bw", "avx512_vnni")  # the kernel's 512-bit byte ops and vpdpbusd
-
-
 @functools.cache
 def kernel_module() -> ModuleType | None:
     """The quantized matmul's module, or None (with the reason logged) where it cannot run here."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        flags = []
-    missing = [flag for flag in REQUIRED_CPU_FLAGS if flag not in flags]
-    if missing:
-        log.warning("quantized weights need CPU features %s, which this CPU lacks", ", ".join(missing))
+    from kernels.builder.target import quant_kernels_unsupported
+
+    reason = quant_kernels_unsupported()
+    if reason is not None:
+        log.warning("%s", reason)
         return None
     from kernels import quant_matmul
     from kernels.builder.modules import KernelBuildError

@@ -154,3 +154,16 @@ def test_load_checks_an_explicit_target_but_building_does_not(monkeypatch, tmp_p
         modules.build("mili_layers")
     monkeypatch.setattr(target, "cpu_flags", lambda: frozenset({"avx2", "avx512f", "avx512bw"}))
     assert modules.build("mili_layers") == directory / "mili_layers.so"
+
+
+def test_quantized_kernels_run_where_their_build_allows(monkeypatch, host_target):
+    """Built for this host they run on any AVX2 CPU (vpdpbusd or its exact fallback); built for an explicit target
+    they carry the AVX-512 path, which a CPU without AVX-512 VNNI is refused (an error, not a SIGILL)."""
+    avx2 = cpuinfo(drop=("avx512f", "avx512bw", "avx512_vnni"))
+    assert target.quant_kernels_unsupported(HOST) is None
+    assert target.quant_kernels_unsupported(avx2) is None
+    assert "AVX2" in target.quant_kernels_unsupported(cpuinfo(drop=("avx2", "avx512f", "avx512bw", "avx512_vnni")))
+    monkeypatch.setenv(target.TARGET_CPU_ENV, "x86-64-v3")
+    assert target.quant_kernels_unsupported(HOST) is None
+    reason = target.quant_kernels_unsupported(avx2)
+    assert "avx512f, avx512bw, avx512_vnni" in reason and target.TARGET_CPU_ENV in reason
