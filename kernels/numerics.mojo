@@ -56,6 +56,7 @@ def high_nibbles(v: SIMD[DType.uint8, 64]) -> SIMD[DType.uint8, 64]:
 # AVX-512 VNNI's vpdpbusd, or (on a CPU without it, such as an AVX2-only AMD Zen 3) the same integers from AVX2's
 # multiply-adds, so the quantized matmuls give every row the same bits on either kind of CPU.
 comptime HAS_VNNI_512 = CompilationTarget._has_feature["avx512vnni"]()
+comptime HAS_AVX512 = CompilationTarget._has_feature["avx512f"]()  # 32 zmm registers, rather than AVX2's 16 ymm
 comptime HAS_AVX2 = CompilationTarget._has_feature["avx2"]()
 comptime I32x8 = SIMD[DType.int32, 8]
 comptime I16x16 = SIMD[DType.int16, 16]

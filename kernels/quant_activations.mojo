@@ -21,7 +21,8 @@
 # contiguously.
 
 from std.math import round
-from std.sys import CompilationTarget, inlined_assembly
+from std.sys import inlined_assembly
+from numerics import HAS_AVX512
 from params import Params, param_int, param_ptr
 from lane_tree import bitrev4, lane_maxima, lane_sums
 
@@ -50,9 +51,6 @@ comptime P_BLOCK_STRIDE = 19
 
 comptime ACT_INT8X2 = 0
 comptime ACT_INT8 = 1
-
-
-comptime HAS_AVX512 = CompilationTarget._has_feature["avx512f"]()
 
 
 @always_inline

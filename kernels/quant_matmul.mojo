@@ -52,7 +52,8 @@ comptime QK = 32  # weights per block
 def rows_per_block[two: Bool]() -> Int:
     """Activation rows sharing one unpacked weight block: their accumulators, dot-product chains and the
     block's 8 weight vectors fill the 32 zmm registers (two parts: 4 rows x (sum + 2 x 2 chains); one
-    part: 8 rows x (sum + 1 chain), whose 8 independent chains hide vpdpbusd's latency)."""
+    part: 8 rows x (sum + 1 chain), whose 8 independent chains hide vpdpbusd's latency). The same on AVX2, whose
+    16 ymm registers hold each value in two: half the rows measured no faster there (AMD Zen 3)."""
     return 4 if two else 8
 
 # The output's row stride in elements (kernels/quant_operands.py: >= N, for a column slice of a wider output).
