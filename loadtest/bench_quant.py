@@ -7,7 +7,8 @@ q3_down`: 4096x1024, 6144x1024, 1024x3072); the bfloat16 side is MILI's oneDNN-p
 on torch's OpenMP team, by each of its paths (vpdpbusd; AMX int8 tiles where the CPU has them, from
 16 rows, which is what `auto` picks there: the same bits, different speed), in each activation mode
 (`--modes`: int8x2, two int8 parts per activation, what generating servers run; int8, one part, what
-embedding and scoring servers run), with each column's GOP/s beside bf16's GFLOP/s and the int8 / int8x2
+embedding and scoring servers run), with each column's GOP/s beside bf16's GFLOP/s (float32's on a CPU without
+bfloat16 arithmetic, such as an AVX2-only AMD Zen 3: the dense linear MILI serves there) and the int8 / int8x2
 and AMX / vpdpbusd speed-ups. `--out FILE.md` also writes the table (the CPU named) to a file.
 `--before FILE` times an earlier build of the same kernel beside it, on the fastest path the CPU has (AMX
 where available, vpdpbusd otherwise; e.g. build/kernels/<hash>/mili_quant.so, left by running an earlier
@@ -45,7 +46,7 @@ from kernels.formats.blocks import KERNEL_KINDS, RECORD_BYTES, repack
 from kernels.quant_operands import ACTIVATION_MODES
 from loadtest.machine import cpu_name
 from loadtest.peaks import Peaks, measure as measure_peaks, quant_ceiling, table as peaks_table
-from worker.model.packed_linear import PackedLinear
+from worker.model.packed_linear import PackedLinear, packing_supported
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "head": (49152, 576),
           # Qwen3-0.6B: hidden 1024, fused q|k|v of 16 + 2 x 8 heads of 128, FFN 3072
@@ -114,10 +115,24 @@ def engine_steps(batches: list[int], context: int, steps: int, rounds: int) -> N
                     times[name].append(time.perf_counter() - t0)
         cells = {name: statistics.median(t) * 1e3 for name, t in times.items()}
         quant, dense = [n for n in cells if n != "none"][0], cells["none"]
-        print(f"decode step, batch {batch}, context {context}: {quant} {cells[quant]:.2f} ms, bf16 {dense:.2f} ms "
+        print(f"decode step, batch {batch}, context {context}: {quant} {cells[quant]:.2f} ms, {dense_name()} {dense:.2f} ms "
               f"({dense / cells[quant]:.2f}x); {1e3 * batch / cells[quant]:.1f} vs {1e3 * batch / dense:.1f} tok/s",
               flush=True)
         del engines
+
+
+def dense_name() -> str:
+    """The dense linear MILI serves beside the quantized one on this CPU: bfloat16 in oneDNN's packed layout where
+    the CPU computes bfloat16 (AVX-512 BF16, AMX), else float32 (an AVX2-only CPU, where `--dtype auto` picks it)."""
+    return "bf16" if packing_supported(torch.bfloat16, "cpu") else "f32"
+
+
+def dense_linear(w: np.ndarray):
+    """(the activations' dtype, the dense linear of w [n, k]) as dense_name() names it."""
+    if dense_name() == "bf16":
+        return torch.bfloat16, PackedLinear(torch.from_numpy(w).bfloat16(), None, 128)
+    weight = torch.from_numpy(w)
+    return torch.float32, lambda x: torch.nn.functional.linear(x, weight)
 
 
 def weight_bytes(t: QT, n: int, k: int) -> int:
@@ -134,6 +149,7 @@ def kernel_table(args: argparse.Namespace, peaks: Peaks | None = None) -> list[s
     fastest = paths[-1]  # the path an earlier build is timed on (--before)
     if args.before:
         modules[" before"] = load_build(args.before)
+    dense = dense_name()
     lines: list[str] = []
 
     def emit(line: str = "") -> None:
@@ -141,7 +157,7 @@ def kernel_table(args: argparse.Namespace, peaks: Peaks | None = None) -> list[s
         lines.append(line)
 
     emit(f"machine: {cpu_name()}, torch threads {torch.get_num_threads()}; microseconds per call (10th percentile "
-         "of single calls, all columns interleaved), with its rate: GFLOP/s for bf16, GOP/s (2 M N K / time, "
+         f"of single calls, all columns interleaved), with its rate: GFLOP/s for {dense}, GOP/s (2 M N K / time, "
          "the same count) for the quantized columns; " + (
              f"amx: AMX tiles for whole groups of {quant_matmul.AMX_MIN_ROWS} rows, what auto picks from "
              f"{quant_matmul.AMX_MIN_ROWS} rows" if "amx" in paths else "no AMX on this CPU"))
@@ -160,18 +176,18 @@ def kernel_table(args: argparse.Namespace, peaks: Peaks | None = None) -> list[s
     if " before" in modules:
         ratios += [(f"after / before ({t.name} {mode})", f"{t.name} {fastest} {mode} before",
                     f"{t.name} {fastest} {mode}") for t in types for mode in args.modes]
-    emit("| shape | rows | bf16 us | bf16 GFLOP/s | " + " | ".join(f"{c} us | GOP/s | vs bf16" for c in columns)
+    emit(f"| shape | rows | {dense} us | {dense} GFLOP/s | " + " | ".join(f"{c} us | GOP/s | vs {dense}" for c in columns)
          + "".join(f" | {head} speed-up" for head, _, _ in ratios) + " |")
     emit("|---|---:|---:|---:|" + "---:|---:|---:|" * len(columns) + "---:|" * len(ratios))
     timings: list[tuple[str, int, dict[str, float]]] = []  # (shape, rows, column -> seconds)
     for name in args.shapes:
         n, k = SHAPES[name]
         w = np.random.default_rng(0).standard_normal((n, k)).astype(np.float32) * 0.05
-        dense = PackedLinear(torch.from_numpy(w).bfloat16(), None, 128)
+        x_dtype, linear = dense_linear(w)
         packed = {t: repack(quantize(w, t), t) for t in types}
         for m in args.rows:
-            x = torch.randn(m, k).bfloat16()
-            calls = {"bf16": lambda: dense(x)}
+            x = torch.randn(m, k).to(x_dtype)
+            calls = {dense: lambda: linear(x)}
             for column in columns:
                 t_name, path, mode, *before = column.split()
                 if path == "amx" and m < quant_matmul.AMX_MIN_ROWS:
@@ -183,15 +199,15 @@ def kernel_table(args: argparse.Namespace, peaks: Peaks | None = None) -> list[s
             best = {key: float(np.percentile(t, 10)) for key, t in samples.items()}
             timings.append((name, m, best))
             ops = 2 * m * n * k
-            cells = [f"{best[key] * 1e6:.0f} | {ops / best[key] / 1e9:.0f} | {best['bf16'] / best[key]:.2f}x"
+            cells = [f"{best[key] * 1e6:.0f} | {ops / best[key] / 1e9:.0f} | {best[dense] / best[key]:.2f}x"
                      if key in best else "- | - | -" for key in columns]
             cells += [f"{best[slow] / best[fast]:.2f}x" if slow in best and fast in best else "-"
                       for _, slow, fast in ratios]
-            emit(f"| {name} {n}x{k} | {m} | {best['bf16'] * 1e6:.0f} | {ops / best['bf16'] / 1e9:.0f} | "
+            emit(f"| {name} {n}x{k} | {m} | {best[dense] * 1e6:.0f} | {ops / best[dense] / 1e9:.0f} | "
                  + " | ".join(cells) + " |")
     emit()
     emit("weight bytes per call: " + ", ".join(
-        f"{name}: bf16 {2 * n * k / 1e6:.2f} MB, " + ", ".join(
+        f"{name}: {dense} {(2 if dense == 'bf16' else 4) * n * k / 1e6:.2f} MB, " + ", ".join(
             f"{t.name} {weight_bytes(t, n, k) / 1e6:.2f} MB" for t in types)
         for name, (n, k) in SHAPES.items() if name in args.shapes))
     if peaks is not None:
@@ -208,7 +224,7 @@ def kernel_table(args: argparse.Namespace, peaks: Peaks | None = None) -> list[s
         for name, m, best in timings:
             n, k = SHAPES[name]
             ops = 2 * m * n * k
-            cells = [f"{ops / best['bf16'] / peaks.ops_all_threads['bf16 vdpbf16ps']:.0%}"]
+            cells = [f"{ops / best[dense] / peaks.ops_all_threads['bf16 vdpbf16ps']:.0%}"]
             for column in shown:
                 t_name, path, mode = column.split()
                 top = quant_ceiling(peaks, mode, amx=path == "amx")
@@ -249,7 +265,7 @@ def main() -> None:
     if args.out:
         command = "python -m loadtest.bench_quant " + " ".join(sys.argv[1:])
         # The machine's load beside the figures: on a shared machine it says how far to trust them.
-        header = [f"# Quantized-weight matmul against the bf16 linear, {cpu_name()}", "",
+        header = [f"# Quantized-weight matmul against the {dense_name()} linear, {cpu_name()}", "",
                   f"Command: `{command}` ({time.strftime('%Y-%m-%d')}); load average (1 min) {load_before:.1f} "
                   f"before the run, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs.", ""]
         Path(args.out).write_text("\n".join(header + lines) + "\n")

@@ -67,7 +67,7 @@ def machine() -> dict:
     mem = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
                if line.startswith("MemTotal"))
     return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem / 2 ** 20, 1),
-            "isa": sorted(f for f in flags if f.startswith(("avx512f", "avx512_bf16", "amx"))),
+            "isa": sorted(f for f in flags if f.startswith(("avx2", "avx512f", "avx512_bf16", "amx"))),
             "python": platform.python_version(), "torch": torch.__version__, "kernel": platform.release()}
 
 
