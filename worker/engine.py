@@ -156,8 +156,8 @@ class LLMEngine:
             and kernel_module() is not None
         if not usable:
             if mode != "auto":
-                raise ValueError(f"quantization {mode} needs the Mojo quantized-weight kernels on a CPU with "
-                                 "AVX512-VNNI (see the log for why they are unavailable)")
+                raise ValueError(f"quantization {mode} needs the Mojo quantized-weight kernels, which cannot run "
+                                 "here (the log says why)")
             log.warning("quantized weights cannot be served here; the model runs in %s", self.dtype)
             return None
         return plan_quantization(self.config.model, self.model_config, mode)

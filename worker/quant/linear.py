@@ -26,6 +26,7 @@ from kernels.formats.kblocks import NAMES as KQUANT_NAMES
 
 log = logging.getLogger(__name__)
 
+
 @functools.cache
 def kernel_module() -> ModuleType | None:
     """The quantized matmul's module, or None (with the reason logged) where it cannot run here."""
