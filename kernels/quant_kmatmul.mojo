@@ -46,7 +46,6 @@ from std.python import PythonObject
 from std.python.bindings import PythonModuleBuilder
 from std.os import abort
 from std.memory import alloc, bitcast, stack_allocation
-from std.sys import llvm_intrinsic
 from numerics import byte_bits, dpbusd, high_nibbles, narrow
 from params import Params, param_int, param_ptr
 from row_groups import prefetch_next, row_groups

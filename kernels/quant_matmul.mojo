@@ -33,7 +33,6 @@ from std.python import PythonObject
 from std.python.bindings import PythonModuleBuilder
 from std.os import abort
 from std.memory import alloc, bitcast, stack_allocation
-from std.sys import llvm_intrinsic
 from numerics import dpbusd, high_nibbles, narrow
 from params import Params, param_int, param_ptr
 from row_groups import prefetch_next, row_groups
@@ -130,7 +129,7 @@ def _f16x16(p: Pointer[Scalar[DType.uint8], MutAnyOrigin], offset: Int) -> F32x1
 
 @always_inline
 def _block_dot[two: Bool, small: Bool](w: Array[U8x64, 8], a: SIMD[DType.int8, QK], a2: SIMD[DType.int8, QK],
-                          start: I32x16) -> I32x16:
+                                       start: I32x16) -> I32x16:
     """One block's exact integer dot products of 16 weight columns with one row's activations:
     254 * dot(w, q1) + dot(w, q2) (two parts; |.| <= 32 * 255 * 32385 < 2^31) or start + dot(w, q1) (one)."""
     var a32 = bitcast[DType.int32, 8](a)
