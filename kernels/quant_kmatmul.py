@@ -12,10 +12,8 @@ from types import ModuleType
 
 import torch
 
-from kernels.attention import DTYPE_CODES, THREADINGS, kernel_params, load_module
-from kernels.builder.modules import KernelBuildError
-from kernels.builder.target import quant_kernels_unsupported
-from kernels.quant_matmul import PATHS, amx_available, use_amx
+from kernels.attention import DTYPE_CODES, THREADINGS, kernel_params
+from kernels.quant_matmul import PATHS, amx_available, load_quant_module, use_amx
 from kernels.quant_operands import (activation_addresses, activation_mode, activation_scratch_bytes,
                                     check_scratch, checked_output, run_quantized)
 
@@ -26,11 +24,7 @@ GROUPS = {0: (32, 352), 1: (32, 384), 2: (256, 64 + 8 * 288), 3: (256, 64 + 8 * 
 
 
 def load() -> ModuleType:
-    """The built module; KernelBuildError (never a SIGILL) on a CPU that cannot run it."""
-    reason = quant_kernels_unsupported()
-    if reason is not None:
-        raise KernelBuildError(reason)
-    return load_module(MODULE)
+    return load_quant_module(MODULE)
 
 
 def _require(ok: bool, message: str) -> None:

@@ -54,11 +54,16 @@ def amx_available() -> bool:
 
 
 def load() -> ModuleType:
-    """The built module; KernelBuildError (never a SIGILL) on a CPU that cannot run it."""
+    return load_quant_module(MODULE)
+
+
+def load_quant_module(name: str) -> ModuleType:
+    """A quantized matmul's built module (this one's or quant_kmatmul's); KernelBuildError, before anything is
+    built and never a SIGILL, on a CPU that cannot run it (kernels/builder/target.py's rule)."""
     reason = quant_kernels_unsupported()
     if reason is not None:
         raise KernelBuildError(reason)
-    return load_module(MODULE)
+    return load_module(name)
 
 
 def _require(ok: bool, message: str) -> None:

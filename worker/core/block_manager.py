@@ -8,8 +8,8 @@ block also keeps its token ids and a hit is verified against them. Generated pos
 because they are not the same bits as the same tokens computed as a prompt (a generated token's row
 attends as a one-token decode, a prompt's as part of a chunk): a new request whose prompt repeats an
 earlier request's output (the next turn of a chat) computes those blocks afresh, as it would with an
-empty cache, so its output never depends on what the cache held. Blocks nothing references but that hold a digest stay cached, evicted least recently
-freed first when fresh blocks run out. Invariant: used + cached-free + free == total (audited while
+empty cache, so its output never depends on what the cache held. Blocks nothing references but that
+hold a digest stay cached, evicted least recently freed first when fresh blocks run out. Invariant: used + cached-free + free == total (audited while
 serving by worker/core/kv_audit.py).
 """
 

@@ -29,13 +29,8 @@ log = logging.getLogger(__name__)
 
 @functools.cache
 def kernel_module() -> ModuleType | None:
-    """The quantized matmul's module, or None (with the reason logged) where it cannot run here."""
-    from kernels.builder.target import quant_kernels_unsupported
-
-    reason = quant_kernels_unsupported()
-    if reason is not None:
-        log.warning("%s", reason)
-        return None
+    """The quantized matmul's module, or None (with the reason logged) where it cannot run here (load() checks the
+    CPU before it builds anything)."""
     from kernels import quant_matmul
     from kernels.builder.modules import KernelBuildError
 
@@ -44,7 +39,10 @@ def kernel_module() -> ModuleType | None:
     except (KernelBuildError, ImportError, OSError) as e:
         log.warning("quantized weight kernels unavailable: %s", e)
         return None
-    log.info("quantized matmul: vpdpbusd%s", f", AMX int8 tiles from {quant_matmul.AMX_MIN_ROWS} rows"
+    from kernels.builder.target import cpu_flags
+
+    products = "vpdpbusd" if "avx512_vnni" in cpu_flags() else "AVX2 multiply-adds (vpdpbusd's integers)"
+    log.info("quantized matmul: %s%s", products, f", AMX int8 tiles from {quant_matmul.AMX_MIN_ROWS} rows"
              if quant_matmul.amx_available() else " (no AMX int8 tiles on this CPU)")
     return module
 
