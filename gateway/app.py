@@ -155,7 +155,7 @@ async def health(request: Request) -> Response:
     return JSONResponse({
         "status": "ok", "model": state.settings.served_model_name, "task": state.engine_config.task,
         "device": info.device,
-        "attention_backend": info.attention_backend, "decode_graphs": info.decode_graphs,
+        "attention_backend": info.attention_backend, "layer_ops": info.layer_ops, "decode_graphs": info.decode_graphs,
         "quantization": info.quantization, "activation_quantization": info.activation_quantization,
         "speculative_decoding": info.speculative_decoding,
         "dtype": info.dtype, "architecture": info.architecture, "max_model_len": info.max_model_len,

@@ -53,6 +53,10 @@ class EngineConfig:
     # On CUDA, decode steps replay CUDA graphs (worker/runner/decode_graphs.py); True runs every step eagerly (vLLM's
     # name for the same switch).
     enforce_eager: bool = False
+    # Each run of a layer's elementwise operators (residual add and norm; q/k norms and rotary; SiLU and multiply) as
+    # one kernel compiled by torch.compile (worker/model/compiled_ops.py). None: on CUDA unless enforce_eager (vLLM's
+    # switch turns compilation off too); where the CPU's fused Mojo layer kernels serve it changes nothing.
+    compile_layer_ops: bool | None = None
     scheduling_policy: str = "fcfs"  # one of SCHEDULING_POLICIES
     # What every request computes: generate (tokens), or embed / score (one pooled vector per prompt, prefill only;
     # shared/pooling_config.py). `--task auto` is resolved before the config is built.

@@ -153,6 +153,9 @@ class WorkerReady(_Message, frozen=True, tag="ready"):
     speculative_decoding: str = "off"  # or the method and its settings (shared/speculative_config.py)
     # How the quantized kernels quantize activations (int8x2, int8), or "none" without quantized weights.
     activation_quantization: str = "none"
+    # What runs a layer's operators around its matmuls and attention: "mojo" (the CPU's fused kernels), "compiled"
+    # (torch.compile's fused kernels, CUDA) or "torch" (one operator at a time).
+    layer_ops: str = "torch"
 
 
 # One sampled token's logprob entry: [token_id, logprob, [[token_id, logprob], ...]] (the top alternatives).

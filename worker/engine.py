@@ -36,7 +36,7 @@ from worker.core.scheduler import ScheduledBatch, Scheduler
 from worker.core.sequence import Sequence
 from worker.model.devices import resolve_device
 from worker.model.dtype import resolve_dtype
-from worker.model.layer_ops import get_layer_ops
+from worker.model.ops_selection import get_layer_ops
 from worker.model.packed_linear import packing_supported
 from worker.model.weight_loader import load_model
 from worker.outputs import Completion, RequestRejected, SequenceOutput
@@ -73,7 +73,7 @@ class LLMEngine:
         self.attention_backend = get_attention_backend(
             config.attention_backend, self.device, GpuShape(mc.num_heads, mc.num_kv_heads, mc.head_dim), self.dtype,
             config.block_size)
-        self.layer_ops = get_layer_ops(self.attention_backend, mc, self.device)
+        self.layer_ops = get_layer_ops(self.attention_backend, mc, self.device, self._compile_layer_ops())
         quant = self._quant_plan()
         if quant is not None:
             quant.activations = config.activation_mode
@@ -124,12 +124,17 @@ class LLMEngine:
             dtype=self.dtype, attention_backend=self.attention_backend, block_size=config.block_size,
             num_blocks=num_blocks))
         self.speculative = "off" if spec is None else spec.describe()
-        log.info("engine ready: %s on %s, dtype %s, attention %s, quantization %s, %d KV blocks of %d tokens in %s, "
-                 "max_model_len %d, decode steps as one kernel program: %s, as CUDA graphs: %s, "
+        log.info("engine ready: %s on %s, dtype %s, attention %s, layer ops %s, quantization %s, %d KV blocks of %d "
+                 "tokens in %s, max_model_len %d, decode steps as one kernel program: %s, as CUDA graphs: %s, "
                  "speculative decoding: %s", mc.architecture, self.device, self.dtype, self.attention_backend.describe(),
-                 "none" if quant is None else quant.describe(),
+                 self.layer_ops.name, "none" if quant is None else quant.describe(),
                  num_blocks, config.block_size, self.kv_dtype, self.max_model_len, self.runner.decode_program_status,
                  self.runner.decode_graphs_status, self.speculative)
+
+    def _compile_layer_ops(self) -> bool:
+        if self.config.compile_layer_ops is not None:
+            return self.config.compile_layer_ops
+        return self.device.type == "cuda" and not self.config.enforce_eager
 
     def _graphs_off_reason(self) -> str | None:
         """Why decode steps do not replay CUDA graphs here, or None when they do."""

@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                                 device=str(engine.device),
                                 attention_backend=engine.attention_backend.name, quantization=engine.quantization,
                                 activation_quantization=engine.activation_quantization,
-                                decode_graphs=engine.runner.decode_graphs_status,
+                                decode_graphs=engine.runner.decode_graphs_status, layer_ops=engine.layer_ops.name,
                                 speculative_decoding=engine.speculative,
                                 max_model_len=engine.max_model_len,
                                 vocab_size=mc.vocab_size, stats=engine.stats()))

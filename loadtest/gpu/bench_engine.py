@@ -98,6 +98,8 @@ def engine_config(args, s: Settings, model_dir: Path, device: torch.device):
     from shared.config import EngineConfig
 
     extra = {} if args.enforce_eager is None else {"enforce_eager": args.enforce_eager}
+    if args.compile_layer_ops is not None:
+        extra["compile_layer_ops"] = args.compile_layer_ops
     return EngineConfig(model=str(model_dir), device=str(device), dtype=s.dtype, attention_backend=args.attention_backend,
                         kv_cache_memory=s.kv_cache_memory, max_num_seqs=s.max_num_seqs,
                         max_num_batched_tokens=s.max_num_batched_tokens, max_model_len=s.max_model_len, **extra)
@@ -216,7 +218,7 @@ def markdown(report: dict) -> str:
 
     hf_offline = (report["parts"].get("transformers") or {}).get("offline") or {}
     lines = [f"MILI engine vs transformers generate on {report['device']} ({report['model']}, {s['dtype']}); "
-             f"attention backend {report['attention_backend']}; decode graphs {report.get('decode_graphs', '-')}; "
+             f"attention backend {report['attention_backend']}; layer ops {report.get('layer_ops', '-')}; decode graphs {report.get('decode_graphs', '-')}; "
              f"torch {report['torch']}, "
              f"transformers {report['transformers']}", "",
              "| measure | MILI | transformers | MILI / transformers |", "|---|---:|---:|---:|"]
@@ -263,6 +265,9 @@ def parse_args(argv):
                     help="MILI's attention backend (default $MILI_ATTENTION_BACKEND or auto)")
     ap.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=None,
                     help="EngineConfig.enforce_eager: on CUDA, every step eager (no decode graphs)")
+    ap.add_argument("--compile-layer-ops", action=argparse.BooleanOptionalAction, default=None,
+                    help="EngineConfig.compile_layer_ops: the layers' elementwise operators fused by torch.compile "
+                         "(default: the engine's, on for CUDA unless --enforce-eager)")
     ap.add_argument("--hf-cache", choices=("dynamic", "static"), default="dynamic",
                     help="transformers' KV cache (static also makes generate compile the forward)")
     ap.add_argument("--hf-attention", default="sdpa", help="transformers' attn_implementation")
@@ -337,6 +342,7 @@ def run_all(args, s: Settings, budget: Budget, report: dict, write) -> int:
         engine = LLMEngine(config)
         report["engine_start_seconds"] = time.perf_counter() - t0  # loading, the KV cache, any graph capture
         report["attention_backend"] = engine.attention_backend.name
+        report["layer_ops"] = engine.layer_ops.name
         if engine.runner.decode_graphs is not None:  # as a server does at startup: no timed step waits for a capture
             t0 = time.perf_counter()
             report["decode_graphs_captured"] = engine.runner.decode_graphs.capture_all()

@@ -143,18 +143,21 @@ def run_benchmark(env: dict[str, str], out: Path, timeout: float, dry_run: bool)
 
 
 def run_engine_benchmark(env: dict[str, str], out: Path, timeout: float, dry_run: bool, backend: str = "auto",
-                         skip: str = "") -> dict:
+                         skip: str = "", compile_layer_ops: bool | None = None) -> dict:
     """loadtest/gpu/bench_engine.py with a budget a minute short of `timeout` (it stops its own parts at the budget, and
     writes its JSON after each, so a run stopped by the timeout still leaves what it measured)."""
     json_path, md_path = out / "gpu.json", out / "gpu.md"
     result = run_benchmark_module("gpu.bench_engine", ["--out", str(json_path), "--markdown", str(md_path),
                                                 "--budget-s", str(max(timeout - 60, 30)),
                                                 "--attention-backend", backend,
-                                                *(["--skip", skip] if skip else [])], env, timeout, dry_run)
+                                                *(["--skip", skip] if skip else []),
+                                                *({True: ["--compile-layer-ops"], False: ["--no-compile-layer-ops"]}
+                                                  .get(compile_layer_ops, []))],
+                                  env, timeout, dry_run)
     result.update(json=str(json_path), markdown=str(md_path))
     report = read_report(json_path) or {}
-    for key in ("device", "attention_backend", "single_stream_tok_s", "offline_tok_s", "transformers_offline_tok_s",
-                "ratio_offline_vs_transformers", "ttft_1k_ms", "skipped"):
+    for key in ("device", "attention_backend", "layer_ops", "single_stream_tok_s", "offline_tok_s",
+                "transformers_offline_tok_s", "ratio_offline_vs_transformers", "ttft_1k_ms", "skipped"):
         if report.get(key) is not None:
             result[key] = report[key]
     return result
@@ -169,7 +172,8 @@ def engine_bench_line(result: dict) -> str:
         return "-" if v is None else format(v, fmt)
 
     single = ", ".join(f"{c}: {num(v)}" for c, v in (result.get("single_stream_tok_s") or {}).items())
-    return (f"engine-bench ({result.get('attention_backend', '?')} attention): offline {num(result.get('offline_tok_s'))}"
+    return (f"engine-bench ({result.get('attention_backend', '?')} attention, {result.get('layer_ops', '?')} layer ops): "
+            f"offline {num(result.get('offline_tok_s'))}"
             f" tok/s, {num(result.get('ratio_offline_vs_transformers'), '.2f')}x transformers; single stream by "
             f"context {single or '-'} tok/s; TTFT 1k {num(result.get('ttft_1k_ms'), '.1f')} ms; return code "
             f"{result['returncode']} in {result['seconds']} s")
@@ -209,16 +213,16 @@ def per_test_timeout(seconds: float) -> list[str]:
     return [f"--timeout={seconds:.0f}"] if importlib.util.find_spec("pytest_timeout") else []
 
 
-def run_suite(name: str, args: list[str], env: dict[str, str], out: Path, timeout: float) -> dict:
+def run_suite(name: str, args: list[str], env: dict[str, str], out: Path, timeout: float, workers: int = 4) -> dict:
     xml = out / f"junit-{len(list(out.glob('junit-*.xml')))}.xml"
     start = time.monotonic()
     try:
         # -v: each test's outcome reaches the log as it ends, so a suite stopped by its timeout still says how far
         # it got; --durations: where a device run's minutes went.
         # The integration suites share one server per process (tests/integration/conftest.py): those run in one.
-        workers = parallel_workers() if name.startswith("tests/gpu") else []
+        parallel = parallel_workers(workers) if name.startswith("tests/gpu") and workers > 1 else []
         rc = subprocess.run([sys.executable, "-m", "pytest", "-v", "-rs", "--durations=10", "-p", "no:cacheprovider",
-                             *per_test_timeout(timeout / 2), *workers, f"--junitxml={xml}", *args], cwd=ROOT,
+                             *per_test_timeout(timeout / 2), *parallel, f"--junitxml={xml}", *args], cwd=ROOT,
                             env=env, timeout=timeout).returncode
     except subprocess.TimeoutExpired:
         rc = "timeout"
@@ -242,6 +246,16 @@ def run_suite(name: str, args: list[str], env: dict[str, str], out: Path, timeou
             else:
                 result["passed"] += 1
     return result
+
+
+def narrowed(suite: list[str], select: str | None) -> list[str]:
+    """The suite's arguments with pytest's -k narrowed further by `select` (its own -k expression kept)."""
+    if not select:
+        return suite
+    if "-k" in suite:
+        at = suite.index("-k")
+        return [*suite[:at], "-k", f"({suite[at + 1]}) and ({select})", *suite[at + 2:]]
+    return [*suite, "-k", select]
 
 
 def table(environment: dict, results: list[dict], engine_bench: dict | None = None,
@@ -270,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds for the carried modules' import and self-check (their PTX compiles then)")
     parser.add_argument("--suite-timeout", type=float, default=270.0,
                         help="seconds per suite before it is stopped (two suites fit one 10-minute device call)")
+    parser.add_argument("--workers", type=int, default=4,
+                        help="pytest-xdist workers for tests/gpu (1: one process, nothing else on the GPU meanwhile)")
+    parser.add_argument("--select", metavar="EXPR", help="run only the suites' tests that match this pytest -k expression")
     parser.add_argument("--bench-timeout", type=float, default=150.0, help="seconds for the attention benchmark")
     parser.add_argument("--engine-bench-timeout", type=float, default=480.0,
                         help="seconds for the engine benchmark (its budget is a minute less)")
@@ -277,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds for the serving benchmark (engine alone, then mili serve)")
     parser.add_argument("--engine-bench-skip", default="",
                         help="parts of the engine benchmark to leave out (transformers, profile)")
+    parser.add_argument("--engine-bench-compile", action=argparse.BooleanOptionalAction, default=None,
+                        help="the engine benchmark with (or without) the layers' elementwise operators fused by "
+                             "torch.compile (default: the engine's, on for CUDA)")
     parser.add_argument("--diagnose-repeats", type=int, default=3, help="seeds per diagnose case")
     parser.add_argument("--only", default=",".join(p for p in PARTS if p != "module-tests"),
                         help=f"comma-separated parts to run, of {', '.join(PARTS)} (default: all)")
@@ -303,15 +323,17 @@ def main(argv: list[str] | None = None) -> int:
         env["MILI_ATTENTION_BACKEND"] = "torch"
         print("a GPU attention module failed its check: the suites' servers use the torch reference "
               "(MILI_ATTENTION_BACKEND=torch)")
-    results = [run_suite(name, suite, env, args.out, args.suite_timeout) for name, suite in SUITES.items()
+    suites = {name: narrowed(suite, args.select) for name, suite in SUITES.items()}
+    results = [run_suite(name, suite, env, args.out, args.suite_timeout, args.workers) for name, suite in suites.items()
                if name.split()[0] in parts or (name == "tests/gpu module" and "module-tests" in parts)]
     bench = run_benchmark(env, args.out, args.bench_timeout, args.dry_run) if "bench" in parts else None
-    # `auto` serves with the torch reference on CUDA until the module passes its tests (worker/attention/selection.py),
-    # so the benchmark names the module where it passed its self-check here: its speed is what the GPU goals need
-    # measured (the JSON and the table say which backend ran).
-    engine_backend = "mojo" if modules and all(m.get("self_check") == "ok" for m in modules) else "torch"
+    # The module by name where it passed its self-check here (a module that cannot serve then fails the benchmark
+    # rather than quietly measuring the reference), the reference where it failed, else auto; the JSON and the table
+    # say which backend ran.
+    engine_backend = ("auto" if not modules else
+                      "mojo" if all(m.get("self_check") == "ok" for m in modules) else "torch")
     engine_bench = (run_engine_benchmark(env, args.out, args.engine_bench_timeout, args.dry_run, engine_backend,
-                                         args.engine_bench_skip)
+                                         args.engine_bench_skip, args.engine_bench_compile)
                     if "engine-bench" in parts else None)
     serve_bench = (run_serve_benchmark(env, args.out, args.serve_bench_timeout, args.dry_run)
                    if "serve-bench" in parts else None)

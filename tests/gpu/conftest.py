@@ -13,6 +13,11 @@ from worker.model.devices import cuda_unavailable_reason
 
 HERE = Path(__file__).resolve().parent
 
+# The compiled layer ops (worker/model/compiled_ops.py) compile once per model shape and dtype; a server holds one
+# model, a test process builds dozens, past Dynamo's default of 8 variants per function (a hard error under
+# fullgraph).
+torch._dynamo.config.recompile_limit = 128
+
 
 def pytest_collection_modifyitems(config, items):
     reason = cuda_unavailable_reason(torch.device("cuda"))

@@ -57,13 +57,16 @@ def graphs_engine(model_dir, capture: bool, **config):
     return engine
 
 
-@pytest.mark.parametrize("dtype,backend", [("float32", "torch"), ("bfloat16", "torch"), ("bfloat16", "mojo")])
-def test_replay_equals_the_eager_padded_path(tiny_mojo, dtype, backend, test_seed):
+@pytest.mark.parametrize("dtype,backend,compiled", [("float32", "torch", False), ("bfloat16", "torch", False),
+                                                    ("bfloat16", "mojo", False), ("bfloat16", "torch", True)])
+def test_replay_equals_the_eager_padded_path(tiny_mojo, dtype, backend, compiled, test_seed):
+    """`compiled`: the layers' elementwise operators fused by torch.compile, on both sides."""
     if backend == "mojo" and DEVICE == "cpu":
         pytest.skip("the mojo backend on CUDA needs CUDA")
     # Seven requests: rows pad to 8, and the longest context crosses 128 tokens (tables 8, then 16 blocks wide).
     prompts = cases.random_prompts(test_seed, [1, 5, 16, 17, 33, 64, 100])
-    captured, eager = (graphs_engine(tiny_mojo[0], capture, dtype=dtype, attention_backend=backend)
+    captured, eager = (graphs_engine(tiny_mojo[0], capture, dtype=dtype, attention_backend=backend,
+                                     compile_layer_ops=compiled)
                        for capture in (True, False))
     assert captured.attention_backend.name == backend
     runs = [run_greedy(engine, prompts, cases.STEPS) for engine in (captured, eager)]

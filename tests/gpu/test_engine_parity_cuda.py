@@ -59,3 +59,18 @@ def test_preemption_by_recompute(tiny, test_seed):
 
 def test_bfloat16_follows_the_reference(tiny, test_seed):
     cases.check_bfloat16_follows_the_reference(*tiny, test_seed, **CUDA)
+
+
+# The layers' elementwise operators compiled (worker/model/compiled_ops.py): the same cases, the same bounds.
+COMPILED = dict(CUDA, compile_layer_ops=True)
+
+
+def test_compiled_layer_ops_serve_and_follow_transformers(tiny, test_seed):
+    engine = make_engine(tiny[0], **COMPILED)
+    assert engine.layer_ops.name == "compiled"
+    cases.check_mixed_batch(*tiny, test_seed, **COMPILED)
+    cases.check_tiny_prefill_chunks_mixed_with_decodes(*tiny, test_seed, **COMPILED)
+
+
+def test_compiled_layer_ops_in_bfloat16_follow_the_reference(tiny, test_seed):
+    cases.check_bfloat16_follows_the_reference(*tiny, test_seed, **COMPILED)

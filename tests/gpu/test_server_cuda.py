@@ -45,6 +45,7 @@ def test_health_names_the_device(server):
         return
     # float32: the GPU attention module serves bfloat16 only, so the torch reference serves, labelled so.
     assert (health["device"], health["attention_backend"], health["dtype"]) == ("cuda:0", "torch", "float32")
+    assert health["layer_ops"] == "compiled"  # CUDA's default (no --enforce-eager)
     assert health["decode_graphs"].startswith("on (captured, rows 1,2,4,8;"), health["decode_graphs"]
 
 

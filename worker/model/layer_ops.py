@@ -1,11 +1,12 @@
-"""The operations a decoder layer runs around its matmuls and attention, in two implementations.
+"""The operations a decoder layer runs around its matmuls and attention, in two implementations (a third,
+torch.compile's fusion of the first for CUDA, is worker/model/compiled_ops.py; worker/model/ops_selection.py picks).
 
 `TorchLayerOps` is the reference: torch operators in transformers' order (the oracle path, and the
 one used wherever the Mojo kernels are not). `MojoLayerOps` runs the same math as three fused Mojo
 kernels per half-layer (kernels/layers.mojo), cutting a layer from about 30 operator calls to 9; it
 comes with the Mojo attention backend, whose per-step plan carries the checked cache slots.
 
-Both keep the residual stream the way the fused kernel wants it: `add_rms_norm(x, residual)` returns
+All keep the residual stream the way the fused kernel wants it: `add_rms_norm(x, residual)` returns
 the norm of residual + x and the new residual.
 """
 
@@ -17,8 +18,6 @@ import torch
 import torch.nn.functional as F
 
 from worker.attention.metadata import AttentionBackend
-from worker.attention.mojo_cpu import MojoAttentionBackend
-from worker.checkpoint.model_config import ModelConfig
 from worker.model.layers import RMSNorm, rms_norm
 from worker.model.rotary import apply_rotary
 from worker.model.step_context import StepContext
@@ -127,13 +126,3 @@ def _threading(rows: int) -> str:
 
 
 LayerOps = TorchLayerOps | MojoLayerOps
-
-
-def get_layer_ops(backend: AttentionBackend, cfg: ModelConfig,
-                  device: torch.device | str = "cpu") -> LayerOps:
-    """The fused kernels wherever the Mojo attention backend serves and the model's sizes suit them
-    (rows of whole 8-lane vectors, rotary halves too)."""
-    fits = cfg.head_dim % 16 == 0 and cfg.hidden_size % 8 == 0 and cfg.intermediate_size % 8 == 0
-    if isinstance(backend, MojoAttentionBackend) and torch.device(device).type == "cpu" and fits:
-        return MojoLayerOps()
-    return TorchLayerOps(backend)

@@ -20,7 +20,7 @@ from worker.checkpoint.model_config import ModelConfig
 from worker.core.block_manager import BlockManager
 from worker.core.scheduler import ScheduledBatch
 from worker.core.sequence import Sequence, SequenceStatus
-from worker.model.layer_ops import get_layer_ops
+from worker.model.ops_selection import get_layer_ops
 from worker.model.weight_loader import load_model
 from worker.runner.kv_cache import allocate_kv_caches
 from worker.runner.model_runner import ModelRunner

@@ -24,6 +24,8 @@ def test_health_models_openapi(server):
     health = httpx2.get(f"{server.url}/health").json()
     assert health["status"] == "ok" and health["model"] == SERVED_NAME
     assert health["attention_backend"] in ("mojo", "torch")
+    # CUDA: torch.compile's fused layer kernels by default; the CPU: its Mojo layer kernels, or the reference's.
+    assert health["layer_ops"] == "compiled" if torch.cuda.is_available() else health["layer_ops"] in ("mojo", "torch")
     # --device auto (the default): the GPU where torch sees one (tests/gpu covers that), else the CPU.
     assert health["device"] == ("cuda:0" if torch.cuda.is_available() else "cpu")
     assert health["decode_graphs"].startswith("on (captured") if torch.cuda.is_available() \

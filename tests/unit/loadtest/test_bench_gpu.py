@@ -154,10 +154,11 @@ def test_cuda_kernels_are_tied_to_their_ranges_or_classified_by_name():
 def test_engine_bench_line_of_the_check_table():
     from loadtest.gpu.check import engine_bench_line
 
-    line = engine_bench_line({"returncode": 0, "seconds": 301.5, "attention_backend": "mojo", "offline_tok_s": 15234.2,
+    line = engine_bench_line({"returncode": 0, "seconds": 301.5, "attention_backend": "mojo", "layer_ops": "compiled",
+                              "offline_tok_s": 15234.2,
                               "ratio_offline_vs_transformers": 6.04, "single_stream_tok_s": {"128": 712.3, "1024": None},
                               "ttft_1k_ms": 21.37})
-    assert line == ("engine-bench (mojo attention): offline 15,234 tok/s, 6.04x transformers; single stream by context "
+    assert line == ("engine-bench (mojo attention, compiled layer ops): offline 15,234 tok/s, 6.04x transformers; single stream by context "
                     "128: 712, 1024: - tok/s; TTFT 1k 21.4 ms; return code 0 in 301.5 s")
     assert "not run (dry run)" in engine_bench_line({"returncode": 0, "seconds": 1.0, "skipped": "dry run"})
 
