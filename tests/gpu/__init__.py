@@ -9,5 +9,7 @@ import os
 DEVICE = os.environ.get("MILI_GPU_TESTS_DEVICE", "cuda")
 
 # Tiny-model overrides whose attention shapes have carried GPU attention modules (kernels.builder.gpu_modules.CARRIED_SHAPES:
-# GQA 2 at head_dim 64, GQA 4 at 64, GQA 1 at 128), so that the mojo backend can serve them.
-MOJO_TINY = {"qwen3": dict(head_dim=64), "qwen2": dict(hidden_size=512), "llama": dict(hidden_size=512)}
+# GQA 2 at head_dim 64, GQA 4 at 64, GQA 1 at 128), so that the mojo backend can serve them. Wider heads on the
+# models' 64-wide hidden state: widening the hidden state to 512 instead made Qwen2's and Llama's attention (no q/k
+# norms) nearly one-hot, where bfloat16 rounding alone moves logits past the parity check's bounds.
+MOJO_TINY = {"qwen3": dict(head_dim=64), "qwen2": dict(head_dim=64), "llama": dict(head_dim=128)}

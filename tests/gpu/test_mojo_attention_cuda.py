@@ -73,7 +73,10 @@ def ops(request):
 class Step:
     """One random step: (context length, query length) per sequence, pages scattered over the cache."""
 
-    def __init__(self, shape: GpuShape, seqs, seed: int, spare_blocks: int = 3, key_stride_pad: int = 0):
+    def __init__(self, shape: GpuShape, seqs, seed: int, spare_blocks: int = 3, key_stride_pad: int = 0,
+                 qk_scale: float = 1.0):
+        """qk_scale multiplies queries and keys: at 1 the scores are about N(0, 1); a model without q/k norms
+        reaches scores of tens (a nearly one-hot softmax)."""
         gen = torch.Generator().manual_seed(seed)
         self.seqs = seqs
         pages = [-(-c // PAGE_SIZE) for c, _ in seqs]
@@ -87,18 +90,19 @@ class Step:
             slots += [int(tables[i, p // PAGE_SIZE]) * PAGE_SIZE + p % PAGE_SIZE for p in range(ctx - q_len, ctx)]
         tokens = len(slots)
 
-        def rand(*size):
-            return torch.randn(*size, generator=gen).to(torch.bfloat16).to(DEVICE)
+        def rand(*size, scale: float = 1.0):
+            return (torch.randn(*size, generator=gen) * scale).to(torch.bfloat16).to(DEVICE)
 
         kv = (num_blocks, PAGE_SIZE, shape.num_kv_heads, shape.head_dim)
-        self.k_cache, self.v_cache = rand(*kv), rand(*kv)
+        self.k_cache, self.v_cache = rand(*kv, scale=qk_scale), rand(*kv)
         # key/value as the model produces them: views into one wider row per token (the fused qkv projection).
         width = 2 * shape.num_kv_heads * shape.head_dim + key_stride_pad
         rows = rand(tokens, width)
+        rows[:, :shape.num_kv_heads * shape.head_dim] *= qk_scale
         self.key = rows[:, :shape.num_kv_heads * shape.head_dim].view(tokens, shape.num_kv_heads, shape.head_dim)
         self.value = rows[:, shape.num_kv_heads * shape.head_dim:2 * shape.num_kv_heads * shape.head_dim].view(
             tokens, shape.num_kv_heads, shape.head_dim)
-        self.query = rand(tokens, shape.num_heads, shape.head_dim)
+        self.query = rand(tokens, shape.num_heads, shape.head_dim, scale=qk_scale)
         self.ctx, self.q_lens = tuple(c for c, _ in seqs), tuple(q for _, q in seqs)
         starts = [0]
         for q in self.q_lens:
@@ -149,14 +153,14 @@ def attend_step(ops, step: Step, poison: bool = True) -> torch.Tensor:
                                out=torch.full_like(step.query, float("nan")))
 
 
-def check_step(ops, seqs, seed: int) -> None:
-    step = Step(ops.shape, seqs, seed)
+def check_step(ops, seqs, seed: int, qk_scale: float = 1.0) -> None:
+    step = Step(ops.shape, seqs, seed, qk_scale=qk_scale)
     want = step.expected()
     got = attend_step(ops, step)
     assert torch.isfinite(got).all(), \
         f"rows left unwritten, read before the KV write or computed over stale shared memory: {seqs}"
     error = relative_error(got, want)
-    assert error < TOLERANCE, f"relative error {error:.3g} for {seqs}"
+    assert error < TOLERANCE, f"relative error {error:.3g} for {seqs} (queries and keys x {qk_scale})"
 
 
 def test_kv_write_is_exact_and_skips_slots_outside_the_cache(ops, test_seed):
@@ -190,6 +194,13 @@ def test_ragged_batch_of_decodes_and_prefill_chunks_over_cached_prefixes(ops, te
         seqs.append((prefix + chunk, chunk))
     rng.shuffle(seqs)
     check_step(ops, seqs, test_seed)
+
+
+@pytest.mark.parametrize("qk_scale", [3.0, 6.0])
+def test_peaked_scores_as_in_a_model_without_qk_norms(ops, qk_scale, test_seed):
+    """Scores of tens, as tiny Qwen2 / Llama (no q/k norms) produce: a decode row, a chunk over a cached prefix and a
+    whole prompt in one step."""
+    check_step(ops, [(40, 1), (47, 16), (20, 20), (130, 1)], test_seed, qk_scale)
 
 
 @pytest.mark.parametrize("seqs", [[(1024, 1024)], [(4096, 512)], [(2000, 1), (1100, 1100), (3, 1)]],
@@ -280,13 +291,24 @@ def test_engine_with_the_mojo_backend_follows_transformers(tiny, test_seed):
                                                    attention_backend="mojo", block_size=16, enforce_eager=True)
 
 
-def test_auto_serves_with_the_torch_reference_on_cuda(tiny):
-    """Until this file's tests pass on a GPU, auto keeps the module out of serving (worker/attention/selection.py's
-    GPU_MODULE_STATUS); by name it serves."""
+def test_engine_with_the_mojo_backend_at_the_benchmark_attention_shape(tmp_path, test_seed):
+    """The same at Qwen3-0.6B's attention shape (16 query and 8 KV heads of 128), the one the GPU benchmark serves."""
+    if DEVICE == "cpu":
+        pytest.skip("the mojo backend on CUDA needs CUDA (the rehearsal has no stand-in engine)")
+    model_dir = tmp_path / "qwen3-0.6b-attention"
+    hf_model = build_tiny_model("qwen3", test_seed, model_dir, vocab_size=cases.VOCAB, hidden_size=256,
+                                num_attention_heads=16, num_key_value_heads=8, head_dim=128).to(DEVICE)
+    for lengths in ((3, 20, 47), (1, 15, 16, 17, 33, 130)):
+        cases.check_bfloat16_follows_the_reference(model_dir, hf_model, test_seed, lengths=lengths, device=DEVICE,
+                                                   attention_backend="mojo", block_size=16, enforce_eager=True)
+
+
+def test_auto_serves_with_the_module_on_cuda(tiny):
+    """auto takes the module where it is built for the shape and the model runs in bfloat16; float32 (which the
+    module does not serve) falls back to the torch reference."""
     if DEVICE == "cpu":
         pytest.skip("the mojo backend on CUDA needs CUDA")
-    for dtype in ("bfloat16", "float32"):
-        assert make_engine(tiny[0], device=DEVICE, dtype=dtype, attention_backend="auto").attention_backend.name \
-            == "torch"
-    assert make_engine(tiny[0], device=DEVICE, dtype="bfloat16", attention_backend="mojo").attention_backend.name \
+    assert make_engine(tiny[0], device=DEVICE, dtype="bfloat16", attention_backend="auto").attention_backend.name \
         == "mojo"
+    assert make_engine(tiny[0], device=DEVICE, dtype="float32", attention_backend="auto").attention_backend.name \
+        == "torch"

@@ -12,6 +12,12 @@ from tests.helpers.engine_probe import assert_matches_reference, make_engine, ru
 
 VOCAB = 320
 STEPS = 32
+# check_bfloat16_follows_the_reference's bounds, as fractions of the float32 reference's largest logit. Over 336
+# runs (28 seeds, the parity models and the GPU tests' wider ones, both prompt sets, the CPU's torch path) the largest
+# difference was 0.187 and a flipped greedy token's gap in the reference at most 0.124 (both on the tiny Qwen2:
+# head_dim 8, YaRN); a broken bf16 path (a wrong cast, a lost accumulation) is off by the whole logit.
+BF16_LOGIT_BOUND = 0.3
+BF16_TIE = 0.2
 
 
 def random_prompts(seed: int, lengths: list[int]) -> list[list[int]]:
@@ -71,23 +77,26 @@ def check_preemption_by_recompute(model_dir, hf_model, seed: int, **engine) -> N
 
 
 def check_bfloat16_follows_the_reference(model_dir, hf_model, seed: int, lengths=(3, 20, 47), **engine) -> None:
-    """bfloat16: every greedy token is transformers' bf16 argmax, except where its top two logits are a
-    near-tie that rounding may break either way. Exactness is the float32 cases' job; this one catches a bf16
-    path that is broken (bad casts, wrong accumulation): in repeated CPU runs the largest logit difference seen
-    was 12% of the largest logit, the bound is 25%. A flipped token must be within 10% of the largest logit
-    of the reference's best (random tiny models have many near-ties: bf16 logits often tie exactly); 5% was
-    too tight: a flip with a 5.2% gap was seen (MILI_TEST_SEED=1567917652, qwen2)."""
+    """bfloat16 against transformers in float32 (hf_model as built), fed the engine's own tokens: every logit
+    within BF16_LOGIT_BOUND of the reference's largest, and every greedy token the reference's argmax except where
+    its top two are within BF16_TIE of it (rounding may break a near-tie either way). Exactness is the float32
+    cases' job; this one catches a bf16 path that is broken (bad casts, wrong accumulation). The oracle is float32,
+    not transformers' own bf16 path: that one rounds attention scores and probabilities to bf16, and on tiny models
+    without q/k norms it was twice as far from float32 (up to 23% of the largest logit, at contexts past 128) as
+    MILI's bf16 (up to 10%), so two correct bf16 paths could fail a check between them."""
     engine = make_engine(model_dir, dtype="bfloat16", **(dict(max_num_batched_tokens=16, block_size=8) | engine))
     run = run_greedy(engine, random_prompts(seed, list(lengths)), STEPS, stagger=2)
-    hf_bf16 = hf_model.to(torch.bfloat16)
-    device = next(hf_bf16.parameters()).device
+    device = next(hf_model.parameters()).device
     for rid, tokens in run.tokens.items():
         with torch.no_grad():
-            ref = hf_bf16(torch.tensor([tokens], device=device)).logits[0].float()
+            ref = hf_model(torch.tensor([tokens], device=device)).logits[0].float()
         for pos, ours in run.logits[rid]:
             expected = ref[pos - 1]
-            assert (ours.to(device) - expected).abs().max() < 0.25 * expected.abs().max(), f"{rid} position {pos}"
+            diff, peak = (ours.to(device) - expected).abs().max(), expected.abs().max()
+            assert diff < BF16_LOGIT_BOUND * peak, (
+                f"{rid} position {pos}: largest logit difference {float(diff):.4g} against the reference's largest "
+                f"logit {float(peak):.4g}; {len(tokens)} tokens, {int(ours.isnan().sum())} NaN logits")
             best = int(expected.argmax())
             gap = float(expected[best] - expected[tokens[pos]])
-            assert tokens[pos] == best or gap < 0.10 * float(expected.abs().max()), (
+            assert tokens[pos] == best or gap < BF16_TIE * float(peak), (
                 f"{rid}: token {tokens[pos]} at position {pos}, reference {best}, gap {gap}")

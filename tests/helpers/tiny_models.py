@@ -39,11 +39,11 @@ def build_tiny_model(name: str, seed: int, out_dir: Path, vocab_size: int = 320,
     arch = spec.pop("arch")
     config_cls = getattr(transformers, f"{arch}Config")
     model_cls = getattr(transformers, f"{arch}ForCausalLM")
-    config = config_cls(
+    config = config_cls(**(dict(
         vocab_size=vocab_size, intermediate_size=128, num_hidden_layers=num_layers,
         max_position_embeddings=max_positions, rms_norm_eps=1e-6, rope_theta=10000.0,
         # A wider init than the default 0.02 keeps the logits peaked, so greedy picks are not near-ties.
-        initializer_range=0.25, bos_token_id=1, eos_token_id=2, pad_token_id=0, **spec)
+        initializer_range=0.25, bos_token_id=1, eos_token_id=2, pad_token_id=0) | spec))
     torch.manual_seed(seed)
     model = model_cls(config).float().eval()
     with torch.no_grad():  # the default init leaves biases at zero; make them matter

@@ -1,13 +1,16 @@
 """The Mojo attention backend on CUDA: MILI's GPU module (kernels/gpu_attention.mojo) for the KV writes and for
 the attention of every row, decode and prefill alike, on torch's current stream.
 
-Not yet verified: on an H200 it failed tests/gpu/test_mojo_attention_cuda.py on steps mixing sequences, because
-Modular's kernels read shared memory they had not loaded (README, "On a GPU"); the module now zeroes it first, which
-made every probed step right, but the module's tests have not run since, so `auto` does not choose it on CUDA; `mojo`
-does. Loading runs a self-check: a small ragged batch (decode rows and a prefill chunk over a cached prefix,
-contexts across page boundaries) through the module, with NaN left in shared memory first, and through the torch
-reference on the same device; any error, or a difference beyond bf16 rounding, makes loading fail. The self-check
-is the one place that waits for the device (once, at startup).
+`auto` serves with it on CUDA where it is built for the model's attention shape (else the torch reference, with the
+reason in the log). On an H200 it passed its GPU tests (tests/gpu/test_mojo_attention_cuda.py: the KV write, ragged
+steps mixing decode rows and prefill chunks over cached prefixes, page boundaries, long prefills, peaked scores,
+graph capture) once it zeroed shared memory before Modular's attention, whose kernels read shared memory they had
+not loaded for keys past a sequence's end (README, "On a GPU").
+
+Loading runs a self-check: a small ragged batch (decode rows and a prefill chunk over a cached prefix, contexts
+across page boundaries) through the module, with NaN left in shared memory first, and through the torch reference
+on the same device; any error, or a difference beyond bf16 rounding, makes loading fail. The self-check is the one
+place that waits for the device (once, at startup).
 """
 
 from __future__ import annotations

@@ -20,8 +20,7 @@ def get_attention_backend(name: str, device: str | torch.device = "cpu", shape: 
 
     On CUDA the Mojo backend is MILI's GPU module (worker/attention/cuda.py) for the model's attention shape
     (a kernels.builder.gpu_modules.GpuShape), bfloat16 and 16-token blocks; `mojo` there fails with the reason when it
-    cannot serve. `auto` on CUDA serves with the torch reference until the module passes its GPU tests
-    (GPU_MODULE_STATUS says why)."""
+    cannot serve, and `auto` falls back to the torch reference, saying why."""
     if name not in ("auto", "mojo", "torch"):
         raise ValueError(f"unknown attention backend {name!r} (choose auto, mojo or torch)")
     device = torch.device(device)
@@ -42,28 +41,16 @@ def get_attention_backend(name: str, device: str | torch.device = "cpu", shape: 
         return TorchAttentionBackend()
 
 
-# Why `auto` does not pick the GPU module on CUDA. On an H200 it was 2-3.4x faster than the torch reference, and
-# short sequences came out NaN in 11 to 15 of its 52 GPU tests: Modular's kernels computed over shared memory they
-# had not loaded, which held NaN after earlier kernels (loadtest/results/gpu_mixed_probe.md). The module now zeroes
-# it first, which made every probed step right; until tests/gpu/test_mojo_attention_cuda.py passes with that, it
-# serves only when asked for by name.
-GPU_MODULE_STATUS = ("the GPU attention module's fix for NaN rows on short sequences (zeroing shared memory before "
-                     "Modular's attention) has not yet passed its GPU tests")
-
-
 def _cuda_backend(name: str, device: torch.device, shape: Any, dtype: torch.dtype | None,
                   block_size: int) -> AttentionBackend:
-    if name == "auto":
-        log.warning("attention on %s: the torch reference (auto), not the GPU attention module: %s; "
-                    "--attention-backend mojo uses it anyway", device, GPU_MODULE_STATUS)
-        return TorchAttentionBackend()
     try:
         if shape is None or dtype is None:
             raise ValueError("the GPU attention module needs the model's attention shape and dtype")
         from worker.attention.cuda import MojoCudaAttentionBackend
 
-        backend = MojoCudaAttentionBackend(shape, dtype, block_size, device)
+        return MojoCudaAttentionBackend(shape, dtype, block_size, device)
     except Exception as e:  # not built for this shape, not loadable, no device, a failed self-check, ...
-        raise RuntimeError(f"the mojo attention backend is unavailable on {device}: {e}") from e
-    log.warning("MOJO GPU ATTENTION, UNVERIFIED: %s", GPU_MODULE_STATUS)
-    return backend
+        if name == "mojo":
+            raise RuntimeError(f"the mojo attention backend is unavailable on {device}: {e}") from e
+        log.warning("GPU ATTENTION MODULE UNAVAILABLE on %s, falling back to the torch reference: %s", device, e)
+        return TorchAttentionBackend()
