@@ -106,7 +106,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--activation-quantization", choices=ACTIVATION_QUANTIZATIONS, default="auto",
                    help="how quantized weights' matmuls quantize activations: int8x2 = two int8 parts per "
                         "activation (about 15 bits), int8 = one, as llama.cpp does (about twice the prefill "
-                        "throughput, about 8 bits); auto = int8 for --task embed and score, int8x2 for generate. "
+                        "throughput, about 8 bits); int8-prompt = int8 for prompt positions, int8x2 for generated "
+                        "ones; auto = int8 for --task embed and score, int8x2 for generate. "
                         "No effect without quantized weights")
     p.add_argument("--task", choices=TASKS, default="auto",
                    help="what the model serves: generate (chat and completions), embed (/v1/embeddings) or score "

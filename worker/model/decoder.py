@@ -24,7 +24,8 @@ from worker.model.layers import RMSNorm
 from worker.model.rotary import RotaryEmbedding
 from worker.model.packed_linear import PackedLinear, pack_linears
 from worker.model.step_context import OutputRows, RowStep, StepContext
-from worker.quant.linear import BlockEmbedding, QuantLinear, module_for, repack_for_kernel
+from worker.quant.linear import BlockEmbedding, QuantLinear, module_for, project, repack_for_kernel
+from worker.quant.row_modes import PromptPositions
 from worker.quant.sources import HEAD
 
 
@@ -48,7 +49,7 @@ class Attention(nn.Module):
                 rows: RowStep | None = None) -> torch.Tensor:
         """x: [num_tokens, hidden] -> [num_tokens, hidden], or [len(rows.index), hidden] for just those rows (every
         row's K and V are cached either way)."""
-        qkv = self.qkv_proj(x)  # [num_tokens, q_size + 2 * kv_size]
+        qkv = project(self.qkv_proj, x, step.prompt_positions)  # [num_tokens, q_size + 2 * kv_size]
         q = self.ops.qkv_to_cache(self, qkv, kv_cache, step)  # [num_tokens, heads, head_dim]; K, V cached
         if rows is not None:
             if rows.index.numel() == 0:
@@ -56,7 +57,7 @@ class Attention(nn.Module):
             q, step = q[rows.index], rows.step  # [num_out, heads, head_dim]
         k_cache, v_cache = kv_cache
         out = self.backend.attend(q, k_cache, v_cache, step.meta, step.plan, self.scale)  # [rows, heads, dim]
-        return self.o_proj(out.reshape(q.shape[0], self.q_size))
+        return project(self.o_proj, out.reshape(q.shape[0], self.q_size), step.prompt_positions)
 
 
 class MLP(nn.Module):
@@ -66,8 +67,9 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias, **factory)
         self.ops = ops
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.ops.silu_mul(self.gate_up_proj(x)))  # via [num_tokens, intermediate]
+    def forward(self, x: torch.Tensor, prompt_positions: PromptPositions | None = None) -> torch.Tensor:
+        gate_up = project(self.gate_up_proj, x, prompt_positions)  # [num_tokens, 2 * intermediate]
+        return project(self.down_proj, self.ops.silu_mul(gate_up), prompt_positions)
 
 
 class DecoderLayer(nn.Module):
@@ -96,7 +98,7 @@ class DecoderLayer(nn.Module):
             if attended.shape[0] == 0:  # no row is read past the cache
                 return attended, residual
         h, residual = self.ops.add_rms_norm(attended, residual, norm2.weight, norm2.eps)
-        return self.mlp(h), residual
+        return self.mlp(h, (step if rows is None else rows.step).prompt_positions), residual
 
 
 class DecoderForCausalLM(nn.Module):
@@ -182,19 +184,21 @@ class DecoderForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
-                outputs: OutputRows | None = None) -> torch.Tensor:
+                outputs: OutputRows | None = None, prompt_positions: PromptPositions | None = None) -> torch.Tensor:
         """input_ids, positions: [num_tokens] -> final hidden states [num_tokens, hidden], or with `outputs` those
-        rows' alone, [len(outputs.index), hidden] (see OutputRows)."""
+        rows' alone, [len(outputs.index), hidden] (see OutputRows). prompt_positions: which rows are prompt positions
+        (worker/quant/row_modes.py), where the projections run them apart."""
         x = self.embed_tokens(input_ids)
         self.ops.check_step(positions, self.rotary.cos.shape[0])
-        step = StepContext(meta, self.backend.plan(meta), positions, self.rotary, x.dtype)
+        step = StepContext(meta, self.backend.plan(meta), positions, self.rotary, x.dtype, prompt_positions)
         residual = None
         last = len(self.layers) - 1
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
             rows = None
             if i == last and outputs is not None:
                 row_step = step if outputs.index.numel() == 0 else StepContext(
-                    outputs.meta, self.backend.plan(outputs.meta), positions[outputs.index], self.rotary, x.dtype)
+                    outputs.meta, self.backend.plan(outputs.meta), positions[outputs.index], self.rotary, x.dtype,
+                    outputs.prompt_positions)
                 rows = RowStep(outputs.index, row_step)
             x, residual = layer(x, residual, kv_cache, step, rows)
         if x.shape[0] == 0:  # no row is read: the step only filled the cache

@@ -10,6 +10,7 @@ import torch
 
 from worker.attention.metadata import AttentionMetadata
 from worker.model.rotary import RotaryEmbedding
+from worker.quant.row_modes import PromptPositions
 
 
 @dataclass
@@ -21,6 +22,7 @@ class StepContext:
     positions: torch.Tensor  # [num_tokens] int64
     rotary: RotaryEmbedding
     dtype: torch.dtype
+    prompt_positions: PromptPositions | None = None  # which rows are prompt positions (worker/quant/row_modes.py)
     _tables: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def rotary_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,6 +44,7 @@ class OutputRows:
 
     index: torch.Tensor  # [num_out] int64: rows of the step's tokens, ascending
     meta: AttentionMetadata | None  # one attention row per output row, each of query length 1 (None: no rows)
+    prompt_positions: PromptPositions | None = None  # which of these rows are prompt positions (see StepContext)
 
 
 @dataclass(frozen=True)

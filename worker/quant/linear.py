@@ -23,6 +23,7 @@ from torch import nn
 from kernels.formats.blocks import KERNEL_KINDS, NAMES, repack
 from kernels.formats.kblocks import KQUANT_KINDS, repack_k
 from kernels.formats.kblocks import NAMES as KQUANT_NAMES
+from worker.quant.row_modes import PromptPositions, row_activation_modes
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +87,10 @@ class QuantLinear(nn.Module):
                  activations: str = "int8x2"):
         super().__init__()
         # How its kernels quantize the activations (kernels/quant_operands.py's ACTIVATION_MODES): the server's
-        # choice, the same for every call, so a row's result never depends on its batch.
-        self.activations = activations
+        # choice, for generated positions' rows and for prompt positions' rows (worker/quant/row_modes.py), so a
+        # row's result never depends on its batch.
+        self.mode = activations
+        self.activations, self.prompt_activations = row_activation_modes(activations)
         self.in_features, self.out_features = in_features, out_features
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, device=device), requires_grad=False) \
             if bias else None
@@ -117,22 +120,34 @@ class QuantLinear(nn.Module):
     def type_name(self) -> str:
         return "+".join(type_name(seg[0]) for seg in self.segments)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [rows, in_features] -> [rows, out_features]."""
+    def forward(self, x: torch.Tensor, prompt_positions: PromptPositions | None = None) -> torch.Tensor:
+        """x: [rows, in_features] -> [rows, out_features]. prompt_positions: which rows are prompt positions (None:
+        none), where their activation mode differs; each kind of row then goes through its own kernel calls."""
+        if prompt_positions is None or self.prompt_activations == self.activations or prompt_positions.none_prompt:
+            return self._forward(x, self.activations)
+        if prompt_positions.all_prompt:
+            return self._forward(x, self.prompt_activations)
+        out = x.new_empty((x.shape[0], self.out_features), dtype=self.out_dtype or x.dtype)
+        for index, mode in ((prompt_positions.prompt_index, self.prompt_activations),
+                            (prompt_positions.other_index, self.activations)):
+            out.index_copy_(0, index, self._forward(x.index_select(0, index), mode))
+        return out
+
+    def _forward(self, x: torch.Tensor, activations: str) -> torch.Tensor:
         out_dtype = self.out_dtype or x.dtype
         if len(self.segments) == 1:
             return _matmul(self._module, x, self.qtype, self.packed, self.out_features, self._bias_f32, out_dtype,
-                           self.activations)
+                           activations)
         parts, row0 = [], 0
         for qtype, packed, rows, module in self.segments:
             bias = None if self._bias_f32 is None else self._bias_f32[row0:row0 + rows]
-            parts.append(_matmul(module, x, qtype, packed, rows, bias, out_dtype, self.activations))
+            parts.append(_matmul(module, x, qtype, packed, rows, bias, out_dtype, activations))
             row0 += rows
         return torch.cat(parts, dim=1)
 
     def extra_repr(self) -> str:
         return (f"in={self.in_features}, out={self.out_features}, type={self.qtype and self.type_name}, "
-                f"activations={self.activations}")
+                f"activations={self.mode}")
 
     def scratch_bytes(self, rows: int) -> int:
         """The activation scratch its kernels need for `rows` rows (one, whatever the segments: they share it)."""
@@ -194,6 +209,11 @@ def _prebuilt_call(module: ModuleType, x: torch.Tensor, qtype: QT, packed: torch
     params = quant_kmatmul.qmatmul_k_params(x, packed, KQUANT_KINDS[qtype], n, bias, out, scratch,
                                             activations=activations)
     return PrebuiltMatmul(module, quant_kmatmul.ENTRIES, params, tiles, quant_kmatmul.ROWS_PARAM, quant_kmatmul.AMX_PARAM)
+
+
+def project(linear: nn.Module, x: torch.Tensor, prompt_positions: PromptPositions | None) -> torch.Tensor:
+    """linear(x), telling a quantized projection which rows are prompt positions."""
+    return linear(x, prompt_positions) if isinstance(linear, QuantLinear) else linear(x)
 
 
 def module_for(qtype: QT) -> ModuleType | None:

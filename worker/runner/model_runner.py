@@ -18,6 +18,7 @@ from worker.attention.metadata import AttentionMetadata
 from worker.core.scheduler import ScheduledBatch
 from worker.model.decoder import DecoderForCausalLM
 from worker.model.step_context import OutputRows
+from worker.quant.row_modes import PromptPositions
 from worker.runner.decode_graphs import CaptureFailed, DecodeGraphs, GraphStep
 from worker.runner.decode_program import DecodeProgram, unsupported_reason
 from worker.runner.prompt_logprobs import PromptSpan, PromptTokenLogprob, prompt_rows_to_score, score_prompt_rows
@@ -39,6 +40,8 @@ class StepInputs:
     # A step with prompt rows: the rows read after it (logits_indices and prompt_rows then index them), which
     # alone go through the last layer past its K/V (OutputRows). None: every row is computed and returned.
     outputs: OutputRows | None = None
+    # Which rows are prompt positions, where the quantized projections run them apart (worker/quant/row_modes.py).
+    prompt_positions: PromptPositions | None = None
 
 
 @dataclass
@@ -52,12 +55,16 @@ class ModelOutput:
 class ModelRunner:
     def __init__(self, model: DecoderForCausalLM, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                  block_size: int, device: torch.device | str = "cpu", decode_program: bool = False,
-                 max_num_seqs: int = 1, max_model_len: int = 1, reads_every_row: bool = False):
+                 max_num_seqs: int = 1, max_model_len: int = 1, reads_every_row: bool = False,
+                 prompt_rows_apart: bool = False):
         """decode_program: run decode-only steps as one kernel program where the model allows it
         (worker/runner/decode_program.py), with buffers for max_num_seqs rows of up to max_model_len tokens.
         reads_every_row: every row's final hidden state is read (pooling), so the last layer computes them all;
-        otherwise a step with prompt rows takes it for its sampling and prompt-scoring rows only (OutputRows)."""
+        otherwise a step with prompt rows takes it for its sampling and prompt-scoring rows only (OutputRows).
+        prompt_rows_apart: the quantized projections quantize prompt positions' activations their own way, so each
+        step says which rows those are (StepInputs.prompt_rows)."""
         self.model = model
+        self.prompt_rows_apart = prompt_rows_apart
         self.reads_every_row = reads_every_row
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -122,6 +129,7 @@ class ModelRunner:
         single_prompt_rows: set[int] = set()
         tables: list[list[int]] = []  # one per attention row: a verification's k + 1 rows share its table
         token_tables: list[list[int]] = []  # one per token: its sequence's table
+        is_prompt: list[bool] = []  # one per token: a prompt position (not a generated one or a draft)
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
             start = seq.num_computed_tokens
             end = start + n
@@ -137,6 +145,8 @@ class ModelRunner:
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
             token_tables.extend([table] * n)
+            prompt_end = min(max(start, seq.num_prompt_tokens), end)
+            is_prompt.extend([True] * (prompt_end - start) + [False] * (end - prompt_end))
             if verifies:
                 # Each row of a verification is, to attention, a one-token decode at its own position: the
                 # same kernel, the same keys, so the bits plain decoding would compute for it (a chunk's
@@ -152,16 +162,15 @@ class ModelRunner:
             # as one-token decodes at their own positions, as they did when they were generated: their K/V, and so
             # everything after them, get the bits they had, and an output does not depend on whether other
             # requests made it yield its blocks. Prompt positions attend as a prompt chunk.
-            outputs_from = min(max(start, seq.num_prompt_tokens), end)
-            if outputs_from > start:
-                if outputs_from - start == 1:
+            if prompt_end > start:
+                if prompt_end - start == 1:
                     single_prompt_rows.add(len(query_lens))
-                context_lens.append(outputs_from)
-                query_lens.append(outputs_from - start)
+                context_lens.append(prompt_end)
+                query_lens.append(prompt_end - start)
                 tables.append(table)
-            context_lens.extend(range(outputs_from + 1, end + 1))
-            query_lens.extend([1] * (end - outputs_from))
-            tables.extend([table] * (end - outputs_from))
+            context_lens.extend(range(prompt_end + 1, end + 1))
+            query_lens.extend([1] * (end - prompt_end))
+            tables.extend([table] * (end - prompt_end))
             if end == seq.num_tokens and seq.num_output_tokens < seq.max_tokens:
                 logits_indices.append(len(input_ids) - 1)
                 sampling_rows.append(i)
@@ -186,9 +195,13 @@ class ModelRunner:
         moved = to_device(host, self.device)
         input_ids_t, positions_t, logits_indices_t, prompt_rows_t, prompt_targets_t = moved[:5]
         meta = self._metadata(moved[5:9], context_lens, query_lens, frozenset(single_prompt_rows))
+        prompt_positions = PromptPositions.from_flags(is_prompt, self.device) if self.prompt_rows_apart else None
         outputs = None
         if read is not None:
-            outputs = OutputRows(moved[9], self._metadata(moved[10:14], read_lens, [1] * len(read), frozenset())) \
+            read_prompt_positions = PromptPositions.from_flags([is_prompt[r] for r in read], self.device) \
+                if self.prompt_rows_apart else None
+            outputs = OutputRows(moved[9], self._metadata(moved[10:14], read_lens, [1] * len(read), frozenset()),
+                                 read_prompt_positions) \
                 if read else OutputRows(torch.empty(0, dtype=torch.int64, device=self.device), None)
         return StepInputs(
             input_ids=input_ids_t,
@@ -200,6 +213,7 @@ class ModelRunner:
             prompt_targets=prompt_targets_t,
             prompt_spans=prompt_spans,
             outputs=outputs,
+            prompt_positions=prompt_positions,
         )
 
     def _metadata(self, tensors: list[torch.Tensor], context_lens: list[int], query_lens: list[int],
@@ -224,7 +238,7 @@ class ModelRunner:
         hidden = self._program_hidden(inputs)
         if hidden is None:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta,
-                                inputs.outputs)  # [tokens, hidden], or [outputs, hidden]
+                                inputs.outputs, inputs.prompt_positions)  # [tokens, hidden], or [outputs, hidden]
         vocab = self.model.config.vocab_size
         if inputs.sampling_rows:
             logits = self.model.compute_logits(hidden[inputs.logits_indices])

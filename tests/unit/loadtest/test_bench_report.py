@@ -129,3 +129,12 @@ def test_eight_bit_kv_peers_pass_their_cache_flags(tmp_path):
     argv = llama.command(8000, 4)
     assert llama.name == "llama-server-kv-q8" and llama.fallback.name == "llama-server-kv-q8"
     assert argv[argv.index("-ctk") + 1] == "q8_0" and argv[argv.index("-ctv") + 1] == "q8_0"
+
+
+def test_the_activation_mode_peers_pass_their_mode(tmp_path):
+    from loadtest.sweep import build_specs
+
+    for name in ("mili-int8", "mili-int8-prompt"):
+        (spec,) = build_specs([name], 2, tmp_path / "m.gguf", "m", "auto", 4096)
+        argv = spec.command(8000, 1)
+        assert spec.name == name and argv[argv.index("--activation-quantization") + 1] == name.removeprefix("mili-")

@@ -141,6 +141,47 @@ def test_one_part_int8_activations_follow_their_rounding(tiny, test_seed):
     check_agreement(run, dequantized_reference(hf_model, QT.Q8_0), f"{tiny[0].name} q8_0 int8 activations", "int8")
 
 
+def test_int8_prompt_runs_prompt_positions_one_part_and_generated_ones_two_part(tiny, test_seed):
+    """--activation-quantization int8-prompt: a prompt's K/V are the int8 server's bit for bit (every projection of
+    a prompt row is one-part), not the int8x2 one's; in a step mixing a prompt chunk with decodes each projection
+    runs the two kinds of rows in their own modes; and the engine follows transformers on the dequantized weights
+    within the one-part mode's bounds."""
+    model_dir, hf_model = tiny
+    prompt = random_prompts(test_seed, [40])
+
+    def prompt_kv(activations):
+        engine = make_engine(model_dir, attention_backend="mojo", quantization="q8_0", enable_prefix_caching=False,
+                             activation_quantization=activations)
+        run_greedy(engine, prompt, 1)  # the prefill alone: the cache holds the 40 prompt positions (3 blocks)
+        return [torch.cat([k[:3], v[:3]]) for k, v in engine.runner.kv_caches]
+
+    mixed = prompt_kv("int8-prompt")
+    assert all(torch.equal(a, b) for a, b in zip(mixed, prompt_kv("int8")))
+    assert not all(torch.equal(a, b) for a, b in zip(mixed, prompt_kv("int8x2")))
+
+    engine = make_engine(model_dir, attention_backend="mojo", quantization="q8_0",
+                         activation_quantization="int8-prompt")
+    assert engine.activation_quantization == "int8-prompt"
+    layer = engine.runner.model.layers[0]
+    calls = []
+    original = QuantLinear._forward
+    QuantLinear._forward = lambda self, x, mode: calls.append((self is layer.mlp.down_proj, x.shape[0], mode)) \
+        or original(self, x, mode)
+    try:
+        run = run_greedy(engine, random_prompts(test_seed, [3, 30, 17, 40, 6]), STEPS, stagger=2)
+    finally:
+        QuantLinear._forward = original
+    modes = {(rows, mode) for is_down, rows, mode in calls if is_down}
+    assert {mode for _, mode in modes} == {"int8", "int8x2"}
+    assert any(mode == "int8x2" and rows > 1 for rows, mode in modes)  # several decode rows in one call
+    # Against the dequantized weights alone, within the one-part mode's bounds (its prompt rows are that mode's; the
+    # emulated-rounding check would need each position's own mode).
+    top1, kl, n = agreement(run, dequantized_reference(hf_model, QT.Q8_0))
+    print(f"{tiny[0].name} q8_0 int8-prompt activations vs dequantized weights: top-1 agreement {top1:.4f} over {n} "
+          f"positions, mean KL {kl:.2e}")
+    assert top1 >= DEQUANTIZED_INT8[0] and kl <= DEQUANTIZED_INT8[1], (top1, kl)
+
+
 def test_activation_quantization_follows_the_task():
     from shared.config import EngineConfig
 
@@ -149,7 +190,8 @@ def test_activation_quantization_follows_the_task():
     assert EngineConfig(model="x", task="score").activation_mode == "int8"
     assert EngineConfig(model="x", task="embed", activation_quantization="int8x2").activation_mode == "int8x2"
     assert EngineConfig(model="x", activation_quantization="int8").activation_mode == "int8"
-    with pytest.raises(ValueError, match="activation quantization must be one of auto, int8x2, int8"):
+    assert EngineConfig(model="x", activation_quantization="int8-prompt").activation_mode == "int8-prompt"
+    with pytest.raises(ValueError, match="activation quantization must be one of auto, int8x2, int8, int8-prompt"):
         EngineConfig(model="x", activation_quantization="int4")
 
 
@@ -182,20 +224,24 @@ def test_unquantized_reference_would_fail_the_tight_check(tiny, test_seed):
     assert kl_original > 3 * kl_quantized
 
 
-def test_chunks_prefix_hits_and_preemption_give_the_uninterrupted_tokens(tiny, test_seed):
+@pytest.mark.parametrize("activations", ["int8x2", "int8-prompt"])
+def test_chunks_prefix_hits_and_preemption_give_the_uninterrupted_tokens(tiny, activations, test_seed):
+    """Also with prompt positions one-part and generated ones two-part (int8-prompt): a position's mode does not
+    depend on its chunk, and a preempted sequence's outputs computed again keep theirs."""
     model_dir, _ = tiny
     backend = "mojo"
+    quant = dict(quantization="q4_0", activation_quantization=activations)
     prompts = random_prompts(test_seed, [30, 25, 38, 12])
-    baseline = run_greedy(make_engine(model_dir, attention_backend=backend, quantization="q4_0"), prompts, STEPS)
-    chunked = run_greedy(make_engine(model_dir, attention_backend=backend, quantization="q4_0",
-                                     max_num_batched_tokens=7, block_size=8), prompts, STEPS, stagger=3)
+    baseline = run_greedy(make_engine(model_dir, attention_backend=backend, **quant), prompts, STEPS)
+    chunked = run_greedy(make_engine(model_dir, attention_backend=backend, max_num_batched_tokens=7, block_size=8,
+                                     **quant), prompts, STEPS, stagger=3)
     assert chunked.tokens == baseline.tokens
-    tight = make_engine(model_dir, attention_backend=backend, quantization="q4_0", block_size=8, num_kv_blocks=12,
-                        max_model_len=96)
+    tight = make_engine(model_dir, attention_backend=backend, block_size=8, num_kv_blocks=12, max_model_len=96,
+                        **quant)
     preempted = run_greedy(tight, prompts, STEPS)
     assert tight.scheduler.num_preemptions > 0
     assert preempted.tokens == baseline.tokens
-    cached = make_engine(model_dir, attention_backend=backend, quantization="q4_0", block_size=8)
+    cached = make_engine(model_dir, attention_backend=backend, block_size=8, **quant)
     run_greedy(cached, [prompts[0][:20]], 4)
     hits_before = cached.scheduler.prefix_hit_tokens
     again = run_greedy(cached, prompts, STEPS)
@@ -203,12 +249,14 @@ def test_chunks_prefix_hits_and_preemption_give_the_uninterrupted_tokens(tiny, t
     assert again.tokens == baseline.tokens
 
 
-def test_decode_batches_on_either_matmul_path_give_the_tokens_of_requests_alone(tiny, test_seed):
+@pytest.mark.parametrize("activations", ["int8x2", "int8-prompt"])
+def test_decode_batches_on_either_matmul_path_give_the_tokens_of_requests_alone(tiny, activations, test_seed):
     """Twenty requests decoding together (a batch the quantized matmul serves with AMX tiles where the CPU
     has them: 16 rows on tiles, 4 by vpdpbusd) give each request exactly its tokens when run alone (one
-    row: vpdpbusd)."""
+    row: vpdpbusd); with int8-prompt, through steps mixing prompt chunks (one-part) and decodes (two-part)."""
     model_dir, _ = tiny
-    engine = make_engine(model_dir, attention_backend="mojo", quantization="q4_0", enable_prefix_caching=False)
+    engine = make_engine(model_dir, attention_backend="mojo", quantization="q4_0", enable_prefix_caching=False,
+                         activation_quantization=activations)
     prompts = random_prompts(test_seed, [3 + (7 * i) % 23 for i in range(20)])
     together = run_greedy(engine, prompts, 12).tokens
     for i in (0, 7, 19):
