@@ -123,7 +123,7 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor, prompt_positions: PromptPositions | None = None) -> torch.Tensor:
         """x: [rows, in_features] -> [rows, out_features]. prompt_positions: which rows are prompt positions (None:
         none), where their activation mode differs; each kind of row then goes through its own kernel calls."""
-        if prompt_positions is None or self.prompt_activations == self.activations or prompt_positions.none_prompt:
+        if prompt_positions is None or self.prompt_activations == self.activations:
             return self._forward(x, self.activations)
         if prompt_positions.all_prompt:
             return self._forward(x, self.prompt_activations)

@@ -34,16 +34,20 @@ def prompt_rows_apart(mode: str) -> bool:
 
 @dataclass(frozen=True)
 class PromptPositions:
-    """Which rows of a step's tokens are prompt positions: all, none, or the two index sets."""
+    """Which rows of a step's tokens are prompt positions: all of them, or the two index sets."""
 
     all_prompt: bool
-    none_prompt: bool
-    prompt_index: torch.Tensor  # [num_prompt_positions] int64, ascending
-    other_index: torch.Tensor  # [num_other_rows] int64, ascending
+    prompt_index: torch.Tensor | None = None  # [num_prompt_rows] int64, ascending (None: all_prompt)
+    other_index: torch.Tensor | None = None  # [num_other_rows] int64, ascending (None: all_prompt)
 
     @classmethod
-    def from_flags(cls, flags: Sequence[bool], device: torch.device | str = "cpu") -> PromptPositions:
+    def from_flags(cls, flags: Sequence[bool], device: torch.device | str = "cpu") -> PromptPositions | None:
+        """None where no row is a prompt position (a decode step)."""
         prompt = [i for i, is_prompt in enumerate(flags) if is_prompt]
+        if not prompt:
+            return None
+        if len(prompt) == len(flags):
+            return cls(True)
         other = [i for i, is_prompt in enumerate(flags) if not is_prompt]
-        return cls(not other, not prompt, torch.tensor(prompt, dtype=torch.int64, device=device),
+        return cls(False, torch.tensor(prompt, dtype=torch.int64, device=device),
                    torch.tensor(other, dtype=torch.int64, device=device))

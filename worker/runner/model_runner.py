@@ -129,7 +129,7 @@ class ModelRunner:
         single_prompt_rows: set[int] = set()
         tables: list[list[int]] = []  # one per attention row: a verification's k + 1 rows share its table
         token_tables: list[list[int]] = []  # one per token: its sequence's table
-        is_prompt: list[bool] = []  # one per token: a prompt position (not a generated one or a draft)
+        is_prompt: list[bool] = []  # with prompt_rows_apart, one per token: a prompt position (not an output)
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
             start = seq.num_computed_tokens
             end = start + n
@@ -146,7 +146,8 @@ class ModelRunner:
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
             token_tables.extend([table] * n)
             prompt_end = min(max(start, seq.num_prompt_tokens), end)
-            is_prompt.extend([True] * (prompt_end - start) + [False] * (end - prompt_end))
+            if self.prompt_rows_apart:
+                is_prompt.extend([True] * (prompt_end - start) + [False] * (end - prompt_end))
             if verifies:
                 # Each row of a verification is, to attention, a one-token decode at its own position: the
                 # same kernel, the same keys, so the bits plain decoding would compute for it (a chunk's
