@@ -122,7 +122,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help='speculative decoding, vLLM\'s keys: {"method": "ngram", "num_speculative_tokens": 4, '
                         '"prompt_lookup_min": 2, "prompt_lookup_max": 5} (default: off)')
     p.add_argument("--enforce-eager", action="store_true",
-                   help="on CUDA, run decode steps eagerly instead of replaying CUDA graphs")
+                   help="on CUDA, run decode steps eagerly instead of replaying CUDA graphs, and the layers' "
+                        "operators one by one instead of torch.compile's fused kernels")
     p.add_argument("--workers", type=int, default=1, help="engine processes behind this gateway")
     p.add_argument("--worker-threads", type=int, default=0, help="torch threads per worker (0: cores / workers)")
     p.add_argument("--worker-tcp", metavar="HOST:PORT",
