@@ -27,8 +27,7 @@ from gguf.quants import quantize
 from kernels import quant_kmatmul, quant_matmul
 from kernels.formats.blocks import KERNEL_KINDS, repack
 from kernels.formats.kblocks import KQUANT_KINDS, repack_k
-from loadtest.bench_quant import interleaved_times
-from worker.model.packed_linear import PackedLinear
+from loadtest.bench_quant import dense_linear, dense_name, interleaved_times
 from worker.quant.kencode import quantize_k
 
 # Qwen3-0.6B: hidden 1024, 16 query heads and 8 KV heads of 128, FFN 3072.
@@ -54,18 +53,18 @@ def main() -> None:
           f"all columns interleaved for {0.2 * args.rounds:.1f} s); "
           + (f"amx from {quant_matmul.AMX_MIN_ROWS} rows" if "amx" in paths else "no AMX int8 tiles on this CPU"))
     columns = [(t, path) for t in types for path in paths]
-    print("| shape | rows | bf16 | " + " | ".join(f"{t.name} {path} | vs bf16" for t, path in columns) + " |")
+    print(f"| shape | rows | {dense_name()} | " + " | ".join(f"{t.name} {path} | vs bf16" for t, path in columns) + " |")
     print("|---|---|---|" + "---|---|" * len(columns))
     bits: dict[str, float] = {}
     for name in args.shapes:
         n, k = SHAPES[name]
         w = np.random.default_rng(0).standard_normal((n, k)).astype(np.float32) * 0.05
-        dense = PackedLinear(torch.from_numpy(w).bfloat16(), None, 128)
+        dtype, dense = dense_linear(w)
         packed = {t: repack(quantize(w, t), t) if t in KERNEL_KINDS else repack_k(quantize_k(w, t), t)
                   for t in types}
         bits.update({t.name: bits_per_weight(p, n, k) for t, p in packed.items()})
         for m in args.rows:
-            x = torch.randn(m, k).bfloat16()
+            x = torch.randn(m, k).to(dtype)
             calls = {"bf16": lambda: dense(x)}
             for t, path in columns:
                 if path == "amx" and m < quant_matmul.AMX_MIN_ROWS:
@@ -81,7 +80,7 @@ def main() -> None:
             cells = [f"{best[key]:.0f} | {best['bf16'] / best[key]:.2f}x" if key in best else "- | -"
                      for key in (f"{t.name} {path}" for t, path in columns)]
             print(f"| {name} {n}x{k} | {m} | {best['bf16']:.0f} | " + " | ".join(cells) + " |", flush=True)
-    print("bits per weight streamed: bf16 16, " + ", ".join(f"{t} {b:.3f}" for t, b in bits.items()))
+    print(f"bits per weight streamed: {dense_name()} {16 if dense_name() == 'bf16' else 32}, " + ", ".join(f"{t} {b:.3f}" for t, b in bits.items()))
 
 
 if __name__ == "__main__":

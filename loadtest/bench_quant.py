@@ -76,11 +76,11 @@ def interleaved_times(calls: dict, seconds: float = 0.5, min_samples: int = 40) 
     return times
 
 
-def load_build(path: str):
-    """The kernel's extension module from an earlier build's file, beside the current one (its own copy of
-    the code and of the C entries the OpenMP team calls)."""
-    loader = importlib.machinery.ExtensionFileLoader(quant_matmul.MODULE, path)
-    spec = importlib.util.spec_from_file_location(quant_matmul.MODULE, path, loader=loader)
+def load_build(path: str, name: str = quant_matmul.MODULE):
+    """The kernel's extension module (`name`) from an earlier build's file, beside the current one (its own copy
+    of the code and of the C entries the OpenMP team calls)."""
+    loader = importlib.machinery.ExtensionFileLoader(name, path)
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module

@@ -3,11 +3,15 @@
 # throughput on one core. The matmul kernels' GOP/s are then read against these figures.
 #
 # Kinds (params[0]); operations counted as 2 per multiply-add, as GFLOP/s counts them:
-#   0 int8:  vpdpbusd, 512-bit: 64 u8 x s8 products into 16 int32 lanes (the quantized matmuls' vnni path)
+#   0 int8:  vpdpbusd, 512-bit: 64 u8 x s8 products into 16 int32 lanes (the quantized matmuls' vnni path); on a
+#            CPU without AVX-512 VNNI, the same integers as the matmuls compute them there (numerics.dpbusd:
+#            vpmaddubsw, then vpmaddwd by ones and vpaddd, on two 256-bit halves)
 #   1 bf16:  vdpbf16ps, 512-bit: 32 bfloat16 products into 16 float32 lanes (what oneDNN's bf16 linear runs)
 #   2 fp32:  vfmadd, 512-bit: 16 float32 multiply-adds
 #   3 amx:   tdpbsud on the quantized matmuls' tile shapes (kernels/quant_amx.mojo's amx_configure):
 #            16 rows x 16 columns x 32 K int8 per tile product
+#   5 int8 pairs: vpmaddubsw, 256-bit, into int16 lanes with vpaddw (2 x CHAINS chains): 32 u8 x s8 products (AVX2's int8 multiply
+#            on its own, the rate a kernel that sums pairs in 16 bits before widening can approach)
 #   4 read:  sums a buffer's bytes with 8 independent 512-bit accumulators: memory read bandwidth, when the
 #            buffer is much larger than the caches (work item i reads bytes [i * size, (i + 1) * size))
 # params: [kind, iterations, address of an int64 sink (one slot per work item), buffer address, size per work
@@ -17,8 +21,9 @@
 from std.python import PythonObject
 from std.python.bindings import PythonModuleBuilder
 from std.os import abort
-from std.sys import llvm_intrinsic
-from std.memory import stack_allocation
+from std.sys import CompilationTarget, inlined_assembly, llvm_intrinsic
+from std.memory import bitcast, stack_allocation
+from numerics import dpbusd
 from params import Params, param_int, param_ptr
 from quant_amx import U8Ptr, amx_configure, amx_release, tile_dot_su, tile_load, tile_store, tile_zero
 
@@ -26,14 +31,19 @@ comptime I32x16 = SIMD[DType.int32, 16]
 comptime F32x16 = SIMD[DType.float32, 16]
 comptime BF16x32 = SIMD[DType.bfloat16, 32]
 # Independent chains per loop: more than any core's latency x issue width needs (Zen 4: 2 pipes, latency 4;
-# Sapphire Rapids: 2 ports, latency 5), so the loop is bound by throughput alone.
-comptime CHAINS = 16
+# Sapphire Rapids: 2 ports, latency 5), so the loop is bound by throughput alone. AVX2 holds a 512-bit chain in
+# two of its 16 registers: 6 chains leave room for the operands (Zen 3's FMA: 2 pipes, latency 3), where 16
+# would spill to the stack and time the spills.
+comptime CHAINS = 16 if CompilationTarget._has_feature["avx512f"]() else 6
+comptime HAS_BF16 = CompilationTarget._has_feature["avx512bf16"]()
 
 comptime KIND_INT8 = 0
 comptime KIND_BF16 = 1
 comptime KIND_FP32 = 2
 comptime KIND_AMX = 3
 comptime KIND_READ = 4
+comptime KIND_INT8_PAIRS = 5
+comptime I16x16 = SIMD[DType.int16, 16]
 comptime READ_CHAINS = 8
 
 
@@ -47,17 +57,37 @@ def PyInit_mili_peak() abi("C") -> PythonObject:
         abort(String("error creating module:", e))
 
 
+@always_inline
+def _opaque(v: SIMD[DType.uint8, 32]) -> SIMD[DType.uint8, 32]:
+    """v, which the compiler can no longer see through: a loop over operands it knows would otherwise be folded
+    (AVX2's multiply-adds are not opaque intrinsics as vpdpbusd is; LLVM hoists and sums them)."""
+    return inlined_assembly["", SIMD[DType.uint8, 32], constraints="=x,0", has_side_effect=True](v)
+
+
 def _int8(iterations: Int, seed: Int) -> Int:
-    var a = SIMD[DType.uint8, 64](UInt8(seed & 0x3F))
+    var half = SIMD[DType.uint8, 32](UInt8(seed & 0x3F))
     var b = SIMD[DType.int8, 64](Int8((seed * 7) & 0x1F))
     var acc = Array[I32x16, CHAINS](fill=I32x16(0))
     for _ in range(iterations):
-        comptime for j in range(CHAINS):
-            acc[j] = llvm_intrinsic["llvm.x86.avx512.vpdpbusd.512", I32x16](acc[j], a, b)
+        comptime for j in range(CHAINS):  # each chain's operand opaque apart, or one product serves them all
+            acc[j] = dpbusd[True](acc[j], _opaque(half).join(_opaque(half)), b)
     var total = I32x16(0)
     comptime for j in range(CHAINS):
         total += acc[j]
     return Int(total.reduce_add())
+
+
+def _int8_pairs(iterations: Int, seed: Int) -> Int:
+    var a = SIMD[DType.uint8, 32](UInt8(seed & 0x3F))
+    var b = SIMD[DType.int8, 32](Int8((seed * 7) & 0x1F))
+    var acc = Array[I16x16, 2 * CHAINS](fill=I16x16(0))  # 256-bit chains: as many registers as the others
+    for _ in range(iterations):
+        comptime for j in range(2 * CHAINS):
+            acc[j] += llvm_intrinsic["llvm.x86.avx2.pmadd.ub.sw", I16x16](bitcast[DType.int8, 32](_opaque(a)), b)
+    var total = I16x16(0)
+    comptime for j in range(2 * CHAINS):
+        total += acc[j]
+    return Int(total.cast[DType.int32]().reduce_add())
 
 
 def _bf16(iterations: Int, seed: Int) -> Int:
@@ -136,7 +166,12 @@ def _run(p: Params, begin: Int, end: Int):
         if kind == KIND_INT8:
             result = _int8(iterations, item + 1)
         elif kind == KIND_BF16:
-            result = _bf16(iterations, item + 1)
+            comptime if HAS_BF16:
+                result = _bf16(iterations, item + 1)
+            else:
+                result = 0
+        elif kind == KIND_INT8_PAIRS:
+            result = _int8_pairs(iterations, item + 1)
         elif kind == KIND_FP32:
             result = _fp32(iterations, item + 1)
         elif kind == KIND_AMX:

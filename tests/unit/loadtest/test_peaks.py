@@ -15,10 +15,9 @@ from kernels import quant_matmul
 from kernels.builder.target import cpu_flags
 from loadtest import bench_quant, peaks
 
-# The loops time AVX-512 VNNI's vpdpbusd and AVX-512 BF16's vdpbf16ps themselves: on a CPU without them (an
-# AVX2-only AMD Zen 3) there is no such peak to measure, and the quantized matmuls run their AVX2 fallback.
-pytestmark = pytest.mark.skipif(not {"avx512_vnni", "avx512_bf16"} <= cpu_flags(),
-                                reason="the peak loops time AVX-512 VNNI and BF16 instructions, which this CPU lacks")
+# The int8 loop times vpdpbusd's integers as the quantized matmuls compute them on this CPU (AVX-512 VNNI, or AVX2's
+# multiply-adds); the bfloat16 loop needs AVX-512 BF16 (an AVX2-only AMD Zen 3 has no such peak to measure).
+needs_bf16 = pytest.mark.skipif("avx512_bf16" not in cpu_flags(), reason="this CPU has no AVX-512 BF16")
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +49,20 @@ def test_read_loop_reads_every_byte_it_is_given(module):
     assert got == wrapped(2 * int(words.sum()))
 
 
-def test_float_loops_accumulate_their_products(module):
+def test_int8_pairs_loop_runs_its_vpmaddubsw_count(module):
+    # Item 0: each vpmaddubsw adds 2 products of 7 to each of 16 int16 lanes, in 2 x CHAINS chains (no lane wraps).
+    for iterations in (1, 3, 50):
+        assert run(module, peaks.KINDS["int8 vpmaddubsw"][0], iterations) == iterations * 2 * peaks.CHAINS * 16 * 2 * 7
+
+
+@pytest.mark.parametrize("name, per_iteration", [pytest.param("bf16 vdpbf16ps", 2 * 16, marks=needs_bf16),
+                                                 ("fp32 fma", 16)])
+def test_float_loops_accumulate_their_products(module, name, per_iteration):
     # Item 0: a = 0.001, b = 0.002 (bfloat16 or float32); the sum is truncated to an integer, so run enough.
-    for name, per_iteration in (("bf16 vdpbf16ps", 2 * 16), ("fp32 fma", 16)):
-        iterations = 20_000_000 // (peaks.CHAINS * per_iteration)
-        expected = iterations * peaks.CHAINS * per_iteration * 0.001 * 0.002
-        got = run(module, peaks.KINDS[name][0], iterations)
-        assert abs(got - expected) <= 0.02 * expected + 1, (name, got, expected)
+    iterations = 20_000_000 // (peaks.CHAINS * per_iteration)
+    expected = iterations * peaks.CHAINS * per_iteration * 0.001 * 0.002
+    got = run(module, peaks.KINDS[name][0], iterations)
+    assert abs(got - expected) <= 0.02 * expected + 1, (name, got, expected)
 
 
 @pytest.mark.skipif(not quant_matmul.amx_available(), reason="needs AMX int8 tiles (Intel Sapphire Rapids and later)")
