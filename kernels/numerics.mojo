@@ -93,3 +93,43 @@ def dpbusd[small_weights: Bool](acc: SIMD[DType.int32, 16], w: SIMD[DType.uint8,
         var pairs = evens_odds[0] + evens_odds[1]  # [32]
         var quads = pairs.deinterleave()
         return acc + quads[0] + quads[1]
+
+
+# ----- AVX2's int8 products in 16-bit pair sums ---------------------------------------------------------------
+# A CPU without AVX-512 VNNI computes vpdpbusd's sums with vpmaddubsw (u8 x s8 pairs into int16 lanes) and
+# vpmaddwd by ones (pairs into int32): two multiplies where VNNI issues one. Where the weights are small, several
+# vectors' pair sums fit an int16 lane exactly, so they are added there (vpaddw) and widened once: the same
+# int32s as dpbusd's, with about half the multiplies (the K-quant matmul's AVX2 path, quant_kmatmul.mojo).
+comptime PAIRS_PATH = HAS_AVX2 and not HAS_VNNI_512
+comptime I16x32 = SIMD[DType.int16, 32]
+# Rows a weight vector serves at a time on the AVX2 pairs path, with one activation part and with two. Measured on
+# AMD Zen 3 (quant_kmatmul.mojo's Q4_K, Q6_K, Q5_0 at 8-512 rows): 3, 4 and 6 rows within 5% of each other with two parts, 4 best;
+# 6 best with one part for Q6_K (6% over 4), even for the others.
+comptime PAIRS_ROWS_ONE = 6
+comptime PAIRS_ROWS_TWO = 4
+
+
+@always_inline
+def pair_span(max_weight: Int) -> Int:
+    """How many vectors' pair sums an int16 lane holds exactly for unsigned weights up to max_weight and any int8
+    activations: each pair is at most 2 * max_weight * 128 in magnitude (4 bits: 8 vectors, 5 bits: 4, 6 bits: 2).
+    vpmaddubsw saturates a pair at int16's range, which such weights never reach."""
+    return 32767 // (2 * max_weight * 128)
+
+
+@always_inline
+def pair_sums(w: SIMD[DType.uint8, 64], a: Int32) -> I16x32:
+    """Per 32-bit lane i of w (column i): int16 lanes 2i and 2i + 1 = w[4i] a0 + w[4i+1] a1 and w[4i+2] a2 +
+    w[4i+3] a3, where a holds the four int8s a0..a3 (the same for every lane). w below 128."""
+    var a8 = bitcast[DType.int8, 32](I32x8(a))
+    var lo = llvm_intrinsic["llvm.x86.avx2.pmadd.ub.sw", I16x16](bitcast[DType.int8, 32](w.slice[32, offset=0]()), a8)
+    var hi = llvm_intrinsic["llvm.x86.avx2.pmadd.ub.sw", I16x16](bitcast[DType.int8, 32](w.slice[32, offset=32]()), a8)
+    return lo.join(hi)
+
+
+@always_inline
+def widen_pairs(pairs: I16x32) -> SIMD[DType.int32, 16]:
+    """Per column i, the sum of its two int16 pair lanes as an int32 (vpmaddwd by ones: exact)."""
+    var lo = llvm_intrinsic["llvm.x86.avx2.pmadd.wd", I32x8](pairs.slice[16, offset=0](), I16x16(1))
+    var hi = llvm_intrinsic["llvm.x86.avx2.pmadd.wd", I32x8](pairs.slice[16, offset=16](), I16x16(1))
+    return lo.join(hi)

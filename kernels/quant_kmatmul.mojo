@@ -46,7 +46,7 @@ from std.python import PythonObject
 from std.python.bindings import PythonModuleBuilder
 from std.os import abort
 from std.memory import alloc, bitcast, stack_allocation
-from numerics import byte_bits, dpbusd, high_nibbles, narrow
+from numerics import PAIRS_PATH, PAIRS_ROWS_ONE, PAIRS_ROWS_TWO, I16x32, byte_bits, dpbusd, high_nibbles, narrow, pair_span, pair_sums, widen_pairs
 from params import Params, param_int, param_ptr
 from row_groups import prefetch_next, row_groups
 from quant_activations import P_BLOCK_STRIDE, P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, P_SUM_LO, combine_parts, \
@@ -66,10 +66,15 @@ def rows_per_block[kind: Int, two: Bool]() -> Int:
     """Activation rows sharing one unpacked weight block, as many as their accumulators, dot-product chains
     and the block's 8 weight vectors leave zmm registers for: a chain a part over the whole block (every type
     but Q6_K) gives 8 rows with one int8 part and 6 with two; Q6_K keeps its halves' sums apart, two chains a
-    part: 6 rows with one part, 3 with two (with 4, the compiler kept some of their values on the stack)."""
+    part: 6 rows with one part, 3 with two (with 4, the compiler kept some of their values on the stack).
+    The AVX2 pairs path (_block_rows_pairs) holds one weight vector at a time and each row's int16 pair sums,
+    in 16 ymm registers: numerics.PAIRS_ROWS_ONE and _TWO."""
+    comptime if PAIRS_PATH:
+        return PAIRS_ROWS_TWO if two else PAIRS_ROWS_ONE
     comptime if kind == KIND_Q6_K:
         return 3 if two else 6
     return 6 if two else 8
+
 
 # The output's row stride in elements (kernels/quant_operands.py: >= N, for a column slice of a wider output).
 comptime P_LDC = 17
@@ -141,24 +146,38 @@ def _f16x16(p: Bytes, offset: Int) -> F32x16:
 
 
 @always_inline
-def _unpack[kind: Int](blk: Bytes) -> Array[U8x64, 8]:
-    """The block's 8 weight vectors: vector g holds K-steps 4g..4g+3 of all 16 columns, unsigned."""
-    var w = Array[U8x64, 8](fill=U8x64(0))
-    comptime for g in range(4):
-        var v = blk.unsafe_offset(g * 64).unsafe_load[width=64]()
-        w[g] = v & 0x0F
-        w[g + 4] = high_nibbles(v)
+def _weights[kind: Int, g: Int](blk: Bytes) -> U8x64:
+    """The block's weight vector g: K-steps 4g..4g+3 of all 16 columns, unsigned."""
+    var v = blk.unsafe_offset((g % 4) * 64).unsafe_load[width=64]()
+    var w: U8x64
+    comptime if g < 4:
+        w = v & 0x0F
+    else:
+        w = high_nibbles(v)
     comptime if kind == KIND_Q5_0 or kind == KIND_Q5_1:
-        var h = blk.unsafe_offset(256).unsafe_load[width=64]()
-        comptime for g in range(8):
-            w[g] |= byte_bits[g, 1, 4](h)
+        w |= byte_bits[g, 1, 4](blk.unsafe_offset(256).unsafe_load[width=64]())
     elif kind == KIND_Q6_K:
-        var h0 = blk.unsafe_offset(256).unsafe_load[width=64]()
-        var h1 = blk.unsafe_offset(320).unsafe_load[width=64]()
-        comptime for g in range(4):
-            w[g] |= byte_bits[2 * g, 3, 4](h0)
-            w[g + 4] |= byte_bits[2 * g, 3, 4](h1)
+        w |= byte_bits[2 * (g % 4), 3, 4](blk.unsafe_offset(256 + 64 * (g // 4)).unsafe_load[width=64]())
+    return w
+
+
+@always_inline
+def _unpack[kind: Int](blk: Bytes) -> Array[U8x64, 8]:
+    """The block's 8 weight vectors (_weights)."""
+    var w = Array[U8x64, 8](fill=U8x64(0))
+    comptime for g in range(8):
+        w[g] = _weights[kind, g](blk)
     return w^
+
+
+@always_inline
+def max_weight[kind: Int]() -> Int:
+    """The largest unsigned weight of the kind: 4 bits (Q4_K), 5 (Q5_0, Q5_1) or 6 (Q6_K)."""
+    comptime if kind == KIND_Q4_K:
+        return 15
+    elif kind == KIND_Q6_K:
+        return 63
+    return 31
 
 
 @always_inline
@@ -218,6 +237,57 @@ def _block_row[kind: Int, two: Bool](y: F32x16, w: Array[U8x64, 8], dw: F32x16, 
         comptime for g in range(8):
             lo1 = _dpbusd(lo1, w[g], a32[g])
         return _block_epilogue[kind](y, lo1, hi1, dw, mw, sc_lo, sc_hi, da, sum, lo_sum, s_f)
+
+
+@always_inline
+def _block_rows_pairs[kind: Int, R: Int, two: Bool](mut y: Array[F32x16, R], blk: Bytes, dw: F32x16, mw: F32x16,
+                                                   sc_lo: I32x16, sc_hi: I32x16, p: Params, row0: Int, b: Int):
+    """y[r] plus one block's contribution for rows row0 .. row0+R-1, on a CPU without AVX-512 VNNI: the weight
+    vectors one at a time (AVX2's 16 registers hold no whole unpacked block), each row's pair sums added in int16
+    lanes over pair_span vectors and widened once (numerics.mojo), so about half the multiplies of dpbusd's
+    emulation. The int32 sums are _block_row's (integer sums in another order), and so is the epilogue: the
+    same bits as every other path."""
+    var k = param_int(p, P_K)
+    var qa = param_ptr[DType.int32](p, P_Q1)  # 4 int8 K-steps per int32
+    var qa2 = param_ptr[DType.int32](p, P_Q2)
+    comptime span = pair_span(max_weight[kind]())
+    var lo1 = Array[I32x16, R](fill=I32x16(0))
+    var hi1 = Array[I32x16, R](fill=I32x16(0))
+    var lo2 = Array[I32x16, R](fill=I32x16(0))
+    var hi2 = Array[I32x16, R](fill=I32x16(0))
+    comptime for g0 in range(0, 8, span):
+        var pairs1 = Array[I16x32, R](fill=I16x32(0))
+        var pairs2 = Array[I16x32, R](fill=I16x32(0))
+        comptime for g in range(g0, g0 + span):
+            var w = _weights[kind, g](blk)
+            comptime for r in range(R):
+                var at = ((row0 + r) * k + b * QK) // 4 + g
+                pairs1[r] += pair_sums(w, qa[unsafe_offset=at])
+                comptime if two:
+                    pairs2[r] += pair_sums(w, qa2[unsafe_offset=at])
+        comptime for r in range(R):
+            comptime if kind == KIND_Q6_K and g0 >= 4:  # Q6_K's halves apart, as _block_row's
+                hi1[r] += widen_pairs(pairs1[r])
+                comptime if two:
+                    hi2[r] += widen_pairs(pairs2[r])
+            else:
+                lo1[r] += widen_pairs(pairs1[r])
+                comptime if two:
+                    lo2[r] += widen_pairs(pairs2[r])
+    var da = param_ptr[F32](p, P_D)
+    var s = param_ptr[DType.int32](p, P_SUM)
+    var s_lo = param_ptr[DType.int32](p, P_SUM_LO)
+    var s_f = param_ptr[F32](p, P_SUM_F)
+    var stride = param_int(p, P_BLOCK_STRIDE)
+    comptime for r in range(R):
+        var lo = lo1[r]
+        var hi = hi1[r]
+        comptime if two:
+            lo = combine_parts(lo1[r], lo2[r])
+            hi = combine_parts(hi1[r], hi2[r])
+        var j = b * stride + row0 + r
+        y[r] = _block_epilogue[kind](y[r], lo, hi, dw, mw, sc_lo, sc_hi, da[unsafe_offset=j], s[unsafe_offset=j],
+                                     s_lo[unsafe_offset=j], s_f[unsafe_offset=j])
 
 
 @always_inline
@@ -298,24 +368,35 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int, two: Bool](p: Params, t: Int, r
             d_sb = _f16x16(rec, 0)
             dmin_sb = _f16x16(rec, 2 * TN)
         var blk = rec.unsafe_offset(hdr)
-        comptime for bi in range(bpg):
-            var b = grp * bpg + bi
-            var w = _unpack[kind](blk)
-            var dw = F32x16(0)
-            var mw = F32x16(0)
-            var sc_lo = I32x16(0)
-            var sc_hi = I32x16(0)
-            _block_scales[kind](d_sb, dmin_sb, blk, dw, mw, sc_lo, sc_hi)
-            comptime for r in range(R):
-                var row = row0 + r
-                var a = qa.unsafe_offset(row * k + b * QK).unsafe_load[width=QK]()
-                var a2 = SIMD[DType.int8, QK](0)
-                comptime if two:
-                    a2 = qa2.unsafe_offset(row * k + b * QK).unsafe_load[width=QK]()
-                var j = b * stride + row
-                y[r] = _block_row[kind, two](y[r], w, dw, mw, sc_lo, sc_hi, a, a2, da[unsafe_offset=j],
-                                             s[unsafe_offset=j], s_lo[unsafe_offset=j], s_f[unsafe_offset=j])
-            blk = blk.unsafe_offset(blk_bytes)
+        comptime if PAIRS_PATH:
+            # A loop, not unrolled: a super-block's 8 unrolled blocks of AVX2 code overflow the core's op cache.
+            for bi in range(bpg):
+                var dw = F32x16(0)
+                var mw = F32x16(0)
+                var sc_lo = I32x16(0)
+                var sc_hi = I32x16(0)
+                _block_scales[kind](d_sb, dmin_sb, blk, dw, mw, sc_lo, sc_hi)
+                _block_rows_pairs[kind, R, two](y, blk, dw, mw, sc_lo, sc_hi, p, row0, grp * bpg + bi)
+                blk = blk.unsafe_offset(blk_bytes)
+        else:
+            comptime for bi in range(bpg):
+                var b = grp * bpg + bi
+                var dw = F32x16(0)
+                var mw = F32x16(0)
+                var sc_lo = I32x16(0)
+                var sc_hi = I32x16(0)
+                _block_scales[kind](d_sb, dmin_sb, blk, dw, mw, sc_lo, sc_hi)
+                var w = _unpack[kind](blk)
+                comptime for r in range(R):
+                    var row = row0 + r
+                    var a = qa.unsafe_offset(row * k + b * QK).unsafe_load[width=QK]()
+                    var a2 = SIMD[DType.int8, QK](0)
+                    comptime if two:
+                        a2 = qa2.unsafe_offset(row * k + b * QK).unsafe_load[width=QK]()
+                    var j = b * stride + row
+                    y[r] = _block_row[kind, two](y[r], w, dw, mw, sc_lo, sc_hi, a, a2, da[unsafe_offset=j],
+                                                 s[unsafe_offset=j], s_lo[unsafe_offset=j], s_f[unsafe_offset=j])
+                blk = blk.unsafe_offset(blk_bytes)
         rec = rec.unsafe_offset(group_bytes)
     comptime for r in range(R):
         _finish_row[out_dt](p, y[r], row0 + r, t)

@@ -33,7 +33,8 @@ from std.python import PythonObject
 from std.python.bindings import PythonModuleBuilder
 from std.os import abort
 from std.memory import alloc, bitcast, stack_allocation
-from numerics import dpbusd, high_nibbles, narrow
+from numerics import PAIRS_PATH, PAIRS_ROWS_ONE, PAIRS_ROWS_TWO, I16x32, dpbusd, high_nibbles, narrow, pair_span, \
+    pair_sums, widen_pairs
 from params import Params, param_int, param_ptr
 from row_groups import prefetch_next, row_groups
 from quant_activations import P_BLOCK_STRIDE, P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, combine_parts, \
@@ -48,11 +49,14 @@ comptime QK = 32  # weights per block
 
 
 @always_inline
-def rows_per_block[two: Bool]() -> Int:
+def rows_per_block[kind: Int, two: Bool]() -> Int:
     """Activation rows sharing one unpacked weight block: their accumulators, dot-product chains and the
     block's 8 weight vectors fill the 32 zmm registers (two parts: 4 rows x (sum + 2 x 2 chains); one
-    part: 8 rows x (sum + 1 chain), whose 8 independent chains hide vpdpbusd's latency). The same on AVX2, whose
-    16 ymm registers hold each value in two: half the rows measured no faster there (AMD Zen 3)."""
+    part: 8 rows x (sum + 1 chain), whose 8 independent chains hide vpdpbusd's latency). Q8_0 the same on AVX2,
+    whose 16 ymm registers hold each value in two: half the rows measured no faster there (AMD Zen 3). The
+    4-bit kinds take the AVX2 pairs path there (_block_rows_pairs), with the K-quant kernel's row counts."""
+    comptime if PAIRS_PATH and kind != KIND_Q8_0:
+        return PAIRS_ROWS_TWO if two else PAIRS_ROWS_ONE
     return 4 if two else 8
 
 # The output's row stride in elements (kernels/quant_operands.py: >= N, for a column slice of a wider output).
@@ -108,18 +112,56 @@ def _dpbusd[small: Bool](acc: I32x16, w: U8x64, a: I32x16) -> I32x16:
 
 
 @always_inline
-def _unpack[kind: Int](rec: Pointer[Scalar[DType.uint8], MutAnyOrigin]) -> Array[U8x64, 8]:
-    """The block's 8 weight vectors: vector g holds K-steps 4g..4g+3 of all 16 columns, as u8."""
-    var w = Array[U8x64, 8](fill=U8x64(0))
+def _weights[kind: Int, g: Int](rec: Pointer[Scalar[DType.uint8], MutAnyOrigin]) -> U8x64:
+    """The block's weight vector g: K-steps 4g..4g+3 of all 16 columns, as u8."""
     comptime if kind == KIND_Q8_0:
-        comptime for g in range(8):
-            w[g] = rec.unsafe_offset(g * 64).unsafe_load[width=64]()
-    else:
-        comptime for g in range(4):
-            var v = rec.unsafe_offset(g * 64).unsafe_load[width=64]()
-            w[g] = v & 0x0F
-            w[g + 4] = high_nibbles(v)
+        return rec.unsafe_offset(g * 64).unsafe_load[width=64]()
+    var v = rec.unsafe_offset((g % 4) * 64).unsafe_load[width=64]()
+    comptime if g < 4:
+        return v & 0x0F
+    return high_nibbles(v)
+
+
+@always_inline
+def _unpack[kind: Int](rec: Pointer[Scalar[DType.uint8], MutAnyOrigin]) -> Array[U8x64, 8]:
+    """The block's 8 weight vectors (_weights)."""
+    var w = Array[U8x64, 8](fill=U8x64(0))
+    comptime for g in range(8):
+        w[g] = _weights[kind, g](rec)
     return w^
+
+
+@always_inline
+def _block_rows_pairs[kind: Int, R: Int, two: Bool](mut y: Array[F32x16, R], rec: Pointer[Scalar[DType.uint8],
+                                                   MutAnyOrigin], dw: F32x16, mw: F32x16, p: Params, row0: Int,
+                                                   b: Int):
+    """y[r] plus one 4-bit block's contribution for rows row0 .. row0+R-1 on a CPU without AVX-512 VNNI: each
+    weight vector in turn, each row's pair sums added in int16 lanes over the whole block (8 vectors of 4-bit
+    weights fit, numerics.pair_span) and widened once. _block_dot's integers, and its epilogue: the same bits."""
+    comptime assert pair_span(15) >= 8, "a 4-bit block's pair sums must fit int16 lanes"
+    var k = param_int(p, P_K)
+    var qa = param_ptr[DType.int32](p, P_Q1)  # 4 int8 K-steps per int32
+    var qa2 = param_ptr[DType.int32](p, P_Q2)
+    var pairs1 = Array[I16x32, R](fill=I16x32(0))
+    var pairs2 = Array[I16x32, R](fill=I16x32(0))
+    comptime for g in range(8):
+        var w = _weights[kind, g](rec)
+        comptime for r in range(R):
+            var at = ((row0 + r) * k + b * QK) // 4 + g
+            pairs1[r] += pair_sums(w, qa[unsafe_offset=at])
+            comptime if two:
+                pairs2[r] += pair_sums(w, qa2[unsafe_offset=at])
+    var da = param_ptr[F32](p, P_D)
+    var sa_i = param_ptr[DType.int32](p, P_SUM)
+    var sa_f = param_ptr[F32](p, P_SUM_F)
+    var stride = param_int(p, P_BLOCK_STRIDE)
+    comptime for r in range(R):
+        var j = b * stride + row0 + r
+        var dot = widen_pairs(pairs1[r])
+        comptime if two:
+            dot = combine_parts(dot, widen_pairs(pairs2[r]))
+        y[r] = _block_epilogue[kind, False](y[r], dot, dw, mw, da[unsafe_offset=j], sa_i[unsafe_offset=j],
+                                            sa_f[unsafe_offset=j])
 
 
 @always_inline
@@ -208,12 +250,16 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int, two: Bool](p: Params, t: Int, r
     var rec = wp.unsafe_offset(t * nb * rec_bytes)
     var rows = param_int(p, P_M)
     for b in range(nb):
-        prefetch_next[R, rows_per_block[two](), rec_bytes](rows, rec, nb * rec_bytes)
-        var w = _unpack[kind](rec)
+        prefetch_next[R, rows_per_block[kind, two](), rec_bytes](rows, rec, nb * rec_bytes)
         var dw = _f16x16(rec, qbytes)
         var mw = F32x16(0)
         comptime if kind == KIND_Q4_1:
             mw = _f16x16(rec, qbytes + 2 * TN)
+        comptime if PAIRS_PATH and kind != KIND_Q8_0:
+            _block_rows_pairs[kind, R, two](y, rec, dw, mw, p, row0, b)
+            rec = rec.unsafe_offset(rec_bytes)
+            continue
+        var w = _unpack[kind](rec)
         comptime for r in range(R):
             var row = row0 + r
             var a = qa.unsafe_offset(row * k + b * QK).unsafe_load[width=QK]()
@@ -256,7 +302,7 @@ def _row_groups[kind: Int, out_dt: DType, two: Bool](p: Params, t: Int, start: I
     def rows[n: Int](p: Params, t: Int, r: Int):
         _tile_rows[kind, out_dt, n, two](p, t, r)
 
-    row_groups[rows_per_block[two](), rows](p, t, start, end)
+    row_groups[rows_per_block[kind, two](), rows](p, t, start, end)
 
 
 def _tiles[kind: Int, out_dt: DType, two: Bool](p: Params, begin: Int, end: Int):

@@ -128,6 +128,37 @@ def test_rows_are_batch_and_thread_invariant(module, qtype, activations, test_se
         assert np.array_equal(part, full[start:start + size])
 
 
+def extreme_4bit_blocks(rng: np.random.Generator, n: int, k: int, qtype: QT) -> np.ndarray:
+    """GGUF bytes of n rows whose quants are all 0 or all 15 (alternating rows), with random scales (and Q4_1
+    minimums): where a block's integer sums are largest."""
+    nb = k // 32
+    d = rng.uniform(0.001, 0.1, (n, nb, 1)).astype(np.float16).view(np.uint8)
+    head = d if qtype == QT.Q4_0 else np.concatenate(
+        [d, rng.uniform(-0.1, 0.0, (n, nb, 1)).astype(np.float16).view(np.uint8)], axis=2)
+    quants = np.where(np.arange(n) % 2 == 0, 0x00, 0xFF).astype(np.uint8)[:, None, None]
+    return np.concatenate([head, np.broadcast_to(quants, (n, nb, 16))], axis=2).reshape(n, -1)
+
+
+@pytest.mark.parametrize("activations", MODES)
+@pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1], ids=lambda q: q.name)
+def test_extreme_blocks_keep_exact_integer_sums(module, qtype, activations, test_seed):
+    """Activation blocks at full scale everywhere (every int8 part at 127 in magnitude, of either sign) against
+    4-bit quants all at 15: the largest sums a block makes, which a CPU without AVX-512 VNNI adds in 16-bit lanes
+    (8 x 2 x 15 x 127 = 30480 < 2^15), stay exact, so the kernel still matches the block arithmetic."""
+    rng = np.random.default_rng(test_seed)
+    n, k = 24, 512
+    raw = extreme_4bit_blocks(rng, n, k, qtype)
+    signs = np.where(rng.integers(0, 2, (7, k // 32)) == 0, -1.0, 1.0)
+    x = (np.repeat(signs, 32, axis=1) * rng.uniform(0.5, 3.0, (7, 1))).astype(np.float32)
+    x[1] = np.abs(x[1])  # one row of a single sign throughout
+    x[2] = -np.abs(x[2])
+    ours = _run(module, x, repack(raw, qtype), qtype, n, activations=activations)
+    scale = np.abs(x).max() * np.abs(dequantize(raw, qtype)).sum(axis=1).max() + 1.0  # as the test above
+    np.testing.assert_allclose(ours, qmatmul_blocks(x, raw, qtype, activations=activations), rtol=1e-5,
+                               atol=1e-6 * scale)
+    assert (np.abs(ours - dequantized_matmul(x, raw, qtype)) <= activation_error_bound(x, raw, qtype, activations)).all()
+
+
 def test_per_block_arrays_never_put_consecutive_blocks_in_one_cache_set():
     """The per-block activation arrays' stride (rows between block b's values and block b + 1's): at least the
     rows, whole groups of 16 rows for the AMX path, an odd count of 64-byte lines so that a power-of-two row
