@@ -73,7 +73,7 @@ class LLMEngine:
                              f"{mc.context_length} ({mc.context_length_source})")
         self.attention_backend = get_attention_backend(
             config.attention_backend, self.device, GpuShape(mc.num_heads, mc.num_kv_heads, mc.head_dim), self.dtype,
-            config.block_size)
+            config.block_size, self.kv_dtype)
         self.layer_ops = get_layer_ops(self.attention_backend, mc, self.device, self._compile_layer_ops())
         quant = self._quant_plan()
         if quant is not None:

@@ -15,12 +15,14 @@ log = logging.getLogger(__name__)
 
 
 def get_attention_backend(name: str, device: str | torch.device = "cpu", shape: Any = None,
-                          dtype: torch.dtype | None = None, block_size: int = 16) -> AttentionBackend:
+                          dtype: torch.dtype | None = None, block_size: int = 16,
+                          kv_dtype: torch.dtype | None = None) -> AttentionBackend:
     """`auto` takes the Mojo kernels where they build and load, and says loudly when it falls back.
 
     On CUDA the Mojo backend is MILI's GPU module (worker/attention/cuda.py) for the model's attention shape
     (a kernels.builder.gpu_modules.GpuShape), bfloat16 and 16-token blocks; `mojo` there fails with the reason when it
-    cannot serve, and `auto` falls back to the torch reference, saying why."""
+    cannot serve, and `auto` falls back to the torch reference, saying why. On the CPU, kv_dtype (the cache's)
+    decides who attends prefill chunks (worker/attention/mojo_cpu.default_prefill)."""
     if name not in ("auto", "mojo", "torch"):
         raise ValueError(f"unknown attention backend {name!r} (choose auto, mojo or torch)")
     device = torch.device(device)
@@ -33,7 +35,7 @@ def get_attention_backend(name: str, device: str | torch.device = "cpu", shape: 
             raise ValueError(f"the mojo attention backend runs on the CPU and CUDA only, not on {device}")
         return TorchAttentionBackend()
     try:
-        return MojoAttentionBackend()
+        return MojoAttentionBackend(kv_dtype=kv_dtype)
     except Exception as e:  # a failed build or load: compiler errors, missing runtime libraries, ...
         if name == "mojo":
             raise RuntimeError(f"the mojo attention backend is unavailable: {e}") from e

@@ -22,7 +22,7 @@ def backend(request, monkeypatch) -> str:
     if request.param == "torch":
         return "torch"
     prefill = request.param.split("-")[1]
-    monkeypatch.setattr(mojo_cpu, "default_prefill", lambda: prefill)
+    monkeypatch.setattr(mojo_cpu, "default_prefill", lambda kv_dtype=None: prefill)
     return "mojo"
 
 
