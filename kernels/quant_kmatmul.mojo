@@ -46,7 +46,8 @@ from std.python import PythonObject
 from std.python.bindings import PythonModuleBuilder
 from std.os import abort
 from std.memory import alloc, bitcast, stack_allocation
-from numerics import PAIRS_PATH, PAIRS_ROWS_ONE, PAIRS_ROWS_TWO, I16x32, byte_bits, dpbusd, high_nibbles, narrow, pair_span, pair_sums, widen_pairs
+from numerics import PAIRS_PATH, PAIRS_ROWS_ONE, PAIRS_ROWS_TWO, I16x32, byte_bits, dpbusd, high_nibbles, narrow, \
+    pair_span, pair_sums, widen_pairs
 from params import Params, param_int, param_ptr
 from row_groups import prefetch_next, row_groups
 from quant_activations import P_BLOCK_STRIDE, P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, P_SUM_LO, combine_parts, \
@@ -251,6 +252,7 @@ def _block_rows_pairs[kind: Int, R: Int, two: Bool](mut y: Array[F32x16, R], blk
     var qa = param_ptr[DType.int32](p, P_Q1)  # 4 int8 K-steps per int32
     var qa2 = param_ptr[DType.int32](p, P_Q2)
     comptime span = pair_span(max_weight[kind]())
+    comptime assert 4 % span == 0 or span == 8, "a span must not cross Q6_K's halves or the block's end"
     var lo1 = Array[I32x16, R](fill=I32x16(0))
     var hi1 = Array[I32x16, R](fill=I32x16(0))
     var lo2 = Array[I32x16, R](fill=I32x16(0))
