@@ -22,6 +22,7 @@ from kernels.formats.blocks import KERNEL_KINDS, repack, split_blocks
 from kernels.quant_operands import ACTIVATION_MODES, activation_addresses, activation_scratch_bytes, block_stride
 from kernels.reference.quant_matmul import (activation_error_bound, dequantized_matmul, qmatmul_blocks,
                                             quantize_activations, split_activations)
+from tests.helpers.quant_extremes import full_scale_activations
 
 TYPES = [QT.Q4_0, QT.Q4_1, QT.Q8_0]
 MODES = list(ACTIVATION_MODES)
@@ -148,10 +149,7 @@ def test_extreme_blocks_keep_exact_integer_sums(module, qtype, activations, test
     rng = np.random.default_rng(test_seed)
     n, k = 24, 512
     raw = extreme_4bit_blocks(rng, n, k, qtype)
-    signs = np.where(rng.integers(0, 2, (7, k // 32)) == 0, -1.0, 1.0)
-    x = (np.repeat(signs, 32, axis=1) * rng.uniform(0.5, 3.0, (7, 1))).astype(np.float32)
-    x[1] = np.abs(x[1])  # one row of a single sign throughout
-    x[2] = -np.abs(x[2])
+    x = full_scale_activations(rng, 7, k)
     ours = _run(module, x, repack(raw, qtype), qtype, n, activations=activations)
     scale = np.abs(x).max() * np.abs(dequantize(raw, qtype)).sum(axis=1).max() + 1.0  # as the test above
     np.testing.assert_allclose(ours, qmatmul_blocks(x, raw, qtype, activations=activations), rtol=1e-5,

@@ -26,6 +26,7 @@ from kernels.formats.kblocks import KQUANT_KINDS, pack_kblocks, repack_k, split_
 from kernels.quant_operands import ACTIVATION_MODES
 from kernels.reference.quant_kmatmul import qkmatmul_blocks
 from kernels.reference.quant_matmul import activation_error_bound, dequantized_matmul
+from tests.helpers.quant_extremes import full_scale_activations
 from worker.quant.kencode import quantize_k, random_kblocks
 
 TYPES = [QT.Q5_0, QT.Q5_1, QT.Q4_K, QT.Q6_K]
@@ -227,9 +228,7 @@ def test_extreme_blocks_keep_exact_integer_sums(module, qtype, activations, test
     rng = np.random.default_rng(test_seed)
     n, k = 24, 512
     raw = extreme_blocks(rng, n, k, qtype)
-    signs = np.where(rng.integers(0, 2, (4, k // 32)) == 0, -1.0, 1.0)
-    x = (np.repeat(signs, 32, axis=1) * rng.uniform(0.5, 3.0, (4, 1))).astype(np.float32)
-    x[1] = np.abs(x[1])  # one row of a single sign throughout
+    x = full_scale_activations(rng, 4, k)
     ours = _run(module, x, repack_k(raw, qtype), qtype, n, activations=activations)
     np.testing.assert_allclose(ours, qkmatmul_blocks(x, raw, qtype, activations=activations), rtol=1e-5, atol=1e-5)
     bound = activation_error_bound(x, raw, qtype, activations)
