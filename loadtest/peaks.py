@@ -33,9 +33,10 @@ CHAINS = 16 if "avx512f" in cpu_flags() else 6
 KINDS = {"int8 vpdpbusd": (0, CHAINS * 64 * 2), "bf16 vdpbf16ps": (1, CHAINS * 32 * 2),
          "fp32 fma": (2, CHAINS * 16 * 2), "int8 amx": (3, 4 * 16 * 16 * 32 * 2),
          "int8 vpmaddubsw": (5, 2 * CHAINS * 32 * 2)}
-# What each kind needs of the CPU (/proc/cpuinfo flags); a kind the CPU cannot run is not measured. On a CPU without
-# AVX-512 VNNI the "int8 vpdpbusd" loop computes vpdpbusd's integers as the matmuls do there (AVX2 multiply-adds).
-NEEDS = {"bf16 vdpbf16ps": {"avx512_bf16"}, "int8 amx": {"amx_int8", "amx_tile"}, "int8 vpmaddubsw": {"avx2"}}
+# What each kind needs of the CPU (/proc/cpuinfo flags; AMX: quant_matmul.amx_available(), which also asks Linux); a
+# kind the CPU cannot run is not measured. On a CPU without AVX-512 VNNI the "int8 vpdpbusd" loop computes vpdpbusd's
+# integers as the matmuls do there (AVX2 multiply-adds).
+NEEDS = {"bf16 vdpbf16ps": {"avx512_bf16"}, "int8 vpmaddubsw": {"avx2"}}
 READ_KIND = 4
 READ_BYTES_PER_THREAD = 256 << 20  # far past any L3 this runs on
 
