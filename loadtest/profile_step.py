@@ -30,16 +30,20 @@ from worker.engine import LLMEngine
 
 def make_engine(args: argparse.Namespace, decode_program: bool) -> LLMEngine:
     """An engine decoding args.batch sequences of args.context prompt tokens, prefilled and warmed up."""
-    engine = LLMEngine(EngineConfig(model=str(resolve_model(args.model)[0]), dtype=args.dtype,
-                                    attention_backend=args.attention_backend, max_model_len=2048,
-                                    quantization=args.quantization, decode_program=decode_program,
-                                    activation_quantization=args.activation_quantization,
-                                    kv_cache_dtype=args.kv_cache_dtype, kv_cache_memory=256 << 20))
-    vocab = engine.model_config.vocab_size
     # Enough tokens for the warm-up and every timed or profiled step, so no sequence finishes.
     steps = args.steps * (1 + (args.rounds if args.compare_program else 2))
     if args.context + steps + 8 > 2048:
         raise SystemExit(f"{steps} steps after a {args.context}-token context do not fit 2048 tokens")
+    # KV blocks for every sequence's whole length, whatever the model's size: a byte budget that runs short
+    # preempts sequences, and the steps then time a smaller batch than the one asked for.
+    blocks_per_seq = -(-(args.context + steps + 8) // 16)
+    engine = LLMEngine(EngineConfig(model=str(resolve_model(args.model)[0]), dtype=args.dtype,
+                                    attention_backend=args.attention_backend, max_model_len=2048,
+                                    quantization=args.quantization, decode_program=decode_program,
+                                    activation_quantization=args.activation_quantization,
+                                    kv_cache_dtype=args.kv_cache_dtype,
+                                    num_kv_blocks=max(args.batch * blocks_per_seq, 2048 // 16)))
+    vocab = engine.model_config.vocab_size
     params = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True)
     for i, prompt in enumerate(make_prompts(args.batch, args.context, args.context, vocab, seed=1)):
         engine.add_request(f"p{i}", prompt, params)
@@ -47,6 +51,8 @@ def make_engine(args: argparse.Namespace, decode_program: bool) -> LLMEngine:
         engine.step()
     for _ in range(args.steps):  # warm-up decode steps
         engine.step()
+    if len(engine.scheduler.running) != args.batch:
+        raise SystemExit(f"{len(engine.scheduler.running)} of {args.batch} sequences are running")
     return engine
 
 
