@@ -67,25 +67,17 @@ def dpbusd[small_weights: Bool](acc: SIMD[DType.int32, 16], w: SIMD[DType.uint8,
                                 a: SIMD[DType.int8, 64]) -> SIMD[DType.int32, 16]:
     """acc + per lane i the sum over j < 4 of w[4i + j] * a[4i + j] (u8 x s8), exactly. small_weights: every w is
     below 128 (4-, 5- and 6-bit quants), so on AVX2 vpmaddubsw's pair sums cannot saturate (|2 * 127 * 128| <
-    2^15) and vpmaddwd by ones adds the pairs; otherwise (Q8_0's w up to 255) the bytes are widened to 16 bits
-    first and vpmaddwd multiplies them (each product fits 16 bits, each pair sum 32)."""
+    2^15) and vpmaddwd by ones adds the pairs. Larger weights (Q8_0's, up to 255) take the portable branch: on
+    AVX2 the kernels multiply them as magnitude and sign instead (signed_dots)."""
     comptime if HAS_VNNI_512:
         return llvm_intrinsic["llvm.x86.avx512.vpdpbusd.512", SIMD[DType.int32, 16]](acc, bitcast[DType.int8, 64](w), a)
-    elif HAS_AVX2:
+    elif HAS_AVX2 and small_weights:
         var halves = Array[I32x8, 2](fill=I32x8(0))
         comptime for h in range(2):
             var wh = w.slice[32, offset=32 * h]()
             var ah = a.slice[32, offset=32 * h]()
-            comptime if small_weights:
-                var pairs = llvm_intrinsic["llvm.x86.avx2.pmadd.ub.sw", I16x16](bitcast[DType.int8, 32](wh), ah)
-                halves[h] = llvm_intrinsic["llvm.x86.avx2.pmadd.wd", I32x8](pairs, I16x16(1))
-            else:
-                var w16 = wh.cast[DType.int16]()
-                var a16 = ah.cast[DType.int16]()
-                var lo = llvm_intrinsic["llvm.x86.avx2.pmadd.wd", I32x8](w16.slice[16, offset=0](), a16.slice[16, offset=0]())
-                var hi = llvm_intrinsic["llvm.x86.avx2.pmadd.wd", I32x8](w16.slice[16, offset=16](), a16.slice[16, offset=16]())
-                var pairs = lo.join(hi).deinterleave()  # adjacent pair sums: the even and the odd ones
-                halves[h] = pairs[0] + pairs[1]
+            var pairs = llvm_intrinsic["llvm.x86.avx2.pmadd.ub.sw", I16x16](bitcast[DType.int8, 32](wh), ah)
+            halves[h] = llvm_intrinsic["llvm.x86.avx2.pmadd.wd", I32x8](pairs, I16x16(1))
         return acc + halves[0].join(halves[1])
     else:
         var products = w.cast[DType.int32]() * a.cast[DType.int32]()  # [64]
@@ -107,6 +99,10 @@ comptime I16x32 = SIMD[DType.int16, 32]
 # 6 best with one part for Q6_K (6% over 4), even for the others.
 comptime PAIRS_ROWS_ONE = 6
 comptime PAIRS_ROWS_TWO = 4
+# The same for 8-bit weights (signed_dots): each row's int32 sums take the place of its int16 pair sums, and the
+# weights' magnitudes and signs are held beside them.
+comptime SIGNED_ROWS_ONE = 4
+comptime SIGNED_ROWS_TWO = 2
 
 
 @always_inline
@@ -133,3 +129,21 @@ def widen_pairs(pairs: I16x32) -> SIMD[DType.int32, 16]:
     var lo = llvm_intrinsic["llvm.x86.avx2.pmadd.wd", I32x8](pairs.slice[16, offset=0](), I16x16(1))
     var hi = llvm_intrinsic["llvm.x86.avx2.pmadd.wd", I32x8](pairs.slice[16, offset=16](), I16x16(1))
     return lo.join(hi)
+
+
+@always_inline
+def signed_dots(acc: SIMD[DType.int32, 16], magnitudes: SIMD[DType.uint8, 64], q: SIMD[DType.int8, 64],
+                a: Int32) -> SIMD[DType.int32, 16]:
+    """acc + per 32-bit lane i of q (column i) the sum over j < 4 of q[4i + j] * a_j, exactly, where magnitudes =
+    |q| (128 for -128) and a holds the four int8s a0..a3, each in [-127, 127] (the activations' bound). For 8-bit
+    weights, whose pair sums do not fit int16 lanes as unsigned bytes (2 x 255 x 127): vpsignb moves q's sign onto
+    the activation, so vpmaddubsw's pairs |q| x (+-a) are at most 2 x 128 x 127 = 32512 < 2^15, and vpmaddwd by
+    ones widens them."""
+    var a8 = bitcast[DType.int8, 32](I32x8(a))
+    var halves = Array[I32x8, 2](fill=I32x8(0))
+    comptime for h in range(2):
+        var signed_a = llvm_intrinsic["llvm.x86.avx2.psign.b", SIMD[DType.int8, 32]](a8, q.slice[32, offset=32 * h]())
+        var pairs = llvm_intrinsic["llvm.x86.avx2.pmadd.ub.sw", I16x16](
+            bitcast[DType.int8, 32](magnitudes.slice[32, offset=32 * h]()), signed_a)
+        halves[h] = llvm_intrinsic["llvm.x86.avx2.pmadd.wd", I32x8](pairs, I16x16(1))
+    return acc + halves[0].join(halves[1])

@@ -27,14 +27,15 @@
 #   Q4_1: 256 B nibbles | 16 x f16 d | 16 x f16 m (320 B)   q[c, 4g+j] low and q[c, 4(g+4)+j] high, g < 4
 #   Q8_0: 512 B (q + 128) as u8 | 16 x f16 d     (544 B)   byte (g*16 + c)*4 + j holds q[c, 4g+j] + 128
 # The unsigned weights make every format one u8 x s8 dot; Q8_0's +128 and Q4_0's 8 come back out as
-# offset * sum_q.
+# offset * sum_q. A CPU without AVX-512 VNNI computes the same integers on AVX2 (_block_rows_pairs): 4-bit
+# weights' pair sums in int16 lanes, Q8_0's signed quants as magnitude and sign (numerics.signed_dots).
 
 from std.python import PythonObject
 from std.python.bindings import PythonModuleBuilder
 from std.os import abort
 from std.memory import alloc, bitcast, stack_allocation
-from numerics import PAIRS_PATH, PAIRS_ROWS_ONE, PAIRS_ROWS_TWO, I16x32, dpbusd, high_nibbles, narrow, pair_span, \
-    pair_sums, widen_pairs
+from numerics import PAIRS_PATH, PAIRS_ROWS_ONE, PAIRS_ROWS_TWO, SIGNED_ROWS_ONE, SIGNED_ROWS_TWO, I16x32, dpbusd, \
+    high_nibbles, narrow, pair_span, pair_sums, signed_dots, widen_pairs
 from params import Params, param_int, param_ptr
 from row_groups import prefetch_next, row_groups
 from quant_activations import P_BLOCK_STRIDE, P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, combine_parts, \
@@ -52,10 +53,11 @@ comptime QK = 32  # weights per block
 def rows_per_block[kind: Int, two: Bool]() -> Int:
     """Activation rows sharing one unpacked weight block: their accumulators, dot-product chains and the
     block's 8 weight vectors fill the 32 zmm registers (two parts: 4 rows x (sum + 2 x 2 chains); one
-    part: 8 rows x (sum + 1 chain), whose 8 independent chains hide vpdpbusd's latency). Q8_0 the same on AVX2,
-    whose 16 ymm registers hold each value in two: half the rows measured no faster there (AMD Zen 3). The
-    4-bit kinds take the AVX2 pairs path there (_block_rows_pairs), with the K-quant kernel's row counts."""
-    comptime if PAIRS_PATH and kind != KIND_Q8_0:
+    part: 8 rows x (sum + 1 chain), whose 8 independent chains hide vpdpbusd's latency). On AVX2 every kind
+    takes the pairs path (_block_rows_pairs), one weight vector at a time, with numerics' row counts."""
+    comptime if PAIRS_PATH:
+        comptime if kind == KIND_Q8_0:
+            return SIGNED_ROWS_TWO if two else SIGNED_ROWS_ONE
         return PAIRS_ROWS_TWO if two else PAIRS_ROWS_ONE
     return 4 if two else 8
 
@@ -135,33 +137,53 @@ def _unpack[kind: Int](rec: Pointer[Scalar[DType.uint8], MutAnyOrigin]) -> Array
 def _block_rows_pairs[kind: Int, R: Int, two: Bool](mut y: Array[F32x16, R], rec: Pointer[Scalar[DType.uint8],
                                                    MutAnyOrigin], dw: F32x16, mw: F32x16, p: Params, row0: Int,
                                                    b: Int):
-    """y[r] plus one 4-bit block's contribution for rows row0 .. row0+R-1 on a CPU without AVX-512 VNNI: each
-    weight vector in turn, each row's pair sums added in int16 lanes over the whole block (8 vectors of 4-bit
-    weights fit, numerics.pair_span) and widened once. _block_dot's integers, and its epilogue: the same bits."""
+    """y[r] plus one block's contribution for rows row0 .. row0+R-1 on a CPU without AVX-512 VNNI, each weight
+    vector in turn. 4-bit weights: each row's pair sums added in int16 lanes over the whole block (8 vectors fit,
+    numerics.pair_span) and widened once. Q8_0: the signed quants (stored + 128) multiplied through
+    numerics.signed_dots into int32 sums, which then already lack the offset. _block_dot's integers, and its
+    epilogue: the same bits."""
     comptime assert pair_span(15) >= 8, "a 4-bit block's pair sums must fit int16 lanes"
+    comptime eight_bit = kind == KIND_Q8_0
     var k = param_int(p, P_K)
     var qa = param_ptr[DType.int32](p, P_Q1)  # 4 int8 K-steps per int32
     var qa2 = param_ptr[DType.int32](p, P_Q2)
     var pairs1 = Array[I16x32, R](fill=I16x32(0))
     var pairs2 = Array[I16x32, R](fill=I16x32(0))
+    var dots1 = Array[I32x16, R](fill=I32x16(0))
+    var dots2 = Array[I32x16, R](fill=I32x16(0))
     comptime for g in range(8):
         var w = _weights[kind, g](rec)
-        comptime for r in range(R):
-            var at = ((row0 + r) * k + b * QK) // 4 + g
-            pairs1[r] += pair_sums(w, qa[unsafe_offset=at])
-            comptime if two:
-                pairs2[r] += pair_sums(w, qa2[unsafe_offset=at])
+        comptime if eight_bit:
+            var q = bitcast[DType.int8, 64](w ^ 0x80)
+            var magnitudes = bitcast[DType.uint8, 64](abs(q))
+            comptime for r in range(R):
+                var at = ((row0 + r) * k + b * QK) // 4 + g
+                dots1[r] = signed_dots(dots1[r], magnitudes, q, qa[unsafe_offset=at])
+                comptime if two:
+                    dots2[r] = signed_dots(dots2[r], magnitudes, q, qa2[unsafe_offset=at])
+        else:
+            comptime for r in range(R):
+                var at = ((row0 + r) * k + b * QK) // 4 + g
+                pairs1[r] += pair_sums(w, qa[unsafe_offset=at])
+                comptime if two:
+                    pairs2[r] += pair_sums(w, qa2[unsafe_offset=at])
     var da = param_ptr[F32](p, P_D)
     var sa_i = param_ptr[DType.int32](p, P_SUM)
     var sa_f = param_ptr[F32](p, P_SUM_F)
     var stride = param_int(p, P_BLOCK_STRIDE)
     comptime for r in range(R):
         var j = b * stride + row0 + r
-        var dot = widen_pairs(pairs1[r])
-        comptime if two:
-            dot = combine_parts(dot, widen_pairs(pairs2[r]))
-        y[r] = _block_epilogue[kind, False](y[r], dot, dw, mw, da[unsafe_offset=j], sa_i[unsafe_offset=j],
-                                            sa_f[unsafe_offset=j])
+        var dot: I32x16
+        comptime if eight_bit:
+            dot = dots1[r]
+            comptime if two:
+                dot = combine_parts(dot, dots2[r])
+        else:
+            dot = widen_pairs(pairs1[r])
+            comptime if two:
+                dot = combine_parts(dot, widen_pairs(pairs2[r]))
+        y[r] = _block_epilogue[kind, eight_bit](y[r], dot, dw, mw, da[unsafe_offset=j], sa_i[unsafe_offset=j],
+                                                sa_f[unsafe_offset=j])
 
 
 @always_inline
@@ -255,22 +277,22 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int, two: Bool](p: Params, t: Int, r
         var mw = F32x16(0)
         comptime if kind == KIND_Q4_1:
             mw = _f16x16(rec, qbytes + 2 * TN)
-        comptime if PAIRS_PATH and kind != KIND_Q8_0:
+        comptime if PAIRS_PATH:
             _block_rows_pairs[kind, R, two](y, rec, dw, mw, p, row0, b)
-            rec = rec.unsafe_offset(rec_bytes)
-            continue
-        var w = _unpack[kind](rec)
-        comptime for r in range(R):
-            var row = row0 + r
-            var a = qa.unsafe_offset(row * k + b * QK).unsafe_load[width=QK]()
-            var a2 = SIMD[DType.int8, QK](0)
-            comptime if two:
-                a2 = qa2.unsafe_offset(row * k + b * QK).unsafe_load[width=QK]()
-            var j = b * stride + row
-            var s_i = sa_i[unsafe_offset=j]
-            # One part: the chain starts at minus the offset's sum (no subtraction in the epilogue).
-            var dot = _block_dot[two, kind != KIND_Q8_0](w, a, a2, I32x16(-_offset_sum[kind](s_i)))
-            y[r] = _block_epilogue[kind, not two](y[r], dot, dw, mw, da[unsafe_offset=j], s_i, sa_f[unsafe_offset=j])
+        else:
+            var w = _unpack[kind](rec)
+            comptime for r in range(R):
+                var row = row0 + r
+                var a = qa.unsafe_offset(row * k + b * QK).unsafe_load[width=QK]()
+                var a2 = SIMD[DType.int8, QK](0)
+                comptime if two:
+                    a2 = qa2.unsafe_offset(row * k + b * QK).unsafe_load[width=QK]()
+                var j = b * stride + row
+                var s_i = sa_i[unsafe_offset=j]
+                # One part: the chain starts at minus the offset's sum (no subtraction in the epilogue).
+                var dot = _block_dot[two, kind != KIND_Q8_0](w, a, a2, I32x16(-_offset_sum[kind](s_i)))
+                y[r] = _block_epilogue[kind, not two](y[r], dot, dw, mw, da[unsafe_offset=j], s_i,
+                                                      sa_f[unsafe_offset=j])
         rec = rec.unsafe_offset(rec_bytes)
     comptime for r in range(R):
         _finish_row[out_dt](p, y[r], row0 + r, t)

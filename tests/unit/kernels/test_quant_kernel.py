@@ -129,11 +129,14 @@ def test_rows_are_batch_and_thread_invariant(module, qtype, activations, test_se
         assert np.array_equal(part, full[start:start + size])
 
 
-def extreme_4bit_blocks(rng: np.random.Generator, n: int, k: int, qtype: QT) -> np.ndarray:
-    """GGUF bytes of n rows whose quants are all 0 or all 15 (alternating rows), with random scales (and Q4_1
-    minimums): where a block's integer sums are largest."""
+def extreme_blocks(rng: np.random.Generator, n: int, k: int, qtype: QT) -> np.ndarray:
+    """GGUF bytes of n rows whose quants are all at one end of their range, alternating rows (4-bit: 0 and 15;
+    Q8_0: -128 and 127), with random scales (and Q4_1 minimums): where a block's integer sums are largest."""
     nb = k // 32
     d = rng.uniform(0.001, 0.1, (n, nb, 1)).astype(np.float16).view(np.uint8)
+    if qtype == QT.Q8_0:
+        quants = np.where(np.arange(n) % 2 == 0, -128, 127).astype(np.int8).view(np.uint8)[:, None, None]
+        return np.concatenate([d, np.broadcast_to(quants, (n, nb, 32))], axis=2).reshape(n, -1)
     head = d if qtype == QT.Q4_0 else np.concatenate(
         [d, rng.uniform(-0.1, 0.0, (n, nb, 1)).astype(np.float16).view(np.uint8)], axis=2)
     quants = np.where(np.arange(n) % 2 == 0, 0x00, 0xFF).astype(np.uint8)[:, None, None]
@@ -141,14 +144,15 @@ def extreme_4bit_blocks(rng: np.random.Generator, n: int, k: int, qtype: QT) -> 
 
 
 @pytest.mark.parametrize("activations", MODES)
-@pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
 def test_extreme_blocks_keep_exact_integer_sums(module, qtype, activations, test_seed):
     """Activation blocks at full scale everywhere (every int8 part at 127 in magnitude, of either sign) against
-    4-bit quants all at 15: the largest sums a block makes, which a CPU without AVX-512 VNNI adds in 16-bit lanes
-    (8 x 2 x 15 x 127 = 30480 < 2^15), stay exact, so the kernel still matches the block arithmetic."""
+    quants at the ends of their range: the largest sums a block makes stay exact, so the kernel still matches the
+    block arithmetic. A CPU without AVX-512 VNNI adds 4-bit pair sums in 16-bit lanes (8 x 2 x 15 x 127 = 30480 <
+    2^15) and multiplies 8-bit quants as magnitude and sign (2 x 128 x 127 = 32512 < 2^15 a pair)."""
     rng = np.random.default_rng(test_seed)
     n, k = 24, 512
-    raw = extreme_4bit_blocks(rng, n, k, qtype)
+    raw = extreme_blocks(rng, n, k, qtype)
     x = full_scale_activations(rng, 7, k)
     ours = _run(module, x, repack(raw, qtype), qtype, n, activations=activations)
     scale = np.abs(x).max() * np.abs(dequantize(raw, qtype)).sum(axis=1).max() + 1.0  # as the test above
