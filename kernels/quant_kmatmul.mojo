@@ -92,6 +92,9 @@ comptime I32x16 = SIMD[DType.int32, TN]
 comptime F32x16 = SIMD[F32, TN]
 comptime U8x64 = SIMD[DType.uint8, 64]
 comptime Bytes = Pointer[Scalar[DType.uint8], MutAnyOrigin]
+comptime Words = Pointer[Scalar[DType.int32], MutAnyOrigin]  # activations, 4 int8 K-steps a word
+comptime Ints = Pointer[Scalar[DType.int32], MutAnyOrigin]
+comptime Floats = Pointer[Scalar[F32], MutAnyOrigin]
 
 
 @export
@@ -242,15 +245,16 @@ def _block_row[kind: Int, two: Bool](y: F32x16, w: Array[U8x64, 8], dw: F32x16, 
 
 @always_inline
 def _block_rows_pairs[kind: Int, R: Int, two: Bool](mut y: Array[F32x16, R], blk: Bytes, dw: F32x16, mw: F32x16,
-                                                   sc_lo: I32x16, sc_hi: I32x16, p: Params, row0: Int, b: Int):
+                                                   sc_lo: I32x16, sc_hi: I32x16, a1: Words, a2: Words,
+                                                   row_words: Int, da: Floats, s: Ints, s_lo: Ints, s_f: Floats,
+                                                   j0: Int):
     """y[r] plus one block's contribution for rows row0 .. row0+R-1, on a CPU without AVX-512 VNNI: the weight
     vectors one at a time (AVX2's 16 registers hold no whole unpacked block), each row's pair sums added in int16
     lanes over pair_span vectors and widened once (numerics.mojo), so about half the multiplies of dpbusd's
     emulation. The int32 sums are _block_row's (integer sums in another order), and so is the epilogue: the
-    same bits as every other path."""
-    var k = param_int(p, P_K)
-    var qa = param_ptr[DType.int32](p, P_Q1)  # 4 int8 K-steps per int32
-    var qa2 = param_ptr[DType.int32](p, P_Q2)
+    same bits as every other path. a1, a2: the first row's q1 and q2 at this block, 4 int8 K-steps a word, the rows
+    row_words apart; da, s, s_lo, s_f: the per-block arrays, the first row's values for this block at j0 (addresses
+    worked out once per block by the caller)."""
     comptime span = pair_span(max_weight[kind]())
     comptime assert 4 % span == 0 or span == 8, "a span must not cross Q6_K's halves or the block's end"
     var lo1 = Array[I32x16, R](fill=I32x16(0))
@@ -263,10 +267,9 @@ def _block_rows_pairs[kind: Int, R: Int, two: Bool](mut y: Array[F32x16, R], blk
         comptime for g in range(g0, g0 + span):
             var w = _weights[kind, g](blk)
             comptime for r in range(R):
-                var at = ((row0 + r) * k + b * QK) // 4 + g
-                pairs1[r] += pair_sums(w, qa[unsafe_offset=at])
+                pairs1[r] += pair_sums(w, a1[unsafe_offset=r * row_words + g])
                 comptime if two:
-                    pairs2[r] += pair_sums(w, qa2[unsafe_offset=at])
+                    pairs2[r] += pair_sums(w, a2[unsafe_offset=r * row_words + g])
         comptime for r in range(R):
             comptime if kind == KIND_Q6_K and g0 >= 4:  # Q6_K's halves apart, as _block_row's
                 hi1[r] += widen_pairs(pairs1[r])
@@ -276,20 +279,15 @@ def _block_rows_pairs[kind: Int, R: Int, two: Bool](mut y: Array[F32x16, R], blk
                 lo1[r] += widen_pairs(pairs1[r])
                 comptime if two:
                     lo2[r] += widen_pairs(pairs2[r])
-    var da = param_ptr[F32](p, P_D)
-    var s = param_ptr[DType.int32](p, P_SUM)
-    var s_lo = param_ptr[DType.int32](p, P_SUM_LO)
-    var s_f = param_ptr[F32](p, P_SUM_F)
-    var stride = param_int(p, P_BLOCK_STRIDE)
     comptime for r in range(R):
         var lo = lo1[r]
         var hi = hi1[r]
         comptime if two:
             lo = combine_parts(lo1[r], lo2[r])
             hi = combine_parts(hi1[r], hi2[r])
-        var j = b * stride + row0 + r
-        y[r] = _block_epilogue[kind](y[r], lo, hi, dw, mw, sc_lo, sc_hi, da[unsafe_offset=j], s[unsafe_offset=j],
-                                     s_lo[unsafe_offset=j], s_f[unsafe_offset=j])
+        var j = j0 + r
+        y[r] = _block_epilogue[kind](y[r], lo, hi, dw, mw, sc_lo, sc_hi, da[unsafe_offset=j],
+                                     s[unsafe_offset=j], s_lo[unsafe_offset=j], s_f[unsafe_offset=j])
 
 
 @always_inline
@@ -354,6 +352,9 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int, two: Bool](p: Params, t: Int, r
     var stride = param_int(p, P_BLOCK_STRIDE)
     var s_f = param_ptr[F32](p, P_SUM_F)
     var nb = k // QK
+    var row_words = k // 4  # the activations as 4 int8 K-steps a word (the pairs path)
+    var a1 = param_ptr[DType.int32](p, P_Q1)
+    var a2 = param_ptr[DType.int32](p, P_Q2)
     comptime bpg = blocks_per_group[kind]()
     comptime hdr = header_bytes[kind]()
     comptime blk_bytes = block_bytes[kind]()
@@ -378,7 +379,10 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int, two: Bool](p: Params, t: Int, r
                 var sc_lo = I32x16(0)
                 var sc_hi = I32x16(0)
                 _block_scales[kind](d_sb, dmin_sb, blk, dw, mw, sc_lo, sc_hi)
-                _block_rows_pairs[kind, R, two](y, blk, dw, mw, sc_lo, sc_hi, p, row0, grp * bpg + bi)
+                var b = grp * bpg + bi
+                var at = row0 * row_words + b * (QK // 4)
+                _block_rows_pairs[kind, R, two](y, blk, dw, mw, sc_lo, sc_hi, a1.unsafe_offset(at), a2.unsafe_offset(at),
+                                                row_words, da, s, s_lo, s_f, b * stride + row0)
                 blk = blk.unsafe_offset(blk_bytes)
         else:
             comptime for bi in range(bpg):

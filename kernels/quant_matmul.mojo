@@ -74,6 +74,7 @@ comptime KIND_Q8_0 = 2
 comptime I32x16 = SIMD[DType.int32, TN]
 comptime F32x16 = SIMD[F32, TN]
 comptime U8x64 = SIMD[DType.uint8, 64]
+comptime Words = Pointer[Scalar[DType.int32], MutAnyOrigin]  # activations, 4 int8 K-steps a word
 
 
 @export
@@ -135,18 +136,19 @@ def _unpack[kind: Int](rec: Pointer[Scalar[DType.uint8], MutAnyOrigin]) -> Array
 
 @always_inline
 def _block_rows_pairs[kind: Int, R: Int, two: Bool](mut y: Array[F32x16, R], rec: Pointer[Scalar[DType.uint8],
-                                                   MutAnyOrigin], dw: F32x16, mw: F32x16, p: Params, row0: Int,
-                                                   b: Int):
-    """y[r] plus one block's contribution for rows row0 .. row0+R-1 on a CPU without AVX-512 VNNI, each weight
+                                                   MutAnyOrigin], dw: F32x16, mw: F32x16, a1: Words, a2: Words,
+                                                   row_words: Int, da: Pointer[Scalar[F32], MutAnyOrigin],
+                                                   sa_i: Pointer[Scalar[DType.int32], MutAnyOrigin],
+                                                   sa_f: Pointer[Scalar[F32], MutAnyOrigin], j0: Int):
+    """y[r] plus one block's contribution for a group's R rows on a CPU without AVX-512 VNNI, each weight
     vector in turn. 4-bit weights: each row's pair sums added in int16 lanes over the whole block (8 vectors fit,
     numerics.pair_span) and widened once. Q8_0: the signed quants (stored + 128) multiplied through
     numerics.signed_dots into int32 sums, which then already lack the offset. _block_dot's integers, and its
-    epilogue: the same bits."""
+    epilogue: the same bits. a1, a2: the first row's q1 and q2 at this block, 4 int8 K-steps a word, the rows
+    row_words apart; da, sa_i, sa_f: the per-block arrays, the first row's value for this block at j0 (every
+    address worked out once per block by the caller: a signed division per row and block cost 8-17% here)."""
     comptime assert pair_span(15) >= 8, "a 4-bit block's pair sums must fit int16 lanes"
     comptime eight_bit = kind == KIND_Q8_0
-    var k = param_int(p, P_K)
-    var qa = param_ptr[DType.int32](p, P_Q1)  # 4 int8 K-steps per int32
-    var qa2 = param_ptr[DType.int32](p, P_Q2)
     var pairs1 = Array[I16x32, R](fill=I16x32(0))
     var pairs2 = Array[I16x32, R](fill=I16x32(0))
     var dots1 = Array[I32x16, R](fill=I32x16(0))
@@ -157,22 +159,16 @@ def _block_rows_pairs[kind: Int, R: Int, two: Bool](mut y: Array[F32x16, R], rec
             var q = bitcast[DType.int8, 64](w ^ 0x80)
             var magnitudes = bitcast[DType.uint8, 64](abs(q))
             comptime for r in range(R):
-                var at = ((row0 + r) * k + b * QK) // 4 + g
-                dots1[r] = signed_dots(dots1[r], magnitudes, q, qa[unsafe_offset=at])
+                dots1[r] = signed_dots(dots1[r], magnitudes, q, a1[unsafe_offset=r * row_words + g])
                 comptime if two:
-                    dots2[r] = signed_dots(dots2[r], magnitudes, q, qa2[unsafe_offset=at])
+                    dots2[r] = signed_dots(dots2[r], magnitudes, q, a2[unsafe_offset=r * row_words + g])
         else:
             comptime for r in range(R):
-                var at = ((row0 + r) * k + b * QK) // 4 + g
-                pairs1[r] += pair_sums(w, qa[unsafe_offset=at])
+                pairs1[r] += pair_sums(w, a1[unsafe_offset=r * row_words + g])
                 comptime if two:
-                    pairs2[r] += pair_sums(w, qa2[unsafe_offset=at])
-    var da = param_ptr[F32](p, P_D)
-    var sa_i = param_ptr[DType.int32](p, P_SUM)
-    var sa_f = param_ptr[F32](p, P_SUM_F)
-    var stride = param_int(p, P_BLOCK_STRIDE)
+                    pairs2[r] += pair_sums(w, a2[unsafe_offset=r * row_words + g])
     comptime for r in range(R):
-        var j = b * stride + row0 + r
+        var j = j0 + r
         var dot: I32x16
         comptime if eight_bit:
             dot = dots1[r]
@@ -266,6 +262,9 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int, two: Bool](p: Params, t: Int, r
     var sa_f = param_ptr[F32](p, P_SUM_F)
     var stride = param_int(p, P_BLOCK_STRIDE)
     var nb = k // QK
+    var row_words = k // 4  # the activations as 4 int8 K-steps a word (the pairs path)
+    var a1 = param_ptr[DType.int32](p, P_Q1)
+    var a2 = param_ptr[DType.int32](p, P_Q2)
     comptime rec_bytes = record_bytes[kind]()
     comptime qbytes = quant_bytes[kind]()
     var y = Array[F32x16, R](fill=F32x16(0))
@@ -278,7 +277,9 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int, two: Bool](p: Params, t: Int, r
         comptime if kind == KIND_Q4_1:
             mw = _f16x16(rec, qbytes + 2 * TN)
         comptime if PAIRS_PATH:
-            _block_rows_pairs[kind, R, two](y, rec, dw, mw, p, row0, b)
+            var at = row0 * row_words + b * (QK // 4)
+            _block_rows_pairs[kind, R, two](y, rec, dw, mw, a1.unsafe_offset(at), a2.unsafe_offset(at), row_words, da,
+                                            sa_i, sa_f, b * stride + row0)
         else:
             var w = _unpack[kind](rec)
             comptime for r in range(R):
