@@ -123,6 +123,21 @@ def pair_sums(w: SIMD[DType.uint8, 64], a: Int32) -> I16x32:
     return lo.join(hi)
 
 
+comptime Words = Pointer[Scalar[DType.int32], MutAnyOrigin]  # int8 activations, 4 K-steps a word
+
+
+@always_inline
+def add_pair_sums[R: Int, two: Bool, g: Int](mut pairs1: Array[I16x32, R], mut pairs2: Array[I16x32, R],
+                                             w: SIMD[DType.uint8, 64], a1: Words, a2: Words, row_words: Int):
+    """R rows' int16 pair sums plus those of weight vector g (K-steps 4g..4g+3 of a block) with each row's q1 word
+    (and q2's with two parts): row r's at a1 + r * row_words + g (a2 likewise). The kernels' pairs path, where
+    the caller keeps the sums within pair_span vectors."""
+    comptime for r in range(R):
+        pairs1[r] += pair_sums(w, a1[unsafe_offset=r * row_words + g])
+        comptime if two:
+            pairs2[r] += pair_sums(w, a2[unsafe_offset=r * row_words + g])
+
+
 @always_inline
 def widen_pairs(pairs: I16x32) -> SIMD[DType.int32, 16]:
     """Per column i, the sum of its two int16 pair lanes as an int32 (vpmaddwd by ones: exact)."""

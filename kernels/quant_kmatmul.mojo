@@ -46,8 +46,8 @@ from std.python import PythonObject
 from std.python.bindings import PythonModuleBuilder
 from std.os import abort
 from std.memory import alloc, bitcast, stack_allocation
-from numerics import PAIRS_PATH, PAIRS_ROWS_ONE, PAIRS_ROWS_TWO, I16x32, byte_bits, dpbusd, high_nibbles, narrow, \
-    pair_span, pair_sums, widen_pairs
+from numerics import PAIRS_PATH, PAIRS_ROWS_ONE, PAIRS_ROWS_TWO, I16x32, Words, add_pair_sums, byte_bits, dpbusd, \
+    high_nibbles, narrow, pair_span, widen_pairs
 from params import Params, param_int, param_ptr
 from row_groups import prefetch_next, row_groups
 from quant_activations import P_BLOCK_STRIDE, P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, P_SUM_LO, combine_parts, \
@@ -92,7 +92,6 @@ comptime I32x16 = SIMD[DType.int32, TN]
 comptime F32x16 = SIMD[F32, TN]
 comptime U8x64 = SIMD[DType.uint8, 64]
 comptime Bytes = Pointer[Scalar[DType.uint8], MutAnyOrigin]
-comptime Words = Pointer[Scalar[DType.int32], MutAnyOrigin]  # activations, 4 int8 K-steps a word
 comptime Ints = Pointer[Scalar[DType.int32], MutAnyOrigin]
 comptime Floats = Pointer[Scalar[F32], MutAnyOrigin]
 
@@ -266,10 +265,7 @@ def _block_rows_pairs[kind: Int, R: Int, two: Bool](mut y: Array[F32x16, R], blk
         var pairs2 = Array[I16x32, R](fill=I16x32(0))
         comptime for g in range(g0, g0 + span):
             var w = _weights[kind, g](blk)
-            comptime for r in range(R):
-                pairs1[r] += pair_sums(w, a1[unsafe_offset=r * row_words + g])
-                comptime if two:
-                    pairs2[r] += pair_sums(w, a2[unsafe_offset=r * row_words + g])
+            add_pair_sums[R, two, g](pairs1, pairs2, w, a1, a2, row_words)
         comptime for r in range(R):
             comptime if kind == KIND_Q6_K and g0 >= 4:  # Q6_K's halves apart, as _block_row's
                 hi1[r] += widen_pairs(pairs1[r])

@@ -34,8 +34,8 @@ from std.python import PythonObject
 from std.python.bindings import PythonModuleBuilder
 from std.os import abort
 from std.memory import alloc, bitcast, stack_allocation
-from numerics import PAIRS_PATH, PAIRS_ROWS_ONE, PAIRS_ROWS_TWO, SIGNED_ROWS_ONE, SIGNED_ROWS_TWO, I16x32, dpbusd, \
-    high_nibbles, narrow, pair_span, pair_sums, signed_dots, widen_pairs
+from numerics import PAIRS_PATH, PAIRS_ROWS_ONE, PAIRS_ROWS_TWO, SIGNED_ROWS_ONE, SIGNED_ROWS_TWO, I16x32, Words, \
+    add_pair_sums, dpbusd, high_nibbles, narrow, pair_span, signed_dots, widen_pairs
 from params import Params, param_int, param_ptr
 from row_groups import prefetch_next, row_groups
 from quant_activations import P_BLOCK_STRIDE, P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, combine_parts, \
@@ -74,7 +74,6 @@ comptime KIND_Q8_0 = 2
 comptime I32x16 = SIMD[DType.int32, TN]
 comptime F32x16 = SIMD[F32, TN]
 comptime U8x64 = SIMD[DType.uint8, 64]
-comptime Words = Pointer[Scalar[DType.int32], MutAnyOrigin]  # activations, 4 int8 K-steps a word
 
 
 @export
@@ -163,10 +162,7 @@ def _block_rows_pairs[kind: Int, R: Int, two: Bool](mut y: Array[F32x16, R], rec
                 comptime if two:
                     dots2[r] = signed_dots(dots2[r], magnitudes, q, a2[unsafe_offset=r * row_words + g])
         else:
-            comptime for r in range(R):
-                pairs1[r] += pair_sums(w, a1[unsafe_offset=r * row_words + g])
-                comptime if two:
-                    pairs2[r] += pair_sums(w, a2[unsafe_offset=r * row_words + g])
+            add_pair_sums[R, two, g](pairs1, pairs2, w, a1, a2, row_words)
     comptime for r in range(R):
         var j = j0 + r
         var dot: I32x16
