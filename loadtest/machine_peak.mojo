@@ -52,6 +52,7 @@ def PyInit_mili_peak() abi("C") -> PythonObject:
     try:
         var m = PythonModuleBuilder("mili_peak")
         m.def_function[peak]("peak", docstring="one instruction kind's loop, on the calling thread")
+        m.def_function[chains]("chains", docstring="the loops' independent accumulators, as this build chose")
         return m.finalize()
     except e:
         abort(String("error creating module:", e))
@@ -180,6 +181,12 @@ def _run(p: Params, begin: Int, end: Int):
             var size = param_int(p, 4)
             result = _read(iterations, param_int(p, 3) + item * size, size)
         sink[unsafe_offset=item] = Int64(result)
+
+
+def chains(args: PythonObject) raises -> PythonObject:
+    """CHAINS as compiled: the compile target decides it, which a build for another CPU than this one may not share
+    with this CPU's flags. args: ()."""
+    return PythonObject(CHAINS)
 
 
 def peak(args: PythonObject) raises -> PythonObject:

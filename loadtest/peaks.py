@@ -27,12 +27,12 @@ from kernels.builder.modules import KERNELS_DIR, compile_source, module_flags
 from loadtest.machine import cpu_name
 
 SOURCE = Path(__file__).with_name("machine_peak.mojo")
-# machine_peak.mojo's independent 512-bit accumulators per loop (fewer where AVX2 holds each in two registers).
-CHAINS = 16 if "avx512f" in cpu_flags() else 6
-# Operations per loop iteration of each kind (2 per multiply-add), and its kind number in machine_peak.mojo.
-KINDS = {"int8 vpdpbusd": (0, CHAINS * 64 * 2), "bf16 vdpbf16ps": (1, CHAINS * 32 * 2),
-         "fp32 fma": (2, CHAINS * 16 * 2), "int8 amx": (3, 4 * 16 * 16 * 32 * 2),
-         "int8 vpmaddubsw": (5, 2 * CHAINS * 32 * 2)}
+# Each kind's number in machine_peak.mojo, and its operations per loop iteration (2 per multiply-add) per
+# accumulator chain: the loops run module.chains() independent 512-bit accumulators (fewer where AVX2 holds each
+# in two registers), which the build's target decides. AMX's loop has no chains: 4 tile products an iteration.
+KINDS = {"int8 vpdpbusd": (0, 64 * 2), "bf16 vdpbf16ps": (1, 32 * 2), "fp32 fma": (2, 16 * 2), "int8 amx": (3, None),
+         "int8 vpmaddubsw": (5, 2 * 32 * 2)}
+AMX_OPS_PER_ITERATION = 4 * 16 * 16 * 32 * 2
 # What each kind needs of the CPU (/proc/cpuinfo flags; AMX: quant_matmul.amx_available(), which also asks Linux); a
 # kind the CPU cannot run is not measured. On a CPU without AVX-512 VNNI the "int8 vpdpbusd" loop computes vpdpbusd's
 # integers as the matmuls do there (AVX2 multiply-adds).
@@ -56,6 +56,12 @@ def quant_ceiling(peaks: Peaks, mode: str, amx: bool) -> float:
     (AMX's tile products, or vpdpbusd's), halved for two-part activations (int8x2: two products per multiply-add)."""
     rate = peaks.ops_all_threads["int8 amx" if amx else "int8 vpdpbusd"]
     return rate / 2 if mode == "int8x2" else rate
+
+
+def ops_per_iteration(name: str, chains: int) -> int:
+    """Operations one loop iteration of kind `name` does, in a build of `chains` accumulators."""
+    per_chain = KINDS[name][1]
+    return AMX_OPS_PER_ITERATION if per_chain is None else chains * per_chain
 
 
 def build(directory: Path) -> object:
@@ -99,8 +105,10 @@ def measure() -> Peaks:
              and (name != "int8 amx" or quant_matmul.amx_available())}
     with tempfile.TemporaryDirectory(prefix="mili-peak-") as tmp:
         module = build(Path(tmp))
-        one = {name: _best_rate(module, kind, ops, 1) for name, (kind, ops) in kinds.items()}
-        every = {name: _best_rate(module, kind, ops, threads) for name, (kind, ops) in kinds.items()}
+        chains = module.chains(())
+        one = {name: _best_rate(module, kind, ops_per_iteration(name, chains), 1) for name, (kind, _) in kinds.items()}
+        every = {name: _best_rate(module, kind, ops_per_iteration(name, chains), threads)
+                 for name, (kind, _) in kinds.items()}
         buffer = torch.ones(threads * READ_BYTES_PER_THREAD, dtype=torch.uint8)
         read = {n: _best_rate(module, READ_KIND, READ_BYTES_PER_THREAD, n, buffer.data_ptr(),
                               READ_BYTES_PER_THREAD, seconds=0.3, calls=4) for n in (1, threads)}

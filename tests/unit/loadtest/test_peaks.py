@@ -39,7 +39,7 @@ def wrapped(value: int) -> int:
 def test_int8_loop_runs_its_vpdpbusd_count(module):
     # Work item 0: unsigned bytes 1, signed bytes 7; each vpdpbusd adds 4 products of 7 to each of 16 lanes.
     for iterations in (1, 3, 50):
-        assert run(module, peaks.KINDS["int8 vpdpbusd"][0], iterations) == iterations * peaks.CHAINS * 16 * 4 * 7
+        assert run(module, peaks.KINDS["int8 vpdpbusd"][0], iterations) == iterations * module.chains(()) * 16 * 4 * 7
 
 
 def test_read_loop_reads_every_byte_it_is_given(module):
@@ -52,15 +52,16 @@ def test_read_loop_reads_every_byte_it_is_given(module):
 def test_int8_pairs_loop_runs_its_vpmaddubsw_count(module):
     # Item 0: each vpmaddubsw adds 2 products of 7 to each of 16 int16 lanes, in 2 x CHAINS chains (no lane wraps).
     for iterations in (1, 3, 50):
-        assert run(module, peaks.KINDS["int8 vpmaddubsw"][0], iterations) == iterations * 2 * peaks.CHAINS * 16 * 2 * 7
+        assert run(module, peaks.KINDS["int8 vpmaddubsw"][0], iterations) == iterations * 2 * module.chains(()) * 16 * 2 * 7
 
 
 @pytest.mark.parametrize("name, per_iteration", [pytest.param("bf16 vdpbf16ps", 2 * 16, marks=needs_bf16),
                                                  ("fp32 fma", 16)])
 def test_float_loops_accumulate_their_products(module, name, per_iteration):
     # Item 0: a = 0.001, b = 0.002 (bfloat16 or float32); the sum is truncated to an integer, so run enough.
-    iterations = 20_000_000 // (peaks.CHAINS * per_iteration)
-    expected = iterations * peaks.CHAINS * per_iteration * 0.001 * 0.002
+    chains = module.chains(())
+    iterations = 20_000_000 // (chains * per_iteration)
+    expected = iterations * chains * per_iteration * 0.001 * 0.002
     got = run(module, peaks.KINDS[name][0], iterations)
     assert abs(got - expected) <= 0.02 * expected + 1, (name, got, expected)
 
