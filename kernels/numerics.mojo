@@ -124,6 +124,8 @@ def pair_sums(w: SIMD[DType.uint8, 64], a: Int32) -> I16x32:
 
 
 comptime Words = Pointer[Scalar[DType.int32], MutAnyOrigin]  # int8 activations, 4 K-steps a word
+comptime Ints = Pointer[Scalar[DType.int32], MutAnyOrigin]
+comptime Floats = Pointer[Scalar[F32], MutAnyOrigin]
 
 
 @always_inline

@@ -46,8 +46,8 @@ from std.python import PythonObject
 from std.python.bindings import PythonModuleBuilder
 from std.os import abort
 from std.memory import alloc, bitcast, stack_allocation
-from numerics import PAIRS_PATH, PAIRS_ROWS_ONE, PAIRS_ROWS_TWO, I16x32, Words, add_pair_sums, byte_bits, dpbusd, \
-    high_nibbles, narrow, pair_span, widen_pairs
+from numerics import PAIRS_PATH, PAIRS_ROWS_ONE, PAIRS_ROWS_TWO, Floats, I16x32, Ints, Words, add_pair_sums, \
+    byte_bits, dpbusd, high_nibbles, narrow, pair_span, widen_pairs
 from params import Params, param_int, param_ptr
 from row_groups import prefetch_next, row_groups
 from quant_activations import P_BLOCK_STRIDE, P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, P_SUM_LO, combine_parts, \
@@ -92,8 +92,6 @@ comptime I32x16 = SIMD[DType.int32, TN]
 comptime F32x16 = SIMD[F32, TN]
 comptime U8x64 = SIMD[DType.uint8, 64]
 comptime Bytes = Pointer[Scalar[DType.uint8], MutAnyOrigin]
-comptime Ints = Pointer[Scalar[DType.int32], MutAnyOrigin]
-comptime Floats = Pointer[Scalar[F32], MutAnyOrigin]
 
 
 @export
@@ -247,7 +245,7 @@ def _block_rows_pairs[kind: Int, R: Int, two: Bool](mut y: Array[F32x16, R], blk
                                                    sc_lo: I32x16, sc_hi: I32x16, a1: Words, a2: Words,
                                                    row_words: Int, da: Floats, s: Ints, s_lo: Ints, s_f: Floats,
                                                    j0: Int):
-    """y[r] plus one block's contribution for rows row0 .. row0+R-1, on a CPU without AVX-512 VNNI: the weight
+    """y[r] plus one block's contribution for a group's R rows, on a CPU without AVX-512 VNNI: the weight
     vectors one at a time (AVX2's 16 registers hold no whole unpacked block), each row's pair sums added in int16
     lanes over pair_span vectors and widened once (numerics.mojo), so about half the multiplies of dpbusd's
     emulation. The int32 sums are _block_row's (integer sums in another order), and so is the epilogue: the
@@ -349,8 +347,8 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int, two: Bool](p: Params, t: Int, r
     var s_f = param_ptr[F32](p, P_SUM_F)
     var nb = k // QK
     var row_words = k // 4  # the activations as 4 int8 K-steps a word (the pairs path)
-    var a1 = param_ptr[DType.int32](p, P_Q1)
-    var a2 = param_ptr[DType.int32](p, P_Q2)
+    var q1_words = param_ptr[DType.int32](p, P_Q1)
+    var q2_words = param_ptr[DType.int32](p, P_Q2)
     comptime bpg = blocks_per_group[kind]()
     comptime hdr = header_bytes[kind]()
     comptime blk_bytes = block_bytes[kind]()
@@ -377,8 +375,9 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int, two: Bool](p: Params, t: Int, r
                 _block_scales[kind](d_sb, dmin_sb, blk, dw, mw, sc_lo, sc_hi)
                 var b = grp * bpg + bi
                 var at = row0 * row_words + b * (QK // 4)
-                _block_rows_pairs[kind, R, two](y, blk, dw, mw, sc_lo, sc_hi, a1.unsafe_offset(at), a2.unsafe_offset(at),
-                                                row_words, da, s, s_lo, s_f, b * stride + row0)
+                _block_rows_pairs[kind, R, two](y, blk, dw, mw, sc_lo, sc_hi, q1_words.unsafe_offset(at),
+                                                q2_words.unsafe_offset(at), row_words, da, s, s_lo, s_f,
+                                                b * stride + row0)
                 blk = blk.unsafe_offset(blk_bytes)
         else:
             comptime for bi in range(bpg):

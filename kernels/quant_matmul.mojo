@@ -34,8 +34,8 @@ from std.python import PythonObject
 from std.python.bindings import PythonModuleBuilder
 from std.os import abort
 from std.memory import alloc, bitcast, stack_allocation
-from numerics import PAIRS_PATH, PAIRS_ROWS_ONE, PAIRS_ROWS_TWO, SIGNED_ROWS_ONE, SIGNED_ROWS_TWO, I16x32, Words, \
-    add_pair_sums, dpbusd, high_nibbles, narrow, pair_span, signed_dots, widen_pairs
+from numerics import PAIRS_PATH, PAIRS_ROWS_ONE, PAIRS_ROWS_TWO, SIGNED_ROWS_ONE, SIGNED_ROWS_TWO, Floats, I16x32, \
+    Ints, Words, add_pair_sums, dpbusd, high_nibbles, narrow, pair_span, signed_dots, widen_pairs
 from params import Params, param_int, param_ptr
 from row_groups import prefetch_next, row_groups
 from quant_activations import P_BLOCK_STRIDE, P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, combine_parts, \
@@ -136,9 +136,7 @@ def _unpack[kind: Int](rec: Pointer[Scalar[DType.uint8], MutAnyOrigin]) -> Array
 @always_inline
 def _block_rows_pairs[kind: Int, R: Int, two: Bool](mut y: Array[F32x16, R], rec: Pointer[Scalar[DType.uint8],
                                                    MutAnyOrigin], dw: F32x16, mw: F32x16, a1: Words, a2: Words,
-                                                   row_words: Int, da: Pointer[Scalar[F32], MutAnyOrigin],
-                                                   sa_i: Pointer[Scalar[DType.int32], MutAnyOrigin],
-                                                   sa_f: Pointer[Scalar[F32], MutAnyOrigin], j0: Int):
+                                                   row_words: Int, da: Floats, sa_i: Ints, sa_f: Floats, j0: Int):
     """y[r] plus one block's contribution for a group's R rows on a CPU without AVX-512 VNNI, each weight
     vector in turn. 4-bit weights: each row's pair sums added in int16 lanes over the whole block (8 vectors fit,
     numerics.pair_span) and widened once. Q8_0: the signed quants (stored + 128) multiplied through
@@ -259,8 +257,8 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int, two: Bool](p: Params, t: Int, r
     var stride = param_int(p, P_BLOCK_STRIDE)
     var nb = k // QK
     var row_words = k // 4  # the activations as 4 int8 K-steps a word (the pairs path)
-    var a1 = param_ptr[DType.int32](p, P_Q1)
-    var a2 = param_ptr[DType.int32](p, P_Q2)
+    var q1_words = param_ptr[DType.int32](p, P_Q1)
+    var q2_words = param_ptr[DType.int32](p, P_Q2)
     comptime rec_bytes = record_bytes[kind]()
     comptime qbytes = quant_bytes[kind]()
     var y = Array[F32x16, R](fill=F32x16(0))
@@ -274,8 +272,8 @@ def _tile_rows[kind: Int, out_dt: DType, R: Int, two: Bool](p: Params, t: Int, r
             mw = _f16x16(rec, qbytes + 2 * TN)
         comptime if PAIRS_PATH:
             var at = row0 * row_words + b * (QK // 4)
-            _block_rows_pairs[kind, R, two](y, rec, dw, mw, a1.unsafe_offset(at), a2.unsafe_offset(at), row_words, da,
-                                            sa_i, sa_f, b * stride + row0)
+            _block_rows_pairs[kind, R, two](y, rec, dw, mw, q1_words.unsafe_offset(at), q2_words.unsafe_offset(at),
+                                            row_words, da, sa_i, sa_f, b * stride + row0)
         else:
             var w = _unpack[kind](rec)
             comptime for r in range(R):
