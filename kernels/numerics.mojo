@@ -5,7 +5,7 @@
 # NaN payloads are not preserved (the activations never hold NaN).
 
 from std.memory import bitcast
-from std.sys import CompilationTarget, llvm_intrinsic
+from std.sys import CompilationTarget, inlined_assembly, llvm_intrinsic
 
 comptime F32 = DType.float32
 comptime BF16 = DType.bfloat16
@@ -94,11 +94,12 @@ def dpbusd[small_weights: Bool](acc: SIMD[DType.int32, 16], w: SIMD[DType.uint8,
 # int32s as dpbusd's, with about half the multiplies (the K-quant matmul's AVX2 path, quant_kmatmul.mojo).
 comptime PAIRS_PATH = HAS_AVX2 and not HAS_VNNI_512
 comptime I16x32 = SIMD[DType.int16, 32]
-# Rows a weight vector serves at a time on the AVX2 pairs path, with one activation part and with two. Measured on
-# AMD Zen 3 (quant_kmatmul.mojo's Q4_K, Q6_K, Q5_0 at 8-512 rows): 3, 4 and 6 rows within 5% of each other with two parts, 4 best;
-# 6 best with one part for Q6_K (6% over 4), even for the others.
+# Rows a weight vector serves at a time on the AVX2 pairs path, with one activation part and with two: each row's
+# int16 sums (two ymm a part) held in registers beside the weight vector (add_pair_sums). Measured on AMD Zen 3 at
+# 8-512 rows, with those sums pinned to registers: 6 rows with one part (5 measured 0-5% slower); 3 with two (4
+# spills: Q4_K 1.06-1.12x with 3, Q6_K 0.98-0.99x).
 comptime PAIRS_ROWS_ONE = 6
-comptime PAIRS_ROWS_TWO = 4
+comptime PAIRS_ROWS_TWO = 3
 # The same for 8-bit weights (signed_dots): each row's int32 sums take the place of its int16 pair sums, and the
 # weights' magnitudes and signs are held beside them.
 comptime SIGNED_ROWS_ONE = 4
@@ -133,11 +134,23 @@ def add_pair_sums[R: Int, two: Bool, g: Int](mut pairs1: Array[I16x32, R], mut p
                                              w: SIMD[DType.uint8, 64], a1: Words, a2: Words, row_words: Int):
     """R rows' int16 pair sums plus those of weight vector g (K-steps 4g..4g+3 of a block) with each row's q1 word
     (and q2's with two parts): row r's at a1 + r * row_words + g (a2 likewise). The kernels' pairs path, where
-    the caller keeps the sums within pair_span vectors."""
+    the caller keeps the sums within pair_span vectors; each sum is pinned to registers (in_registers)."""
     comptime for r in range(R):
-        pairs1[r] += pair_sums(w, a1[unsafe_offset=r * row_words + g])
+        pairs1[r] = in_registers(pairs1[r] + pair_sums(w, a1[unsafe_offset=r * row_words + g]))
         comptime if two:
-            pairs2[r] += pair_sums(w, a2[unsafe_offset=r * row_words + g])
+            pairs2[r] = in_registers(pairs2[r] + pair_sums(w, a2[unsafe_offset=r * row_words + g]))
+
+
+@always_inline
+def in_registers(v: I16x32) -> I16x32:
+    """v, held in two ymm registers at this point of the program, in program order with the other such points.
+    Without it LLVM ran a block row by row: it unpacked all 8 weight vectors first, spilled them to the stack and
+    reloaded them for every row, so the loads (2 ymm a cycle on Zen 3) bounded the multiplies. Pinned, the block
+    runs a weight vector at a time across the rows, as written: one-part 4-bit products 1.21-1.30x, two-part
+    1.08-1.18x (AMD Zen 3, 8-512 rows; the same integers in the same order of additions per row)."""
+    var lo = inlined_assembly["", I16x16, constraints="=x,0", has_side_effect=True](v.slice[16, offset=0]())
+    var hi = inlined_assembly["", I16x16, constraints="=x,0", has_side_effect=True](v.slice[16, offset=16]())
+    return lo.join(hi)
 
 
 @always_inline
