@@ -16,7 +16,7 @@
 #      weighted by its softmax weight read back from scratch (a broadcast load; over an int8 cache the weight
 #      already holds the V row's scale, applied to 16 keys at once; with bfloat16 queries over an int8 cache the
 #      weights go to 16 bits and V is summed in integers instead, attention_parts.add_values_i16). The float
-#      accumulators are walked in slices of at most ACC_VALUES values across the heads, one pass over the
+#      accumulators are walked in slices of at most ROW_ACC_VALUES values across the heads, one pass over the
 #      chunk's keys per slice, with the head count a compile-time constant, so that a slice's accumulators stay
 #      in registers (with the head count a run-time branch they spilled, and every key's update waited on a
 #      store). At head_dim 64 and 128 one slice holds every head's accumulators (16 zmm): each V row is then
@@ -31,10 +31,10 @@ from std.sys import llvm_intrinsic, size_of
 from numerics import narrow
 from params import Params, param_int, param_ptr, param_float
 from kv_int8 import I8
-from lane_tree import bitrev4, lane_sums, level_sum
-from attention_parts import F32, BF16, KEYS, CHUNK, MAX_GROUP, ACC_VALUES, F32x16, I16x32, I32x16, \
+from lane_tree import bitrev4, level_sum
+from attention_parts import F32, BF16, KEYS, CHUNK, MAX_GROUP, ROW_ACC_VALUES, F32x16, I16x32, I32x16, \
     HAS_BF16_DOT, HAS_I16_DOT, I16_MAX, NEG, AHEAD, REREAD_BYTES, heads_per_pass, chunk_offsets, prefetch_rows, \
-    fold_chunk, query_i16, int8_scores, masked, row_scales, scores_bf16
+    fold_chunk, query_i16, int8_scores, masked, row_scales, scores_bf16, scores_f32
 from attention_prompt import PROMPT_MIN_ROWS, PROMPT_SCRATCH_AT, prompt_scratch_floats, attend_prompt_rows
 from attention_prompt_bf16 import BF16_PROMPT_MIN_ROWS, bf16_prompt_scratch_floats, attend_prompt_rows_bf16
 
@@ -78,7 +78,7 @@ def _key_sums_i16[HD: Int, G: Int, NG: Int](q16: Array[I16x32, G * (HD // 32)],
 def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end: Int):
     """Work items [begin, end) of kernels/attention.mojo's paged_attention (same parameters) for head_dim HD."""
     comptime G = heads_per_pass[HD]()
-    comptime S = min(HD, ACC_VALUES // G)  # values per accumulator slice (a multiple of 16)
+    comptime S = min(HD, ROW_ACC_VALUES // G)  # values per accumulator slice (a multiple of 16)
     comptime NS = HD // S
     comptime BF16_DOT = HAS_BF16_DOT and dt == BF16 and cdt == BF16
     comptime I16_DOT = HAS_I16_DOT and dt == BF16 and cdt == I8
@@ -192,15 +192,7 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
                                         rebind[Pointer[Scalar[BF16], MutAnyOrigin]](qp.unsafe_offset(g * HD)),
                                         rebind[Pointer[Scalar[BF16], MutAnyOrigin]](k_cache), offs, scale)
                                 else:
-                                    var p = Array[F32x16, KEYS](fill=F32x16(0))
-                                    comptime for j in range(KEYS):
-                                        var k_row = k_cache.unsafe_offset(Int(offs[unsafe_offset=j]))
-                                        var kf = k_row.unsafe_load[width=HD]().cast[F32]()
-                                        var prod = (qf[g] * kf).reduce_add[KEYS]()
-                                        comptime if cdt == I8:
-                                            prod = prod * k_scales[j]
-                                        p[bitrev4(j)] = prod
-                                    s = lane_sums(p)
+                                    s = scores_f32[cdt, HD](qf[g], k_cache, offs, k_scales)
                                 s = masked(s, n, lane)
                                 maxes[g] = max(maxes[g], s)
                                 scores.unsafe_offset(g * CHUNK + j0).unsafe_store(s)

@@ -10,6 +10,7 @@ from std.sys import CompilationTarget, llvm_intrinsic, size_of
 from std.sys.intrinsics import prefetch, PrefetchOptions
 from kv_int8 import I8, SCALE_BYTES, scale_at, scale_offset, value_offset
 from lane_tree import bitrev4, lane_sums
+from numerics import HAS_AVX512
 
 comptime F32 = DType.float32
 comptime BF16 = DType.bfloat16
@@ -17,6 +18,9 @@ comptime KEYS = 16  # keys scored together: one float32 vector of scores per que
 comptime CHUNK = 256  # keys per two-pass chunk: a multiple of KEYS
 comptime MAX_GROUP = 4  # query heads per pass (2 at head_dim 128: their accumulators fill 16 zmm)
 comptime ACC_VALUES = 256  # float32 accumulators per pass over V, across the pass's heads: 16 zmm
+# A query row's pass over V (attention_chunks.mojo) in AVX2's 16 ymm: 8 of them (the V slice and the weights take the
+# rest; with 16, every key's update went through the stack). The slices change no bit (see add_values).
+comptime ROW_ACC_VALUES = ACC_VALUES if HAS_AVX512 else 64
 comptime F32x16 = SIMD[F32, KEYS]
 comptime BF16x32 = SIMD[BF16, 32]
 comptime I16x32 = SIMD[DType.int16, 32]
@@ -64,6 +68,56 @@ def scores_bf16[HD: Int](q: Pointer[Scalar[BF16], MutAnyOrigin], k_cache: Pointe
     comptime for j in range(KEYS):
         p[bitrev4(j)] = _partials_bf16[HD](q, k_cache.unsafe_offset(Int(offs[unsafe_offset=j])))
     return lane_sums(p) * scale
+
+
+comptime F32x8 = SIMD[F32, 8]
+
+
+@always_inline
+def _hadd8(a: F32x8, b: F32x8) -> F32x8:
+    """Adjacent pairs of a and b within each 128-bit half: (a0+a1, a2+a3, b0+b1, b2+b3, a4+a5, ..) (vhaddps)."""
+    return a.shuffle[0, 2, 8, 10, 4, 6, 12, 14](b) + a.shuffle[1, 3, 9, 11, 5, 7, 13, 15](b)
+
+
+@always_inline
+def _sums8(v: Array[F32x8, 8]) -> F32x8:
+    """Lane j: the sum of v[j]'s 8 lanes, by a fixed tree (pairs, quads, then the two halves)."""
+    var lo = _hadd8(_hadd8(v[0], v[1]), _hadd8(v[2], v[3]))  # v0..v3's half sums: low halves, then high
+    var hi = _hadd8(_hadd8(v[4], v[5]), _hadd8(v[6], v[7]))
+    return lo.shuffle[0, 1, 2, 3, 8, 9, 10, 11](hi) + lo.shuffle[4, 5, 6, 7, 12, 13, 14, 15](hi)
+
+
+@always_inline
+def scores_f32[cdt: DType, HD: Int](q: SIMD[F32, HD], k_cache: Pointer[Scalar[cdt], MutAnyOrigin],
+                                    offs: Pointer[Scalar[DType.int64], MutAnyOrigin], k_scales: F32x16) -> F32x16:
+    """The scores of one float32 query head (q, the attention scale applied) against the 16 keys whose rows sit at
+    offs[:16], each key's float32 dot product times its row scale (k_scales: ones unless the cache is int8).
+    With AVX-512 each key leaves a vector of partial sums and the lane tree sums the 16 (its 16 vectors and the
+    query's 8 fill the 32 zmm). AVX2's 16 ymm hold neither, so 8 keys at a time take one 8-lane accumulator each
+    over the query's 8-value slices (the key rows read from memory), and a tree of pair sums reduces the 8."""
+    comptime if HAS_AVX512:
+        var p = Array[F32x16, KEYS](fill=F32x16(0))
+        comptime for j in range(KEYS):
+            var kf = k_cache.unsafe_offset(Int(offs[unsafe_offset=j])).unsafe_load[width=HD]().cast[F32]()
+            var prod = (q * kf).reduce_add[KEYS]()
+            comptime if cdt == I8:
+                prod = prod * k_scales[j]
+            p[bitrev4(j)] = prod
+        return lane_sums(p)
+    else:
+        var halves = Array[F32x8, 2](fill=F32x8(0))
+        comptime for h in range(2):
+            var acc = Array[F32x8, 8](fill=F32x8(0))
+            comptime for c in range(0, HD, 8):
+                var qc = q.slice[8, offset=c]()
+                comptime for j in range(8):
+                    var k = k_cache.unsafe_offset(Int(offs[unsafe_offset=8 * h + j]) + c).unsafe_load[width=8]()
+                    acc[j] = qc.fma(k.cast[F32](), acc[j])
+            halves[h] = _sums8(acc)
+        var s = halves[0].join(halves[1])
+        comptime if cdt == I8:
+            s = s * k_scales
+        return s
 
 
 @always_inline
