@@ -8,7 +8,8 @@
 #      in one vector with no per-key reduction. With bfloat16 queries the partial sums are integer or exact
 #      products of the rows as stored: over a bfloat16 cache, vdpbf16ps (where the CPU has AVX-512 BF16);
 #      over an int8 cache, vpdpwssd of the key's int8 values (sign-extended) and the query in 16-bit integers
-#      (its scale and the keys' row scales multiply the 16 scores). Otherwise they are float32 products.
+#      (its scale and the keys' row scales multiply the 16 scores). Otherwise they are float32 products
+#      (attention_parts.scores_f32; with AVX2's 16 registers, 8 keys at a time and a tree of pair sums instead).
 #      The int8 path sign-extends each key row once for the pass's heads (their count a compile-time constant)
 #      and sums the tree's levels as the keys arrive: 2-3% less attention time at head_dim 64, 5% at 128.
 #   2. the chunk's softmax weights (its maximum folded into the running one, as an online softmax does

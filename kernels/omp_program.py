@@ -11,6 +11,7 @@ call from Python.
 from __future__ import annotations
 
 import array
+import time
 from collections.abc import Sequence
 from types import ModuleType
 
@@ -31,6 +32,7 @@ class ProgramBuilder:
         self._team = team
         self._values = tuple(values)
         self._phases: list[tuple[int, array.array, int | str, int, dict[int, str]]] = []
+        self._labels: list[str] = []  # each phase's kernel entry
 
     def add(self, module: ModuleType, entry: str, params: array.array, n_items: int | str,
             patches: dict[int, str] | None = None, same_split: bool = False, taken: bool = False) -> None:
@@ -49,6 +51,7 @@ class ProgramBuilder:
                 raise ValueError(f"unknown per-step value {name!r}")
         self._phases.append((self._team.entry_address(module, entry), params, n_items,
                              (SAME_SPLIT if same_split else 0) | (TAKEN if taken else 0), dict(patches or {})))
+        self._labels.append(entry)
 
     def build(self) -> "Program":
         """Phases that were given the same params array (a matmul's two phases) share one copy of it."""
@@ -72,13 +75,14 @@ class ProgramBuilder:
             for index, name in params_patches.items():
                 patches[offset + index] = self._values.index(name)
         return Program(self._team, code, n, np.array(list(patches), dtype=np.intp),
-                       np.array(list(patches.values()), dtype=np.intp), len(self._values))
+                       np.array(list(patches.values()), dtype=np.intp), len(self._values), tuple(self._labels))
 
 
 class Program:
     def __init__(self, team: OmpTeam, code: np.ndarray, n_phases: int, patch_at: np.ndarray,
-                 patch_value: np.ndarray, n_values: int):
+                 patch_value: np.ndarray, n_values: int, labels: tuple[str, ...]):
         self._team = team
+        self.labels = labels  # each phase's kernel entry, in order
         self._code = code  # [n_phases * 4 | parameters] int64; the phase table points into it
         self._address = code.ctypes.data
         self.n_phases = n_phases
@@ -86,7 +90,24 @@ class Program:
 
     def run(self, *values: int) -> None:
         """Every phase, in order, with this step's values (in the builder's order) patched in first."""
+        self._patch(values)
+        self._team.run_program(self._address, self.n_phases)
+
+    def time_phases(self, *values: int) -> list[float]:
+        """Seconds each phase takes run alone, in order, as a program of its own (so with a barrier after it, and
+        the team's start-up in each figure): where a step's time goes, for profiling. Phases that write state
+        (the KV cache, the residual stream) write it again, so what a model computes next is not meaningful."""
+        self._patch(values)
+        seconds = []
+        for i in range(self.n_phases):
+            row = self._code[i * PHASE_WORDS:(i + 1) * PHASE_WORDS].copy()
+            row[3] &= ~SAME_SPLIT  # alone: no phase before it to share a split with
+            start = time.perf_counter()
+            self._team.run_program(row.ctypes.data, 1)
+            seconds.append(time.perf_counter() - start)
+        return seconds
+
+    def _patch(self, values: tuple[int, ...]) -> None:
         if len(values) != self._n_values:
             raise ValueError(f"expected {self._n_values} per-step values, got {len(values)}")
         self._code[self._patch_at] = np.array(values, dtype=np.int64)[self._patch_value]
-        self._team.run_program(self._address, self.n_phases)

@@ -8,7 +8,10 @@
 Prints the operators by self CPU time and the step's wall time, so the largest measured cost is the
 one attacked first, and whether the decode steps ran as one kernel program (worker/runner/decode_program.py).
 --compare-program times the same steps with the program on and off in alternating rounds of one process
-(the ratio is what to read on a shared machine). For the Python side, run the same under py-spy:
+(the ratio is what to read on a shared machine). --phases prints, instead of torch's profiler (which does not see
+inside the program), each kernel's milliseconds per step, its phases run alone after real steps:
+    python -m loadtest.profile_step --model build/models/qwen3-0.6b-q4_k_m.gguf --batch 32 --context 190 --phases
+For the Python side, run the same under py-spy:
     py-spy record --native -o step.svg -- python -m loadtest.profile_step --no-profiler
 """
 
@@ -94,6 +97,26 @@ def compare(args: argparse.Namespace) -> None:
           f"alternating rounds of {args.steps} steps)")
 
 
+def phase_table(engine: LLMEngine, steps: int, step_ms: float) -> str:
+    """Each kernel's share of a decode step: the program's phases run alone after each of `steps` steps
+    (DecodeProgram.time_last_step), summed per kernel entry, the median over the steps."""
+    per_step: dict[str, list[float]] = {}
+    for _ in range(steps):
+        engine.step()
+        totals: dict[str, float] = {}
+        for entry, seconds in engine.runner.decode_program.time_last_step():
+            totals[entry] = totals.get(entry, 0.0) + seconds
+        for entry, seconds in totals.items():
+            per_step.setdefault(entry, []).append(1e3 * seconds)
+    medians = {entry: statistics.median(ms) for entry, ms in per_step.items()}
+    total = sum(medians.values())
+    lines = ["| kernel entry | ms per step | share |", "|---|---|---|"]
+    lines += [f"| {entry} | {ms:.1f} | {ms / total:.0%} |" for entry, ms in sorted(medians.items(), key=lambda e: -e[1])]
+    lines.append(f"phases run alone: {total:.1f} ms in all; the steps themselves (with the embedding, the head and the "
+                 f"sampler outside the program): {step_ms:.1f} ms")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="default", help="default, a .gguf file or an HF-format directory")
@@ -109,6 +132,8 @@ def main() -> None:
     ap.add_argument("--compare-program", action="store_true", help="time the decode program on against off")
     ap.add_argument("--rounds", type=int, default=5, help="alternating rounds for --compare-program")
     ap.add_argument("--no-profiler", action="store_true", help="only time the steps (for py-spy)")
+    ap.add_argument("--phases", action="store_true",
+                    help="instead of torch's profiler, each decode-program kernel's ms per step (its phases run alone)")
     ap.add_argument("--trace", help="also write a Chrome trace here")
     ap.add_argument("--rows", type=int, default=25)
     ap.add_argument("--threads", type=int, help="torch's (and so the kernels') threads; default: torch's choice")
@@ -124,6 +149,11 @@ def main() -> None:
     step_ms = time_steps(engine, args.steps)
     print(describe(engine, args, step_ms, program_runs(engine) - runs_before, args.steps))
     if args.no_profiler:
+        return
+    if args.phases:
+        if program_runs(engine) == runs_before:
+            raise SystemExit(f"the decode program did not run: {engine.runner.decode_program_status}")
+        print(phase_table(engine, args.steps, step_ms))
         return
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(args.steps):

@@ -56,6 +56,7 @@ class DecodeProgram:
         self._k_cache = kv_caches[0][0]
         dtype = model.norm.weight.dtype  # the activations' (an int8 KV cache is not)
         self.steps_run = 0
+        self._values = (0, 0, 0)  # the last step's per-step values (rows, items, amx)
 
         def buffer(*shape: int, dt: torch.dtype = dtype) -> torch.Tensor:
             return torch.zeros(*shape, dtype=dt)
@@ -107,9 +108,15 @@ class DecodeProgram:
         mojo_layers.check_positions(positions, self.max_positions)
         self._load_inputs(positions, meta)
         self._residual[:rows].copy_(self.model.embed_tokens(input_ids))
-        self._program.run(rows, rows * self.kv_heads, int(use_amx(rows)))
+        self._values = (rows, rows * self.kv_heads, int(use_amx(rows)))
+        self._program.run(*self._values)
         self.steps_run += 1
         return self._final[:rows]
+
+    def time_last_step(self) -> list[tuple[str, float]]:
+        """The last step's phases again, each run alone (Program.time_phases): (kernel entry, seconds) in order.
+        For profiling only: the step's KV rows are written again from what the phases compute now."""
+        return list(zip(self._program.labels, self._program.time_phases(*self._values)))
 
     def _load_inputs(self, positions: torch.Tensor, meta: AttentionMetadata) -> None:
         """Copies the step's positions, slots, context lengths and block tables into the program's buffers,

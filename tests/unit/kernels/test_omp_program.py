@@ -64,6 +64,14 @@ def test_a_program_gives_the_bits_of_its_calls_one_by_one(modules, qtype, test_s
         assert torch.equal(h[:rows], h_ref) and torch.equal(y[:rows], y_ref), rows
         assert torch.equal(act[:rows], mojo_layers.silu_mul(layers, y_ref)), rows
 
+    # Each phase run alone (the profiler's view, Program.time_phases) computes the same bits, labelled by its entry.
+    h.fill_(float("nan")), y.fill_(float("nan")), act.fill_(float("nan"))
+    seconds = program.time_phases(rows, int(quant_matmul.use_amx(rows)))
+    assert len(seconds) == 4 and all(s > 0 for s in seconds)
+    assert program.labels == ("mili_rms_norm_range", *quant_matmul.ENTRIES, "mili_silu_mul_range")
+    assert torch.equal(h[:rows], h_ref) and torch.equal(y[:rows], y_ref)
+    assert torch.equal(act[:rows], mojo_layers.silu_mul(layers, y_ref))
+
 
 # A fused projection stored in three block types, each served by its own kernel (Q4_0 and Q8_0 by
 # kernels/quant_matmul.mojo, Q6_K by kernels/quant_kmatmul.mojo), rows not multiples of the 16-column tile.
