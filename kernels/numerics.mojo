@@ -142,6 +142,19 @@ def add_pair_sums[R: Int, two: Bool, g: Int](mut pairs1: Array[I16x32, R], mut p
 
 
 @always_inline
+def add_signed_dots[R: Int, two: Bool, g: Int](mut dots1: Array[SIMD[DType.int32, 16], R],
+                                               mut dots2: Array[SIMD[DType.int32, 16], R],
+                                               magnitudes: SIMD[DType.uint8, 64], q: SIMD[DType.int8, 64], a1: Words,
+                                               a2: Words, row_words: Int):
+    """R rows' int32 sums plus those of signed weight vector g (its magnitudes and q, signed_dots') with each row's
+    q1 word (and q2's with two parts), the rows' words as add_pair_sums reads them: 8-bit weights' pairs path."""
+    comptime for r in range(R):
+        dots1[r] = signed_dots(dots1[r], magnitudes, q, a1[unsafe_offset=r * row_words + g])
+        comptime if two:
+            dots2[r] = signed_dots(dots2[r], magnitudes, q, a2[unsafe_offset=r * row_words + g])
+
+
+@always_inline
 def in_registers(v: I16x32) -> I16x32:
     """v, held in two ymm registers at this point of the program, in program order with the other such points.
     Without it LLVM ran a block row by row: it unpacked all 8 weight vectors first, spilled them to the stack and

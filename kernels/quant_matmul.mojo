@@ -35,7 +35,7 @@ from std.python.bindings import PythonModuleBuilder
 from std.os import abort
 from std.memory import alloc, bitcast, stack_allocation
 from numerics import PAIRS_PATH, PAIRS_ROWS_ONE, PAIRS_ROWS_TWO, SIGNED_ROWS_ONE, SIGNED_ROWS_TWO, Floats, I16x32, \
-    Ints, Words, add_pair_sums, dpbusd, high_nibbles, narrow, pair_span, signed_dots, widen_pairs
+    Ints, Words, add_pair_sums, add_signed_dots, dpbusd, high_nibbles, narrow, pair_span, widen_pairs
 from params import Params, param_int, param_ptr
 from row_groups import prefetch_next, row_groups
 from quant_activations import P_BLOCK_STRIDE, P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, combine_parts, \
@@ -134,45 +134,58 @@ def _unpack[kind: Int](rec: Pointer[Scalar[DType.uint8], MutAnyOrigin]) -> Array
 
 
 @always_inline
+def _paired_sums[kind: Int, R: Int, two: Bool](rec: Pointer[Scalar[DType.uint8], MutAnyOrigin], a1: Words, a2: Words,
+                                                row_words: Int) -> Array[I32x16, R]:
+    """4-bit weights' block dots for R rows: each row's pair sums added in int16 lanes over the whole block (8
+    vectors fit, numerics.pair_span) and widened once."""
+    comptime assert pair_span(15) >= 8, "a 4-bit block's pair sums must fit int16 lanes"
+    var pairs1 = Array[I16x32, R](fill=I16x32(0))
+    var pairs2 = Array[I16x32, R](fill=I16x32(0))
+    comptime for g in range(8):
+        add_pair_sums[R, two, g](pairs1, pairs2, _weights[kind, g](rec), a1, a2, row_words)
+    var dots = Array[I32x16, R](fill=I32x16(0))
+    comptime for r in range(R):
+        dots[r] = widen_pairs(pairs1[r])
+        comptime if two:
+            dots[r] = combine_parts(dots[r], widen_pairs(pairs2[r]))
+    return dots^
+
+
+@always_inline
+def _signed_sums[R: Int, two: Bool](rec: Pointer[Scalar[DType.uint8], MutAnyOrigin], a1: Words, a2: Words,
+                                    row_words: Int) -> Array[I32x16, R]:
+    """Q8_0's block dots for R rows: the signed quants (stored + 128) through numerics.signed_dots, so the sums
+    already lack the offset."""
+    var dots1 = Array[I32x16, R](fill=I32x16(0))
+    var dots2 = Array[I32x16, R](fill=I32x16(0))
+    comptime for g in range(8):
+        var q = bitcast[DType.int8, 64](_weights[KIND_Q8_0, g](rec) ^ 0x80)
+        add_signed_dots[R, two, g](dots1, dots2, bitcast[DType.uint8, 64](abs(q)), q, a1, a2, row_words)
+    comptime if two:
+        comptime for r in range(R):
+            dots1[r] = combine_parts(dots1[r], dots2[r])
+    return dots1^
+
+
+@always_inline
 def _block_rows_pairs[kind: Int, R: Int, two: Bool](mut y: Array[F32x16, R], rec: Pointer[Scalar[DType.uint8],
                                                    MutAnyOrigin], dw: F32x16, mw: F32x16, a1: Words, a2: Words,
                                                    row_words: Int, da: Floats, sa_i: Ints, sa_f: Floats, j0: Int):
     """y[r] plus one block's contribution for a group's R rows on a CPU without AVX-512 VNNI, each weight
-    vector in turn. 4-bit weights: each row's pair sums added in int16 lanes over the whole block (8 vectors fit,
-    numerics.pair_span) and widened once. Q8_0: the signed quants (stored + 128) multiplied through
-    numerics.signed_dots into int32 sums, which then already lack the offset. _block_dot's integers, and its
-    epilogue: the same bits. a1, a2: the first row's q1 and q2 at this block, 4 int8 K-steps a word, the rows
-    row_words apart; da, sa_i, sa_f: the per-block arrays, the first row's value for this block at j0 (every
-    address worked out once per block by the caller: a signed division per row and block cost 8-17% here)."""
-    comptime assert pair_span(15) >= 8, "a 4-bit block's pair sums must fit int16 lanes"
+    vector in turn: 4-bit weights' pair sums (_paired_sums) or Q8_0's magnitude and sign (_signed_sums).
+    _block_dot's integers, and its epilogue: the same bits. a1, a2: the first row's q1 and q2 at this block, 4
+    int8 K-steps a word, the rows row_words apart; da, sa_i, sa_f: the per-block arrays, the first row's value for
+    this block at j0 (every address worked out once per block by the caller: a signed division per row and block
+    cost 8-17% here)."""
     comptime eight_bit = kind == KIND_Q8_0
-    var pairs1 = Array[I16x32, R](fill=I16x32(0))
-    var pairs2 = Array[I16x32, R](fill=I16x32(0))
-    var dots1 = Array[I32x16, R](fill=I32x16(0))
-    var dots2 = Array[I32x16, R](fill=I32x16(0))
-    comptime for g in range(8):
-        var w = _weights[kind, g](rec)
-        comptime if eight_bit:
-            var q = bitcast[DType.int8, 64](w ^ 0x80)
-            var magnitudes = bitcast[DType.uint8, 64](abs(q))
-            comptime for r in range(R):
-                dots1[r] = signed_dots(dots1[r], magnitudes, q, a1[unsafe_offset=r * row_words + g])
-                comptime if two:
-                    dots2[r] = signed_dots(dots2[r], magnitudes, q, a2[unsafe_offset=r * row_words + g])
-        else:
-            add_pair_sums[R, two, g](pairs1, pairs2, w, a1, a2, row_words)
+    var dots: Array[I32x16, R]
+    comptime if eight_bit:
+        dots = _signed_sums[R, two](rec, a1, a2, row_words)
+    else:
+        dots = _paired_sums[kind, R, two](rec, a1, a2, row_words)
     comptime for r in range(R):
         var j = j0 + r
-        var dot: I32x16
-        comptime if eight_bit:
-            dot = dots1[r]
-            comptime if two:
-                dot = combine_parts(dot, dots2[r])
-        else:
-            dot = widen_pairs(pairs1[r])
-            comptime if two:
-                dot = combine_parts(dot, widen_pairs(pairs2[r]))
-        y[r] = _block_epilogue[kind, eight_bit](y[r], dot, dw, mw, da[unsafe_offset=j], sa_i[unsafe_offset=j],
+        y[r] = _block_epilogue[kind, eight_bit](y[r], dots[r], dw, mw, da[unsafe_offset=j], sa_i[unsafe_offset=j],
                                                 sa_f[unsafe_offset=j])
 
 
@@ -207,7 +220,6 @@ def _block_dot[two: Bool, small: Bool](w: Array[U8x64, 8], a: SIMD[DType.int8, Q
         return hi0
 
 
-@always_inline
 @always_inline
 def _offset_sum[kind: Int](s_i: Int32) -> Int32:
     """The stored quants' offset (Q4_0: 8, Q8_0: 128) times the activations' sum, which a block's dot
