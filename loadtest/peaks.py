@@ -17,6 +17,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -27,12 +28,20 @@ from kernels.builder.modules import KERNELS_DIR, compile_source, module_flags
 from loadtest.machine import cpu_name
 
 SOURCE = Path(__file__).with_name("machine_peak.mojo")
-# Each kind's number in machine_peak.mojo, and its operations per loop iteration (2 per multiply-add) per
-# accumulator chain: the loops run module.chains() independent 512-bit accumulators (fewer where AVX2 holds each
-# in two registers), which the build's target decides. AMX's loop has no chains: 4 tile products an iteration.
-KINDS = {"int8 vpdpbusd": (0, 64 * 2), "bf16 vdpbf16ps": (1, 32 * 2), "fp32 fma": (2, 16 * 2), "int8 amx": (3, None),
-         "int8 vpmaddubsw": (5, 2 * 32 * 2)}
-AMX_OPS_PER_ITERATION = 4 * 16 * 16 * 32 * 2
+
+
+class Kind(NamedTuple):
+    """A loop of machine_peak.mojo: its number there, and its operations per iteration (2 per multiply-add), per
+    accumulator chain where `chained`: those loops run module.chains() independent 512-bit accumulators (fewer where
+    AVX2 holds each in two registers), which the build's target decides. AMX's loop has no chains: 4 tile products
+    an iteration."""
+    number: int
+    ops: int
+    chained: bool = True
+
+
+KINDS = {"int8 vpdpbusd": Kind(0, 64 * 2), "bf16 vdpbf16ps": Kind(1, 32 * 2), "fp32 fma": Kind(2, 16 * 2),
+         "int8 amx": Kind(3, 4 * 16 * 16 * 32 * 2, chained=False), "int8 vpmaddubsw": Kind(5, 2 * 32 * 2)}
 # What each kind needs of the CPU (/proc/cpuinfo flags; AMX: quant_matmul.amx_available(), which also asks Linux); a
 # kind the CPU cannot run is not measured. On a CPU without AVX-512 VNNI the "int8 vpdpbusd" loop computes vpdpbusd's
 # integers as the matmuls do there (AVX2 multiply-adds).
@@ -60,8 +69,8 @@ def quant_ceiling(peaks: Peaks, mode: str, amx: bool) -> float:
 
 def ops_per_iteration(name: str, chains: int) -> int:
     """Operations one loop iteration of kind `name` does, in a build of `chains` accumulators."""
-    per_chain = KINDS[name][1]
-    return AMX_OPS_PER_ITERATION if per_chain is None else chains * per_chain
+    kind = KINDS[name]
+    return kind.ops * chains if kind.chained else kind.ops
 
 
 def build(directory: Path) -> object:
@@ -106,9 +115,10 @@ def measure() -> Peaks:
     with tempfile.TemporaryDirectory(prefix="mili-peak-") as tmp:
         module = build(Path(tmp))
         chains = module.chains(())
-        one = {name: _best_rate(module, kind, ops_per_iteration(name, chains), 1) for name, (kind, _) in kinds.items()}
-        every = {name: _best_rate(module, kind, ops_per_iteration(name, chains), threads)
-                 for name, (kind, _) in kinds.items()}
+        one = {name: _best_rate(module, kind.number, ops_per_iteration(name, chains), 1)
+               for name, kind in kinds.items()}
+        every = {name: _best_rate(module, kind.number, ops_per_iteration(name, chains), threads)
+                 for name, kind in kinds.items()}
         buffer = torch.ones(threads * READ_BYTES_PER_THREAD, dtype=torch.uint8)
         read = {n: _best_rate(module, READ_KIND, READ_BYTES_PER_THREAD, n, buffer.data_ptr(),
                               READ_BYTES_PER_THREAD, seconds=0.3, calls=4) for n in (1, threads)}

@@ -111,7 +111,8 @@ def phase_table(engine: LLMEngine, steps: int, step_ms: float) -> str:
     medians = {entry: statistics.median(ms) for entry, ms in per_step.items()}
     total = sum(medians.values())
     lines = ["| kernel entry | ms per step | share |", "|---|---|---|"]
-    lines += [f"| {entry} | {ms:.1f} | {ms / total:.0%} |" for entry, ms in sorted(medians.items(), key=lambda e: -e[1])]
+    ranked = sorted(medians.items(), key=lambda e: -e[1])
+    lines += [f"| {entry} | {ms:.1f} | {ms / total:.0%} |" for entry, ms in ranked]
     lines.append(f"phases run alone: {total:.1f} ms in all; the steps themselves (with the embedding, the head and the "
                  f"sampler outside the program): {step_ms:.1f} ms")
     return "\n".join(lines)

@@ -39,7 +39,7 @@ def wrapped(value: int) -> int:
 def test_int8_loop_runs_its_vpdpbusd_count(module):
     # Work item 0: unsigned bytes 1, signed bytes 7; each vpdpbusd adds 4 products of 7 to each of 16 lanes.
     for iterations in (1, 3, 50):
-        assert run(module, peaks.KINDS["int8 vpdpbusd"][0], iterations) == iterations * module.chains(()) * 16 * 4 * 7
+        assert run(module, peaks.KINDS["int8 vpdpbusd"].number, iterations) == iterations * module.chains(()) * 16 * 4 * 7
 
 
 def test_read_loop_reads_every_byte_it_is_given(module):
@@ -52,7 +52,7 @@ def test_read_loop_reads_every_byte_it_is_given(module):
 def test_int8_pairs_loop_runs_its_vpmaddubsw_count(module):
     # Item 0: each vpmaddubsw adds 2 products of 7 to each of 16 int16 lanes, in 2 x CHAINS chains (no lane wraps).
     for iterations in (1, 3, 50):
-        assert run(module, peaks.KINDS["int8 vpmaddubsw"][0], iterations) == iterations * 2 * module.chains(()) * 16 * 2 * 7
+        assert run(module, peaks.KINDS["int8 vpmaddubsw"].number, iterations) == iterations * 2 * module.chains(()) * 16 * 2 * 7
 
 
 @pytest.mark.parametrize("name, per_iteration", [pytest.param("bf16 vdpbf16ps", 2 * 16, marks=needs_bf16),
@@ -62,7 +62,7 @@ def test_float_loops_accumulate_their_products(module, name, per_iteration):
     chains = module.chains(())
     iterations = 20_000_000 // (chains * per_iteration)
     expected = iterations * chains * per_iteration * 0.001 * 0.002
-    got = run(module, peaks.KINDS[name][0], iterations)
+    got = run(module, peaks.KINDS[name].number, iterations)
     assert abs(got - expected) <= 0.02 * expected + 1, (name, got, expected)
 
 
@@ -74,7 +74,7 @@ def test_amx_loop_runs_its_tile_products(module):
     b = p[:8 * 64].reshape(8, 16, 4)  # tile B: 8 K-groups x 16 columns x 4 K, uint8
     c = iterations * np.einsum("rgj,gcj->rc", a.reshape(16, 8, 4), b)
     first_bytes = c[0, :4].astype("<i4").view(np.uint8).astype(np.int64)
-    assert run(module, peaks.KINDS["int8 amx"][0], iterations) == int(first_bytes.sum())
+    assert run(module, peaks.KINDS["int8 amx"].number, iterations) == int(first_bytes.sum())
 
 
 def test_bench_quant_shares_figures_out_of_their_ceilings(capsys):
