@@ -2,7 +2,8 @@
 #
 # Cache layout per layer: K and V as [num_blocks, block_size, kv_heads, row], float32 or bfloat16 rows of
 # head_dim values, or int8 rows of head_dim values and their float32 scale (kernels/kv_int8.mojo). An int8
-# cache goes with float32 or bfloat16 queries; its rows are dequantized to float32 as they are read.
+# cache goes with float32 or bfloat16 queries, a float16 cache with float32 queries; their rows are widened
+# to float32 as they are read.
 # Every pointer, shape and stride arrives in one int64 parameter array (kernels/params.mojo);
 # kernels/attention.py has checked them (dtypes, contiguity, index ranges) before the call, so nothing
 # here re-validates. paged_attention can also be entered from C for a range of its work items, which
@@ -22,7 +23,7 @@ from std.math import exp
 from std.sys import simd_width_of
 from numerics import narrow
 from params import Params, param_int, param_ptr, param_float
-from kv_int8 import I8, quantize_row, scale_at, scale_offset, value_offset
+from kv_int8 import I8, F16, CACHE_INT8, CACHE_F16, quantize_row, scale_at, scale_offset, value_offset
 from attention_chunks import attend_chunks
 from attention_prompt import prompt_scratch_floats
 from attention_prompt_bf16 import bf16_prompt_scratch_floats
@@ -34,7 +35,7 @@ comptime W8 = 8  # head_dim is a multiple of 8; a 16-lane loop leaves at most on
 
 comptime DTYPE_F32 = 0
 comptime DTYPE_BF16 = 1
-comptime CACHE_INT8_PARAM = 19  # paged_attention's: 1 when the cache is int8, else it has the queries' dtype
+comptime CACHE_KIND_PARAM = 19  # paged_attention's: kv_int8.mojo's CACHE_SAME, CACHE_INT8 or CACHE_F16
 comptime SCRATCH_WIDTH_PARAM = 20  # paged_attention's: float32 scratch per work item (kernels/attention.py)
 
 
@@ -186,15 +187,17 @@ def _attend_cache[dt: DType, cdt: DType](p: Params, begin: Int, end: Int):
 
 def _attend(p: Params, begin: Int, end: Int):
     var code = param_int(p, 18)
-    var int8_cache = param_int(p, CACHE_INT8_PARAM) != 0
+    var kind = param_int(p, CACHE_KIND_PARAM)
     if code == DTYPE_BF16:
-        if int8_cache:
+        if kind == CACHE_INT8:
             _attend_cache[BF16, I8](p, begin, end)
         else:
             _attend_cache[BF16, BF16](p, begin, end)
     else:
-        if int8_cache:
+        if kind == CACHE_INT8:
             _attend_cache[F32, I8](p, begin, end)
+        elif kind == CACHE_F16:
+            _attend_cache[F32, F16](p, begin, end)
         else:
             _attend_cache[F32, F32](p, begin, end)
 
@@ -244,9 +247,10 @@ def _quantize_rows[dt: DType](p: Params):
                              value.unsafe_offset(t * value_stride + h * head_dim), head_dim)
 
 
-def _copy_rows[dt: DType](p: Params):
-    var k_cache = param_ptr[dt](p, 0)
-    var v_cache = param_ptr[dt](p, 1)
+def _copy_rows[dt: DType, cdt: DType](p: Params):
+    """write_kv into a float cache: rows copied, or narrowed to float16 (numerics.narrow)."""
+    var k_cache = param_ptr[cdt](p, 0)
+    var v_cache = param_ptr[cdt](p, 1)
     var key = param_ptr[dt](p, 2)
     var value = param_ptr[dt](p, 3)
     var slots = param_ptr[DType.int64](p, 4)
@@ -262,23 +266,31 @@ def _copy_rows[dt: DType](p: Params):
         var vs = value.unsafe_offset(t * value_stride)
         var d = 0
         while d < row:
-            kd.unsafe_offset(d).unsafe_store(ks.unsafe_offset(d).unsafe_load[width=W8]())
-            vd.unsafe_offset(d).unsafe_store(vs.unsafe_offset(d).unsafe_load[width=W8]())
+            comptime if cdt == dt:
+                kd.unsafe_offset(d).unsafe_store(rebind[SIMD[cdt, W8]](ks.unsafe_offset(d).unsafe_load[width=W8]()))
+                vd.unsafe_offset(d).unsafe_store(rebind[SIMD[cdt, W8]](vs.unsafe_offset(d).unsafe_load[width=W8]()))
+            else:
+                var k = ks.unsafe_offset(d).unsafe_load[width=W8]().cast[F32]()
+                var v = vs.unsafe_offset(d).unsafe_load[width=W8]().cast[F32]()
+                kd.unsafe_offset(d).unsafe_store(narrow[cdt, W8](k))
+                vd.unsafe_offset(d).unsafe_store(narrow[cdt, W8](v))
             d += W8
 
 
 def write_kv(args: PythonObject) raises -> PythonObject:
     """Scatters the step's K and V rows. args: (address of the int64 parameter array,)."""
     var p = Params(unsafe_from_address=Int(py=args[0]))
-    var int8_cache = param_int(p, 10) != 0
+    var kind = param_int(p, 10)  # kv_int8.mojo's cache kinds
     if param_int(p, 9) == DTYPE_BF16:
-        if int8_cache:
+        if kind == CACHE_INT8:
             _quantize_rows[BF16](p)
         else:
-            _copy_rows[BF16](p)
+            _copy_rows[BF16, BF16](p)
     else:
-        if int8_cache:
+        if kind == CACHE_INT8:
             _quantize_rows[F32](p)
+        elif kind == CACHE_F16:
+            _copy_rows[F32, F16](p)
         else:
-            _copy_rows[F32](p)
+            _copy_rows[F32, F32](p)
     return PythonObject(None)

@@ -28,7 +28,8 @@ from kernels.builder.modules import KernelBuildError, build
 log = logging.getLogger(__name__)
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}  # activations (queries, new K/V rows) and float caches
-CACHE_DTYPES = (*DTYPE_CODES, torch.int8)  # int8: rows of values and a scale (kernels/kv_int8.py)
+# int8: rows of values and a scale (kernels/kv_int8.py); float16: beside float32 activations
+CACHE_DTYPES = (*DTYPE_CODES, torch.int8, torch.float16)
 MAX_HEAD_DIM = 256
 # Query rows per work item in prefill chunks: small enough to spread a chunk over the cores.
 ROWS_PER_ITEM = 16
@@ -179,8 +180,10 @@ def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> int:
 
 
 def _check_activation_dtype(dtype: torch.dtype, k_cache: torch.Tensor, name: str) -> None:
-    """Queries and new K/V rows are the cache's dtype, or float32/bfloat16 beside an int8 cache."""
-    ok = dtype in DTYPE_CODES and (dtype == k_cache.dtype or kv_int8.is_int8(k_cache))
+    """Queries and new K/V rows are the cache's dtype, float32/bfloat16 beside an int8 cache, or float32 beside a
+    float16 cache."""
+    ok = dtype in DTYPE_CODES and (dtype == k_cache.dtype or kv_int8.is_int8(k_cache)
+                                   or (k_cache.dtype == torch.float16 and dtype == torch.float32))
     _require(ok, f"{name} is {dtype}, which a {k_cache.dtype} cache does not take")
 
 
@@ -204,7 +207,7 @@ def write_kv(module: ModuleType, k_cache: torch.Tensor, v_cache: torch.Tensor, k
     check_slots(plan, k_cache)
     params = kernel_params(k_cache.data_ptr(), v_cache.data_ptr(), key.data_ptr(), value.data_ptr(),
                            plan.slot_mapping.data_ptr(), plan.num_tokens, kv_heads * head_dim, key.stride(0),
-                           value.stride(0), DTYPE_CODES[key.dtype], int(kv_int8.is_int8(k_cache)), head_dim,
+                           value.stride(0), DTYPE_CODES[key.dtype], kv_int8.cache_kind(k_cache), head_dim,
                            k_cache.shape[1])
     module.write_kv((params.buffer_info()[0],))
 
@@ -296,7 +299,7 @@ def _attention_params(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         out.data_ptr(), query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), plan.block_tables.data_ptr(),
         plan.context_lens.data_ptr(), plan.query_start.data_ptr(), items.data_ptr(), items.shape[0], query.shape[1],
         kv_heads, kv_int8.head_dim_of(k_cache), block_size, plan.block_tables.shape[1], query.stride(0),
-        out.stride(0), float_bits(scale), scratch.data_ptr(), DTYPE_CODES[query.dtype], int(kv_int8.is_int8(k_cache)),
+        out.stride(0), float_bits(scale), scratch.data_ptr(), DTYPE_CODES[query.dtype], kv_int8.cache_kind(k_cache),
         scratch.shape[1])
 
 

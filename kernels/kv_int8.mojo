@@ -5,14 +5,22 @@
 # block_size x kv_heads rows of head_dim values, row (t, h) at (t * kv_heads + h) * head_dim; an int8 cache's
 # block then holds the rows' float32 scales, in the same order, in its last block_size x kv_heads x 4 bytes.
 # q = round-half-even(x * (127 / max|x|)), scale = max|x| / 127, a zero row stores zeros. A cache of another
-# dtype (float32, bfloat16) has no scales (scale 1).
+# dtype (float32, bfloat16, float16) has no scales (scale 1).
+#
+# The kernels learn a cache's dtype from a code beside the activations' (kernels/kv_int8.py cache_kind): CACHE_SAME,
+# rows in the activations' dtype; CACHE_INT8; CACHE_F16, float16 rows beside float32 activations (what a CPU without
+# bfloat16 arithmetic keeps at half the bytes), each value rounded to nearest-even and clamped to float16's range.
 
 from std.math import round
 from std.memory import bitcast
 
 comptime I8 = DType.int8
 comptime F32 = DType.float32
+comptime F16 = DType.float16
 comptime SCALE_BYTES = 4
+comptime CACHE_SAME = 0
+comptime CACHE_INT8 = 1
+comptime CACHE_F16 = 2
 
 
 @always_inline

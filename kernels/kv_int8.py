@@ -27,6 +27,23 @@ import torch
 
 SCALE_BYTES = 4  # a row's float32 scale
 QMAX = 127
+FLOAT16_MAX = 65504.0  # a float16 cache's rows are clamped to its finite range as they are written
+
+# The code the Mojo kernels read for a cache's dtype (kernels/kv_int8.mojo CACHE_SAME, CACHE_INT8, CACHE_F16).
+_CACHE_KINDS = {torch.int8: 1, torch.float16: 2}
+
+
+def cache_kind(cache: torch.Tensor) -> int:
+    """0: rows in the activations' dtype; 1: int8 rows and scales; 2: float16 rows beside float32 activations."""
+    return _CACHE_KINDS.get(cache.dtype, 0)
+
+
+def to_float_cache(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Rows as a float cache of dtype holds them: float16 clamped to its finite range, then rounded to nearest-even
+    (kernels/numerics.mojo narrow); other dtypes rounded."""
+    if dtype == torch.float16:
+        x = x.float().clamp(-FLOAT16_MAX, FLOAT16_MAX)
+    return x.to(dtype)
 
 
 def is_int8(cache: torch.Tensor) -> bool:

@@ -19,7 +19,7 @@ from std.math import exp, sqrt
 from std.sys import simd_width_of
 from numerics import narrow, round_to
 from params import Params, param_int, param_ptr, param_float
-from kv_int8 import I8, quantize_row, row_width, scale_offset, value_offset
+from kv_int8 import I8, F16, CACHE_INT8, CACHE_F16, quantize_row, row_width, scale_offset, value_offset
 
 comptime F32 = DType.float32
 comptime BF16 = DType.bfloat16
@@ -139,8 +139,8 @@ def _rope_head[dt: DType, ot: DType](dst: Pointer[Scalar[ot], MutAnyOrigin], src
                                      sin_signed: Pointer[Scalar[F32], MutAnyOrigin],
                                      tmp: Pointer[Scalar[F32], MutAnyOrigin], head_dim: Int):
     """dst = rope(norm(src)) for one head. NeoX rotary: x * cos + roll(x, half) * sin_signed, with the tables
-    rounded to dt first and every product and the sum rounded to dt (transformers' order). dst is dt, or
-    float32 holding the same dt-rounded values (what an int8 cache row is quantized from)."""
+    rounded to dt first and every product and the sum rounded to dt (transformers' order). dst is dt,
+    float32 holding the same dt-rounded values (what an int8 cache row is quantized from), or float16."""
     var half = head_dim // 2
     if has_norm:
         var inv = Float32(1) / sqrt(_sum_squares[dt](src, head_dim) / Float32(head_dim) + eps)
@@ -165,7 +165,8 @@ def _rope_head[dt: DType, ot: DType](dst: Pointer[Scalar[ot], MutAnyOrigin], src
 
 
 def _rope_write_kv[dt: DType, cdt: DType](args: Params, begin: Int, end: Int):
-    """cdt: the cache's dtype, dt or int8 (then each K and V row is quantized as it is written)."""
+    """cdt: the cache's dtype: dt, int8 (then each K and V row is quantized as it is written) or float16 beside
+    float32 (each value narrowed as it is written, numerics.narrow)."""
     var q_out = param_ptr[dt](args, 0)  # [tokens, heads, head_dim] contiguous
     var qkv = param_ptr[dt](args, 1)  # [tokens, qkv_stride]: q heads, k heads, v heads
     # K and V caches: params 2 and 3, [slots, kv_heads, row] in cdt (read below in the dtype of each path).
@@ -215,14 +216,18 @@ def _rope_write_kv[dt: DType, cdt: DType](args: Params, begin: Int, end: Int):
                 quantize_row[dt](v_i8.unsafe_offset(at), v_i8.unsafe_offset(scale_at),
                                  v_src.unsafe_offset(h * head_dim), head_dim)
         else:
-            var k_dst = param_ptr[dt](args, 2)
-            var v_dst = param_ptr[dt](args, 3).unsafe_offset(slot * kv_row)
+            var k_dst = param_ptr[cdt](args, 2)
+            var v_dst = param_ptr[cdt](args, 3).unsafe_offset(slot * kv_row)
             for h in range(kv_heads):
-                _rope_head[dt, dt](k_dst.unsafe_offset(slot * kv_row + h * head_dim),
-                                   k_src.unsafe_offset(h * head_dim), k_norm, has_norm, eps, c, s, tmp, head_dim)
+                _rope_head[dt, cdt](k_dst.unsafe_offset(slot * kv_row + h * head_dim),
+                                    k_src.unsafe_offset(h * head_dim), k_norm, has_norm, eps, c, s, tmp, head_dim)
             var d = 0
             while d < kv_row:
-                v_dst.unsafe_offset(d).unsafe_store(v_src.unsafe_offset(d).unsafe_load[width=W8]())
+                comptime if cdt == dt:
+                    var v = v_src.unsafe_offset(d).unsafe_load[width=W8]()
+                    v_dst.unsafe_offset(d).unsafe_store(rebind[SIMD[cdt, W8]](v))
+                else:
+                    _store[cdt, W8](v_dst, d, _load[dt, W8](v_src, d))
                 d += W8
 
     for t in range(begin, end):
@@ -230,15 +235,17 @@ def _rope_write_kv[dt: DType, cdt: DType](args: Params, begin: Int, end: Int):
 
 
 def _rope_write_kv_any(p: Params, begin: Int, end: Int):
-    var int8_cache = param_int(p, 18) != 0
+    var kind = param_int(p, 18)  # kv_int8.mojo's cache kinds
     if param_int(p, 17) == DTYPE_BF16:
-        if int8_cache:
+        if kind == CACHE_INT8:
             _rope_write_kv[BF16, I8](p, begin, end)
         else:
             _rope_write_kv[BF16, BF16](p, begin, end)
     else:
-        if int8_cache:
+        if kind == CACHE_INT8:
             _rope_write_kv[F32, I8](p, begin, end)
+        elif kind == CACHE_F16:
+            _rope_write_kv[F32, F16](p, begin, end)
         else:
             _rope_write_kv[F32, F32](p, begin, end)
 

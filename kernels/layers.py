@@ -135,7 +135,7 @@ def rope_write_kv_params(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.
                          plan.slot_mapping.data_ptr(), positions.data_ptr(), cos.data_ptr(), sin_signed.data_ptr(),
                          0 if q_norm is None else q_norm.data_ptr(), 0 if k_norm is None else k_norm.data_ptr(),
                          tokens, num_heads, kv_heads, head_dim, qkv.shape[1], float_bits(eps), scratch.data_ptr(),
-                         DTYPE_CODES[qkv.dtype], int(kv_int8.is_int8(k_cache)), k_cache.shape[1])
+                         DTYPE_CODES[qkv.dtype], kv_int8.cache_kind(k_cache), k_cache.shape[1])
 
 
 def rope_scratch(tokens: int, head_dim: int) -> torch.Tensor:

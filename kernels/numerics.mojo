@@ -9,6 +9,8 @@ from std.sys import CompilationTarget, inlined_assembly, llvm_intrinsic
 
 comptime F32 = DType.float32
 comptime BF16 = DType.bfloat16
+comptime F16 = DType.float16
+comptime F16_MAX = Float32(65504)  # float16's largest finite value
 
 
 @always_inline
@@ -20,9 +22,12 @@ def bf16_bits[w: Int](x: SIMD[F32, w]) -> SIMD[DType.uint32, w]:
 
 @always_inline
 def narrow[dt: DType, w: Int](x: SIMD[F32, w]) -> SIMD[dt, w]:
-    """x converted to dt (float32 or bfloat16), rounding to nearest-even."""
+    """x converted to dt (float32, bfloat16, or float16 clamped to its finite range), rounding to nearest-even
+    (F16C's vcvtps2ph for float16)."""
     comptime if dt == BF16:
         return bitcast[dt, w]((bf16_bits[w](x) >> 16).cast[DType.uint16]())
+    elif dt == F16:
+        return max(min(x, SIMD[F32, w](F16_MAX)), SIMD[F32, w](-F16_MAX)).cast[dt]()
     else:
         return x.cast[dt]()
 

@@ -10,8 +10,9 @@ from shared.speculative_config import SpeculativeConfig
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "mojo", "torch")
 # auto: the model's dtype. int8: one scale per token and KV head (kernels/kv_int8.py), about half the bytes of
-# bfloat16, served by the CPU kernels and the torch reference.
-KV_CACHE_DTYPES = ("auto", "bfloat16", "int8")
+# bfloat16, served by the CPU kernels and the torch reference. float16: beside a float32 model (a CPU without
+# bfloat16 arithmetic), half its bytes, read by the same kernels.
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "int8")
 # auto: a GGUF's own quantized types for a model converted from a GGUF, none for safetensors checkpoints.
 QUANTIZATIONS = ("auto", "none", "q8_0", "q4_0")
 # How the quantized-weight kernels quantize each activation row per 32-element block (kernels/quant_operands.py),
@@ -94,8 +95,9 @@ class EngineConfig:
             if self.quantization in ("q8_0", "q4_0"):
                 raise ValueError(f"quantization {self.quantization} needs the CPU kernels; on cuda a checkpoint "
                                  "serves in its dtype (auto or none)")
-            if self.kv_cache_dtype == "int8":
-                raise ValueError("kv cache dtype int8 is served on the CPU; on cuda use auto or bfloat16")
+            if self.kv_cache_dtype in ("int8", "float16"):
+                raise ValueError(f"kv cache dtype {self.kv_cache_dtype} is served on the CPU; on cuda use auto or "
+                                 "bfloat16")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block size must be a power of two, got {self.block_size}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "kv_cache_memory"):

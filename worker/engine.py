@@ -65,8 +65,9 @@ class LLMEngine:
             raise ValueError(f"{mc.architecture.replace('ForCausalLM', 'ForSequenceClassification')} has no LM head to "
                              "generate with; serve it with --task score")
         self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, self.dtype)
-        if self.kv_dtype == torch.int8 and self.device.type != "cpu":
-            raise ValueError(f"kv cache dtype int8 is served on the CPU, not on {self.device}")
+        if self.kv_dtype != self.dtype and self.device.type != "cpu":
+            raise ValueError(f"a kv cache of {self.kv_dtype} beside a {self.dtype} model is served on the CPU, "
+                             f"not on {self.device}")
         self.max_model_len = config.max_model_len or mc.context_length
         if self.max_model_len > mc.context_length:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's context length "

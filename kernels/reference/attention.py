@@ -35,8 +35,10 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, key: torch.Tensor, va
         kv_int8.write(v_cache, slot_mapping, value)
         return
     num_blocks, block_size, kv_heads, row = k_cache.shape
-    k_cache.view(num_blocks * block_size, kv_heads, row).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
-    v_cache.view(num_blocks * block_size, kv_heads, row).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+    k_cache.view(num_blocks * block_size, kv_heads, row).index_copy_(0, slot_mapping,
+                                                                     kv_int8.to_float_cache(key, k_cache.dtype))
+    v_cache.view(num_blocks * block_size, kv_heads, row).index_copy_(0, slot_mapping,
+                                                                     kv_int8.to_float_cache(value, v_cache.dtype))
 
 
 @dataclass(frozen=True)

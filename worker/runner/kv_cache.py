@@ -10,15 +10,19 @@ from worker.checkpoint.model_config import ModelConfig
 
 def resolve_kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
     """--kv-cache-dtype: auto is the model's dtype; bfloat16 only beside a bfloat16 model (attention reads
-    a float cache in the queries' dtype); int8 beside any (kernels/kv_int8.py)."""
+    a float cache in the queries' dtype); float16 beside a float32 (or float16) model: half a float32 cache's bytes
+    where the CPU has no bfloat16 arithmetic; int8 beside any (kernels/kv_int8.py)."""
     if name == "auto":
         return model_dtype
     if name == "int8":
         return torch.int8
     if name == "bfloat16" and model_dtype == torch.bfloat16:
         return torch.bfloat16
-    raise ValueError(f"kv cache dtype {name} needs a bfloat16 model (this one runs in {model_dtype}); "
-                     "use auto or int8, or --dtype bfloat16")
+    if name == "float16" and model_dtype in (torch.float32, torch.float16):
+        return torch.float16
+    needs = "a float32 model" if name == "float16" else "a bfloat16 model"
+    raise ValueError(f"kv cache dtype {name} needs {needs} (this one runs in {model_dtype}); use auto or int8, or "
+                     f"--dtype {'float32' if name == 'float16' else 'bfloat16'}")
 
 
 def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:

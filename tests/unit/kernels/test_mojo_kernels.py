@@ -173,15 +173,17 @@ def _paged_copy(rng: random.Random, keys: torch.Tensor, values: torch.Tensor, bl
     return k_cache, v_cache, pages[:needed]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("dtype,cache_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                               (torch.float32, torch.float16)], ids=["f32", "bf16", "f32-f16cache"])
 @pytest.mark.parametrize("head_dim", [32, 64, 128])
-def test_a_rows_bits_depend_on_neither_block_size_nor_batch(module, test_seed, dtype, head_dim):
+def test_a_rows_bits_depend_on_neither_block_size_nor_batch(module, test_seed, dtype, cache_dtype, head_dim):
     """The same keys and query give the same bits in caches of every block size, alone or beside other sequences
     (the engine's batch invariance and its exact recompute after preemption rest on it)."""
     rng = random.Random(test_seed)
     torch.manual_seed(test_seed)
     kv_heads, group, ctx = 2, 3, rng.randrange(300, 700)  # more than one 256-key chunk
-    keys, values = torch.randn(ctx, kv_heads, head_dim).to(dtype), torch.randn(ctx, kv_heads, head_dim).to(dtype)
+    keys = torch.randn(ctx, kv_heads, head_dim).to(cache_dtype)
+    values = torch.randn(ctx, kv_heads, head_dim).to(cache_dtype)
     query = torch.randn(1, kv_heads * group, head_dim).to(dtype)
     outs = []
     for block_size in (8, 16, 32):
@@ -238,7 +240,7 @@ def test_prefill_chunks_go_to_the_kernel_unless_the_cpu_has_amx_or_the_cache_is_
     monkeypatch.setattr(target, "cpu_flags", lambda *_: frozenset({"avx512f", "avx512_bf16"}))
     assert mojo_cpu.default_prefill() == "kernel"
     assert mojo_cpu.default_prefill(torch.bfloat16) == mojo_cpu.default_prefill(torch.int8) == "kernel"
-    assert mojo_cpu.default_prefill(torch.float32) == "sdpa"
+    assert mojo_cpu.default_prefill(torch.float32) == mojo_cpu.default_prefill(torch.float16) == "sdpa"
     monkeypatch.setattr(target, "cpu_flags", lambda *_: frozenset({"avx2", "fma"}))
     assert mojo_cpu.default_prefill(torch.float32) == "sdpa"
     assert mojo_cpu.MojoAttentionBackend(kv_dtype=torch.float32).prefill == "sdpa"

@@ -135,7 +135,7 @@ def test_engine_capacity_follows_the_cache_dtype(tmp_path, test_seed):
 def test_bad_kv_cache_dtypes_are_refused(capsys):
     from gateway.cli import main
 
-    with pytest.raises(ValueError, match="kv cache dtype must be one of auto, bfloat16, int8"):
+    with pytest.raises(ValueError, match="kv cache dtype must be one of auto, bfloat16, float16, int8"):
         EngineConfig(model="m", kv_cache_dtype="fp8")
     with pytest.raises(ValueError, match="int8 is served on the CPU"):
         EngineConfig(model="m", device="cuda", kv_cache_dtype="int8")
