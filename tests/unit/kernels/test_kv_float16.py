@@ -15,19 +15,10 @@ from kernels import kv_int8
 from kernels import layers as mojo_layers
 from kernels.reference import attention as reference
 from kernels.reference.paged_inputs import random_paged_batch
+from tests.helpers.paged_attention_checks import assert_kernel_matches_reference
 from worker.model.rotary import RotaryEmbedding
 
 F16 = torch.float16
-
-
-@pytest.fixture(scope="module")
-def module():
-    return mojo_attention.load_module()
-
-
-@pytest.fixture(scope="module")
-def layers_module():
-    return mojo_layers.load()
 
 
 def float16_batch(rng: random.Random, block_size, kv_heads, head_dim, seqs):
@@ -87,14 +78,9 @@ def test_rope_write_kv_stores_the_float16_rows_of_what_a_float32_cache_holds(lay
 def check_against_reference(module, rng, block_size, kv_heads, group, head_dim, seqs):
     b, k_cache, v_cache = float16_batch(rng, block_size, kv_heads, head_dim, seqs)
     query = torch.randn(b.plan.num_tokens, kv_heads * group, head_dim)
-    scale = head_dim ** -0.5
-    expected = reference.paged_attention(query, k_cache, v_cache, b.ref_plan, scale)
-    for threading in mojo_attention.THREADINGS:
-        out = torch.full_like(query, float("nan"))
-        mojo_attention.paged_attention(module, query, k_cache, v_cache, b.plan, scale, out=out, threading=threading)
-        assert not out.isnan().any(), "an output element was never written"
-        # Both widen the same float16 rows and attend in float32: only the order of the sums differs.
-        torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-4)
+    # Both widen the same float16 rows and attend in float32: only the order of the sums differs.
+    assert_kernel_matches_reference(module, query, k_cache, v_cache, b.plan, b.ref_plan, head_dim ** -0.5, atol=2e-5,
+                                    rtol=1e-4)
 
 
 @pytest.mark.parametrize("block_size", [8, 16])

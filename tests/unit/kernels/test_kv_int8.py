@@ -14,17 +14,8 @@ from kernels import kv_int8
 from kernels import layers as mojo_layers
 from kernels.reference import attention as reference
 from kernels.reference.paged_inputs import random_paged_batch
+from tests.helpers.paged_attention_checks import assert_kernel_matches_reference
 from worker.model.rotary import RotaryEmbedding
-
-
-@pytest.fixture(scope="module")
-def module():
-    return mojo_attention.load_module()
-
-
-@pytest.fixture(scope="module")
-def layers_module():
-    return mojo_layers.load()
 
 
 def test_rows_round_trip_within_half_a_step(test_seed):
@@ -114,16 +105,10 @@ def test_rope_write_kv_stores_the_int8_rows_of_what_a_float_cache_holds(layers_m
 def check_against_reference(module, rng, block_size, kv_heads, group, head_dim, dtype, seqs):
     b, k_cache, v_cache = int8_batch(rng, block_size, kv_heads, head_dim, dtype, seqs)
     query = torch.randn(b.plan.num_tokens, kv_heads * group, head_dim).to(dtype)
-    scale = head_dim ** -0.5
-    expected = reference.paged_attention(query, k_cache, v_cache, b.ref_plan, scale)
-    for threading in mojo_attention.THREADINGS:
-        out = torch.full_like(query, float("nan"))
-        mojo_attention.paged_attention(module, query, k_cache, v_cache, b.plan, scale, out=out, threading=threading)
-        assert not out.isnan().any(), "an output element was never written"
-        # Both dequantize the same int8 rows and attend in float32: only the order of the sums differs
-        # (and, in bfloat16, the output's one rounding).
-        tol = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=1.6e-2, rtol=1.6e-2)
-        torch.testing.assert_close(out.float(), expected.float(), **tol)
+    # Both dequantize the same int8 rows and attend in float32: only the order of the sums differs
+    # (and, in bfloat16, the output's one rounding).
+    tol = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=1.6e-2, rtol=1.6e-2)
+    assert_kernel_matches_reference(module, query, k_cache, v_cache, b.plan, b.ref_plan, head_dim ** -0.5, **tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])

@@ -16,11 +16,7 @@ import torch
 from kernels import attention as mojo_attention
 from kernels.reference import attention as reference
 from kernels.reference.paged_inputs import random_paged_batch
-
-
-@pytest.fixture(scope="module")
-def module():
-    return mojo_attention.load_module()  # a failed build fails these tests: `make test` builds the kernels
+from tests.helpers.paged_attention_checks import assert_kernel_matches_reference
 
 
 def make_batch(rng: random.Random, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
@@ -32,15 +28,9 @@ def make_batch(rng: random.Random, block_size: int, kv_heads: int, head_dim: int
 def check_attention(module, rng, block_size, kv_heads, group, head_dim, dtype, seqs):
     k_cache, v_cache, plan, ref_plan, _ = make_batch(rng, block_size, kv_heads, head_dim, dtype, seqs)
     query = torch.randn(plan.num_tokens, kv_heads * group, head_dim).to(dtype)
-    scale = head_dim ** -0.5
-    expected = reference.paged_attention(query, k_cache, v_cache, ref_plan, scale)
-    for threading in mojo_attention.THREADINGS:  # this thread, and torch's OpenMP team
-        out = torch.full_like(query, float("nan"))
-        mojo_attention.paged_attention(module, query, k_cache, v_cache, plan, scale, out=out, threading=threading)
-        assert not out.isnan().any(), "an output element was never written"
-        # float32: the same math in another order. bfloat16: both accumulate in float32 and round once.
-        tol = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=1.6e-2, rtol=1.6e-2)
-        torch.testing.assert_close(out.float(), expected.float(), **tol)
+    # float32: the same math in another order. bfloat16: both accumulate in float32 and round once.
+    tol = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=1.6e-2, rtol=1.6e-2)
+    assert_kernel_matches_reference(module, query, k_cache, v_cache, plan, ref_plan, head_dim ** -0.5, **tol)
 
 
 def boundary_contexts(block_size: int) -> list[int]:
