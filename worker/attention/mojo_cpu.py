@@ -17,12 +17,16 @@ PREFILL_CHOICES = ("kernel", "sdpa")
 
 def default_prefill(kv_dtype: torch.dtype | None = None) -> str:
     """Who attends prefill chunks on this CPU, for a cache of kv_dtype: SDPA where the CPU has AMX tiles (its matrix
-    products run on them) or where the cache holds float32 or float16 beside float32 queries (MKL's float32 products
-    run at the FMAs' rate, where the kernel's float32 prompt rows go one at a time), else the kernel (see
-    MojoAttentionBackend)."""
+    products run on them), where the cache holds float32 or float16 beside float32 queries (MKL's float32 products
+    run at the FMAs' rate, where the kernel's float32 prompt rows go one at a time), or where an int8 cache's prompt
+    rows cannot run together (attention_prompt.mojo takes AVX512-VNNI); else the kernel (see MojoAttentionBackend).
+    One choice per CPU and cache, never per chunk: a prompt row's bits must not depend on its chunk's length."""
     from kernels.builder.target import cpu_flags
 
-    return "sdpa" if "amx_bf16" in cpu_flags() or kv_dtype in (torch.float32, torch.float16) else "kernel"
+    flags = cpu_flags()
+    if "amx_bf16" in flags or kv_dtype in (torch.float32, torch.float16):
+        return "sdpa"
+    return "sdpa" if kv_dtype == torch.int8 and "avx512_vnni" not in flags else "kernel"
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,10 @@ class MojoAttentionBackend:
     gathered pages (kernels/reference/attention.py's tiles keep those bits chunk-invariant too). So do they over
     a float32 cache (what an AVX2-only CPU serves): MKL's float32 products beat the kernel's rows there, 1.65x on
     512-token prompts and 2.5x on 2048 (Qwen3-0.6B's attention, AMD EPYC Zen 3, 2 cores); over a float16 cache beside
-    float32 queries the two are about even (SDPA 0.92x the kernel's speed at 512 tokens, 1.16x at 2048, same machine).
+    float32 queries the two are about even (SDPA 0.92x the kernel's speed at 512 tokens, 1.16x at 2048, same machine),
+    and so over an int8 cache where its prompt rows go one at a time (no AVX512-VNNI): SDPA over the dequantized
+    pages 0.84x and 1.01x the kernel's speed at 512 tokens, 1.18x and 1.38x at 2048 (the default model's heads and
+    Qwen3-0.6B's, same machine), and the long prompts are where prefill's time goes.
     """
 
     name = "mojo"

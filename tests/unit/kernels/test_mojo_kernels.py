@@ -216,7 +216,7 @@ def test_prompt_rows_together_over_a_bfloat16_cache_give_each_row_its_own_bits(m
         torch.testing.assert_close(together.float(), expected.float(), atol=1.6e-2, rtol=1.6e-2)
 
 
-def test_prefill_chunks_go_to_the_kernel_unless_the_cpu_has_amx_or_the_cache_is_float32(monkeypatch):
+def test_prefill_chunks_go_to_the_kernel_unless_sdpa_is_faster_there(monkeypatch):
     from kernels.builder import target
     from worker.attention import mojo_cpu
 
@@ -227,12 +227,13 @@ def test_prefill_chunks_go_to_the_kernel_unless_the_cpu_has_amx_or_the_cache_is_
     monkeypatch.setattr(target, "cpu_flags", lambda *_: frozenset({"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}))
     assert mojo_cpu.default_prefill() == "sdpa"
     assert mojo_cpu.default_prefill(torch.bfloat16) == "sdpa"
-    monkeypatch.setattr(target, "cpu_flags", lambda *_: frozenset({"avx512f", "avx512_bf16"}))
+    monkeypatch.setattr(target, "cpu_flags", lambda *_: frozenset({"avx512f", "avx512_bf16", "avx512_vnni"}))
     assert mojo_cpu.default_prefill() == "kernel"
     assert mojo_cpu.default_prefill(torch.bfloat16) == mojo_cpu.default_prefill(torch.int8) == "kernel"
     assert mojo_cpu.default_prefill(torch.float32) == mojo_cpu.default_prefill(torch.float16) == "sdpa"
     monkeypatch.setattr(target, "cpu_flags", lambda *_: frozenset({"avx2", "fma"}))
     assert mojo_cpu.default_prefill(torch.float32) == "sdpa"
+    assert mojo_cpu.default_prefill(torch.int8) == "sdpa"  # an int8 cache's prompt rows would go one at a time
     assert mojo_cpu.MojoAttentionBackend(kv_dtype=torch.float32).prefill == "sdpa"
 
 
