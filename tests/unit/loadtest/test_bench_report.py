@@ -147,3 +147,15 @@ def test_the_kv_cache_peers_pass_their_cache_dtype(tmp_path):
         (spec,) = build_specs([name], 2, tmp_path / "m.gguf", "m", "auto", 4096)
         argv = spec.command(8000, 1)
         assert spec.name == name and argv[argv.index("--kv-cache-dtype") + 1] == dtype
+
+
+def test_mili_server_names_compose_a_mode_and_a_cache(tmp_path):
+    from loadtest.sweep import build_specs
+
+    (spec,) = build_specs(["mili-int8-prompt-kv-f16"], 2, tmp_path / "m.gguf", "m", "auto", 4096)
+    argv = spec.command(8000, 1)
+    assert argv[argv.index("--activation-quantization") + 1] == "int8-prompt"
+    assert argv[argv.index("--kv-cache-dtype") + 1] == "float16" and argv[argv.index("--quantization") + 1] == "auto"
+    (spec,) = build_specs(["mili-bf16"], 2, tmp_path / "m.gguf", "m", "auto", 4096)
+    argv = spec.command(8000, 1)
+    assert argv[argv.index("--quantization") + 1] == "none" and "--activation-quantization" not in argv
