@@ -71,7 +71,8 @@ def mili_spec(threads: int, model: str = "default", served_name: str | None = No
                                              "--worker-threads", str(threads), "--model", model,
                                              "--quantization", quantization, *extra],
                       restart_per_level=False, model_processes="children", context=context,
-                      config=" ".join(extra_args))
+                      config=" ".join([*extra_args, *(["--kv-cache-dtype", kv_cache_dtype] if kv_cache_dtype != "auto"
+                                                      else [])]))
 
 
 def llama_server_spec(binary: Path, gguf: Path, served_name: str, threads: int, repack: str = "auto",

@@ -147,6 +147,7 @@ def test_the_kv_cache_peers_pass_their_cache_dtype(tmp_path):
         (spec,) = build_specs([name], 2, tmp_path / "m.gguf", "m", "auto", 4096)
         argv = spec.command(8000, 1)
         assert spec.name == name and argv[argv.index("--kv-cache-dtype") + 1] == dtype
+        assert ("--kv-cache-dtype" in spec.config) == (dtype != "auto")  # the report's configuration line names it
 
 
 def test_mili_server_names_compose_a_mode_and_a_cache(tmp_path):
