@@ -29,13 +29,15 @@ SCALE_BYTES = 4  # a row's float32 scale
 QMAX = 127
 FLOAT16_MAX = 65504.0  # a float16 cache's rows are clamped to its finite range as they are written
 
-# The code the Mojo kernels read for a cache's dtype (kernels/kv_int8.mojo CACHE_SAME, CACHE_INT8, CACHE_F16).
-_CACHE_KINDS = {torch.int8: 1, torch.float16: 2}
+# The code the Mojo kernels read for a cache's dtype (kernels/kv_int8.mojo's constants of the same names): rows in
+# the activations' dtype, int8 rows and scales, float16 rows beside float32 activations.
+CACHE_SAME, CACHE_INT8, CACHE_F16 = 0, 1, 2
+_CACHE_KINDS = {torch.int8: CACHE_INT8, torch.float16: CACHE_F16}
 
 
 def cache_kind(cache: torch.Tensor) -> int:
-    """0: rows in the activations' dtype; 1: int8 rows and scales; 2: float16 rows beside float32 activations."""
-    return _CACHE_KINDS.get(cache.dtype, 0)
+    """The cache's kind code, CACHE_SAME unless it is int8 or float16."""
+    return _CACHE_KINDS.get(cache.dtype, CACHE_SAME)
 
 
 def to_float_cache(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -33,6 +33,7 @@ from worker.core.block_manager import BlockManager
 from worker.model.dtype import resolve_dtype
 from worker.runner.kv_cache import num_blocks_for_memory
 
+
 def cache_dtypes() -> dict[str, torch.dtype]:
     """--kv-cache-dtype name -> cache dtype, for the caches this CPU serves beside its activations (the first: the
     float cache `auto` keeps, the baseline of every ratio)."""
@@ -54,7 +55,8 @@ def capacity(cfg: ModelConfig, budget: int, context: int, block_size: int = 16) 
     for name, dtype in cache_dtypes().items():
         manager = BlockManager(num_blocks_for_memory(cfg, block_size, dtype, budget), block_size, True)
         seqs = manager.num_blocks // -(-context // block_size)
-        print(f"  {label(name, dtype):<16} {manager.num_blocks:>7} blocks of {block_size} tokens -> {seqs:>4} sequences")
+        print(f"  {label(name, dtype):<16} {manager.num_blocks:>7} blocks of {block_size} tokens -> {seqs:>4} "
+              "sequences")
 
 
 def paired(fns: dict[str, callable], rounds: int, calls: int = 3) -> dict[str, float]:

@@ -100,7 +100,7 @@ class MojoAttentionBackend:
         return self._module
 
     def write_kv(self, k_cache, v_cache, key, value, meta: AttentionMetadata, plan: MojoStepPlan) -> None:
-        if kv_int8.cache_kind(k_cache) == 0:  # int8 and float16 caches take rows of the activations' dtype
+        if kv_int8.cache_kind(k_cache) == kv_int8.CACHE_SAME:  # int8 and float16 caches take the activations' rows
             key, value = key.to(k_cache.dtype), value.to(k_cache.dtype)
         self._ops.write_kv(self._module, k_cache, v_cache, key, value, plan.kernel)
 

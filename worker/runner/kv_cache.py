@@ -8,21 +8,26 @@ from kernels import kv_int8
 from worker.checkpoint.model_config import ModelConfig
 
 
+# A float --kv-cache-dtype -> (its dtype, the model dtypes it sits beside, the --dtype that gives one): attention reads
+# a bfloat16 cache in the queries' dtype; float16 halves a float32 cache where the CPU has no bfloat16 arithmetic.
+_FLOAT_CACHES = {"bfloat16": (torch.bfloat16, (torch.bfloat16,), "bfloat16"),
+                 "float16": (torch.float16, (torch.float32, torch.float16), "float32")}
+
+
 def resolve_kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
-    """--kv-cache-dtype: auto is the model's dtype; bfloat16 only beside a bfloat16 model (attention reads
-    a float cache in the queries' dtype); float16 beside a float32 (or float16) model: half a float32 cache's bytes
-    where the CPU has no bfloat16 arithmetic; int8 beside any (kernels/kv_int8.py)."""
+    """--kv-cache-dtype: auto is the model's dtype; int8 beside any (kernels/kv_int8.py); a float cache beside the
+    model dtypes _FLOAT_CACHES names."""
     if name == "auto":
         return model_dtype
     if name == "int8":
         return torch.int8
-    if name == "bfloat16" and model_dtype == torch.bfloat16:
-        return torch.bfloat16
-    if name == "float16" and model_dtype in (torch.float32, torch.float16):
-        return torch.float16
-    needs = "a float32 model" if name == "float16" else "a bfloat16 model"
-    raise ValueError(f"kv cache dtype {name} needs {needs} (this one runs in {model_dtype}); use auto or int8, or "
-                     f"--dtype {'float32' if name == 'float16' else 'bfloat16'}")
+    if name not in _FLOAT_CACHES:
+        raise ValueError(f"unknown kv cache dtype {name!r}")
+    dtype, beside, model_flag = _FLOAT_CACHES[name]
+    if model_dtype in beside:
+        return dtype
+    raise ValueError(f"kv cache dtype {name} needs a {model_flag} model (this one runs in {model_dtype}); use auto or "
+                     f"int8, or --dtype {model_flag}")
 
 
 def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
