@@ -9,9 +9,9 @@ from shared.speculative_config import SpeculativeConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "mojo", "torch")
-# auto: the model's dtype. int8: one scale per token and KV head (kernels/kv_int8.py), about half the bytes of
-# bfloat16, served by the CPU kernels and the torch reference. float16: beside a float32 model (a CPU without
-# bfloat16 arithmetic), half its bytes, read by the same kernels.
+# auto: the model's dtype, but float16 where --dtype auto gave float32 (a CPU without bfloat16 arithmetic). int8:
+# one scale per token and KV head (kernels/kv_int8.py), about half the bytes of bfloat16, served by the CPU kernels
+# and the torch reference. float16: beside a float32 model, half its bytes, read by the same kernels.
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "int8")
 # auto: a GGUF's own quantized types for a model converted from a GGUF, none for safetensors checkpoints.
 QUANTIZATIONS = ("auto", "none", "q8_0", "q4_0")

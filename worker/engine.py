@@ -64,7 +64,7 @@ class LLMEngine:
         if mc.num_labels and config.task == "generate":
             raise ValueError(f"{mc.architecture.replace('ForCausalLM', 'ForSequenceClassification')} has no LM head to "
                              "generate with; serve it with --task score")
-        self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, self.dtype)
+        self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, self.dtype, config.dtype)
         if self.kv_dtype != self.dtype and self.device.type != "cpu":
             raise ValueError(f"a kv cache of {self.kv_dtype} beside a {self.dtype} model is served on the CPU, "
                              f"not on {self.device}")

@@ -14,11 +14,13 @@ _FLOAT_CACHES = {"bfloat16": (torch.bfloat16, (torch.bfloat16,), "bfloat16"),
                  "float16": (torch.float16, (torch.float32, torch.float16), "float32")}
 
 
-def resolve_kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
-    """--kv-cache-dtype: auto is the model's dtype; int8 beside any (kernels/kv_int8.py); a float cache beside the
-    model dtypes _FLOAT_CACHES names."""
+def resolve_kv_dtype(name: str, model_dtype: torch.dtype, dtype_flag: str) -> torch.dtype:
+    """--kv-cache-dtype: int8 beside any model dtype (kernels/kv_int8.py); a float cache beside the model dtypes
+    _FLOAT_CACHES names; auto the model's dtype, except float16 where --dtype (dtype_flag) auto gave a float32
+    model: a CPU without bfloat16 arithmetic, where every other CPU runs bfloat16 with a bfloat16 cache. So every
+    CPU gets a 16-bit cache by default, as llama.cpp's default f16 one; an explicit --dtype float32 keeps float32."""
     if name == "auto":
-        return model_dtype
+        return torch.float16 if dtype_flag == "auto" and model_dtype == torch.float32 else model_dtype
     if name == "int8":
         return torch.int8
     if name not in _FLOAT_CACHES:

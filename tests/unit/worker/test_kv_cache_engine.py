@@ -138,8 +138,9 @@ def test_bad_kv_cache_dtypes_are_refused(capsys):
     with pytest.raises(ValueError, match="int8 is served on the CPU"):
         EngineConfig(model="m", device="cuda", kv_cache_dtype="int8")
     with pytest.raises(ValueError, match="needs a bfloat16 model"):
-        resolve_kv_dtype("bfloat16", torch.float32)
-    assert resolve_kv_dtype("auto", torch.float32) == torch.float32
+        resolve_kv_dtype("bfloat16", torch.float32, "float32")
+    assert resolve_kv_dtype("auto", torch.float32, "float32") == torch.float32
+    assert resolve_kv_dtype("auto", torch.bfloat16, "auto") == torch.bfloat16
     with pytest.raises(SystemExit) as exit_info:
         main(["serve", "--kv-cache-dtype", "fp8"])
     assert exit_info.value.code == 2
@@ -171,9 +172,24 @@ def test_float16_doubles_the_sequences_a_budget_holds():
     assert seqs[torch.float16] >= 2 * seqs[torch.float32]
 
 
+@pytest.mark.parametrize("native_bf16", [False, True])
+def test_auto_cache_is_16_bits_under_auto_dtype(tmp_path, test_seed, monkeypatch, native_bf16):
+    """--dtype auto gives float32 on a CPU without bfloat16 arithmetic, and then the auto cache is float16; with
+    bfloat16 arithmetic both are bfloat16. An explicit --dtype float32 keeps a float32 cache."""
+    monkeypatch.setattr("worker.model.dtype.cpu_has_native_bf16", lambda: native_bf16)
+    model_dir = tmp_path / "qwen3"
+    build_tiny_model("qwen3", test_seed, model_dir, vocab_size=cases.VOCAB)
+    auto = make_engine(model_dir, dtype="auto")
+    assert (auto.dtype, auto.kv_dtype) == ((torch.bfloat16, torch.bfloat16) if native_bf16
+                                           else (torch.float32, torch.float16))
+    explicit = make_engine(model_dir, dtype="float32")
+    assert explicit.kv_dtype == torch.float32
+    assert resolve_kv_dtype("auto", torch.float32, "auto") == torch.float16
+
+
 def test_float16_beside_a_float32_model_only():
-    assert resolve_kv_dtype("float16", torch.float32) == torch.float16
+    assert resolve_kv_dtype("float16", torch.float32, "float32") == torch.float16
     with pytest.raises(ValueError, match="kv cache dtype float16 needs a float32 model"):
-        resolve_kv_dtype("float16", torch.bfloat16)
+        resolve_kv_dtype("float16", torch.bfloat16, "auto")
     with pytest.raises(ValueError, match="float16 is served on the CPU"):
         EngineConfig(model="m", device="cuda", kv_cache_dtype="float16")
