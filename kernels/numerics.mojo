@@ -105,10 +105,11 @@ comptime I16x32 = SIMD[DType.int16, 32]
 # spills: Q4_K 1.06-1.12x with 3, Q6_K 0.98-0.99x).
 comptime PAIRS_ROWS_ONE = 6
 comptime PAIRS_ROWS_TWO = 3
-# The same for 8-bit weights (signed_dots): each row's int32 sums take the place of its int16 pair sums, and the
-# weights' magnitudes and signs are held beside them.
+# The same for 8-bit weights (signed_dots): each row's int32 sum takes the place of its int16 pair sums, and the
+# weights' magnitudes and signs are held beside them. Two parts add into one sum (add_signed_dots), which leaves room
+# for 3 rows (AMD Zen 3: 1.00-1.02x the 2 rows of two sums each).
 comptime SIGNED_ROWS_ONE = 4
-comptime SIGNED_ROWS_TWO = 2
+comptime SIGNED_ROWS_TWO = 3
 
 
 @always_inline
@@ -147,16 +148,19 @@ def add_pair_sums[R: Int, two: Bool, g: Int](mut pairs1: Array[I16x32, R], mut p
 
 
 @always_inline
-def add_signed_dots[R: Int, two: Bool, g: Int](mut dots1: Array[SIMD[DType.int32, 16], R],
-                                               mut dots2: Array[SIMD[DType.int32, 16], R],
+def add_signed_dots[R: Int, two: Bool, g: Int](mut dots: Array[SIMD[DType.int32, 16], R],
                                                magnitudes: SIMD[DType.uint8, 64], q: SIMD[DType.int8, 64], a1: Words,
                                                a2: Words, row_words: Int):
     """R rows' int32 sums plus those of signed weight vector g (its magnitudes and q, signed_dots') with each row's
-    q1 word (and q2's with two parts), the rows' words as add_pair_sums reads them: 8-bit weights' pairs path."""
+    q1 word, the rows' words as add_pair_sums reads them: 8-bit weights' pairs path. With two parts, 254 times q1's
+    products plus q2's, so each row's sum is quant_activations.combine_parts' 254 * dot1 + dot2 as it grows (one
+    accumulator a row, and no combine after)."""
     comptime for r in range(R):
-        dots1[r] = signed_dots(dots1[r], magnitudes, q, a1[unsafe_offset=r * row_words + g])
         comptime if two:
-            dots2[r] = signed_dots(dots2[r], magnitudes, q, a2[unsafe_offset=r * row_words + g])
+            dots[r] = signed_dots[254](dots[r], magnitudes, q, a1[unsafe_offset=r * row_words + g])
+            dots[r] = signed_dots(dots[r], magnitudes, q, a2[unsafe_offset=r * row_words + g])
+        else:
+            dots[r] = signed_dots(dots[r], magnitudes, q, a1[unsafe_offset=r * row_words + g])
 
 
 @always_inline
@@ -180,18 +184,32 @@ def widen_pairs(pairs: I16x32) -> SIMD[DType.int32, 16]:
 
 
 @always_inline
-def signed_dots(acc: SIMD[DType.int32, 16], magnitudes: SIMD[DType.uint8, 64], q: SIMD[DType.int8, 64],
-                a: Int32) -> SIMD[DType.int32, 16]:
-    """acc + per 32-bit lane i of q (column i) the sum over j < 4 of q[4i + j] * a_j, exactly, where magnitudes =
-    |q| (128 for -128) and a holds the four int8s a0..a3, each in [-127, 127] (the activations' bound). For 8-bit
-    weights, whose pair sums do not fit int16 lanes as unsigned bytes (2 x 255 x 127): vpsignb moves q's sign onto
-    the activation, so vpmaddubsw's pairs |q| x (+-a) are at most 2 x 128 x 127 = 32512 < 2^15, and vpmaddwd by
-    ones widens them."""
+def widen_parts(pairs1: I16x32, pairs2: I16x32) -> SIMD[DType.int32, 16]:
+    """Per column i, 254 * (the sum of pairs1's two lanes) + the sum of pairs2's: two activation parts' pair sums
+    widened straight into quant_activations.combine_parts' 254 * dot1 + dot2, the 254 as vpmaddwd's multiplier in
+    place of widen_pairs' ones (its products exact: 254 x 2 x 32767 < 2^31, within what pair_span allows). One
+    accumulator a row where there were two, and no shift and subtract to combine them."""
+    var lo = llvm_intrinsic["llvm.x86.avx2.pmadd.wd", I32x8](pairs1.slice[16, offset=0](), I16x16(254)) + \
+        llvm_intrinsic["llvm.x86.avx2.pmadd.wd", I32x8](pairs2.slice[16, offset=0](), I16x16(1))
+    var hi = llvm_intrinsic["llvm.x86.avx2.pmadd.wd", I32x8](pairs1.slice[16, offset=16](), I16x16(254)) + \
+        llvm_intrinsic["llvm.x86.avx2.pmadd.wd", I32x8](pairs2.slice[16, offset=16](), I16x16(1))
+    return lo.join(hi)
+
+
+@always_inline
+def signed_dots[times: Int = 1](acc: SIMD[DType.int32, 16], magnitudes: SIMD[DType.uint8, 64],
+                                q: SIMD[DType.int8, 64], a: Int32) -> SIMD[DType.int32, 16]:
+    """acc + per 32-bit lane i of q (column i) `times` the sum over j < 4 of q[4i + j] * a_j, exactly, where
+    magnitudes = |q| (128 for -128) and a holds the four int8s a0..a3, each in [-127, 127] (the activations' bound).
+    For 8-bit weights, whose pair sums do not fit int16 lanes as unsigned bytes (2 x 255 x 127): vpsignb moves q's
+    sign onto the activation, so vpmaddubsw's pairs |q| x (+-a) are at most 2 x 128 x 127 = 32512 < 2^15, and
+    vpmaddwd by `times` (1, or 254 for a first activation part: 2 x 254 x 32512 < 2^31) widens them."""
+    comptime assert 0 < times < 32768, "vpmaddwd's multiplier is an int16"
     var a8 = bitcast[DType.int8, 32](I32x8(a))
     var halves = Array[I32x8, 2](fill=I32x8(0))
     comptime for h in range(2):
         var signed_a = llvm_intrinsic["llvm.x86.avx2.psign.b", SIMD[DType.int8, 32]](a8, q.slice[32, offset=32 * h]())
         var pairs = llvm_intrinsic["llvm.x86.avx2.pmadd.ub.sw", I16x16](
             bitcast[DType.int8, 32](magnitudes.slice[32, offset=32 * h]()), signed_a)
-        halves[h] = llvm_intrinsic["llvm.x86.avx2.pmadd.wd", I32x8](pairs, I16x16(1))
+        halves[h] = llvm_intrinsic["llvm.x86.avx2.pmadd.wd", I32x8](pairs, I16x16(times))
     return acc + halves[0].join(halves[1])

@@ -47,7 +47,7 @@ from std.python.bindings import PythonModuleBuilder
 from std.os import abort
 from std.memory import alloc, bitcast, stack_allocation
 from numerics import PAIRS_PATH, PAIRS_ROWS_ONE, PAIRS_ROWS_TWO, Floats, I16x32, Ints, Words, add_pair_sums, \
-    byte_bits, dpbusd, high_nibbles, narrow, pair_span, widen_pairs
+    byte_bits, dpbusd, high_nibbles, narrow, pair_span, widen_pairs, widen_parts
 from params import Params, param_int, param_ptr
 from row_groups import prefetch_next, row_groups
 from quant_activations import P_BLOCK_STRIDE, P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, P_SUM_LO, combine_parts, \
@@ -254,10 +254,10 @@ def _block_rows_pairs[kind: Int, R: Int, two: Bool](mut y: Array[F32x16, R], blk
     worked out once per block by the caller)."""
     comptime span = pair_span(max_weight[kind]())
     comptime assert 4 % span == 0 or span == 8, "a span must not cross Q6_K's halves or the block's end"
-    var lo1 = Array[I32x16, R](fill=I32x16(0))
-    var hi1 = Array[I32x16, R](fill=I32x16(0))
-    var lo2 = Array[I32x16, R](fill=I32x16(0))
-    var hi2 = Array[I32x16, R](fill=I32x16(0))
+    # One int32 sum a row and half: two parts widen straight into 254 * dot1 + dot2 (numerics.widen_parts), which
+    # is linear, so each span's share adds into it (Q6_K: 4 such sums a row where there were 8, so fewer spills).
+    var lo = Array[I32x16, R](fill=I32x16(0))
+    var hi = Array[I32x16, R](fill=I32x16(0))
     comptime for g0 in range(0, 8, span):
         var pairs1 = Array[I16x32, R](fill=I16x32(0))
         var pairs2 = Array[I16x32, R](fill=I16x32(0))
@@ -265,22 +265,18 @@ def _block_rows_pairs[kind: Int, R: Int, two: Bool](mut y: Array[F32x16, R], blk
             var w = _weights[kind, g](blk)
             add_pair_sums[R, two, g](pairs1, pairs2, w, a1, a2, row_words)
         comptime for r in range(R):
-            comptime if kind == KIND_Q6_K and g0 >= 4:  # Q6_K's halves apart, as _block_row's
-                hi1[r] += widen_pairs(pairs1[r])
-                comptime if two:
-                    hi2[r] += widen_pairs(pairs2[r])
+            var dots: I32x16
+            comptime if two:
+                dots = widen_parts(pairs1[r], pairs2[r])
             else:
-                lo1[r] += widen_pairs(pairs1[r])
-                comptime if two:
-                    lo2[r] += widen_pairs(pairs2[r])
+                dots = widen_pairs(pairs1[r])
+            comptime if kind == KIND_Q6_K and g0 >= 4:  # Q6_K's halves apart, as _block_row's
+                hi[r] += dots
+            else:
+                lo[r] += dots
     comptime for r in range(R):
-        var lo = lo1[r]
-        var hi = hi1[r]
-        comptime if two:
-            lo = combine_parts(lo1[r], lo2[r])
-            hi = combine_parts(hi1[r], hi2[r])
         var j = j0 + r
-        y[r] = _block_epilogue[kind](y[r], lo, hi, dw, mw, sc_lo, sc_hi, da[unsafe_offset=j],
+        y[r] = _block_epilogue[kind](y[r], lo[r], hi[r], dw, mw, sc_lo, sc_hi, da[unsafe_offset=j],
                                      s[unsafe_offset=j], s_lo[unsafe_offset=j], s_f[unsafe_offset=j])
 
 

@@ -35,7 +35,7 @@ from std.python.bindings import PythonModuleBuilder
 from std.os import abort
 from std.memory import alloc, bitcast, stack_allocation
 from numerics import PAIRS_PATH, PAIRS_ROWS_ONE, PAIRS_ROWS_TWO, SIGNED_ROWS_ONE, SIGNED_ROWS_TWO, Floats, I16x32, \
-    Ints, Words, add_pair_sums, add_signed_dots, dpbusd, high_nibbles, narrow, pair_span, widen_pairs
+    Ints, Words, add_pair_sums, add_signed_dots, dpbusd, high_nibbles, narrow, pair_span, widen_pairs, widen_parts
 from params import Params, param_int, param_ptr
 from row_groups import prefetch_next, row_groups
 from quant_activations import P_BLOCK_STRIDE, P_D, P_K, P_M, P_Q1, P_Q2, P_SUM, P_SUM_F, combine_parts, \
@@ -145,9 +145,10 @@ def _paired_sums[kind: Int, R: Int, two: Bool](rec: Pointer[Scalar[DType.uint8],
         add_pair_sums[R, two, g](pairs1, pairs2, _weights[kind, g](rec), a1, a2, row_words)
     var dots = Array[I32x16, R](fill=I32x16(0))
     comptime for r in range(R):
-        dots[r] = widen_pairs(pairs1[r])
         comptime if two:
-            dots[r] = combine_parts(dots[r], widen_pairs(pairs2[r]))
+            dots[r] = widen_parts(pairs1[r], pairs2[r])
+        else:
+            dots[r] = widen_pairs(pairs1[r])
     return dots^
 
 
@@ -156,15 +157,11 @@ def _signed_sums[R: Int, two: Bool](rec: Pointer[Scalar[DType.uint8], MutAnyOrig
                                     row_words: Int) -> Array[I32x16, R]:
     """Q8_0's block dots for R rows: the signed quants (stored + 128) through numerics.signed_dots, so the sums
     already lack the offset."""
-    var dots1 = Array[I32x16, R](fill=I32x16(0))
-    var dots2 = Array[I32x16, R](fill=I32x16(0))
+    var dots = Array[I32x16, R](fill=I32x16(0))
     comptime for g in range(8):
         var q = bitcast[DType.int8, 64](_weights[KIND_Q8_0, g](rec) ^ 0x80)
-        add_signed_dots[R, two, g](dots1, dots2, bitcast[DType.uint8, 64](abs(q)), q, a1, a2, row_words)
-    comptime if two:
-        comptime for r in range(R):
-            dots1[r] = combine_parts(dots1[r], dots2[r])
-    return dots1^
+        add_signed_dots[R, two, g](dots, bitcast[DType.uint8, 64](abs(q)), q, a1, a2, row_words)
+    return dots^
 
 
 @always_inline
