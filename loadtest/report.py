@@ -41,7 +41,8 @@ def ratio_pairs(servers: list[str]) -> list[tuple[str, str]]:
 
 
 def markdown(results: dict) -> str:
-    servers = list(results["servers"])
+    # MILI's configurations first, in the order they ran, so the ratios read MILI / peer whatever the run order.
+    servers = sorted(results["servers"], key=lambda name: not name.startswith("mili"))
     main, peers = servers[0], servers[1:]
     pairs = ratio_pairs(servers)
 

@@ -54,6 +54,20 @@ def test_other_mili_configurations_get_ratios_against_the_peers_only():
     assert "Time to first token for 2048-token prompts" in table and "| mili | 1, 2048-token prompts |" in table
 
 
+def test_mili_columns_come_first_whatever_the_run_order():
+    """A sweep that ran the peer first (to vary the order between runs) still reads MILI / peer."""
+    results = _results({
+        "llama-server": {"levels": {"32": _run(300, 8000)}, "ttft_long_prompt": _run(20, 1200),
+                         "peak_rss_mib": 1300},
+        "mili-int8": {"levels": {"32": _run(900, 200)}, "ttft_long_prompt": _run(30, 60), "peak_rss_mib": 700},
+        "mili": {"levels": {"32": _run(600, 300)}, "ttft_long_prompt": _run(30, 100), "peak_rss_mib": 700},
+    })
+    table = markdown(results)
+    assert ("| concurrency | mili-int8 | mili | llama-server | mili-int8 / mili | mili-int8 / llama-server "
+            "| mili / llama-server |") in table
+    assert "| 32 | 900.0 | 600.0 | 300.0 | 1.50x | 3.00x | 2.00x |" in table
+
+
 def test_markdown_memory_by_process_and_context():
     results = {
         "machine": {"cpu": "test cpu", "cores": 2, "memory_gib": 1.0, "isa": ["avx512f"], "python": "3", "torch": "2"},
