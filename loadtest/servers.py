@@ -114,14 +114,15 @@ def transformers_spec(model_dir: Path, served_name: str, threads: int, max_concu
 
 
 def vllm_cpu_spec(model_dir: Path, served_name: str, threads: int, kv_tokens: int | None = None) -> ServerSpec:
-    """vLLM's CPU backend in its own venv (loadtest/peers/vllm_cpu.py), serving the HF directory in bfloat16.
+    """vLLM's CPU backend in its own venv (loadtest/peers/vllm_cpu.py), serving the HF directory in bfloat16 (float32
+    on a CPU without bfloat16 arithmetic).
     kv_tokens caps its KV cache at that many tokens (whole blocks of its own size), the same capacity as the
     others; it starts outside the repository so that none of MILI's packages shadows one of vLLM's."""
     from loadtest.peers import vllm_cpu
 
     found, missing = vllm_cpu.preloads()
     preloaded = "preloaded " + " + ".join(p.name for p in found) if found else "nothing preloaded"
-    config = (f"bfloat16, VLLM_ENABLE_V1_MULTIPROCESSING=0 (the model in the engine-core process, no worker "
+    config = (f"{vllm_cpu.model_dtype()}, VLLM_ENABLE_V1_MULTIPROCESSING=0 (the model in the engine-core process, no worker "
               f"process), VLLM_CPU_KVCACHE_SPACE={vllm_cpu.KV_CACHE_SPACE_GIB}, {preloaded}")
     if missing:
         config += f"; missing {', '.join(missing)}"

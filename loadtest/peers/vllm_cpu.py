@@ -15,7 +15,9 @@ What makes it run, and run fastest, here:
 - VLLM_CPU_KVCACHE_SPACE=2 (GiB); the sweep's equal context then caps the blocks it uses (--num-gpu-blocks-override).
 - The OpenAI server runs as a module: the package's `vllm` console script fails in this package.
 
-It serves an HF-format directory (config.json, tokenizer files, safetensors), in bfloat16: the sweep hands it the
+It serves an HF-format directory (config.json, tokenizer files, safetensors), in bfloat16 where the CPU computes it
+natively and in float32 where it does not (AMD Zen 3, Intel before Cooper Lake: there bfloat16 would be emulated,
+as MILI's `--dtype auto` also picks float32), so it runs its best on either: the sweep hands it the
 same GGUF's conversion the transformers peer gets (shared.default_model.converted_gguf). It lives under
 build/peers/vllm-cpu-<version>/ and is reinstalled only when that version changes.
 """
@@ -27,6 +29,7 @@ import os
 from pathlib import Path
 
 from loadtest.peers.venv import ensure_venv, python_in, recorded
+from worker.model.dtype import cpu_has_native_bf16
 
 VLLM_CPU_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0+cpu"  # what vllm-cpu 0.32.0 pins
@@ -102,8 +105,13 @@ def server_command(model_dir: Path, served_name: str, port: int, kv_tokens: int 
         context = json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings", kv_tokens)
         cap = ["--num-gpu-blocks-override", str(kv_tokens // BLOCK_SIZE), "--max-model-len", str(min(kv_tokens, context))]
     return [str(python_path()), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-            "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "bfloat16",
+            "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port), "--dtype", model_dtype(),
             "--block-size", str(BLOCK_SIZE), *cap, "--uvicorn-log-level", "warning"]
+
+
+def model_dtype() -> str:
+    """bfloat16 where the CPU computes it natively, else float32 (the rule MILI's --dtype auto follows)."""
+    return "bfloat16" if cpu_has_native_bf16() else "float32"
 
 
 def version() -> str:

@@ -32,14 +32,18 @@ def _model_dir(tmp_path: Path, context: int) -> Path:
     return tmp_path
 
 
-def test_vllm_runs_its_server_module_in_bfloat16_with_the_sweeps_kv_capacity(preloads_present, tmp_path):
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_vllm_runs_its_server_module_in_its_best_dtype_with_the_sweeps_kv_capacity(preloads_present, tmp_path,
+                                                                                 monkeypatch, native_bf16):
+    """bfloat16 where the CPU computes it, float32 where it would be emulated."""
+    monkeypatch.setattr(vllm_cpu, "cpu_has_native_bf16", lambda: native_bf16)
     model = _model_dir(tmp_path, 8192)
     spec = vllm_cpu_spec(model, "smol", threads=2, kv_tokens=16384)
     argv = spec.command(8123, 8)
     assert argv[0] == str(vllm_cpu.python_path())
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]  # its `vllm` console script fails
     assert argv[argv.index("--model") + 1] == str(model) and argv[argv.index("--port") + 1] == "8123"
-    assert argv[argv.index("--dtype") + 1] == "bfloat16"
+    assert argv[argv.index("--dtype") + 1] == ("bfloat16" if native_bf16 else "float32")
     blocks = int(argv[argv.index("--num-gpu-blocks-override") + 1])
     assert blocks * int(argv[argv.index("--block-size") + 1]) == 16384
     assert "16384 tokens" in spec.context
