@@ -98,7 +98,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "MILI_ATTENTION_BACKEND)")
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
                    help="KV cache dtype: auto (the model's; float16 where --dtype auto gave float32, on a CPU without "
-                        "bfloat16 arithmetic), bfloat16, float16 (beside a float32 model: half its memory), or int8 (a scale per token and KV head; about half the memory of bfloat16, so "
+                        "bfloat16 arithmetic), bfloat16, float16 (beside a float32 model: half its memory), or int8 "
+                        "(a scale per token and KV head; about half the memory of bfloat16, so "
                         "about twice the sequences in one --kv-cache-memory)")
     p.add_argument("--quantization", choices=QUANTIZATIONS, default="auto",
                    help="linear weights: auto = a GGUF's own Q4_0/Q4_1/Q8_0 and Q4_K/Q6_K/Q5_0/Q5_1 blocks "

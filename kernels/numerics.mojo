@@ -178,8 +178,14 @@ def in_registers(v: I16x32) -> I16x32:
 @always_inline
 def widen_pairs(pairs: I16x32) -> SIMD[DType.int32, 16]:
     """Per column i, the sum of its two int16 pair lanes as an int32 (vpmaddwd by ones: exact)."""
-    var lo = llvm_intrinsic["llvm.x86.avx2.pmadd.wd", I32x8](pairs.slice[16, offset=0](), I16x16(1))
-    var hi = llvm_intrinsic["llvm.x86.avx2.pmadd.wd", I32x8](pairs.slice[16, offset=16](), I16x16(1))
+    return _widen_times[1](pairs)
+
+
+@always_inline
+def _widen_times[times: Int](pairs: I16x32) -> SIMD[DType.int32, 16]:
+    """Per column i, `times` x the sum of its two int16 pair lanes, as an int32 (vpmaddwd by `times`)."""
+    var lo = llvm_intrinsic["llvm.x86.avx2.pmadd.wd", I32x8](pairs.slice[16, offset=0](), I16x16(times))
+    var hi = llvm_intrinsic["llvm.x86.avx2.pmadd.wd", I32x8](pairs.slice[16, offset=16](), I16x16(times))
     return lo.join(hi)
 
 
@@ -189,11 +195,7 @@ def widen_parts(pairs1: I16x32, pairs2: I16x32) -> SIMD[DType.int32, 16]:
     widened straight into quant_activations.combine_parts' 254 * dot1 + dot2, the 254 as vpmaddwd's multiplier in
     place of widen_pairs' ones (its products exact: 254 x 2 x 32767 < 2^31, within what pair_span allows). One
     accumulator a row where there were two, and no shift and subtract to combine them."""
-    var lo = llvm_intrinsic["llvm.x86.avx2.pmadd.wd", I32x8](pairs1.slice[16, offset=0](), I16x16(254)) + \
-        llvm_intrinsic["llvm.x86.avx2.pmadd.wd", I32x8](pairs2.slice[16, offset=0](), I16x16(1))
-    var hi = llvm_intrinsic["llvm.x86.avx2.pmadd.wd", I32x8](pairs1.slice[16, offset=16](), I16x16(254)) + \
-        llvm_intrinsic["llvm.x86.avx2.pmadd.wd", I32x8](pairs2.slice[16, offset=16](), I16x16(1))
-    return lo.join(hi)
+    return _widen_times[254](pairs1) + _widen_times[1](pairs2)
 
 
 @always_inline

@@ -122,8 +122,8 @@ def vllm_cpu_spec(model_dir: Path, served_name: str, threads: int, kv_tokens: in
 
     found, missing = vllm_cpu.preloads()
     preloaded = "preloaded " + " + ".join(p.name for p in found) if found else "nothing preloaded"
-    config = (f"{vllm_cpu.model_dtype()}, VLLM_ENABLE_V1_MULTIPROCESSING=0 (the model in the engine-core process, no worker "
-              f"process), VLLM_CPU_KVCACHE_SPACE={vllm_cpu.KV_CACHE_SPACE_GIB}, {preloaded}")
+    config = (f"{vllm_cpu.model_dtype()}, VLLM_ENABLE_V1_MULTIPROCESSING=0 (the model in the engine-core process, "
+              f"no worker process), VLLM_CPU_KVCACHE_SPACE={vllm_cpu.KV_CACHE_SPACE_GIB}, {preloaded}")
     if missing:
         config += f"; missing {', '.join(missing)}"
     context = (f"VLLM_CPU_KVCACHE_SPACE {vllm_cpu.KV_CACHE_SPACE_GIB} GiB, all of it" if kv_tokens is None else

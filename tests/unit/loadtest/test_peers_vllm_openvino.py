@@ -36,7 +36,7 @@ def _model_dir(tmp_path: Path, context: int) -> Path:
 def test_vllm_runs_its_server_module_in_its_best_dtype_with_the_sweeps_kv_capacity(preloads_present, tmp_path,
                                                                                  monkeypatch, native_bf16):
     """bfloat16 where the CPU computes it, float32 where it would be emulated."""
-    monkeypatch.setattr(vllm_cpu, "cpu_has_native_bf16", lambda: native_bf16)
+    monkeypatch.setattr("worker.model.dtype.cpu_has_native_bf16", lambda: native_bf16)
     model = _model_dir(tmp_path, 8192)
     spec = vllm_cpu_spec(model, "smol", threads=2, kv_tokens=16384)
     argv = spec.command(8123, 8)
