@@ -21,6 +21,8 @@ from gateway.anthropic.schema import CountTokensBody, MessagesBody
 from gateway.huggingface.openapi_paths import tei_paths, tgi_paths, with_tei_rerank
 from gateway.huggingface.tei_schema import TeiEmbedBody, TeiRerankBody, TeiSimilarityBody
 from gateway.huggingface.tgi_schema import TgiGenerateBody
+from gateway.llamacpp.completion_schema import TOKEN_ID_TEXT, LlamaCompletionBody, LlamaInfillBody
+from gateway.llamacpp.openapi_paths import llamacpp_paths, props_path
 from gateway.openai.model_routes import MAX_LIST_LIMIT
 from gateway.ollama.schema import OllamaChatBody, OllamaGenerateBody, OllamaPullBody, OllamaShowBody
 from gateway.openai.parse import Limits, with_default_tag
@@ -48,6 +50,7 @@ class ServedBounds:
     task: str = "generate"  # --task: which routes the server answers (the others are 400s, not listed)
     thinking: bool = True  # the model thinks (Qwen3's tags): Ollama's think may be on
     page: bool = False  # the chat page is served at GET / (gateway/web_ui/)
+    infill: bool = False  # the served tokenizer has fill-in-the-middle tokens: llama.cpp's /infill runs
 
 
 @lru_cache(maxsize=1)
@@ -66,7 +69,8 @@ def _request_schemas() -> tuple[dict[str, dict], dict[str, Any]]:
                                     (OllamaEmbedRequest, "validation"),
                                     (OllamaEmbeddingsRequest, "validation"), (TgiGenerateBody, "validation"),
                                     (TeiEmbedBody, "validation"), (TeiRerankBody, "validation"),
-                                    (TeiSimilarityBody, "validation")],
+                                    (TeiSimilarityBody, "validation"), (LlamaCompletionBody, "validation"),
+                                    (LlamaInfillBody, "validation")],
                                    ref_template=_REF)
     return {model.__name__: ref for (model, _), ref in refs.items()}, top["$defs"]
 
@@ -89,6 +93,8 @@ def _fill_limits(node: Any, bounds: ServedBounds) -> None:
         node["maximum"] = vocab - 1
     elif limit == "token_id_key":  # the keys of a logit_bias object
         node["pattern"] = decimal_below(vocab) if vocab is not None else TOKEN_ID_KEY_PATTERN
+    elif limit == "token_text" and vocab is not None:  # llama.cpp's: a token's id as text, or any other text
+        node["anyOf"] = [{"pattern": decimal_below(vocab)}, {"not": {"pattern": TOKEN_ID_TEXT}}]
     elif limit == "context" and context is not None:
         if node.get("type") == "array":
             node["maxItems"] = context  # a whole context of prompt: only to score it (echo, max_tokens 0)
@@ -353,7 +359,7 @@ def _stored_response_paths() -> dict[str, Any]:
     }
 
 
-def _task_paths(task: str, refs: dict[str, dict]) -> dict[str, Any]:
+def _task_paths(task: str, refs: dict[str, dict], infill: bool) -> dict[str, Any]:
     """The routes a --task answers beside the common ones."""
     if task == "embed":
         return {"/v1/embeddings": _pooling_route("Embeddings (OpenAI's shape)", refs["EmbeddingRequest"], _EMBEDDINGS),
@@ -382,6 +388,7 @@ def _task_paths(task: str, refs: dict[str, dict]) -> dict[str, Any]:
             "Count a Messages request's input tokens (as /v1/messages renders it)", refs["CountTokensBody"],
             {"type": "object", "required": ["input_tokens"], "properties": {"input_tokens": {"type": "integer"}}})),
         **tgi_paths(refs, _ERROR),
+        **llamacpp_paths(refs, _post, infill),
         "/apply-template": _token_route(
             "A conversation as the chat template renders it for a chat request, not run (llama.cpp's route)",
             refs["TokenizeChatBody"], {"type": "object", "required": ["prompt"], "additionalProperties": False,
@@ -448,7 +455,7 @@ def document(bounds: ServedBounds) -> dict[str, Any]:
         "info": {"title": "MILI", "version": "0.1.0",
                  "description": f"OpenAI-compatible API serving {bounds.models[0]}"},
         "paths": {
-            **_task_paths(bounds.task, refs),
+            **_task_paths(bounds.task, refs, bounds.infill),
             **_ollama_paths(bounds.task, refs),
             "/tokenize": _token_route("Count a prompt's or a conversation's tokens (vLLM's route; llama.cpp's "
                                       "`content` body too)",
@@ -462,6 +469,7 @@ def document(bounds: ServedBounds) -> dict[str, Any]:
             "/health": health,
             "/metrics": _get("Prometheus metrics", "text/plain"),
             "/version": _get("the server's version"),
+            "/props": props_path(_errors(401)),
             "/debug/kv": _get("each worker's KV block ledger", _JSON, 503),
             "/v1/streams/{stream_id}": _resume(),
         },

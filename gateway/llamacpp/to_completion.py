@@ -6,8 +6,8 @@ path to the worker a completion gets:
   seed -1 is a random seed;
 - n_probs asks for each token's logprob and that many alternatives;
 - grammar (GBNF; an empty one is none) and json_schema are the completion's llama.cpp-named constraints;
-- logit_bias in either of llama.cpp's forms, a token given by its text biasing each of its tokens, and `false`
-  meaning never (the lowest bias);
+- logit_bias in either of llama.cpp's forms, a token given by its id, by its id written as text (no leading zeros),
+  or by its text biasing each of its tokens, and `false` meaning never (the lowest bias);
 - repeat_penalty is the completion's repetition_penalty.
 A 400 from those checks names the llama.cpp field (`n_predict`), not the completion field.
 """
@@ -15,11 +15,12 @@ A 400 from those checks names the llama.cpp field (`n_predict`), not the complet
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import Any, Callable
 
-from gateway.llamacpp.completion_schema import DEFAULTS, SAMPLERS_OFF, LlamaCompletionBody
+from gateway.llamacpp.completion_schema import DEFAULTS, SAMPLERS_OFF, TOKEN_ID_TEXT, LlamaCompletionBody
 from gateway.server.errors import invalid, params_renamed
-from shared.request_limits import LOGIT_BIAS, is_decimal
+from shared.request_limits import LOGIT_BIAS
 
 _RENAMED = {"max_tokens": "n_predict", "logprobs": "n_probs", "repetition_penalty": "repeat_penalty"}
 
@@ -31,9 +32,6 @@ def completion_body(body: LlamaCompletionBody, model: str,
     for name, off in SAMPLERS_OFF.items():
         if getattr(body, name) != off:
             raise invalid(f"{name} is not supported by this server (only {off}, which turns it off)", name)
-    if body.n_predict == 0 or body.n_predict < -1:
-        raise invalid(f"n_predict must be -1 (until the end of the context) or at least 1, got {body.n_predict}",
-                      "n_predict")
     request: dict[str, Any] = {"model": model, "prompt": _prompt(body.prompt, tokenize), "stream": body.stream}
     temperature = DEFAULTS["temperature"] if body.temperature is None else body.temperature
     if temperature <= 0:
@@ -96,7 +94,7 @@ def _logit_bias(given: list | dict, encode: Callable[[str], list[int]]) -> dict[
             raise invalid("each logit_bias entry is [token, bias]: a bias is a number or false", "logit_bias")
         if isinstance(token, bool) or isinstance(token, float):
             raise invalid("each logit_bias entry is [token, bias]: a token is an id or a text", "logit_bias")
-        ids = [token] if isinstance(token, int) else [int(token)] if is_decimal(token) else encode(token)
+        ids = [token] if isinstance(token, int) else [int(token)] if re.match(TOKEN_ID_TEXT, token) else encode(token)
         for token_id in ids:
             out[str(token_id)] = float(bias)
     return out

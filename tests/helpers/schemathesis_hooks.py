@@ -5,8 +5,9 @@ served tokenizer, in ways JSON Schema cannot (each is in its field's description
 with a 400 naming the field). Generated bodies that break one are left out: they are neither valid nor invalid
 by the schema, so no check could judge the answer. A /v1/responses or /v1/messages body is judged as the chat
 body it translates into, and so is an Ollama /api/chat or /api/generate body (a raw generate: the completion body).
-Everything else the generator makes is sent as it is, except that generation is capped at 16 tokens (map_case; a
-valid body stays valid) to keep cases fast. A negative case whose body the document's own schema accepts is left
+A llama.cpp /completion or /infill body is judged as the completion it becomes. Everything else the generator makes
+is sent as it is, except that generation is capped at 16 tokens (map_case; a valid body stays valid) to keep cases
+fast. A negative case whose body the document's own schema accepts is left
 out too: the generator failed to make it invalid (seen: a TGI grammar's `type` reported as mutated out of its enum
 while still "json"), so accepting it is right.
 """
@@ -51,6 +52,8 @@ def map_case(context, case):
         ollama = case.operation.path in ("/api/chat", "/api/generate")
         if case.operation.path in TGI_PATHS:
             case.body = _tgi_capped(dict(case.body))
+        elif case.operation.path in LLAMA_PATHS:
+            case.body = _llama_capped(dict(case.body))
         elif not case.operation.path.endswith(COUNTING):  # nothing is generated there
             case.body = _ollama_capped(dict(case.body)) if ollama else _capped(dict(case.body))
         if _stateful(case) and case.operation.path == "/v1/responses":
@@ -62,6 +65,8 @@ def map_case(context, case):
         # runs: without max_new_tokens TGI's default generates up to 1024 tokens, past the response time limit
         # on a busy machine. Adding the bound where none is given leaves the body as valid or invalid as it was.
         case.body = _tgi_capped(dict(case.body), replace_given=False)
+    elif case.operation.path in LLAMA_PATHS and isinstance(case.body, dict) and "n_predict" not in case.body:
+        case.body = _llama_capped(dict(case.body))  # the same, for llama.cpp's n_predict (by default the context)
     return case
 
 
@@ -116,6 +121,8 @@ def filter_case(context, case) -> bool:
     if path in ("/api/chat", "/api/generate"):  # Ollama's: judged as the chat or completion body it becomes
         body = _ollama_as_openai(path, body)
         path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+    if path in LLAMA_PATHS:  # llama.cpp's: judged as the completion body it becomes
+        body, path = _llama_as_completion(path, body), "/v1/completions"
     if path in TGI_PATHS:  # TGI's: judged as the completion body it becomes
         if _tgi_streams(path, body) and _tgi_parameters(body).get("decoder_input_details") is True:
             DROPPED["decoder_input_details_streamed"] += 1
@@ -240,6 +247,53 @@ def _tgi_as_completion(body: dict) -> dict:
         else:
             completion["structured_outputs"] = {"json": value}
     return completion
+
+
+LLAMA_PATHS = ("/completion", "/completions", "/infill")
+
+
+def _llama_capped(body: dict) -> dict:
+    """llama.cpp's n_predict (-1, its default: to the end of the context) capped as _capped caps."""
+    value = body.get("n_predict")
+    if not (_integral(value) and 0 < value <= FAST_MAX_TOKENS):
+        body["n_predict"] = FAST_MAX_TOKENS
+    return body
+
+
+def _llama_as_completion(path: str, body: dict) -> dict:
+    """A llama.cpp /completion or /infill body as the completion body the server translates it into
+    (gateway/llamacpp/to_completion.py), as far as the filters look: token ids and texts mixed counted as token
+    ids, each text at most a token per byte; an /infill prompt as the token ids the server lays out."""
+    prompt = body.get("prompt")
+    if path == "/infill":
+        prompt = _infill_prompt(body)
+    elif isinstance(prompt, list) and any(isinstance(p, str) for p in prompt):
+        prompt = [0] * sum(len(json.dumps(p, ensure_ascii=True)) if isinstance(p, str) else 1 for p in prompt)
+    value = body.get("n_predict")
+    completion = {"prompt": prompt, "max_tokens": value if _integral(value) and value > 0 else FAST_MAX_TOKENS}
+    if body.get("grammar"):  # an empty grammar is none
+        completion["grammar"] = body["grammar"]
+    if body.get("json_schema") is not None:
+        completion["json_schema"] = body["json_schema"]
+    return completion
+
+
+def _infill_prompt(body: dict) -> list[int] | None:
+    """The token ids /infill runs on (gateway/llamacpp/infill.py cuts its parts to llama-server's budgets, so only
+    its whole length is judged here); None where the body's parts are not all text."""
+    from gateway.llamacpp.infill import infill_ids
+    from gateway.text.fill_in_middle import fim_tokens
+
+    extra = body.get("input_extra", [])
+    parts = [body.get("input_prefix"), body.get("input_suffix"), body.get("prompt", "")]
+    if not (all(isinstance(p, str) for p in parts) and isinstance(extra, list)
+            and all(isinstance(c, dict) and isinstance(c.get("text"), str) and isinstance(c.get("filename", ""), str)
+                    for c in extra)):
+        return None
+    chunks = [(c.get("filename", "tmp"), c["text"]) for c in extra]
+    value = body.get("n_predict")
+    return infill_ids(_tokenizer(), fim_tokens(_tokenizer()), *parts, chunks, CONTEXT,
+                      value if _integral(value) else -1)
 
 
 def _positive(case) -> bool:

@@ -135,6 +135,19 @@ class Server:
             self._log.close()
 
 
+# Qwen's fill-in-the-middle and repository tokens, for a tiny model that can fill in the middle.
+FIM_MARKERS = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|repo_name|>", "<|file_sep|>"]
+
+
+def start_fim_qwen3(tmp_path_factory) -> tuple[Server, dict[str, int]]:
+    """`mili serve` (served as "fim") on a tiny Qwen3 whose tokenizer has FIM_MARKERS, with the default model's chat
+    template and a context past llama-server's infill batch of 2048 tokens, so /infill's prompt has room for other
+    files; the server and the markers' ids."""
+    template = json.loads((tokenizer_source_dir() / "tokenizer_config.json").read_text())["chat_template"]
+    return start_tagged_qwen3(tmp_path_factory, "fim", FIM_MARKERS, template, "--served-model-name", "fim",
+                              max_positions=4096)
+
+
 def start_tagged_qwen3(tmp_path_factory, label: str, tags: list[str], chat_template: str,
                        *flags: str, max_positions: int = 512) -> tuple[Server, dict[str, int]]:
     """`mili serve` on a fresh random tiny Qwen3 with `tags` as added tokens (build_tagged_qwen3), under `flags`;

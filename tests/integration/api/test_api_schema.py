@@ -17,6 +17,9 @@ import sys
 from pathlib import Path
 
 import httpx2
+import pytest
+
+from tests.helpers.server import start_fim_qwen3
 
 ROOT = Path(__file__).resolve().parents[3]
 # The CLI as a module of this interpreter (a console script's shebang would pin the venv's path).
@@ -42,7 +45,8 @@ warnings = false
 """
 
 
-def run_schemathesis(url: str, tmp_path: Path, seed: int, context: int, tokenizer: Path) -> subprocess.CompletedProcess:
+def run_schemathesis(url: str, tmp_path: Path, seed: int, context: int, tokenizer: Path,
+                     *options: str) -> subprocess.CompletedProcess:
     config = tmp_path / "schemathesis.toml"
     config.write_text(CONFIG)
     env = dict(os.environ, PYTHONPATH=str(ROOT), SCHEMATHESIS_HOOKS="tests.helpers.schemathesis_hooks",
@@ -55,14 +59,33 @@ def run_schemathesis(url: str, tmp_path: Path, seed: int, context: int, tokenize
            # schema walk (an error of the tool, reported as an error, not a finding); one worker costs ~2 s.
            # Generated conversations are often longer than the tiny model's context (those are left out), and big
            # bodies are slow to generate on a busy machine.
-           "--suppress-health-check", "filter_too_much,too_slow"]
+           "--suppress-health-check", "filter_too_much,too_slow", *options]
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
 
 
 def test_schemathesis_finds_nothing(server, tmp_path):
+    _finds_nothing(server, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def fim_server(tmp_path_factory):
+    srv, _ = start_fim_qwen3(tmp_path_factory)
+    yield srv
+    srv.stop()
+
+
+def test_schemathesis_finds_nothing_in_infill(fim_server, tmp_path):
+    """llama.cpp's /infill is described only where the tokenizer has fill-in-the-middle tokens (the shared server's
+    has none): here it is, on a model whose tokenizer has Qwen's."""
+    paths = httpx2.get(f"{fim_server.url}/openapi.json", timeout=10).json()["paths"]
+    assert "/infill" in paths
+    _finds_nothing(fim_server, tmp_path, "--include-path", "/infill")
+
+
+def _finds_nothing(server, tmp_path: Path, *options: str) -> None:
     seed = int(os.environ.get("MILI_TEST_SEED", random.randrange(2**31)))
     context = httpx2.get(f"{server.url}/health", timeout=10).json()["max_model_len"]
-    result = run_schemathesis(server.url, tmp_path, seed, context, server.model / "tokenizer.json")
+    result = run_schemathesis(server.url, tmp_path, seed, context, server.model / "tokenizer.json", *options)
     summary = [line for line in result.stdout.splitlines() if "generated" in line or "passed" in line]
     dropped = json.loads((tmp_path / "dropped.json").read_text()) if (tmp_path / "dropped.json").exists() else {}
     print(f"\nschemathesis seed {seed}: {' | '.join(s.strip() for s in summary)}; left out: {dropped}")

@@ -14,19 +14,15 @@ import ollama
 import pytest
 from tokenizers import Tokenizer
 
-from tests.helpers.server import start_tagged_qwen3, tokenizer_source_dir
+from tests.helpers.server import start_fim_qwen3
 from tests.integration.conftest import SERVED_NAME
 
-MARKERS = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|repo_name|>", "<|file_sep|>"]
 PREFIX, SUFFIX = "def area(radius):\n    ", "\n    return result\n"
 
 
 @pytest.fixture(scope="module")
 def fim_server(tmp_path_factory):
-    template = json.loads((tokenizer_source_dir() / "tokenizer_config.json").read_text())["chat_template"]
-    # A context past llama-server's infill batch of 2048 tokens, so /infill's prompt has room for other files.
-    srv, ids = start_tagged_qwen3(tmp_path_factory, "fim", MARKERS, template, "--served-model-name", "fim",
-                                  max_positions=4096)
+    srv, ids = start_fim_qwen3(tmp_path_factory)
     yield srv, ids
     srv.stop()
 
