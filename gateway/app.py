@@ -37,6 +37,7 @@ from gateway.server.client_io import ClientDisconnected
 from gateway.server.errors import ANTHROPIC_VERSION_HEADER, ApiError
 from gateway.server.key_limits import KeyLimits
 from gateway.server.request_id import RequestIdMiddleware
+from gateway.server.route_aliases import ALIASES
 from gateway.server.version import mili_version
 from gateway.streams.resume_buffer import StreamRegistry
 from gateway.streams.resume_routes import resume_stream
@@ -191,6 +192,13 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
     return ApiError(exc.status_code, message, headers=dict(exc.headers or {})).response_for(request.url.path)
 
 
+def _aliases(routes: list[Route]) -> list[Route]:
+    """The routes' other spellings (gateway/server/route_aliases.py), each answered by its route's endpoint."""
+    by_path = {route.path: route for route in routes if isinstance(route, Route)}
+    return [Route(alias, by_path[path].endpoint, methods=sorted(by_path[path].methods - {"HEAD"}))
+            for alias, path in ALIASES.items()]
+
+
 def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlette:
     state = GatewayState(settings, engine_config)
 
@@ -205,7 +213,7 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
             await state.pool.stop()
 
     root_post = _api(answered_in(dialect_of, huggingface.root))
-    app = Starlette(routes=[
+    routes = [
         Route("/v1/completions", _api(completions), methods=["POST"]),
         Route("/v1/chat/completions", _api(chat_completions), methods=["POST"]),
         Route("/v1/responses", _api(responses), methods=["POST"]),
@@ -255,7 +263,9 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
         # POST /: TGI's or TEI's route; GET /: the chat page.
         *(web_ui.routes(thinking=state.text.split_reasoning, post=root_post) if settings.web_ui
           else [Route("/", root_post, methods=["POST"])]),
-    ], exception_handlers={HTTPException: _http_error}, lifespan=lifespan)
+    ]
+    app = Starlette(routes=routes + _aliases(routes), exception_handlers={HTTPException: _http_error},
+                    lifespan=lifespan)
     app.state.mili = state
     app.add_middleware(ApiKeyMiddleware, keyring=state.keyring, on_refused=state.metrics.unauthorized,
                        is_public=web_ui.is_public if settings.web_ui else None)

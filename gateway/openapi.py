@@ -32,6 +32,7 @@ from gateway.pooling.schema import (CohereRerankRequest, EmbeddingRequest, Ollam
                                     RerankRequest, ScoreRequest)
 from gateway.responses_api.schema import InputTokensBody, ResponsesBody
 from gateway.server.deadlines import HEADER, MAX_TIMEOUT_S
+from gateway.server.route_aliases import ALIASES
 from gateway.streams.resume_routes import MAX_EVENT_ID_DIGITS
 from shared.request_limits import TOKEN_ID_KEY_PATTERN, decimal_below
 
@@ -475,8 +476,18 @@ def document(bounds: ServedBounds) -> dict[str, Any]:
         },
         "components": {"schemas": schemas},
     }
+    _note_aliases(doc["paths"])
     if bounds.page:
         page = {"summary": "The chat page (no API key needed)", "responses": {
             "200": {"description": "the page", "content": {"text/html": {"schema": {"type": "string"}}}}}}
         doc["paths"].setdefault("/", {})["get"] = page
     return doc
+
+
+def _note_aliases(paths: dict[str, Any]) -> None:
+    """Each route with other spellings (llama-server's, gateway/server/route_aliases.py) says so; the aliases are not
+    listed again."""
+    for path in set(ALIASES.values()) & set(paths):
+        spellings = ", ".join(sorted(alias for alias, target in ALIASES.items() if target == path))
+        for operation in paths[path].values():
+            operation["description"] = f"Also served at {spellings}, as llama-server serves them."

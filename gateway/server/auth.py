@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.server.errors import ANTHROPIC_VERSION_HEADER, ApiError
+from gateway.server.route_aliases import canonical
 from shared.request_limits import is_decimal
 
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -160,11 +161,12 @@ ROUTE_LABELS = (*_ROUTES, "other")
 
 
 def route_label(path: str) -> str:
+    path = canonical(path)
     return next((r for r in _ROUTES if path == r or path.startswith(r + "/")), "other")
 
 
 class ApiKeyMiddleware:
-    """Every route but /health (and the requests `is_public(method, path)` names: reading the chat page and its
+    """Every route but /health (and its alias /v1/health, and the requests `is_public(method, path)` names: reading the chat page and its
     assets) needs
     `Authorization: Bearer KEY` (or `x-api-key: KEY`) with a known key (when any is configured); the caller's
     ApiKey is left in the scope for the routes (`caller`). Each refusal is reported with its route (`on_refused`)."""
@@ -181,7 +183,8 @@ class ApiKeyMiddleware:
             return await self.app(scope, receive, send)
         if not self.keyring.required:
             scope[SCOPE_KEY] = ANONYMOUS
-        elif scope["path"] != "/health" and not (self.is_public and self.is_public(scope["method"], scope["path"])):
+        elif canonical(scope["path"]) != "/health" and not (self.is_public and self.is_public(scope["method"],
+                                                                                               scope["path"])):
             headers = dict(scope["headers"])
             key = self.keyring.lookup(headers.get(b"authorization", b""), headers.get(b"x-api-key", b""))
             if key is None:

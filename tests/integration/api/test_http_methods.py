@@ -21,7 +21,10 @@ ROUTES = {"/v1/completions": {"POST"}, "/v1/chat/completions": {"POST"}, "/v1/re
           "/completion": {"POST"}, "/completions": {"POST"}, "/infill": {"POST"},  # llama.cpp server's
           "/props": {"GET", "HEAD"}, "/apply-template": {"POST"},
           "/api/chat": {"POST"}, "/api/generate": {"POST"}, "/api/show": {"POST"}, "/api/pull": {"POST"},  # Ollama
-          "/api/tags": {"GET", "HEAD"}, "/api/ps": {"GET", "HEAD"}, "/api/version": {"GET", "HEAD"}}
+          "/api/tags": {"GET", "HEAD"}, "/api/ps": {"GET", "HEAD"}, "/api/version": {"GET", "HEAD"},
+          # llama-server's spellings of MILI's routes (gateway/server/route_aliases.py)
+          "/chat/completions": {"POST"}, "/responses": {"POST"}, "/models": {"GET", "HEAD"},
+          "/v1/health": {"GET", "HEAD"}, "/reranking": {"POST"}, "/v1/reranking": {"POST"}}
 # Methods a path answers through another route that matches it too: not 405, and not in its Allow header.
 THROUGH_ANOTHER_ROUTE = {"/v1/responses/input_tokens": {"GET", "HEAD", "DELETE"}}  # a stored response's (a 404)
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")

@@ -124,6 +124,9 @@ def test_rerank_matches_the_yes_no_computation(reranker, reranker_dir):
     top = httpx2.post(f"{reranker.url}/rerank", json={"query": QUERY, "documents": DOCS, "top_n": 2,
                                                       "return_documents": False}, timeout=60).json()["results"]
     assert _same(top, [{"index": x["index"], "relevance_score": x["relevance_score"]} for x in results[:2]])
+    for alias in ("/reranking", "/v1/reranking"):  # llama-server's spellings of the route
+        spelled = httpx2.post(f"{reranker.url}{alias}", json={"query": QUERY, "documents": DOCS}, timeout=60)
+        assert spelled.status_code == 200 and _same(spelled.json()["results"], results), spelled.text
 
 
 def test_instruction_and_score_route(reranker, reranker_dir):
