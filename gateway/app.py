@@ -232,6 +232,8 @@ def build_app(settings: ServerSettings, engine_config: EngineConfig) -> Starlett
         Route("/api/generate", _api(ollama.generate), methods=["POST"]),
         Route("/api/embed", _api(pooling.ollama_embed), methods=["POST"]),
         Route("/api/embeddings", _api(pooling.ollama_embeddings), methods=["POST"]),
+        Route("/embedding", _api(pooling.llama_embedding), methods=["POST"]),  # llama.cpp server's
+        Route("/embeddings", _api(pooling.llama_embedding), methods=["POST"]),
         Route("/api/tags", _api(ollama.tags), methods=["GET"]),
         Route("/api/show", _api(ollama.show), methods=["POST"]),
         Route("/api/pull", _api(ollama.pull), methods=["POST"]),

@@ -28,8 +28,8 @@ from gateway.ollama.schema import OllamaChatBody, OllamaGenerateBody, OllamaPull
 from gateway.openai.parse import Limits, with_default_tag
 from gateway.openai.schema import ChatBody, CompletionBody
 from gateway.openai.tokenize_schema import DetokenizeBody, LlamaTokenizeBody, TokenizeChatBody, TokenizePromptBody
-from gateway.pooling.schema import (CohereRerankRequest, EmbeddingRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest,
-                                    RerankRequest, ScoreRequest)
+from gateway.pooling.schema import (CohereRerankRequest, EmbeddingRequest, LlamaEmbeddingBody, OllamaEmbeddingsRequest,
+                                    OllamaEmbedRequest, RerankRequest, ScoreRequest)
 from gateway.responses_api.schema import InputTokensBody, ResponsesBody
 from gateway.server.deadlines import HEADER, MAX_TIMEOUT_S
 from gateway.server.route_aliases import ALIASES
@@ -71,7 +71,7 @@ def _request_schemas() -> tuple[dict[str, dict], dict[str, Any]]:
                                     (OllamaEmbeddingsRequest, "validation"), (TgiGenerateBody, "validation"),
                                     (TeiEmbedBody, "validation"), (TeiRerankBody, "validation"),
                                     (TeiSimilarityBody, "validation"), (LlamaCompletionBody, "validation"),
-                                    (LlamaInfillBody, "validation")],
+                                    (LlamaInfillBody, "validation"), (LlamaEmbeddingBody, "validation")],
                                    ref_template=_REF)
     return {model.__name__: ref for (model, _), ref in refs.items()}, top["$defs"]
 
@@ -243,6 +243,10 @@ _EMBEDDINGS = {"type": "object", "required": ["object", "data", "model", "usage"
         "object": {"const": "embedding"}, "index": {"type": "integer"},
         "embedding": {"oneOf": [{"type": "array", "items": {"type": "number"}},
                                 {"type": "string", "description": "base64 of little-endian float32"}]}}}}}}
+_LLAMA_EMBEDDINGS = {"type": "array", "items": {"type": "object", "required": ["index", "embedding"], "properties": {
+    "index": {"type": "integer"},
+    "embedding": {"type": "array", "minItems": 1, "maxItems": 1,
+                  "items": {"type": "array", "items": {"type": "number"}}}}}}
 _RERANKED = {"type": "object", "required": ["id", "model", "usage", "results"], "properties": {
     "id": {"type": "string"}, "model": {"type": "string"}, "usage": _USAGE_ONLY,
     "results": {"type": "array", "items": {"type": "object", "required": ["index", "relevance_score"], "properties": {
@@ -363,8 +367,10 @@ def _stored_response_paths() -> dict[str, Any]:
 def _task_paths(task: str, refs: dict[str, dict], infill: bool) -> dict[str, Any]:
     """The routes a --task answers beside the common ones."""
     if task == "embed":
+        llama = _pooling_route("Embeddings (llama.cpp server's shape: per prompt its index and [vector], normalized "
+                               "by embd_normalize)", refs["LlamaEmbeddingBody"], _LLAMA_EMBEDDINGS)
         return {"/v1/embeddings": _pooling_route("Embeddings (OpenAI's shape)", refs["EmbeddingRequest"], _EMBEDDINGS),
-                **tei_paths(task, refs, _ERROR)}
+                "/embedding": llama, "/embeddings": llama, **tei_paths(task, refs, _ERROR)}
     if task == "score":
         rerank = with_tei_rerank(_pooling_route("Rerank documents by relevance to a query (Jina's and Cohere's v1 "
                                                 "shape)", refs["RerankRequest"], _RERANKED), refs)

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from gateway.llamacpp.completion_schema import DEFAULTS, SAMPLERS_OFF, TOKEN_ID_TEXT, LlamaCompletionBody
 from gateway.server.errors import invalid, params_renamed
+from gateway.text.mixed_prompt import mixed_prompt_ids
 from shared.request_limits import LOGIT_BIAS
 
 _RENAMED = {"max_tokens": "n_predict", "logprobs": "n_probs", "repetition_penalty": "repeat_penalty"}
@@ -66,19 +67,16 @@ def completion_body(body: LlamaCompletionBody, model: str,
 
 
 def _prompt(prompt: str | list[int | str], tokenize: Callable[[str, bool], list[int]]) -> str | list[int]:
-    """The text or token ids; token ids and texts mixed become token ids as llama-server makes them: each text
-    tokenized alone, special tokens parsed, the first element (if a text) with the tokenizer's leading ones. A list
-    of texts alone is llama-server's several prompts, which MILI does not serve."""
+    """The text or token ids; token ids and texts mixed become token ids as llama-server makes them
+    (gateway/text/mixed_prompt.py). A list of texts alone is llama-server's several prompts, which MILI does not
+    serve."""
     if isinstance(prompt, str) or all(isinstance(p, int) for p in prompt):
         return prompt
     if all(isinstance(p, str) for p in prompt):
         raise invalid("one prompt per request: a list of texts is several prompts to llama-server, which this "
                       "server does not run in one request; send each alone (token ids and texts mixed are one prompt)",
                       "prompt")
-    ids: list[int] = []  # never empty: the list holds an id
-    for i, part in enumerate(prompt):
-        ids.extend([part] if isinstance(part, int) else tokenize(part, i == 0))
-    return ids
+    return mixed_prompt_ids(prompt, tokenize)  # never empty: the list holds an id
 
 
 def _logit_bias(given: list | dict, encode: Callable[[str], list[int]]) -> dict[str, float]:

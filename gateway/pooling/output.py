@@ -1,5 +1,5 @@
-"""Response bodies: OpenAI's embeddings list, the Jina/Cohere v1 rerank results, Cohere's v2 rerank results, vLLM's
-score list."""
+"""Response bodies: OpenAI's embeddings list, llama.cpp's, the Jina/Cohere v1 rerank results, Cohere's v2 rerank
+results, vLLM's score list."""
 
 from __future__ import annotations
 
@@ -28,6 +28,30 @@ def encode_embedding(vector: list[float], encoding_format: str) -> list[float] |
     if encoding_format == "base64":
         return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
     return vector
+
+
+def llama_normalized(vector: list[float], p: int) -> list[float]:
+    """llama.cpp's embd_normalize (common_embd_normalize): -1 the vector as it is; 0 scaled so its largest magnitude
+    is 32760; p >= 1 scaled to unit p-norm, computed in double precision. A zero norm (or one past the doubles,
+    for a large p) gives zeros, as llama.cpp's does."""
+    if p == -1:
+        return vector
+    if p == 0:
+        total = max((abs(v) for v in vector), default=0.0) / 32760.0
+    elif p == 2:
+        total = math.sqrt(math.fsum(v * v for v in vector))
+    else:
+        try:
+            total = math.fsum(abs(v) ** p for v in vector) ** (1.0 / p)
+        except OverflowError:
+            total = math.inf
+    scale = 1.0 / total if total > 0 else 0.0
+    return [v * scale for v in vector]
+
+
+def llama_embeddings_body(vectors: list[list[float]]) -> list[dict]:
+    """llama.cpp's /embedding answer: per prompt its index and its pooled vector, in a list of one."""
+    return [{"index": i, "embedding": [v]} for i, v in enumerate(vectors)]
 
 
 def _usage(num_tokens: int) -> dict:

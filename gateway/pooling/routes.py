@@ -1,5 +1,5 @@
-"""POST /v1/embeddings and Ollama's /api/embed and /api/embeddings (--task embed), POST /v1/rerank, /rerank,
-/v2/rerank (Cohere's) and /score (--task score).
+"""POST /v1/embeddings, Ollama's /api/embed and /api/embeddings and llama.cpp's /embedding (--task embed), POST
+/v1/rerank, /rerank, /v2/rerank (Cohere's) and /score (--task score).
 
 Every check runs before anything is submitted: the task, the body, the model, each input against the vocabulary
 and the context. Then each input (or query-document pair) is one prefill-only request in the workers' batches.
@@ -8,7 +8,7 @@ and the context. Then each input (or query-document pair) is one prefill-only re
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -16,16 +16,19 @@ from starlette.responses import JSONResponse, Response
 from gateway.openai.parse import check_priority, require_model, without_default_tag
 from gateway.openai.routes import ready_info
 from gateway.openai.validation import validate
-from gateway.pooling.output import (cohere_rerank_body, embeddings_body, encode_embedding, matryoshka, rerank_body,
-                                    score_body)
+from gateway.pooling.output import (cohere_rerank_body, embeddings_body, encode_embedding, llama_embeddings_body,
+                                    llama_normalized, matryoshka, rerank_body, score_body)
 from gateway.pooling.prompts import PromptBuilder
 from gateway.pooling.run import pool_prompts
 from gateway.pooling.schema import (SCORE_SIDES, UNSUPPORTED, CohereRerankRequest, EmbeddingRequest,
-                                    OllamaEmbeddingsRequest, OllamaEmbedRequest, RerankRequest, ScoreRequest)
+                                    LlamaEmbeddingBody, OllamaEmbeddingsRequest, OllamaEmbedRequest, RerankRequest,
+                                    ScoreRequest)
 from gateway.server.client_io import read_json
 from gateway.server.deadlines import request_deadline
 from gateway.server.errors import ApiError, invalid
 from gateway.server.task_guard import require_task
+from gateway.text.mixed_prompt import mixed_prompt_ids
+from shared.request_limits import MAX_EMBEDDING_INPUTS
 
 
 async def _body(request: Request, task: str, model_cls, default_tag: bool = False, raw: Any = None):
@@ -38,8 +41,9 @@ async def _body(request: Request, task: str, model_cls, default_tag: bool = Fals
     req = validate(model_cls, raw, unsupported=UNSUPPORTED)
     check_priority(getattr(req, "priority", None), state.settings.limits)
     served = state.settings.served_model_names
-    if req.model is not None:
-        require_model(without_default_tag(req.model, served) if default_tag else req.model, served)
+    model = getattr(req, "model", None)  # llama.cpp's bodies name none
+    if model is not None:
+        require_model(without_default_tag(model, served) if default_tag else model, served)
     if state.draining:
         raise ApiError(503, "the server is shutting down", code="draining")
     return state, req
@@ -89,6 +93,38 @@ async def ollama_embeddings(request: Request) -> Response:
     prompts = prompt_builder(state).embedding_inputs([req.prompt], -1, True)
     [vector] = await pool_prompts(request, prompts, request_deadline(request, state.settings.request_timeout))
     return JSONResponse({"embedding": vector})
+
+
+async def llama_embedding(request: Request) -> Response:
+    """llama.cpp server's POST /embedding and /embeddings: each prompt's vector (the model's own pooling and
+    normalization, as /v1/embeddings gives it), then llama.cpp's embd_normalize (by default unit length). Texts get
+    the tokenizer's special tokens; a prompt past the context is a 400, as llama-server refuses it."""
+    state, req = await _body(request, "embed", LlamaEmbeddingBody)
+    tokenizer = state.text.tokenizer
+    inputs = llama_inputs(req, lambda text, add_special: tokenizer.encode(text, add_special_tokens=add_special).ids)
+    prompts = prompt_builder(state).embedding_inputs(inputs, None, True)
+    vectors = await pool_prompts(request, prompts, request_deadline(request, state.settings.request_timeout))
+    return JSONResponse(llama_embeddings_body([llama_normalized(v, req.embd_normalize) for v in vectors]))
+
+
+def llama_inputs(req: LlamaEmbeddingBody, tokenize: Callable[[str, bool], list[int]]) -> list[str | list[int]]:
+    """The body's prompts: texts, and token ids (with any texts mixed in tokenized by `tokenize(text, add_special)`,
+    gateway/text/mixed_prompt.py)."""
+    given = req.input if req.input is not None else req.content
+    if given is None:
+        raise invalid('"input" or "content" must be provided', "content")
+    if isinstance(given, str) or any(isinstance(part, int) for part in given):
+        given = [given]  # one prompt (a list holding an id is one prompt of ids and texts)
+    elif len(given) > MAX_EMBEDDING_INPUTS:
+        raise invalid(f"at most {MAX_EMBEDDING_INPUTS} prompts per request", "content")
+    inputs: list[str | list[int]] = []
+    for prompt in given:
+        if prompt == "":
+            raise invalid("a prompt is empty", "content")
+        if isinstance(prompt, list) and not any(isinstance(part, int) for part in prompt):
+            raise invalid("a prompt given as a list holds token ids (texts may be mixed in)", "content")
+        inputs.append(prompt if isinstance(prompt, str) else mixed_prompt_ids(prompt, tokenize))
+    return inputs
 
 
 def check_dimensions(state, dimensions: int | None) -> None:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BeforeValidator, Field, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from gateway.openai.schema import PRIORITY_DESCRIPTION, OllamaBody, OllamaModelName, Priority, TokenId, _int, _Model
-from shared.request_limits import (COHERE_TOP_N, DIMENSIONS, MAX_EMBEDDING_INPUTS, MAX_SCORE_DOCUMENTS,
-                                   MAX_TOKENS_PER_DOC, TOP_N, TRUNCATE_PROMPT_TOKENS)
+from shared.request_limits import (COHERE_TOP_N, COUNT_MAX, DIMENSIONS, MAX_EMBEDDING_INPUTS, MAX_SCORE_DOCUMENTS,
+                                   MAX_TOKENS_PER_DOC, TOP_N, TRUNCATE_PROMPT_TOKENS, Range)
 
 Text = Annotated[str, Field(min_length=1)]
 TokenIdList = Annotated[list[TokenId], Field(min_length=1)]
@@ -132,3 +132,24 @@ class CohereRerankRequest(_Model):
     instruction: Text | None = None
     priority: Priority | None = Field(None, description=PRIORITY_DESCRIPTION)
     relevant_spans: None = Field(None, description="not supported: the score is the whole document's")
+
+
+# llama.cpp's prompt shapes: a text, or token ids (texts mixed in: one prompt, as it holds an id).
+LlamaPrompt = Union[Text, Annotated[list[Union[TokenId, str]], Field(min_length=1, json_schema_extra={
+    "contains": {"type": "integer"}, "description": "token ids, texts mixed in (at least one id)"})]]
+# ... one of them, or a list of them (several prompts).
+LlamaEmbeddingInput = Union[LlamaPrompt,
+                            Annotated[list[LlamaPrompt], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)]]
+
+
+class LlamaEmbeddingBody(BaseModel):
+    """llama.cpp server's POST /embedding (and /embeddings): `content` or `input` (input wins), one prompt or a list
+    of them; unknown fields ignored, as llama-server ignores them."""
+
+    model_config = ConfigDict(extra="ignore", strict=True,
+                              json_schema_extra={"anyOf": [{"required": ["content"]}, {"required": ["input"]}]})
+    content: LlamaEmbeddingInput = None
+    input: LlamaEmbeddingInput = None
+    embd_normalize: _int(Range(-1, COUNT_MAX)) = Field(
+        2, description="-1: none; 0: scaled so the largest magnitude is 32760 (int16's range); 2 (default): unit "
+                       "Euclidean length; p: unit p-norm")

@@ -156,7 +156,8 @@ class KeyRing:
 _ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/models", "/v1/responses", "/v1/embeddings",
            "/v1/rerank", "/v1/streams", "/api", "/metrics", "/version", "/openapi.json", "/debug",
            "/generate", "/generate_stream", "/embed", "/similarity", "/info",  # TGI's and TEI's
-           "/completion", "/completions", "/infill", "/props", "/apply-template")  # llama.cpp's
+           "/completion", "/completions", "/infill", "/props", "/apply-template", "/embedding",
+           "/embeddings")  # llama.cpp's
 ROUTE_LABELS = (*_ROUTES, "other")
 
 
@@ -166,10 +167,10 @@ def route_label(path: str) -> str:
 
 
 class ApiKeyMiddleware:
-    """Every route but /health (and its alias /v1/health, and the requests `is_public(method, path)` names: reading the chat page and its
-    assets) needs
-    `Authorization: Bearer KEY` (or `x-api-key: KEY`) with a known key (when any is configured); the caller's
-    ApiKey is left in the scope for the routes (`caller`). Each refusal is reported with its route (`on_refused`)."""
+    """Every route but /health and its alias /v1/health (and the requests `is_public(method, path)` names: reading
+    the chat page and its assets) needs `Authorization: Bearer KEY` (or `x-api-key: KEY`) with a known key (when
+    any is configured); the caller's ApiKey is left in the scope for the routes (`caller`). Each refusal is reported
+    with its route (`on_refused`)."""
 
     def __init__(self, app, keyring: KeyRing, on_refused: Callable[[str], None] | None = None,
                  is_public: Callable[[str, str], bool] | None = None):

@@ -236,6 +236,42 @@ def test_other_tasks_routes_name_the_task(embed_server):
         assert r.json()["error"]["code"] == "wrong_task" and "--task embed" in r.json()["error"]["message"]
 
 
+def test_llama_cpp_embedding_is_the_same_vectors_normalized_as_asked(embed_server, st):
+    """llama.cpp server's /embedding (and /embeddings): `content` or `input`, one prompt or several, answered as
+    [{index, embedding: [vector]}], the vector the model's pooling gives, then embd_normalize (default unit length:
+    this model's vectors are unit length already)."""
+    want = _vectors(_post(embed_server, "/v1/embeddings", {"input": TEXTS}))
+    for path, body in (("/embedding", {"content": TEXTS}), ("/embeddings", {"input": TEXTS, "content": "ignored"}),
+                       ("/embedding", {"content": st.input_ids(TEXTS), "embd_normalize": -1})):
+        r = _post(embed_server, path, body)
+        assert r.status_code == 200, r.text
+        assert [item["index"] for item in r.json()] == list(range(len(TEXTS)))
+        for item, w in zip(r.json(), want):
+            assert len(item["embedding"]) == 1
+            torch.testing.assert_close(torch.tensor(item["embedding"][0]), w, atol=1e-5, rtol=1e-5)
+    one = _post(embed_server, "/embedding", {"content": TEXTS[0], "embd_normalize": 0}).json()
+    torch.testing.assert_close(torch.tensor(one[0]["embedding"][0]), want[0] * 32760 / want[0].abs().max(),
+                               atol=1e-2, rtol=1e-5)
+    taxicab = _post(embed_server, "/embedding", {"content": TEXTS[0], "embd_normalize": 1}).json()
+    torch.testing.assert_close(torch.tensor(taxicab[0]["embedding"][0]), want[0] / want[0].abs().sum(),
+                               atol=1e-6, rtol=1e-5)
+    # A text and token ids mixed: one prompt, the text tokenized with the tokenizer's special tokens, the ids after.
+    ids = st.input_ids(TEXTS[:1])[0] + [5, 6]
+    by_ids = _vectors(_post(embed_server, "/v1/embeddings", {"input": ids}))[0]
+    mixed = _post(embed_server, "/embedding", {"content": [TEXTS[0], 5, 6]}).json()
+    torch.testing.assert_close(torch.tensor(mixed[0]["embedding"][0]), by_ids, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("body,param", [
+    ({}, "content"), ({"content": ""}, "content"), ({"content": [["a", "b"]]}, "content"),
+    ({"content": "x", "embd_normalize": -2}, "embd_normalize"), ({"content": [10**9]}, "input"),
+    ({"content": "x " * CONTEXT}, "input"),
+])
+def test_llama_cpp_embedding_bad_inputs(embed_server, body, param):
+    r = _post(embed_server, "/embedding", body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
 def test_generation_server_refuses_embeddings(server):
     r = httpx2.post(f"{server.url}/v1/embeddings", json={"input": "hi"}, headers=server.auth_headers(), timeout=30)
     assert r.status_code == 400 and "--task generate" in r.json()["error"]["message"], r.text

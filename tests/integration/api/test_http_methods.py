@@ -19,7 +19,7 @@ ROUTES = {"/v1/completions": {"POST"}, "/v1/chat/completions": {"POST"}, "/v1/re
           "/": {"GET", "HEAD", "POST"}, "/web-ui/{name}": {"GET", "HEAD"},  # the chat page (POST: TGI's) and assets
           "/generate": {"POST"}, "/generate_stream": {"POST"}, "/info": {"GET", "HEAD"},  # TGI's
           "/completion": {"POST"}, "/completions": {"POST"}, "/infill": {"POST"},  # llama.cpp server's
-          "/props": {"GET", "HEAD"}, "/apply-template": {"POST"},
+          "/props": {"GET", "HEAD"}, "/apply-template": {"POST"}, "/embedding": {"POST"}, "/embeddings": {"POST"},
           "/api/chat": {"POST"}, "/api/generate": {"POST"}, "/api/show": {"POST"}, "/api/pull": {"POST"},  # Ollama
           "/api/tags": {"GET", "HEAD"}, "/api/ps": {"GET", "HEAD"}, "/api/version": {"GET", "HEAD"},
           # llama-server's spellings of MILI's routes (gateway/server/route_aliases.py)

@@ -1,6 +1,6 @@
-"""llama.cpp's /completion body in the OpenAPI document: what the document calls valid is what the server accepts
-(the body validated, translated into its completion and that completion's checks run, as the route does), with the
-served vocabulary and context filled in."""
+"""llama.cpp's /completion and /embedding bodies in the OpenAPI document: what the document calls valid is what the
+server accepts (the body validated, then what the route checks: a completion's translated into it and its checks
+run), with the served vocabulary and context filled in."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from gateway.llamacpp.to_completion import completion_body, llama_names
 from gateway.openai.parse import Limits, parse_completion
 from gateway.openai.validation import validate
 from gateway.openapi import ServedBounds, document
+from gateway.pooling.routes import llama_inputs
+from gateway.pooling.schema import LlamaEmbeddingBody
 from gateway.server.errors import ApiError
 from shared.request_limits import OutOfBounds, check_prompt_fits
 from shared.sampling_params import SamplingParamsError
@@ -48,9 +50,9 @@ def _accepted(body: dict) -> bool:
         return False
 
 
-def _validator(**bounds) -> jsonschema.Draft202012Validator:
+def _validator(component: str = "LlamaCompletionBody", **bounds) -> jsonschema.Draft202012Validator:
     doc = document(ServedBounds(("m",), LIMITS, **bounds))
-    return jsonschema.Draft202012Validator({"$ref": "#/components/schemas/LlamaCompletionBody",
+    return jsonschema.Draft202012Validator({"$ref": f"#/components/schemas/{component}",
                                             "components": doc["components"]})
 
 
@@ -120,3 +122,26 @@ def test_infill_is_described_only_for_a_model_that_can_fill_in_the_middle():
     assert "/infill" in document(ServedBounds(("m",), LIMITS, infill=True))["paths"]
     pooling = document(ServedBounds(("m",), LIMITS, task="embed", infill=True))["paths"]
     assert "/completion" not in pooling and "/infill" not in pooling and "/props" in pooling
+
+
+EMBEDDING_BODIES = [
+    {"content": "hi"}, {"input": "hi"}, {"content": "hi", "input": [1, 2]}, {}, {"content": None}, {"content": ""},
+    {"content": []}, {"content": ["a", "b"]}, {"content": ["a", ""]}, {"content": [1, "a"]}, {"content": ["a", 1]},
+    {"content": [[1, 2], "a", [3, "b"]]}, {"content": [["a", "b"]]}, {"content": [[]]}, {"content": [1000]},
+    {"content": [-1]}, {"content": [1.0, 2]}, {"content": [1.5]}, {"content": "x", "embd_normalize": -1},
+    {"content": "x", "embd_normalize": -2}, {"content": "x", "embd_normalize": 7}, {"content": "x", "model": "any"},
+    {"content": ["x"] * 2049},
+]
+
+
+@pytest.mark.parametrize("given", EMBEDDING_BODIES, ids=[str(i) for i in range(len(EMBEDDING_BODIES))])
+def test_embedding_document_and_server_agree(given):
+    try:
+        for prompt in llama_inputs(validate(LlamaEmbeddingBody, given, ()), _tokenize):
+            if isinstance(prompt, list):
+                check_prompt_fits(prompt, 0, VOCAB, CONTEXT)  # what the route's prompt builder checks of ids
+        accepted = True
+    except (ApiError, OutOfBounds):
+        accepted = False
+    valid = _validator("LlamaEmbeddingBody", vocab_size=VOCAB, max_model_len=CONTEXT).is_valid(given)
+    assert valid == accepted, given

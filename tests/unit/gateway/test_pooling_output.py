@@ -1,5 +1,5 @@
 """Response bodies of the pooling routes (gateway/pooling/output.py): Matryoshka truncation, base64 as the openai SDK
-decodes it, rerank ordering, and Cohere's v2 shape."""
+decodes it, llama.cpp's embd_normalize, rerank ordering, and Cohere's v2 shape."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from gateway.pooling.output import cohere_rerank_body, encode_embedding, matryoshka, rerank_body
+from gateway.pooling.output import cohere_rerank_body, encode_embedding, llama_normalized, matryoshka, rerank_body
 
 
 def test_matryoshka_keeps_the_first_values_at_unit_length():
@@ -24,6 +24,17 @@ def test_base64_is_little_endian_float32_as_the_sdk_reads_it():
     decoded = np.frombuffer(base64.b64decode(encode_embedding(vector, "base64")), dtype="<f4")  # the SDK's own decode
     assert decoded.tolist() == np.array(vector, dtype=np.float32).tolist()
     assert encode_embedding(vector, "float") is vector
+
+
+def test_llama_cpp_normalizations_are_its_common_embd_normalize():
+    vector = [3.0, -4.0, 0.0, 1.0]
+    assert llama_normalized(vector, -1) is vector
+    assert llama_normalized(vector, 0) == [v * 32760.0 / 4.0 for v in vector]  # the largest magnitude at 32760
+    assert llama_normalized(vector, 1) == [v / 8.0 for v in vector]
+    assert np.allclose(llama_normalized(vector, 2), np.array(vector) / math.sqrt(26.0), rtol=1e-15)
+    assert np.allclose(llama_normalized(vector, 3), np.array(vector) / (27 + 64 + 1) ** (1 / 3), rtol=1e-15)
+    assert llama_normalized([0.0, 0.0], 2) == [0.0, 0.0]  # no norm: zeros, as llama.cpp's
+    assert llama_normalized([2.0, 1.0], 10**6) == [0.0, 0.0]  # the p-norm's sum past the doubles: zeros too
 
 
 def test_rerank_sorts_cuts_and_drops_documents_when_asked():
