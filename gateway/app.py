@@ -180,7 +180,8 @@ async def openapi_json(request: Request) -> Response:
     info = state.pool.info
     return JSONResponse(openapi.document(openapi.ServedBounds(
         state.settings.served_model_names, state.settings.limits, info and info.vocab_size, info and info.max_model_len,
-        state.engine_config.task, state.text.split_reasoning, state.settings.web_ui, state.text.fim is not None)))
+        state.engine_config.task, state.text.split_reasoning, state.settings.web_ui, state.text.fim is not None,
+        state.pooling.dimensions if state.pooling is not None else None)))
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:

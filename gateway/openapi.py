@@ -52,6 +52,7 @@ class ServedBounds:
     thinking: bool = True  # the model thinks (Qwen3's tags): Ollama's think may be on
     page: bool = False  # the chat page is served at GET / (gateway/web_ui/)
     infill: bool = False  # the served tokenizer has fill-in-the-middle tokens: llama.cpp's /infill runs
+    embedding_size: int | None = None  # an embedding model's vector size: what `dimensions` may ask at most
 
 
 @lru_cache(maxsize=1)
@@ -110,6 +111,10 @@ def _fill_limits(node: Any, bounds: ServedBounds) -> None:
     elif limit == "think" and not bounds.thinking:  # Ollama's 400 for a model without thinking
         node.pop("anyOf", None)
         node["enum"] = [False, None]
+    elif limit == "context_tokens" and context is not None:  # a count of tokens that may fill the context
+        node["maximum"] = context
+    elif limit == "dimensions" and bounds.embedding_size:
+        node["maximum"] = bounds.embedding_size
     elif limit == "priority" and not bounds.limits.priorities:
         node["minimum"] = node["maximum"] = 0  # first come, first served: only the default
     for value in node.values():

@@ -21,13 +21,13 @@ from gateway.openai.validation import validate
 from gateway.pooling import routes as pooling
 from gateway.pooling.output import unit_length
 from gateway.pooling.run import pool_prompts
-from gateway.server.client_io import read_json
+from gateway.server.client_io import UNREAD, body_json, read_json
 from gateway.server.deadlines import request_deadline
 from gateway.server.errors import ApiError
 from gateway.server.task_guard import require_task
 
 
-async def embed(request: Request, raw: Any = None) -> Response:
+async def embed(request: Request, raw: Any = UNREAD) -> Response:
     state = request.app.state.mili
     require_task(state.engine_config.task, "embed")
     body = validate(TeiEmbedBody, await _raw(request, raw), ())
@@ -41,7 +41,7 @@ async def embed(request: Request, raw: Any = None) -> Response:
     return JSONResponse([_shaped(v, body.dimensions, body.normalize) for v in vectors])
 
 
-async def similarity(request: Request, raw: Any = None) -> Response:
+async def similarity(request: Request, raw: Any = UNREAD) -> Response:
     """The cosine of the source sentence's embedding with each sentence's, in the sentences' order."""
     state = request.app.state.mili
     require_task(state.engine_config.task, "embed")
@@ -57,7 +57,7 @@ async def similarity(request: Request, raw: Any = None) -> Response:
     return JSONResponse([math.fsum(a * b for a, b in zip(source, other)) for other in others])
 
 
-async def rerank(request: Request, raw: Any = None) -> Response:
+async def rerank(request: Request, raw: Any = UNREAD) -> Response:
     state = request.app.state.mili
     require_task(state.engine_config.task, "score")
     body = validate(TeiRerankBody, await _raw(request, raw), ())
@@ -83,7 +83,7 @@ async def rerank_either(request: Request) -> Response:
 
 
 async def _raw(request: Request, raw: Any) -> Any:
-    return raw if raw is not None else await read_json(request, request.app.state.mili.settings.max_body_bytes)
+    return await body_json(request, request.app.state.mili.settings.max_body_bytes, raw)
 
 
 def _is_batch(inputs: Any) -> bool:

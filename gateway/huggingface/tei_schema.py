@@ -9,14 +9,21 @@ from typing import Annotated, Literal, Union
 from pydantic import Field
 
 from gateway.huggingface.body import FalseOnly, HfBody
-from gateway.openai.schema import TokenId, _int
+from gateway.openai.schema import TokenId, _int, _limit
 from gateway.pooling.schema import Text
 from shared.request_limits import DIMENSIONS, MAX_EMBEDDING_INPUTS, MAX_SCORE_DOCUMENTS
 
-TokenIdList = list[TokenId]
+# Emptiness is TEI's 400 "Empty", which the routes answer themselves: the document states it (minLength, minItems)
+# where validation does not check it.
+_NOT_EMPTY_TEXT = {"minLength": 1}
+_NOT_EMPTY_LIST = {"minItems": 1}
+TeiText = Annotated[str, Field(json_schema_extra=_NOT_EMPTY_TEXT)]
+TokenIdList = Annotated[list[TokenId], Field(json_schema_extra=_NOT_EMPTY_LIST)]
 Direction = Literal["Right", "Left", "right", "left"]
-# TEI's `inputs`: a text, a list of token ids, or a batch of either (emptiness is TEI's 400 "Empty", checked apart).
-TeiInputs = Union[str, TokenIdList, Annotated[list[Union[str, TokenIdList]], Field(max_length=MAX_EMBEDDING_INPUTS)]]
+# TEI's `inputs`: a text, a list of token ids, or a batch of either.
+TeiBatch = Annotated[list[Union[TeiText, TokenIdList]],
+                     Field(max_length=MAX_EMBEDDING_INPUTS, json_schema_extra=_NOT_EMPTY_LIST)]
+TeiInputs = Union[TeiText, TokenIdList, TeiBatch]
 TRUNCATE_DESCRIPTION = "cut an input longer than the context (default true, as TEI's --auto-truncate); false: a 422"
 
 
@@ -40,20 +47,21 @@ class TeiEmbedBody(_Embedding):
     inputs: TeiInputs
     normalize: bool = Field(True, description="unit length; false: the model's pooled vector as it is (a checkpoint "
                                               "with its own Normalize module normalizes it still)")
-    dimensions: _int(DIMENSIONS) | None = Field(None, description="the first N values (Matryoshka)")
+    dimensions: _int(DIMENSIONS, json_schema_extra=_limit("dimensions")) | None = Field(
+        None, description="the first N values (Matryoshka), at most the model's embedding size")
 
 
 class TeiRerankBody(_Truncating):
     query: Text
-    texts: Annotated[list[str], Field(max_length=MAX_SCORE_DOCUMENTS)]
+    texts: Annotated[list[TeiText], Field(max_length=MAX_SCORE_DOCUMENTS, json_schema_extra=_NOT_EMPTY_LIST)]
     truncation_direction: Literal["Right", "right"] = Field("Right", description="the document's end is cut")
     raw_scores: FalseOnly = Field(False, description="not supported: scores are probabilities")
     return_text: bool = False
 
 
 class SimilarityInputs(HfBody):
-    source_sentence: str
-    sentences: Annotated[list[str], Field(max_length=MAX_EMBEDDING_INPUTS - 1)]
+    source_sentence: TeiText
+    sentences: Annotated[list[TeiText], Field(max_length=MAX_EMBEDDING_INPUTS - 1, json_schema_extra=_NOT_EMPTY_LIST)]
 
 
 class SimilarityParameters(_Embedding):

@@ -23,7 +23,7 @@ from gateway.pooling.run import pool_prompts
 from gateway.pooling.schema import (SCORE_SIDES, UNSUPPORTED, CohereRerankRequest, EmbeddingRequest,
                                     LlamaEmbeddingBody, OllamaEmbeddingsRequest, OllamaEmbedRequest, RerankRequest,
                                     ScoreRequest)
-from gateway.server.client_io import read_json
+from gateway.server.client_io import UNREAD, body_json
 from gateway.server.deadlines import request_deadline
 from gateway.server.errors import ApiError, invalid
 from gateway.server.task_guard import require_task
@@ -31,13 +31,12 @@ from gateway.text.mixed_prompt import mixed_prompt_ids
 from shared.request_limits import MAX_EMBEDDING_INPUTS
 
 
-async def _body(request: Request, task: str, model_cls, default_tag: bool = False, raw: Any = None):
+async def _body(request: Request, task: str, model_cls, default_tag: bool = False, raw: Any = UNREAD):
     """The checked body: the task, its shape, the model (with `default_tag`, Ollama's `name:latest` names it too).
     `raw`: the body as read already (by a route that looked at it first), else it is read here."""
     state = request.app.state.mili
     require_task(state.engine_config.task, task)
-    if raw is None:
-        raw = await read_json(request, state.settings.max_body_bytes)
+    raw = await body_json(request, state.settings.max_body_bytes, raw)
     req = validate(model_cls, raw, unsupported=UNSUPPORTED)
     check_priority(getattr(req, "priority", None), state.settings.limits)
     served = state.settings.served_model_names
@@ -110,9 +109,10 @@ async def llama_embedding(request: Request) -> Response:
 def llama_inputs(req: LlamaEmbeddingBody, tokenize: Callable[[str, bool], list[int]]) -> list[str | list[int]]:
     """The body's prompts: texts, and token ids (with any texts mixed in tokenized by `tokenize(text, add_special)`,
     gateway/text/mixed_prompt.py)."""
+    if (req.input is None) == (req.content is None):
+        raise invalid('one of "content" and "input" must be given, not both' if req.input is not None else
+                      '"content" (or "input") must be given', "content")
     given = req.input if req.input is not None else req.content
-    if given is None:
-        raise invalid('"input" or "content" must be provided', "content")
     if isinstance(given, str) or any(isinstance(part, int) for part in given):
         given = [given]  # one prompt (a list holding an id is one prompt of ids and texts)
     elif len(given) > MAX_EMBEDDING_INPUTS:
@@ -133,7 +133,7 @@ def check_dimensions(state, dimensions: int | None) -> None:
         raise invalid(f"dimensions ({dimensions}) exceeds this model's embedding size ({size})", "dimensions")
 
 
-async def rerank(request: Request, raw: Any = None) -> Response:
+async def rerank(request: Request, raw: Any = UNREAD) -> Response:
     state, req = await _body(request, "score", RerankRequest, raw=raw)
     deadline = request_deadline(request, state.settings.request_timeout)
     prompts = prompt_builder(state).pairs([req.query] * len(req.documents), req.documents, req.truncate_prompt_tokens,

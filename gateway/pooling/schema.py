@@ -10,7 +10,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
-from gateway.openai.schema import PRIORITY_DESCRIPTION, OllamaBody, OllamaModelName, Priority, TokenId, _int, _Model
+from gateway.openai.schema import (PRIORITY_DESCRIPTION, OllamaBody, OllamaModelName, Priority, TokenId, _int, _limit,
+                                   _Model)
 from shared.request_limits import (COHERE_TOP_N, COUNT_MAX, DIMENSIONS, MAX_EMBEDDING_INPUTS, MAX_SCORE_DOCUMENTS,
                                    MAX_TOKENS_PER_DOC, TOP_N, TRUNCATE_PROMPT_TOKENS, Range)
 
@@ -24,7 +25,8 @@ EmbeddingInput = Union[
     Annotated[list[TokenIdList], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)],
 ]
 Documents = Annotated[list[Text], Field(min_length=1, max_length=MAX_SCORE_DOCUMENTS)]
-TruncatePromptTokens = _int(TRUNCATE_PROMPT_TOKENS)
+# At most the context length (filled in per server); -1: the context length.
+TruncatePromptTokens = _int(TRUNCATE_PROMPT_TOKENS, json_schema_extra=_limit("context_tokens"))
 
 
 # Fields accepted only unset ("not supported by this server" otherwise).
@@ -35,7 +37,8 @@ class EmbeddingRequest(_Model):
     input: EmbeddingInput
     model: str | None = None  # None: the served model
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: _int(DIMENSIONS) | None = None
+    dimensions: _int(DIMENSIONS, json_schema_extra=_limit("dimensions")) | None = Field(
+        None, description="the first N values, at unit length (Matryoshka), at most the model's embedding size")
     user: str | None = None
     # vLLM's extensions.
     truncate_prompt_tokens: TruncatePromptTokens | None = None
@@ -49,7 +52,8 @@ class OllamaEmbedRequest(OllamaBody):
     model: OllamaModelName
     input: Union[Text, Annotated[list[Text], Field(max_length=MAX_EMBEDDING_INPUTS)]]
     truncate: bool = Field(True, description="cut inputs longer than the context (false: a 400)")
-    dimensions: _int(DIMENSIONS) | None = None
+    dimensions: _int(DIMENSIONS, json_schema_extra=_limit("dimensions")) | None = Field(
+        None, description="the first N values, at unit length (Matryoshka), at most the model's embedding size")
     options: dict[str, Any] | None = None
     keep_alive: Union[str, float, int, None] = None
 
@@ -143,11 +147,11 @@ LlamaEmbeddingInput = Union[LlamaPrompt,
 
 
 class LlamaEmbeddingBody(BaseModel):
-    """llama.cpp server's POST /embedding (and /embeddings): `content` or `input` (input wins), one prompt or a list
-    of them; unknown fields ignored, as llama-server ignores them."""
+    """llama.cpp server's POST /embedding (and /embeddings): `content` or `input` (one of them), one prompt or a
+    list of them; unknown fields ignored, as llama-server ignores them."""
 
     model_config = ConfigDict(extra="ignore", strict=True,
-                              json_schema_extra={"anyOf": [{"required": ["content"]}, {"required": ["input"]}]})
+                              json_schema_extra={"oneOf": [{"required": ["content"]}, {"required": ["input"]}]})
     content: LlamaEmbeddingInput = None
     input: LlamaEmbeddingInput = None
     embd_normalize: _int(Range(-1, COUNT_MAX)) = Field(

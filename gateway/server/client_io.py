@@ -52,6 +52,16 @@ async def read_json(request: Request, max_bytes: int) -> Any:
         raise invalid(f"the request body is not valid JSON: {e}") from None
 
 
+# What a route that may be handed its body takes by default: not read yet (a route that dispatches on the body reads
+# it first and passes it on, JSON null included).
+UNREAD: Any = object()
+
+
+async def body_json(request: Request, max_bytes: int, raw: Any = UNREAD) -> Any:
+    """`raw`, the body a caller read already, else the body read here (read_json)."""
+    return await read_json(request, max_bytes) if raw is UNREAD else raw
+
+
 async def _wait_disconnect(request: Request) -> None:
     # Once the body has been read, the server's receive() returns only when the client disconnects.
     while (await request.receive())["type"] != "http.disconnect":

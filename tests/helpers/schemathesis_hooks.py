@@ -121,9 +121,12 @@ def filter_case(context, case) -> bool:
     if path in ("/api/chat", "/api/generate"):  # Ollama's: judged as the chat or completion body it becomes
         body = _ollama_as_openai(path, body)
         path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+    if _embedding_beyond_context(path, body, _is_tei(case)):
+        DROPPED["embedding_input_beyond_context"] += 1
+        return False
     if path in LLAMA_PATHS:  # llama.cpp's: judged as the completion body it becomes
         body, path = _llama_as_completion(path, body), "/v1/completions"
-    if path in TGI_PATHS:  # TGI's: judged as the completion body it becomes
+    if path in TGI_PATHS and not _is_tei(case):  # TGI's: judged as the completion body it becomes
         if _tgi_streams(path, body) and _tgi_parameters(body).get("decoder_input_details") is True:
             DROPPED["decoder_input_details_streamed"] += 1
             return False
@@ -247,6 +250,46 @@ def _tgi_as_completion(body: dict) -> dict:
         else:
             completion["structured_outputs"] = {"json": value}
     return completion
+
+
+def _is_tei(case) -> bool:
+    """Whether the operation takes TEI's bodies (POST / on an embedding or scoring server), not TGI's."""
+    operation = case.operation.schema.raw_schema["paths"][case.operation.path][case.operation.method.lower()]
+    return "Tei" in json.dumps(operation.get("requestBody", {}))
+
+
+def _embedding_beyond_context(path: str, body: dict, tei: bool) -> bool:
+    """An embedding input longer than the context on a route that refuses it rather than cutting it (a 400 or TEI's
+    422 naming the input): /v1/embeddings without truncate_prompt_tokens, Ollama's /api/embed and TEI's routes with
+    truncate false, llama.cpp's /embedding always. The length is the served tokenizer's, special tokens included."""
+    if path == "/v1/embeddings" and body.get("truncate_prompt_tokens") is None:
+        given, special = body.get("input"), body.get("add_special_tokens", True) is not False
+    elif path == "/api/embed" and body.get("truncate") is False:
+        given, special = body.get("input"), True
+    elif path in ("/embed", "/") and tei and body.get("truncate") is False and not isinstance(body.get("inputs"), dict):
+        given, special = body.get("inputs"), True
+    elif path in ("/similarity", "/") and tei and isinstance(body.get("inputs"), dict):
+        parameters = body.get("parameters") if isinstance(body.get("parameters"), dict) else {}
+        inputs = body["inputs"]
+        sentences = inputs.get("sentences") if isinstance(inputs.get("sentences"), list) else []
+        given, special = [inputs.get("source_sentence"), *sentences], True
+        if parameters.get("truncate") is not False:
+            return False
+    elif path in ("/embedding", "/embeddings"):
+        given, special = body.get("input", body.get("content")), True
+    else:
+        return False
+    items = [given] if isinstance(given, str) or (isinstance(given, list) and any(
+        isinstance(p, int) for p in given)) else given if isinstance(given, list) else []
+    return any(_input_length(item, special) > CONTEXT for item in items)
+
+
+def _input_length(item: Any, special: bool) -> int:
+    if isinstance(item, str):
+        return len(_tokenizer().encode(item, add_special_tokens=special).ids)
+    if isinstance(item, list):  # token ids, with llama.cpp's texts mixed in
+        return sum(_input_length(part, False) if isinstance(part, str) else 1 for part in item)
+    return 0
 
 
 LLAMA_PATHS = ("/completion", "/completions", "/infill")

@@ -19,7 +19,8 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from tests.helpers.server import start_fim_qwen3
+from tests.helpers.pooling_models import build_embedding_model
+from tests.helpers.server import Server, start_fim_qwen3
 
 ROOT = Path(__file__).resolve().parents[3]
 # The CLI as a module of this interpreter (a console script's shebang would pin the venv's path).
@@ -45,10 +46,22 @@ warnings = false
 """
 
 
-def run_schemathesis(url: str, tmp_path: Path, seed: int, context: int, tokenizer: Path,
-                     *options: str) -> subprocess.CompletedProcess:
+# An embedding server answers no generation routes (so no stored responses and no streams to resume); GET
+# /v1/models/{model} finds only the served name, which the generator does not guess (the documented 404).
+EMBED_CONFIG = """
+[checks.not_a_server_error]
+expected-statuses = ["2xx", "3xx", "4xx", "504"]
+
+[[operations]]
+include-path-regex = "^/v1/(models|streams)/"
+warnings = false
+"""
+
+
+def run_schemathesis(url: str, tmp_path: Path, seed: int, context: int, tokenizer: Path, *options: str,
+                     config_text: str = CONFIG) -> subprocess.CompletedProcess:
     config = tmp_path / "schemathesis.toml"
-    config.write_text(CONFIG)
+    config.write_text(config_text)
     env = dict(os.environ, PYTHONPATH=str(ROOT), SCHEMATHESIS_HOOKS="tests.helpers.schemathesis_hooks",
                MILI_SCHEMATHESIS_CONTEXT=str(context), MILI_SCHEMATHESIS_DROPPED=str(tmp_path / "dropped.json"),
                MILI_SCHEMATHESIS_TOKENIZER=str(tokenizer))
@@ -82,10 +95,27 @@ def test_schemathesis_finds_nothing_in_infill(fim_server, tmp_path):
     _finds_nothing(fim_server, tmp_path, "--include-path", "/infill")
 
 
-def _finds_nothing(server, tmp_path: Path, *options: str) -> None:
+@pytest.fixture(scope="module")
+def embedding_server(tmp_path_factory):
+    seed = int(os.environ.get("MILI_TEST_SEED", random.randrange(2**31)))
+    print(f"\n[tiny embedding model] MILI_TEST_SEED={seed}")
+    model = build_embedding_model(tmp_path_factory.mktemp("embed") / "tiny-embed", seed, "mean", normalize=True)
+    srv = Server(model, "--max-model-len", "128", log_path=tmp_path_factory.mktemp("logs") / "embed.log").start()
+    yield srv
+    srv.stop()
+
+
+def test_schemathesis_finds_nothing_on_an_embedding_server(embedding_server, tmp_path):
+    """--task embed answers other routes (OpenAI's, Ollama's, TEI's and llama.cpp's embeddings); so does its
+    document."""
+    _finds_nothing(embedding_server, tmp_path, config_text=EMBED_CONFIG)
+
+
+def _finds_nothing(server, tmp_path: Path, *options: str, config_text: str = CONFIG) -> None:
     seed = int(os.environ.get("MILI_TEST_SEED", random.randrange(2**31)))
     context = httpx2.get(f"{server.url}/health", timeout=10).json()["max_model_len"]
-    result = run_schemathesis(server.url, tmp_path, seed, context, server.model / "tokenizer.json", *options)
+    result = run_schemathesis(server.url, tmp_path, seed, context, server.model / "tokenizer.json", *options,
+                              config_text=config_text)
     summary = [line for line in result.stdout.splitlines() if "generated" in line or "passed" in line]
     dropped = json.loads((tmp_path / "dropped.json").read_text()) if (tmp_path / "dropped.json").exists() else {}
     print(f"\nschemathesis seed {seed}: {' | '.join(s.strip() for s in summary)}; left out: {dropped}")

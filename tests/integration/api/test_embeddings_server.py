@@ -62,8 +62,12 @@ def test_task_is_read_from_the_checkpoint(embed_server):
     assert httpx2.get(f"{embed_server.url}/health").json()["task"] == "embed"
     assert httpx2.get(f"{embed_server.url}/v1/models").json()["data"][0]["task"] == "embed"
     assert "task embed, from the checkpoint" in embed_server.log_path.read_text()
-    paths = httpx2.get(f"{embed_server.url}/openapi.json").json()["paths"]
-    assert "/v1/embeddings" in paths and "/v1/chat/completions" not in paths
+    document = httpx2.get(f"{embed_server.url}/openapi.json").json()
+    paths = document["paths"]
+    assert "/v1/embeddings" in paths and "/embedding" in paths and "/v1/chat/completions" not in paths
+    schemas = document["components"]["schemas"]  # `dimensions` at most the model's embedding size
+    for body in ("EmbeddingRequest", "OllamaEmbedRequest", "TeiEmbedBody"):
+        assert schemas[body]["properties"]["dimensions"]["anyOf"][0]["maximum"] == 64, body
     # The chat page talks to /v1/chat/completions, which an embedding server does not answer: no page either (/
     # takes TEI's POST there).
     assert httpx2.get(f"{embed_server.url}/").status_code == 405
@@ -241,7 +245,7 @@ def test_llama_cpp_embedding_is_the_same_vectors_normalized_as_asked(embed_serve
     [{index, embedding: [vector]}], the vector the model's pooling gives, then embd_normalize (default unit length:
     this model's vectors are unit length already)."""
     want = _vectors(_post(embed_server, "/v1/embeddings", {"input": TEXTS}))
-    for path, body in (("/embedding", {"content": TEXTS}), ("/embeddings", {"input": TEXTS, "content": "ignored"}),
+    for path, body in (("/embedding", {"content": TEXTS}), ("/embeddings", {"input": TEXTS}),
                        ("/embedding", {"content": st.input_ids(TEXTS), "embd_normalize": -1})):
         r = _post(embed_server, path, body)
         assert r.status_code == 200, r.text
@@ -264,6 +268,7 @@ def test_llama_cpp_embedding_is_the_same_vectors_normalized_as_asked(embed_serve
 
 @pytest.mark.parametrize("body,param", [
     ({}, "content"), ({"content": ""}, "content"), ({"content": [["a", "b"]]}, "content"),
+    ({"content": "a", "input": "b"}, "content"),
     ({"content": "x", "embd_normalize": -2}, "embd_normalize"), ({"content": [10**9]}, "input"),
     ({"content": "x " * CONTEXT}, "input"),
 ])
@@ -373,6 +378,16 @@ def test_tei_truncates_by_default_from_either_end(embed_server, st):
 def test_tei_bad_inputs_are_its_errors(embed_server, body, status, kind):
     assert _tei(embed_server, "/embed", body, status=status)["error_type"] == kind
     assert httpx2.get(f"{embed_server.url}/health").status_code == 200
+
+
+@pytest.mark.parametrize("path, status", [("/", 422), ("/embed", 422), ("/similarity", 422), ("/v1/embeddings", 400),
+                                          ("/embedding", 400), ("/api/embed", 400)])
+def test_a_json_null_body_is_refused_by_every_route(embed_server, path, status):
+    """POST / reads the body to pick TEI's route, then hands it on: a body of JSON null is that route's error too,
+    not a second read of a spent stream."""
+    r = httpx2.post(f"{embed_server.url}{path}", content=b"null", headers={"content-type": "application/json"},
+                    timeout=30)
+    assert r.status_code == status and "must be a JSON object" in r.text, r.text
 
 
 def test_tei_info_describes_the_embedder(embed_server):

@@ -174,6 +174,14 @@ def test_bad_inputs(reranker, path, body, param):
         assert "--task score" in r.json()["error"]["message"]
 
 
+def test_a_json_null_body_is_a_400_on_the_routes_that_read_it_first(reranker):
+    """/rerank and POST / read the body to pick a dialect, then hand it on: JSON null is the picked route's 400."""
+    for path in ("/rerank", "/v1/rerank", "/"):
+        r = httpx2.post(f"{reranker.url}{path}", content=b"null", headers={"content-type": "application/json"},
+                        timeout=30)
+        assert r.status_code in (400, 422) and "must be a JSON object" in r.text, (path, r.text)
+
+
 def test_tei_rerank_dialect(reranker, reranker_dir):
     """TEI's /rerank (`texts`, a bare array of {index, score}, highest first) on the same routes as Jina's, and TEI's
     POST / on a scoring server: the scores the yes/no computation gives."""

@@ -125,7 +125,7 @@ def test_infill_is_described_only_for_a_model_that_can_fill_in_the_middle():
 
 
 EMBEDDING_BODIES = [
-    {"content": "hi"}, {"input": "hi"}, {"content": "hi", "input": [1, 2]}, {}, {"content": None}, {"content": ""},
+    {"content": "hi"}, {"input": [1, 2]}, {"content": "hi", "input": [1, 2]}, {}, {"content": None}, {"content": ""},
     {"content": []}, {"content": ["a", "b"]}, {"content": ["a", ""]}, {"content": [1, "a"]}, {"content": ["a", 1]},
     {"content": [[1, 2], "a", [3, "b"]]}, {"content": [["a", "b"]]}, {"content": [[]]}, {"content": [1000]},
     {"content": [-1]}, {"content": [1.0, 2]}, {"content": [1.5]}, {"content": "x", "embd_normalize": -1},
