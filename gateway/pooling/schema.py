@@ -85,9 +85,18 @@ SCORE_SIDES = (("text_1", "text_2"), ("queries", "documents"), ("queries", "item
 Side = Union[Text, Documents]
 
 
+def _names_pair(pair: tuple[str, str]) -> dict[str, Any]:
+    """JSON Schema: the body gives `pair`'s two sides, and no other side (absent or null)."""
+    others = {name for p in SCORE_SIDES for name in p} - set(pair)
+    return {"required": list(pair), "properties": {**{name: {"not": {"type": "null"}} for name in pair},
+                                                   **{name: {"type": "null"} for name in sorted(others)}}}
+
+
 class ScoreRequest(_Model):
     """vLLM's /score: the first side against each text of the second (one to one, one to many, or pairwise
     when both are lists), the sides named by one pair of SCORE_SIDES."""
+
+    model_config = ConfigDict(json_schema_extra={"oneOf": [_names_pair(pair) for pair in SCORE_SIDES]})
 
     text_1: Side | None = None
     text_2: Side | None = None
