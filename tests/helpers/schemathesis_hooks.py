@@ -124,6 +124,12 @@ def filter_case(context, case) -> bool:
     if _embedding_beyond_context(path, body, _is_tei(case)):
         DROPPED["embedding_input_beyond_context"] += 1
         return False
+    if _score_sides_unequal(path, body):
+        DROPPED["score_sides_unequal"] += 1
+        return False
+    if _pair_beyond_context(path, body, _is_tei(case)):
+        DROPPED["pair_beyond_context"] += 1
+        return False
     if path in LLAMA_PATHS:  # llama.cpp's: judged as the completion body it becomes
         body, path = _llama_as_completion(path, body), "/v1/completions"
     if path in TGI_PATHS and not _is_tei(case):  # TGI's: judged as the completion body it becomes
@@ -290,6 +296,65 @@ def _input_length(item: Any, special: bool) -> int:
     if isinstance(item, list):  # token ids, with llama.cpp's texts mixed in
         return sum(_input_length(part, False) if isinstance(part, str) else 1 for part in item)
     return 0
+
+
+SCORE_SIDES = (("text_1", "text_2"), ("queries", "documents"), ("queries", "items"), ("data_1", "data_2"))
+RERANK_PATHS = ("/v1/rerank", "/rerank", "/v2/rerank")
+
+
+def _score_sides(body: dict) -> tuple[Any, Any] | None:
+    """/score's two sides, where the body names exactly one pair of them (the document's rule)."""
+    given = {name for pair in SCORE_SIDES for name in pair if body.get(name) is not None}
+    pair = next((p for p in SCORE_SIDES if set(p) == given), None)
+    return (body[pair[0]], body[pair[1]]) if pair else None
+
+
+def _score_sides_unequal(path: str, body: dict) -> bool:
+    """/score with two lists of different lengths (one text against many is fine): a 400 naming the second side."""
+    sides = _score_sides(body) if path in ("/score", "/v1/score") else None
+    if sides is None:
+        return False
+    first, second = sides
+    return isinstance(first, list) and len(first) != 1 and len(first) != (len(second) if isinstance(second, list)
+                                                                             else 1)
+
+
+def _pair_beyond_context(path: str, body: dict, tei: bool) -> bool:
+    """A (query, document) pair whose prompt is longer than the context, on a request that does not cut it: a 400
+    naming the documents. Bounded from above: the larger of the reranker prompt's and a cross-encoder's lengths,
+    the instruction at its default's length or its own, whichever is longer."""
+    if path in ("/score", "/v1/score"):
+        sides = _score_sides(body)
+        if sides is None or body.get("truncate_prompt_tokens") is not None:
+            return False
+        queries, documents = ([s] if isinstance(s, str) else s for s in sides)
+    elif path in RERANK_PATHS or (path == "/" and tei):
+        texts = body.get("texts") if "texts" in body and "documents" not in body else body.get("documents")
+        cut = body.get("truncate") is not False if "texts" in body and "documents" not in body else \
+            path != "/v2/rerank" and body.get("truncate_prompt_tokens") is not None
+        if cut or not isinstance(texts, list):
+            return False
+        queries, documents = [body.get("query")], texts
+    else:
+        return False
+    if not (isinstance(queries, list) and isinstance(documents, list)):
+        return False
+    instruction = body.get("instruction") if isinstance(body.get("instruction"), str) else ""
+    frame = len(_tokenizer().encode(RERANKER_FRAME + instruction, add_special_tokens=False).ids)
+    texts = [t.get("text") if isinstance(t, dict) else t for t in [*queries, *documents]]
+    if not all(isinstance(t, str) for t in texts):
+        return False
+    longest_query = max(_input_length(q, False) for q in queries if isinstance(q, str)) if queries else 0
+    return any(frame + longest_query + _input_length(d.get("text") if isinstance(d, dict) else d, False) > CONTEXT
+               for d in documents)
+
+
+# The reranker prompt's fixed text around a pair (gateway/pooling/prompts.py), its default instruction included,
+# with room for a cross-encoder's few special tokens.
+RERANKER_FRAME = ("<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the "
+                  'Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
+                  "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n<Instruct>: \n<Query>: \n<Document>: "
+                  "Given a web search query, retrieve relevant passages that answer the query")
 
 
 LLAMA_PATHS = ("/completion", "/completions", "/infill")

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from tests.helpers.pooling_models import build_embedding_model
+from tests.helpers.pooling_models import build_embedding_model, build_reranker_model
 from tests.helpers.server import Server, start_fim_qwen3
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -27,6 +27,9 @@ ROOT = Path(__file__).resolve().parents[3]
 ST = [sys.executable, "-m", "schemathesis.cli"]
 # Fuzzing cases per operation; the coverage phase adds its own boundary cases (several hundred in all).
 MAX_EXAMPLES = int(os.environ.get("MILI_SCHEMATHESIS_EXAMPLES", "30"))
+# On the embedding and scoring servers, whose routes share most of their bodies' parts: the coverage phase's
+# boundary cases and fewer fuzzed ones, to keep the suite's time.
+POOLING_EXAMPLES = max(1, MAX_EXAMPLES // 3)
 # A deadline the client sets (X-Request-Timeout, down to 5e-324 s) is answered with the documented 504.
 # The shared server runs without --stream-resume-ttl, so every stream id is unknown there (the documented
 # 404): the resume route's behaviour is tested in test_stream_resume.py, and its "always 404" warning is off.
@@ -46,7 +49,7 @@ warnings = false
 """
 
 
-# An embedding server answers no generation routes (so no stored responses and no streams to resume); GET
+# An embedding or scoring server answers no generation routes (so no stored responses and no streams to resume); GET
 # /v1/models/{model} finds only the served name, which the generator does not guess (the documented 404).
 EMBED_CONFIG = """
 [checks.not_a_server_error]
@@ -59,14 +62,14 @@ warnings = false
 
 
 def run_schemathesis(url: str, tmp_path: Path, seed: int, context: int, tokenizer: Path, *options: str,
-                     config_text: str = CONFIG) -> subprocess.CompletedProcess:
+                     config_text: str = CONFIG, examples: int = MAX_EXAMPLES) -> subprocess.CompletedProcess:
     config = tmp_path / "schemathesis.toml"
     config.write_text(config_text)
     env = dict(os.environ, PYTHONPATH=str(ROOT), SCHEMATHESIS_HOOKS="tests.helpers.schemathesis_hooks",
                MILI_SCHEMATHESIS_CONTEXT=str(context), MILI_SCHEMATHESIS_DROPPED=str(tmp_path / "dropped.json"),
                MILI_SCHEMATHESIS_TOKENIZER=str(tokenizer))
     cmd = [*ST, "--no-color", "--config-file", str(config), "run", f"{url}/openapi.json", "--checks", "all",
-           "--max-examples", str(MAX_EXAMPLES), "--seed", str(seed), "--workers", "1", "--request-timeout", "60",
+           "--max-examples", str(examples), "--seed", str(seed), "--workers", "1", "--request-timeout", "60",
            "--no-shrink", "--continue-on-failure", "--output-truncate", "true", "--output-sanitize", "false",
            # One worker: with two, schemathesis's coverage phase now and then raised a KeyError inside its own
            # schema walk (an error of the tool, reported as an error, not a finding); one worker costs ~2 s.
@@ -108,14 +111,30 @@ def embedding_server(tmp_path_factory):
 def test_schemathesis_finds_nothing_on_an_embedding_server(embedding_server, tmp_path):
     """--task embed answers other routes (OpenAI's, Ollama's, TEI's and llama.cpp's embeddings); so does its
     document."""
-    _finds_nothing(embedding_server, tmp_path, config_text=EMBED_CONFIG)
+    _finds_nothing(embedding_server, tmp_path, config_text=EMBED_CONFIG, examples=POOLING_EXAMPLES)
 
 
-def _finds_nothing(server, tmp_path: Path, *options: str, config_text: str = CONFIG) -> None:
+@pytest.fixture(scope="module")
+def scoring_server(tmp_path_factory):
+    seed = int(os.environ.get("MILI_TEST_SEED", random.randrange(2**31)))
+    print(f"\n[tiny reranker] MILI_TEST_SEED={seed}")
+    model = build_reranker_model(tmp_path_factory.mktemp("rerank") / "tiny-Qwen3-Reranker", seed)
+    srv = Server(model, "--max-model-len", "256", log_path=tmp_path_factory.mktemp("logs") / "rerank.log").start()
+    yield srv
+    srv.stop()
+
+
+def test_schemathesis_finds_nothing_on_a_scoring_server(scoring_server, tmp_path):
+    """--task score: Jina's, Cohere's (v1 and v2), TEI's and vLLM's rerank and score routes."""
+    _finds_nothing(scoring_server, tmp_path, config_text=EMBED_CONFIG, examples=POOLING_EXAMPLES)
+
+
+def _finds_nothing(server, tmp_path: Path, *options: str, config_text: str = CONFIG,
+                   examples: int = MAX_EXAMPLES) -> None:
     seed = int(os.environ.get("MILI_TEST_SEED", random.randrange(2**31)))
     context = httpx2.get(f"{server.url}/health", timeout=10).json()["max_model_len"]
     result = run_schemathesis(server.url, tmp_path, seed, context, server.model / "tokenizer.json", *options,
-                              config_text=config_text)
+                              config_text=config_text, examples=examples)
     summary = [line for line in result.stdout.splitlines() if "generated" in line or "passed" in line]
     dropped = json.loads((tmp_path / "dropped.json").read_text()) if (tmp_path / "dropped.json").exists() else {}
     print(f"\nschemathesis seed {seed}: {' | '.join(s.strip() for s in summary)}; left out: {dropped}")
