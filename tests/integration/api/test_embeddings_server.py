@@ -253,12 +253,16 @@ def test_llama_cpp_embedding_is_the_same_vectors_normalized_as_asked(embed_serve
         for item, w in zip(r.json(), want):
             assert len(item["embedding"]) == 1
             torch.testing.assert_close(torch.tensor(item["embedding"][0]), w, atol=1e-5, rtol=1e-5)
-    one = _post(embed_server, "/embedding", {"content": TEXTS[0], "embd_normalize": 0}).json()
-    torch.testing.assert_close(torch.tensor(one[0]["embedding"][0]), want[0] * 32760 / want[0].abs().max(),
-                               atol=1e-2, rtol=1e-5)
-    taxicab = _post(embed_server, "/embedding", {"content": TEXTS[0], "embd_normalize": 1}).json()
-    torch.testing.assert_close(torch.tensor(taxicab[0]["embedding"][0]), want[0] / want[0].abs().sum(),
-                               atol=1e-6, rtol=1e-5)
+    # Scaled so the largest magnitude is 32760: compared at the scale of the others (the two requests' vectors
+    # differ by float rounding, which the scale multiplies).
+    scaled = torch.tensor(_post(embed_server, "/embedding", {"content": TEXTS[0], "embd_normalize": 0}).json()[0][
+        "embedding"][0], dtype=torch.float64)
+    assert scaled.abs().max().item() == pytest.approx(32760, rel=1e-12)
+    torch.testing.assert_close(scaled / 32760, (want[0] / want[0].abs().max()).double(), atol=1e-5, rtol=1e-5)
+    taxicab = torch.tensor(_post(embed_server, "/embedding", {"content": TEXTS[0], "embd_normalize": 1}).json()[0][
+        "embedding"][0], dtype=torch.float64)
+    assert taxicab.abs().sum().item() == pytest.approx(1, rel=1e-12)
+    torch.testing.assert_close(taxicab * want[0].abs().sum().double(), want[0].double(), atol=1e-5, rtol=1e-5)
     # A text and token ids mixed: one prompt, the text tokenized with the tokenizer's special tokens, the ids after.
     ids = st.input_ids(TEXTS[:1])[0] + [5, 6]
     by_ids = _vectors(_post(embed_server, "/v1/embeddings", {"input": ids}))[0]
