@@ -11,8 +11,8 @@ from typing import Annotated, Any, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
-from gateway.openai.schema import (Logprobs, MinP, RepetitionPenalty, Seed, StopString, TokenId, TopK, TopP, _float,
-                                   _int, _limit)
+from gateway.openai.schema import (Logprobs, MinP, MixedPrompt, RepetitionPenalty, Seed, StopString, TopK, TopP,
+                                   _float, _int, _limit)
 from shared.request_limits import (COUNT_MAX, FREQUENCY_PENALTY, LOGIT_BIAS, PRESENCE_PENALTY, TEMPERATURE, TOKEN_ID,
                                    TOKEN_ID_KEY_PATTERN, Range)
 
@@ -41,9 +41,6 @@ LogitBias = Union[list[BiasPair],
                   Annotated[dict[str, Union[float, bool]],
                             WithJsonSchema({"type": "object", "propertyNames": _TOKEN_TEXT,
                                             "additionalProperties": _BIAS})]]
-# A prompt as token ids and texts mixed: one prompt (a list of texts alone is several, which MILI does not serve).
-MixedPrompt = Annotated[list[Union[TokenId, str]], Field(min_length=1, json_schema_extra={
-    "contains": {"type": "integer"}, "description": "token ids, or token ids and texts mixed (at least one id)"})]
 
 
 def _not_zero(value: int) -> int:

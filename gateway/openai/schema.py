@@ -65,6 +65,10 @@ class _Model(BaseModel):
 # A token id: below the vocabulary size (checked against the served model after validation).
 TokenId = _int(TOKEN_ID, json_schema_extra=_limit("token_id"))
 TokenIds = Annotated[list[TokenId], Field(min_length=1, json_schema_extra=_limit("context"))]
+# llama.cpp's one prompt of token ids with texts mixed in (gateway/text/mixed_prompt.py): its /completion, /infill
+# and /embedding take it. A list of texts alone is no such prompt (a route refuses it, or reads several prompts).
+MixedPrompt = Annotated[list[Union[TokenId, str]], Field(min_length=1, json_schema_extra={
+    "contains": {"type": "integer"}, "description": "token ids, or token ids and texts mixed (at least one id)"})]
 # JSON object keys are strings: logit_bias maps a token id written in decimal (TOKEN_ID_KEY_PATTERN) to a bias.
 TokenIdKey = Annotated[str, Field(pattern=TOKEN_ID_KEY_PATTERN, json_schema_extra=_limit("token_id_key"))]
 StopString = Annotated[str, Field(min_length=1, json_schema_extra=_limit("stop_length"))]

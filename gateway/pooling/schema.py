@@ -10,8 +10,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
-from gateway.openai.schema import (PRIORITY_DESCRIPTION, OllamaBody, OllamaModelName, Priority, TokenId, _int, _limit,
-                                   _Model)
+from gateway.openai.schema import (PRIORITY_DESCRIPTION, MixedPrompt, OllamaBody, OllamaModelName, Priority, TokenId,
+                                   _int, _limit, _Model)
 from shared.request_limits import (COHERE_TOP_N, COUNT_MAX, DIMENSIONS, MAX_EMBEDDING_INPUTS, MAX_SCORE_DOCUMENTS,
                                    MAX_TOKENS_PER_DOC, TOP_N, TRUNCATE_PROMPT_TOKENS, Range)
 
@@ -148,8 +148,7 @@ class CohereRerankRequest(_Model):
 
 
 # llama.cpp's prompt shapes: a text, or token ids (texts mixed in: one prompt, as it holds an id).
-LlamaPrompt = Union[Text, Annotated[list[Union[TokenId, str]], Field(min_length=1, json_schema_extra={
-    "contains": {"type": "integer"}, "description": "token ids, texts mixed in (at least one id)"})]]
+LlamaPrompt = Union[Text, MixedPrompt]
 # ... one of them, or a list of them (several prompts).
 LlamaEmbeddingInput = Union[LlamaPrompt,
                             Annotated[list[LlamaPrompt], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)]]
