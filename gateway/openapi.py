@@ -21,7 +21,7 @@ from gateway.anthropic.schema import CountTokensBody, MessagesBody
 from gateway.huggingface.openapi_paths import tei_paths, tgi_paths, with_tei_rerank
 from gateway.huggingface.tei_schema import TeiEmbedBody, TeiRerankBody, TeiSimilarityBody
 from gateway.huggingface.tgi_schema import TgiGenerateBody
-from gateway.llamacpp.completion_schema import TOKEN_ID_TEXT, LlamaCompletionBody, LlamaInfillBody
+from gateway.llamacpp.completion_schema import LlamaCompletionBody, LlamaInfillBody, token_text_choices
 from gateway.llamacpp.openapi_paths import llamacpp_paths, props_path
 from gateway.openai.model_routes import MAX_LIST_LIMIT
 from gateway.ollama.schema import OllamaChatBody, OllamaGenerateBody, OllamaPullBody, OllamaShowBody
@@ -96,7 +96,7 @@ def _fill_limits(node: Any, bounds: ServedBounds) -> None:
     elif limit == "token_id_key":  # the keys of a logit_bias object
         node["pattern"] = decimal_below(vocab) if vocab is not None else TOKEN_ID_KEY_PATTERN
     elif limit == "token_text" and vocab is not None:  # llama.cpp's: a token's id as text, or any other text
-        node["anyOf"] = [{"pattern": decimal_below(vocab)}, {"not": {"pattern": TOKEN_ID_TEXT}}]
+        node["anyOf"] = token_text_choices(decimal_below(vocab))
     elif limit == "context" and context is not None:
         if node.get("type") == "array":
             node["maxItems"] = context  # a whole context of prompt: only to score it (echo, max_tokens 0)

@@ -24,10 +24,15 @@ SAMPLERS_OFF = {"typical_p": 1.0, "mirostat": 0, "dry_multiplier": 0.0, "xtc_pro
 
 # A token id written as text: a decimal number without leading zeros (any other text is tokenized).
 TOKEN_ID_TEXT = r"^(0|[1-9][0-9]*)$"
-# A token given by its id or its text: a text that is a token id (TOKEN_ID_TEXT) must be below the vocabulary size
-# (the `token_text` limit fills in the served one).
-_TOKEN_TEXT = {"type": "string", "anyOf": [{"pattern": TOKEN_ID_KEY_PATTERN}, {"not": {"pattern": TOKEN_ID_TEXT}}],
-               **_limit("token_text")}
+
+
+def token_text_choices(id_pattern: str) -> list[dict[str, Any]]:
+    """A token given by its id or its text: a text that is a token id (TOKEN_ID_TEXT) must match `id_pattern`
+    (ids below the vocabulary size; the `token_text` limit fills in the served one), any other text is tokenized."""
+    return [{"pattern": id_pattern}, {"not": {"pattern": TOKEN_ID_TEXT}}]
+
+
+_TOKEN_TEXT = {"type": "string", "anyOf": token_text_choices(TOKEN_ID_KEY_PATTERN), **_limit("token_text")}
 _TOKEN = {"anyOf": [{"type": "integer", "minimum": TOKEN_ID.lo, "maximum": TOKEN_ID.hi, **_limit("token_id")},
                     _TOKEN_TEXT]}
 _BIAS = {"anyOf": [{"type": "number", "minimum": LOGIT_BIAS.lo, "maximum": LOGIT_BIAS.hi},
