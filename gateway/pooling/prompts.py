@@ -14,11 +14,15 @@ cut where its N-th token ends, so the pair is then tokenized as any other (a cut
 
 from __future__ import annotations
 
+from typing import Callable
+
 from tokenizers import Tokenizer
 
+from gateway.pooling.schema import LlamaEmbeddingBody
 from gateway.server.errors import invalid
+from gateway.text.mixed_prompt import mixed_prompt_ids
 from shared.pooling_config import PoolingConfig
-from shared.request_limits import OutOfBounds, check_prompt_fits
+from shared.request_limits import MAX_EMBEDDING_INPUTS, OutOfBounds, check_prompt_fits
 
 # Qwen3-Reranker's documented prompt (its model card's transformers example), byte for byte.
 RERANKER_PREFIX = ("<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the "
@@ -109,3 +113,24 @@ class PromptBuilder:
         if limit is not None:
             d.truncate(max(limit - len(q.ids) - self.tok.num_special_tokens_to_add(True), 0))
         return self.tok.post_process(q, d, True).ids
+
+
+def llama_inputs(req: LlamaEmbeddingBody, tokenize: Callable[[str, bool], list[int]]) -> list[str | list[int]]:
+    """The body's prompts: texts, and token ids (with any texts mixed in tokenized by `tokenize(text, add_special)`,
+    gateway/text/mixed_prompt.py)."""
+    if (req.input is None) == (req.content is None):
+        raise invalid('one of "content" and "input" must be given, not both' if req.input is not None else
+                      '"content" (or "input") must be given', "content")
+    given = req.input if req.input is not None else req.content
+    if isinstance(given, str) or any(isinstance(part, int) for part in given):
+        given = [given]  # one prompt (a list holding an id is one prompt of ids and texts)
+    elif len(given) > MAX_EMBEDDING_INPUTS:
+        raise invalid(f"at most {MAX_EMBEDDING_INPUTS} prompts per request", "content")
+    inputs: list[str | list[int]] = []
+    for prompt in given:
+        if prompt == "":
+            raise invalid("a prompt is empty", "content")
+        if isinstance(prompt, list) and not any(isinstance(part, int) for part in prompt):
+            raise invalid("a prompt given as a list holds token ids (texts may be mixed in)", "content")
+        inputs.append(prompt if isinstance(prompt, str) else mixed_prompt_ids(prompt, tokenize))
+    return inputs

@@ -8,7 +8,7 @@ and the context. Then each input (or query-document pair) is one prefill-only re
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -18,7 +18,7 @@ from gateway.openai.routes import ready_info
 from gateway.openai.validation import validate
 from gateway.pooling.output import (cohere_rerank_body, embeddings_body, encode_embedding, llama_embeddings_body,
                                     llama_normalized, matryoshka, rerank_body, score_body)
-from gateway.pooling.prompts import PromptBuilder
+from gateway.pooling.prompts import PromptBuilder, llama_inputs
 from gateway.pooling.run import pool_prompts
 from gateway.pooling.schema import (SCORE_SIDES, UNSUPPORTED, CohereRerankRequest, EmbeddingRequest,
                                     LlamaEmbeddingBody, OllamaEmbeddingsRequest, OllamaEmbedRequest, RerankRequest,
@@ -27,8 +27,6 @@ from gateway.server.client_io import UNREAD, body_json
 from gateway.server.deadlines import request_deadline
 from gateway.server.errors import ApiError, invalid
 from gateway.server.task_guard import require_task
-from gateway.text.mixed_prompt import mixed_prompt_ids
-from shared.request_limits import MAX_EMBEDDING_INPUTS
 
 
 async def _body(request: Request, task: str, model_cls, default_tag: bool = False, raw: Any = UNREAD):
@@ -104,27 +102,6 @@ async def llama_embedding(request: Request) -> Response:
     prompts = prompt_builder(state).embedding_inputs(inputs, None, True)
     vectors = await pool_prompts(request, prompts, request_deadline(request, state.settings.request_timeout))
     return JSONResponse(llama_embeddings_body([llama_normalized(v, req.embd_normalize) for v in vectors]))
-
-
-def llama_inputs(req: LlamaEmbeddingBody, tokenize: Callable[[str, bool], list[int]]) -> list[str | list[int]]:
-    """The body's prompts: texts, and token ids (with any texts mixed in tokenized by `tokenize(text, add_special)`,
-    gateway/text/mixed_prompt.py)."""
-    if (req.input is None) == (req.content is None):
-        raise invalid('one of "content" and "input" must be given, not both' if req.input is not None else
-                      '"content" (or "input") must be given', "content")
-    given = req.input if req.input is not None else req.content
-    if isinstance(given, str) or any(isinstance(part, int) for part in given):
-        given = [given]  # one prompt (a list holding an id is one prompt of ids and texts)
-    elif len(given) > MAX_EMBEDDING_INPUTS:
-        raise invalid(f"at most {MAX_EMBEDDING_INPUTS} prompts per request", "content")
-    inputs: list[str | list[int]] = []
-    for prompt in given:
-        if prompt == "":
-            raise invalid("a prompt is empty", "content")
-        if isinstance(prompt, list) and not any(isinstance(part, int) for part in prompt):
-            raise invalid("a prompt given as a list holds token ids (texts may be mixed in)", "content")
-        inputs.append(prompt if isinstance(prompt, str) else mixed_prompt_ids(prompt, tokenize))
-    return inputs
 
 
 def check_dimensions(state, dimensions: int | None) -> None:

@@ -12,7 +12,7 @@ from gateway.llamacpp.to_completion import completion_body, llama_names
 from gateway.openai.parse import Limits, parse_completion
 from gateway.openai.validation import validate
 from gateway.openapi import ServedBounds, document
-from gateway.pooling.routes import llama_inputs
+from gateway.pooling.prompts import llama_inputs
 from gateway.pooling.schema import LlamaEmbeddingBody
 from gateway.server.errors import ApiError
 from shared.request_limits import OutOfBounds, check_prompt_fits
