@@ -25,6 +25,8 @@ import schemathesis
 from schemathesis import GenerationMode
 from schemathesis.core.parameters import ParameterLocation
 
+from gateway.pooling.prompts import RERANKER_DEFAULT_INSTRUCTION, RERANKER_PREFIX, RERANKER_SUFFIX, reranker_body
+
 CONTEXT = int(os.environ.get("MILI_SCHEMATHESIS_CONTEXT", "512"))
 FAST_MAX_TOKENS = 16
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -349,12 +351,9 @@ def _pair_beyond_context(path: str, body: dict, tei: bool) -> bool:
                for d in documents)
 
 
-# The reranker prompt's fixed text around a pair (gateway/pooling/prompts.py), its default instruction included,
-# with room for a cross-encoder's few special tokens.
-RERANKER_FRAME = ("<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the "
-                  'Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
-                  "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n<Instruct>: \n<Query>: \n<Document>: "
-                  "Given a web search query, retrieve relevant passages that answer the query")
+# The reranker prompt's fixed text around a pair, its default instruction included (the hooks bound lengths; the
+# rerank tests keep their own copy of the prompt as the oracle).
+RERANKER_FRAME = RERANKER_PREFIX + RERANKER_SUFFIX + reranker_body(RERANKER_DEFAULT_INSTRUCTION, "", "")
 
 
 LLAMA_PATHS = ("/completion", "/completions", "/infill")
