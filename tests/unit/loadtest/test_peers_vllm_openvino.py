@@ -208,13 +208,18 @@ def test_the_sweep_runs_llama_bench_unless_told_not_to():
     assert not parse_args(["--servers", "mili,llama-server", "--concurrency", "1", "--no-llama-bench"]).llama_bench
 
 
+# Two children that end with the server's SIGINT: a non-interactive shell starts background jobs with SIGINT ignored,
+# so the trap passes it on as SIGTERM to the whole group.
+_TWO_SLEEPS = "trap 'kill 0' INT; sleep 30 & sleep 30 & wait"
+
+
 def test_a_named_servers_children_are_measured_by_their_process_names(tmp_path):
     """vLLM's server starts its engine core as a second process; both are found, named as the kernel names them."""
     import time
 
     from loadtest.servers import RunningServer, ServerSpec
 
-    spec = ServerSpec("srv", lambda port, c: ["sh", "-c", "sleep 30 & sleep 30 & wait"], restart_per_level=False,
+    spec = ServerSpec("srv", lambda port, c: ["sh", "-c", _TWO_SLEEPS], restart_per_level=False,
                       model_processes="named")
     server = RunningServer(spec, 0, 1, tmp_path / "srv.log", "m")
     try:
