@@ -45,7 +45,7 @@ from kernels import quant_matmul
 from kernels.formats.blocks import KERNEL_KINDS, RECORD_BYTES, repack
 from kernels.quant_operands import ACTIVATION_MODES
 from loadtest.machine import cpu_name
-from loadtest.peaks import Peaks, measure as measure_peaks, quant_ceiling, table as peaks_table
+from loadtest.peaks import Peaks, dense_ceiling, measure as measure_peaks, quant_ceiling, table as peaks_table
 from worker.model.packed_linear import PackedLinear, packing_supported
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "head": (49152, 576),
@@ -211,9 +211,10 @@ def kernel_table(args: argparse.Namespace, peaks: Peaks | None = None) -> list[s
             f"{t.name} {weight_bytes(t, n, k) / 1e6:.2f} MB" for t in types)
         for name, (n, k) in SHAPES.items() if name in args.shapes))
     if peaks is not None:
+        dense_kind, dense_rate = dense_ceiling(peaks)
         emit()
         emit(f"Against the machine (loadtest/peaks.py, measured first in this run): each figure's GOP/s as a share of "
-             f"its ceiling: bf16, vdpbf16ps's rate ({peaks.ops_all_threads['bf16 vdpbf16ps'] / 1e9:.0f} GOP/s); the "
+             f"its ceiling: bf16, the {dense_kind} rate ({dense_rate / 1e9:.0f} GOP/s); the "
              f"quantized columns, vpdpbusd's ({peaks.ops_all_threads['int8 vpdpbusd'] / 1e9:.0f}) or AMX's, halved "
              f"for int8x2 (two products per multiply-add). The weights here stay in the caches between calls, so "
              f"few-row calls are not held to the memory read rate; loadtest/c1_breakdown.py holds decode to it")
@@ -224,7 +225,7 @@ def kernel_table(args: argparse.Namespace, peaks: Peaks | None = None) -> list[s
         for name, m, best in timings:
             n, k = SHAPES[name]
             ops = 2 * m * n * k
-            cells = [f"{ops / best[dense] / peaks.ops_all_threads['bf16 vdpbf16ps']:.0%}"]
+            cells = [f"{ops / best[dense] / dense_rate:.0%}"]
             for column in shown:
                 t_name, path, mode = column.split()
                 top = quant_ceiling(peaks, mode, amx=path == "amx")

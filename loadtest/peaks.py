@@ -67,6 +67,13 @@ def quant_ceiling(peaks: Peaks, mode: str, amx: bool) -> float:
     return rate / 2 if mode == "int8x2" else rate
 
 
+def dense_ceiling(peaks: Peaks) -> tuple[str, float]:
+    """The bfloat16 linear's ceiling, (kind, operations per second on every thread): vdpbf16ps's rate where the CPU
+    has AVX-512 BF16; without it oneDNN widens bfloat16 to float32 and multiplies with FMAs, so the FMA rate."""
+    kind = "bf16 vdpbf16ps" if "bf16 vdpbf16ps" in peaks.ops_all_threads else "fp32 fma"
+    return kind, peaks.ops_all_threads[kind]
+
+
 def ops_per_iteration(name: str, chains: int) -> int:
     """Operations one loop iteration of kind `name` does, in a build of `chains` accumulators."""
     kind = KINDS[name]
