@@ -5,6 +5,7 @@ are installed on first use of the benchmarks, not here (each is a venv of about 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -209,8 +210,10 @@ def test_the_sweep_runs_llama_bench_unless_told_not_to():
 
 
 # Two children that end with the server's SIGINT: a non-interactive shell starts background jobs with SIGINT ignored,
-# so the trap passes it on as SIGTERM to the whole group.
-_TWO_SLEEPS = "trap 'kill 0' INT; sleep 30 & sleep 30 & wait"
+# so the trap passes it on as SIGTERM to the whole group. A shell cannot trap a signal ignored when it started (as it
+# is under a backgrounded CI script), so SIGINT is first set back to its default.
+_TWO_SLEEPS = [sys.executable, "-c", "import os, signal; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+               "os.execvp('sh', ['sh', '-c', \"trap 'kill 0' INT; sleep 30 & sleep 30 & wait\"])"]
 
 
 def test_a_named_servers_children_are_measured_by_their_process_names(tmp_path):
@@ -219,7 +222,7 @@ def test_a_named_servers_children_are_measured_by_their_process_names(tmp_path):
 
     from loadtest.servers import RunningServer, ServerSpec
 
-    spec = ServerSpec("srv", lambda port, c: ["sh", "-c", _TWO_SLEEPS], restart_per_level=False,
+    spec = ServerSpec("srv", lambda port, c: _TWO_SLEEPS, restart_per_level=False,
                       model_processes="named")
     server = RunningServer(spec, 0, 1, tmp_path / "srv.log", "m")
     try:
