@@ -26,6 +26,7 @@ from schemathesis import GenerationMode
 from schemathesis.core.parameters import ParameterLocation
 
 from gateway.pooling.prompts import RERANKER_DEFAULT_INSTRUCTION, RERANKER_PREFIX, RERANKER_SUFFIX, reranker_body
+from gateway.pooling.schema import SCORE_SIDES
 
 CONTEXT = int(os.environ.get("MILI_SCHEMATHESIS_CONTEXT", "512"))
 FAST_MAX_TOKENS = 16
@@ -300,7 +301,6 @@ def _input_length(item: Any, special: bool) -> int:
     return 0
 
 
-SCORE_SIDES = (("text_1", "text_2"), ("queries", "documents"), ("queries", "items"), ("data_1", "data_2"))
 RERANK_PATHS = ("/v1/rerank", "/rerank", "/v2/rerank")
 
 
