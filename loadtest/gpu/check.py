@@ -274,6 +274,13 @@ def table(environment: dict, results: list[dict], engine_bench: dict | None = No
     return "\n".join(lines)
 
 
+def chosen_suites(parts: list[str]) -> list[str]:
+    """The suites `--only`'s parts ask for, in SUITES' order: each by its first word, and the module's suite also
+    alone (module-tests)."""
+    return [name for name in SUITES
+            if name.split()[0] in parts or (name == "tests/gpu module" and "module-tests" in parts)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.gpu.check", description=__doc__.splitlines()[0])
     parser.add_argument("--bundle", type=Path, default=ROOT / ".gpu-bundle")
@@ -323,9 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         env["MILI_ATTENTION_BACKEND"] = "torch"
         print("a GPU attention module failed its check: the suites' servers use the torch reference "
               "(MILI_ATTENTION_BACKEND=torch)")
-    suites = {name: narrowed(suite, args.select) for name, suite in SUITES.items()}
-    results = [run_suite(name, suite, env, args.out, args.suite_timeout, args.workers) for name, suite in suites.items()
-               if name.split()[0] in parts or (name == "tests/gpu module" and "module-tests" in parts)]
+    results = [run_suite(name, narrowed(SUITES[name], args.select), env, args.out, args.suite_timeout, args.workers)
+               for name in chosen_suites(parts)]
     bench = run_benchmark(env, args.out, args.bench_timeout, args.dry_run) if "bench" in parts else None
     # The module by name where it passed its self-check here (a module that cannot serve then fails the benchmark
     # rather than quietly measuring the reference), the reference where it failed, else auto; the JSON and the table

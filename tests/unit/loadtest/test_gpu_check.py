@@ -14,14 +14,15 @@ import torch
 
 from kernels.builder.gpu_modules import CARRIED_SHAPES
 from loadtest.gpu.bundle import ON_DEVICE, closure, pinned_roots
+from loadtest.gpu.check import chosen_suites
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the dry run runs the GPU tests: make gpu-check")
 def test_dry_run_skips_everything_cleanly(tmp_path):
     env = dict(os.environ)
     env.pop("MILI_GPU_TESTS_DEVICE", None)  # a rehearsal on the CPU would run the GPU tests, not skip them
-    run = subprocess.run([sys.executable, "-m", "loadtest.gpu.check", "--dry-run", "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=300, env=env)
+    run = subprocess.run([sys.executable, "-m", "loadtest.gpu.check", "--dry-run", "--out", str(tmp_path),
+                          "--engine-bench-skip", "transformers"], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     report = json.loads((tmp_path / "gpu-check.json").read_text())
     assert report["ok"] and report["dry_run"] and report["environment"]["cuda_available"] is False
@@ -39,10 +40,11 @@ def test_dry_run_skips_everything_cleanly(tmp_path):
     assert report["benchmark"]["returncode"] == 0  # --dry-run lists its cases
     listed = json.loads((tmp_path / "gpu_attention.json").read_text())
     assert listed["skipped"] == "dry run" and len(listed["cases"]) == 11
-    # The engine benchmark writes its plan, with the sizes it would run.
+    # The engine benchmark writes its plan, with the sizes it would run and the parts left out.
     assert report["engine_benchmark"]["returncode"] == 0 and report["engine_benchmark"]["skipped"] == "dry run"
     planned = json.loads((tmp_path / "gpu.json").read_text())
     assert planned["skipped"] == "dry run" and planned["settings"]["offline_sequences"] == 256
+    assert planned["parts_left_out"] == ["transformers"]
     assert (tmp_path / "gpu.md").read_text().startswith("GPU benchmark not run (dry run)")
     # The serving benchmark too: its plan, at the three concurrencies.
     assert report["serve_benchmark"]["returncode"] == 0 and report["serve_benchmark"]["skipped"] == "dry run"
@@ -61,19 +63,11 @@ def test_only_runs_the_parts_asked_for(tmp_path):
     assert bad.returncode == 2 and "unknown parts ['tests']" in bad.stderr
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA the dry run runs the GPU tests: make gpu-check")
-def test_module_tests_part_runs_the_module_suite_alone_and_the_skip_reaches_the_engine_benchmark(tmp_path):
-    env = dict(os.environ)
-    env.pop("MILI_GPU_TESTS_DEVICE", None)
-    run = subprocess.run([sys.executable, "-m", "loadtest.gpu.check", "--dry-run", "--out", str(tmp_path), "--only",
-                          "module-tests,engine-bench", "--engine-bench-skip", "transformers"],
-                         capture_output=True, text=True, timeout=300, env=env)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    report = json.loads((tmp_path / "gpu-check.json").read_text())
-    assert [s["suite"] for s in report["suites"]] == ["tests/gpu module"]
-    assert report["suites"][0]["tests"] > 0 and report["gpu_modules"] == []
-    planned = json.loads((tmp_path / "gpu.json").read_text())
-    assert planned["skipped"] == "dry run" and planned["parts_left_out"] == ["transformers"]
+def test_module_tests_picks_the_module_suite_alone():
+    assert chosen_suites(["module-tests", "engine-bench"]) == ["tests/gpu module"]
+    assert chosen_suites(["tests/gpu"]) == ["tests/gpu", "tests/gpu module"]
+    assert chosen_suites(["integration", "bench"]) == ["integration --server-device cuda"]
+    assert chosen_suites(["modules", "bench"]) == []
 
 
 def test_bundle_carries_what_the_device_lacks_at_the_pinned_versions():
