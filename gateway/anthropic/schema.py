@@ -212,7 +212,8 @@ class OutputConfig(_Model):
 class CountTokensBody(_Model):
     """POST /v1/messages/count_tokens: a request's prompt, counted as /v1/messages would render it."""
 
-    model: str = Field(description="the served model name; any other is a 404")
+    model: str = Field(description="the served model name (GET /v1/models); any other is a 404",
+                       json_schema_extra=_limit("model"))
     messages: Annotated[list[InputMessage], Field(min_length=1)] = Field(
         description="a final assistant turn with text is a prefill the response continues; its text may not end with "
                     "whitespace")

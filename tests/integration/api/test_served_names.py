@@ -72,4 +72,5 @@ def test_other_names_are_404s_naming_the_served_ones(client):
 
 def test_the_api_document_offers_every_name(server):
     schemas = httpx2.get(f"{server.url}/openapi.json").json()["components"]["schemas"]
-    assert schemas["ChatBody"]["properties"]["model"]["enum"] == list(NAMES)
+    for body in ("ChatBody", "MessagesBody", "CountTokensBody", "ResponsesBody"):
+        assert schemas[body]["properties"]["model"]["enum"] == list(NAMES), body
