@@ -74,22 +74,40 @@ phases.coverage.enabled = false
 """
 
 
+# The phases as two schemathesis processes at once. The fuzzing phase's time is the client's own generation
+# (hypothesis, in one process, one core busy); the other phases' cases are cheap to generate and cost the server,
+# so they fit beside it on the second core. One process ran them all in turn, about 1.5x the time.
+PHASE_GROUPS = ("examples,coverage,stateful", "fuzzing")
+
+
 def run_schemathesis(url: str, tmp_path: Path, seed: int, context: int, tokenizer: Path, *options: str,
-                     config_text: str = CONFIG, examples: int = MAX_EXAMPLES) -> subprocess.CompletedProcess:
-    config = tmp_path / "schemathesis.toml"
-    config.write_text(config_text)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), SCHEMATHESIS_HOOKS="tests.helpers.schemathesis_hooks",
-               MILI_SCHEMATHESIS_CONTEXT=str(context), MILI_SCHEMATHESIS_DROPPED=str(tmp_path / "dropped.json"),
-               MILI_SCHEMATHESIS_TOKENIZER=str(tokenizer))
-    cmd = [*ST, "--no-color", "--config-file", str(config), "run", f"{url}/openapi.json", "--checks", "all",
-           "--max-examples", str(examples), "--seed", str(seed), "--workers", "1", "--request-timeout", "60",
-           "--no-shrink", "--continue-on-failure", "--output-truncate", "true", "--output-sanitize", "false",
-           # One worker: with two, schemathesis's coverage phase now and then raised a KeyError inside its own
-           # schema walk (an error of the tool, reported as an error, not a finding); one worker costs ~2 s.
-           # Generated conversations are often longer than the tiny model's context (those are left out), and big
-           # bodies are slow to generate on a busy machine.
-           "--suppress-health-check", "filter_too_much,too_slow", *options]
-    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+                     config_text: str = CONFIG, examples: int = MAX_EXAMPLES) -> list[subprocess.CompletedProcess]:
+    """Each of PHASE_GROUPS run against `url` at once, each in its own folder under `tmp_path` (its
+    schemathesis.toml and the hooks' dropped.json); their results in that order."""
+    runs = []
+    for group in PHASE_GROUPS:
+        folder = tmp_path / group.replace(",", "-")
+        folder.mkdir()
+        (folder / "schemathesis.toml").write_text(config_text)
+        env = dict(os.environ, PYTHONPATH=str(ROOT), SCHEMATHESIS_HOOKS="tests.helpers.schemathesis_hooks",
+                   MILI_SCHEMATHESIS_CONTEXT=str(context), MILI_SCHEMATHESIS_DROPPED=str(folder / "dropped.json"),
+                   MILI_SCHEMATHESIS_TOKENIZER=str(tokenizer))
+        cmd = [*ST, "--no-color", "--config-file", str(folder / "schemathesis.toml"), "run", f"{url}/openapi.json",
+               "--phases", group, "--checks", "all", "--max-examples", str(examples), "--seed", str(seed),
+               "--workers", "1", "--request-timeout", "60", "--no-shrink", "--continue-on-failure",
+               "--output-truncate", "true", "--output-sanitize", "false",
+               # One worker: with two, schemathesis's coverage phase now and then raised a KeyError inside its own
+               # schema walk (an error of the tool, reported as an error, not a finding).
+               # Generated conversations are often longer than the tiny model's context (those are left out), and
+               # big bodies are slow to generate on a busy machine.
+               "--suppress-health-check", "filter_too_much,too_slow", *options]
+        runs.append((cmd, subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.PIPE,
+                                           stderr=subprocess.PIPE, text=True)))
+    results = []
+    for cmd, proc in runs:
+        stdout, stderr = proc.communicate(timeout=400)
+        results.append(subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr))
+    return results
 
 
 def test_schemathesis_finds_nothing(server, tmp_path):
@@ -111,14 +129,21 @@ def test_schemathesis_finds_nothing_in_infill(fim_server, tmp_path):
     _finds_nothing(fim_server, tmp_path, "--include-path", "/infill")
 
 
+def _serve_random_model(tmp_path_factory, name: str, build, max_model_len: int):
+    """`mili serve` on a model `build(out_dir, seed)` makes from a fresh seed (printed, or MILI_TEST_SEED's);
+    yields the server and stops it after the module."""
+    seed = int(os.environ.get("MILI_TEST_SEED", random.randrange(2**31)))
+    print(f"\n[{name}] MILI_TEST_SEED={seed}")
+    model = build(tmp_path_factory.mktemp(name) / name, seed)
+    srv = Server(model, "--max-model-len", str(max_model_len), log_path=tmp_path_factory.mktemp("logs") / f"{name}.log")
+    yield srv.start()
+    srv.stop()
+
+
 @pytest.fixture(scope="module")
 def embedding_server(tmp_path_factory):
-    seed = int(os.environ.get("MILI_TEST_SEED", random.randrange(2**31)))
-    print(f"\n[tiny embedding model] MILI_TEST_SEED={seed}")
-    model = build_embedding_model(tmp_path_factory.mktemp("embed") / "tiny-embed", seed, "mean", normalize=True)
-    srv = Server(model, "--max-model-len", "128", log_path=tmp_path_factory.mktemp("logs") / "embed.log").start()
-    yield srv
-    srv.stop()
+    yield from _serve_random_model(tmp_path_factory, "tiny-embed",
+                                   lambda out, seed: build_embedding_model(out, seed, "mean", normalize=True), 128)
 
 
 def test_schemathesis_finds_nothing_on_an_embedding_server(embedding_server, tmp_path):
@@ -129,12 +154,7 @@ def test_schemathesis_finds_nothing_on_an_embedding_server(embedding_server, tmp
 
 @pytest.fixture(scope="module")
 def scoring_server(tmp_path_factory):
-    seed = int(os.environ.get("MILI_TEST_SEED", random.randrange(2**31)))
-    print(f"\n[tiny reranker] MILI_TEST_SEED={seed}")
-    model = build_reranker_model(tmp_path_factory.mktemp("rerank") / "tiny-Qwen3-Reranker", seed)
-    srv = Server(model, "--max-model-len", "256", log_path=tmp_path_factory.mktemp("logs") / "rerank.log").start()
-    yield srv
-    srv.stop()
+    yield from _serve_random_model(tmp_path_factory, "tiny-Qwen3-Reranker", build_reranker_model, 256)
 
 
 def test_schemathesis_finds_nothing_on_a_scoring_server(scoring_server, tmp_path):
@@ -146,11 +166,13 @@ def _finds_nothing(server, tmp_path: Path, *options: str, config_text: str = CON
                    examples: int = MAX_EXAMPLES) -> None:
     seed = int(os.environ.get("MILI_TEST_SEED", random.randrange(2**31)))
     context = httpx2.get(f"{server.url}/health", timeout=10).json()["max_model_len"]
-    result = run_schemathesis(server.url, tmp_path, seed, context, server.model / "tokenizer.json", *options,
-                              config_text=config_text, examples=examples)
-    summary = [line for line in result.stdout.splitlines() if "generated" in line or "passed" in line]
-    dropped = json.loads((tmp_path / "dropped.json").read_text()) if (tmp_path / "dropped.json").exists() else {}
-    print(f"\nschemathesis seed {seed}: {' | '.join(s.strip() for s in summary)}; left out: {dropped}")
-    assert result.returncode == 0, result.stdout[-12000:] + result.stderr[-3000:]
-    assert "No issues found" in result.stdout, result.stdout[-6000:]
+    results = run_schemathesis(server.url, tmp_path, seed, context, server.model / "tokenizer.json", *options,
+                               config_text=config_text, examples=examples)
+    for group, result in zip(PHASE_GROUPS, results):
+        summary = [line for line in result.stdout.splitlines() if "generated" in line or "passed" in line]
+        dropped_file = tmp_path / group.replace(",", "-") / "dropped.json"
+        dropped = json.loads(dropped_file.read_text()) if dropped_file.exists() else {}
+        print(f"\nschemathesis seed {seed}, {group}: {' | '.join(s.strip() for s in summary)}; left out: {dropped}")
+        assert result.returncode == 0, result.stdout[-12000:] + result.stderr[-3000:]
+        assert "No issues found" in result.stdout, result.stdout[-6000:]
     assert httpx2.get(f"{server.url}/health", timeout=10).status_code == 200
