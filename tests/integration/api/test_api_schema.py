@@ -80,13 +80,17 @@ phases.coverage.enabled = false
 PHASE_GROUPS = ("examples,coverage,stateful", "fuzzing")
 
 
+def phase_folder(tmp_path: Path, group: str) -> Path:
+    """Where a phase group's process runs: its schemathesis.toml and the hooks' dropped.json."""
+    return tmp_path / group.replace(",", "-")
+
+
 def run_schemathesis(url: str, tmp_path: Path, seed: int, context: int, tokenizer: Path, *options: str,
                      config_text: str = CONFIG, examples: int = MAX_EXAMPLES) -> list[subprocess.CompletedProcess]:
-    """Each of PHASE_GROUPS run against `url` at once, each in its own folder under `tmp_path` (its
-    schemathesis.toml and the hooks' dropped.json); their results in that order."""
+    """Each of PHASE_GROUPS run against `url` at once, each in its phase_folder; their results in that order."""
     runs = []
     for group in PHASE_GROUPS:
-        folder = tmp_path / group.replace(",", "-")
+        folder = phase_folder(tmp_path, group)
         folder.mkdir()
         (folder / "schemathesis.toml").write_text(config_text)
         env = dict(os.environ, PYTHONPATH=str(ROOT), SCHEMATHESIS_HOOKS="tests.helpers.schemathesis_hooks",
@@ -103,11 +107,14 @@ def run_schemathesis(url: str, tmp_path: Path, seed: int, context: int, tokenize
                "--suppress-health-check", "filter_too_much,too_slow", *options]
         runs.append((cmd, subprocess.Popen(cmd, cwd=folder, env=env, stdout=subprocess.PIPE,
                                            stderr=subprocess.PIPE, text=True)))
-    results = []
-    for cmd, proc in runs:
-        stdout, stderr = proc.communicate(timeout=400)
-        results.append(subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr))
-    return results
+    try:
+        outputs = [proc.communicate(timeout=400) for _, proc in runs]
+        return [subprocess.CompletedProcess(cmd, proc.returncode, *out) for (cmd, proc), out in zip(runs, outputs)]
+    finally:
+        for _, proc in runs:  # one timed out: the other is not left running
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 def test_schemathesis_finds_nothing(server, tmp_path):
@@ -170,7 +177,7 @@ def _finds_nothing(server, tmp_path: Path, *options: str, config_text: str = CON
                                config_text=config_text, examples=examples)
     for group, result in zip(PHASE_GROUPS, results):
         summary = [line for line in result.stdout.splitlines() if "generated" in line or "passed" in line]
-        dropped_file = tmp_path / group.replace(",", "-") / "dropped.json"
+        dropped_file = phase_folder(tmp_path, group) / "dropped.json"
         dropped = json.loads(dropped_file.read_text()) if dropped_file.exists() else {}
         print(f"\nschemathesis seed {seed}, {group}: {' | '.join(s.strip() for s in summary)}; left out: {dropped}")
         assert result.returncode == 0, result.stdout[-12000:] + result.stderr[-3000:]
