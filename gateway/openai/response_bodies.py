@@ -103,18 +103,25 @@ class ChatFormat(_Format):
             message["tool_calls"] = tool_calls
         return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def delta_choice(self, event: ChoiceEvent, with_logprobs: bool) -> dict[str, Any]:
-        """A stream chunk's choice; the role went out in each choice's first chunk already."""
+    def delta_choices(self, event: ChoiceEvent, with_logprobs: bool) -> list[dict[str, Any]]:
+        """A stream event's choice, as one chunk's choice or more: each carries one call's piece at most, as
+        OpenAI's stream does, so a client that reads a chunk's first tool_calls entry misses nothing. The
+        text comes with the first; logprobs and the finish reason with the last. The role went out in each
+        choice's first chunk already."""
         delta: dict[str, Any] = {}
         if event.reasoning:
             delta["reasoning_content"] = event.reasoning
         if event.text:
             delta["content"] = event.text
-        if event.tool_calls:
-            delta["tool_calls"] = [_tool_call_delta(d) for d in event.tool_calls]
-        return {"index": event.index, "delta": delta,
-                "logprobs": self.logprobs(event.logprobs) if with_logprobs and event.logprobs else None,
-                "finish_reason": event.finish_reason}
+        deltas = [delta]
+        for k, piece in enumerate(event.tool_calls):
+            if k:
+                deltas.append({})
+            deltas[-1]["tool_calls"] = [_tool_call_delta(piece)]
+        choices = [{"index": event.index, "delta": d, "logprobs": None, "finish_reason": None} for d in deltas]
+        choices[-1]["logprobs"] = self.logprobs(event.logprobs) if with_logprobs and event.logprobs else None
+        choices[-1]["finish_reason"] = event.finish_reason
+        return choices
 
     def body(self, choices: list[dict], usage: Usage | None, chunk: bool = False,
              include_usage_field: bool = False) -> dict[str, Any]:

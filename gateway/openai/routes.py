@@ -447,10 +447,11 @@ def _chat_chunks(fmt: ChatFormat, req, admitted: Admitted) -> AsyncIterator[str]
                 e.finish_reason = tools.finish_reason(made_calls[e.index], e.finish_reason)
             if (e.text or e.reasoning or e.tool_calls or e.finish_reason or (with_logprobs and e.logprobs)
                     or (req.return_token_ids and e.token_ids)):
-                delta = fmt.delta_choice(e, with_logprobs)
+                choices = fmt.delta_choices(e, with_logprobs)
                 if req.return_token_ids:
-                    delta["token_ids"] = e.token_ids
-                yield fmt.body([delta], so_far(), chunk=True, include_usage_field=req.include_usage)
+                    choices[-1]["token_ids"] = e.token_ids
+                for choice in choices:
+                    yield fmt.body([choice], so_far(), chunk=True, include_usage_field=req.include_usage)
         if req.include_usage:
             yield fmt.body([], admitted.usage, chunk=True)
 

@@ -34,8 +34,9 @@ _SCALAR_CHARS = frozenset("0123456789+-.eEtruefalsn")
 
 @dataclass
 class ToolCallDelta:
-    """One piece of one call: the first carries id and name (and no arguments); the rest carry
-    argument text only."""
+    """One piece of one call: the first carries id and name (and the argument text that came with
+    them, if any); the rest carry argument text only. One feed gives at most one piece per call, so a
+    stream chunk never names a call twice (clients that read a chunk's first entry miss nothing)."""
 
     index: int
     id: str | None = None
@@ -112,7 +113,11 @@ class ToolCallParser:
         return "", []
 
     def _arguments(self, calls: list[ToolCallDelta], text: str) -> None:
-        if text:
+        if not text:
+            return
+        if calls and calls[-1].index == self.num_calls:  # this call's header came in the same feed
+            calls[-1].arguments += text
+        else:
             calls.append(ToolCallDelta(self.num_calls, arguments=text))
 
 

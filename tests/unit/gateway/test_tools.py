@@ -11,7 +11,9 @@ import llguidance
 import pytest
 
 from gateway.text.grammars import ResponseFormat, build_grammar, response_format_rules
-from gateway.text.tool_call_parser import ToolCallParser, assemble
+from gateway.openai.response_bodies import ChatFormat
+from gateway.streams.choice_stream import ChoiceEvent
+from gateway.text.tool_call_parser import ToolCallDelta, ToolCallParser, assemble
 from gateway.text.tool_specs import Tool, ToolSpec, generic_messages, parse_tools, tool_grammar_rules
 from shared.default_model import default_model_path
 from shared.grammar_limits import build_tokenizer
@@ -57,6 +59,38 @@ def test_parser_pieces_are_never_retracted_and_name_comes_first():
     assert [d.name for d in firsts] == ["get_weather", "get_time"] and all(d.arguments == "" for d in firsts)
     # Each call's first piece comes before any of its argument pieces.
     assert seen.index(firsts[1]) > max(i for i, d in enumerate(seen) if d.index == 0)
+
+
+def test_one_feed_gives_one_piece_per_call():
+    """A call's header and the argument text after it in the same feed are one piece, so a stream chunk
+    names each call once: a client that reads a chunk's first tool_calls entry (instructor's partial
+    streaming does) gets the opening brace with the name."""
+    parser = ToolCallParser()
+    _, whole = parser.feed(TWO_CALLS)
+    assert [(d.index, d.name, d.arguments) for d in whole] == [
+        (0, "get_weather", '{"city": "Pa}}\\"ris"}'), (1, "get_time", "{}")]
+    rng = random.Random(SEED)
+    for _ in range(100):
+        parser = ToolCallParser()
+        cuts = sorted(rng.sample(range(1, len(TWO_CALLS)), rng.randint(0, 20)))
+        for a, b in zip([0, *cuts], [*cuts, len(TWO_CALLS)]):
+            _, deltas = parser.feed(TWO_CALLS[a:b])
+            assert len({d.index for d in deltas}) == len(deltas)
+
+
+def test_a_stream_chunk_carries_one_call_piece_at_most():
+    """An event with pieces of two calls (a step that ends one call and starts the next) becomes two chunks'
+    choices: text with the first piece, the finish reason with the last."""
+    event = ChoiceEvent(0, "Let me check.", finish_reason="tool_calls", tool_calls=[
+        ToolCallDelta(0, arguments='"}'), ToolCallDelta(1, "call_1", "get_time", "{}")])
+    choices = ChatFormat("m", names=None).delta_choices(event, with_logprobs=False)
+    assert [c["delta"] for c in choices] == [
+        {"content": "Let me check.", "tool_calls": [{"index": 0, "function": {"arguments": '"}'}}]},
+        {"tool_calls": [{"index": 1, "id": "call_1", "type": "function",
+                         "function": {"name": "get_time", "arguments": "{}"}}]}]
+    assert [(c["index"], c["finish_reason"]) for c in choices] == [(0, None), (0, "tool_calls")]
+    (only,) = ChatFormat("m", names=None).delta_choices(ChoiceEvent(0, "text", finish_reason="stop"), False)
+    assert only["delta"] == {"content": "text"} and only["finish_reason"] == "stop"
 
 
 @pytest.mark.parametrize("text, content, calls", [
