@@ -41,12 +41,6 @@ expected-statuses = ["2xx", "3xx", "4xx", "504"]
 include-path = "/v1/streams/{stream_id}"
 warnings = false
 
-# llama.cpp's /completion and /completions are one handler with one document (gateway/app.py): the second spelling
-# is fuzzed but skips the coverage phase's boundary cases, which the first spelling's run already sends there.
-[[operations]]
-include-path = "/completions"
-phases.coverage.enabled = false
-
 # Stored responses: only an id POST /v1/responses returned (with store: true) is found, so generated ids are the
 # documented 404 (retrieval, items and deletion: test_responses_sdk.py); the "always 404" warning is off.
 [[operations]]
@@ -57,9 +51,6 @@ warnings = false
 
 # An embedding or scoring server answers no generation routes (so no stored responses and no streams to resume); GET
 # /v1/models/{model} finds only the served name, which the generator does not guess (the documented 404).
-# /v1/score and /score, /v1/rerank and /rerank, /embedding and /embeddings are each one handler with one document
-# (gateway/app.py, gateway/openapi.py): the second spelling is fuzzed but skips the coverage phase's boundary cases,
-# which the first spelling's run already sends to that handler.
 EMBED_CONFIG = """
 [checks.not_a_server_error]
 expected-statuses = ["2xx", "3xx", "4xx", "504"]
@@ -67,11 +58,21 @@ expected-statuses = ["2xx", "3xx", "4xx", "504"]
 [[operations]]
 include-path-regex = "^/v1/(models|streams)/"
 warnings = false
-
-[[operations]]
-include-path-regex = "^/(score|rerank|embeddings)$"
-phases.coverage.enabled = false
 """
+
+
+def second_spellings(paths: dict) -> list[str]:
+    """The document's paths whose description is an earlier path's, word for word: one handler answering two
+    spellings (llama.cpp's /completion and /completions, /v1/score and /score, ...; gateway/app.py)."""
+    first: dict[str, str] = {}
+    return [path for path, item in paths.items() if first.setdefault(json.dumps(item, sort_keys=True), path) != path]
+
+
+def with_second_spellings(config_text: str, paths: dict) -> str:
+    """`config_text` where each second spelling is fuzzed but skips the coverage phase's boundary cases, which the
+    first spelling's run already sends to that handler."""
+    return config_text + "".join(f'\n[[operations]]\ninclude-path = "{path}"\nphases.coverage.enabled = false\n'
+                                 for path in second_spellings(paths))
 
 
 # The phases as two schemathesis processes at once. The fuzzing phase's time is the client's own generation
@@ -173,8 +174,10 @@ def _finds_nothing(server, tmp_path: Path, *options: str, config_text: str = CON
                    examples: int = MAX_EXAMPLES) -> None:
     seed = int(os.environ.get("MILI_TEST_SEED", random.randrange(2**31)))
     context = httpx2.get(f"{server.url}/health", timeout=10).json()["max_model_len"]
+    paths = httpx2.get(f"{server.url}/openapi.json", timeout=10).json()["paths"]
     results = run_schemathesis(server.url, tmp_path, seed, context, server.model / "tokenizer.json", *options,
-                               config_text=config_text, examples=examples)
+                               config_text=with_second_spellings(config_text, paths), examples=examples)
+    print(f"\nsecond spellings (no coverage phase): {second_spellings(paths)}")
     for group, result in zip(PHASE_GROUPS, results):
         summary = [line for line in result.stdout.splitlines() if "generated" in line or "passed" in line]
         dropped_file = phase_folder(tmp_path, group) / "dropped.json"
