@@ -152,6 +152,29 @@ class OutOfBounds(ValueError):
         self.param = param
 
 
+class ContextOverflow(OutOfBounds):
+    """A prompt, or a prompt with its max_tokens (None: the prompt alone leaves no room), longer than the context.
+    Worded as OpenAI and vLLM word it, which client libraries match to tell an overflow from other 400s: LiteLLM's
+    ContextWindowExceededError ("maximum context length is"), LangChain's ContextOverflowError ("Input tokens exceed
+    the configured limit", OpenAI's newer wording; LangChain reads the message alone), for trimming or falling back
+    to a model with a longer context. Where max_tokens alone fills the context, no input fits, and the message says
+    only how much was asked."""
+
+    def __init__(self, prompt_tokens: int, max_tokens: int | None, context_len: int):
+        self.prompt_tokens, self.max_tokens, self.context_len = prompt_tokens, max_tokens, context_len
+        if max_tokens is None:
+            input_limit = context_len - 1  # the output needs one token at least
+            asked, reduce = f"your prompt has {prompt_tokens} tokens, which leaves no room for output", "the prompt"
+        else:
+            input_limit = context_len - max_tokens
+            asked = (f"you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} "
+                     "in max_tokens)")
+            reduce = "the prompt or max_tokens"
+        over = f"Input tokens exceed the configured limit of {input_limit} tokens:" if input_limit > 0 else "However,"
+        super().__init__(f"This model's maximum context length is {context_len} tokens. {over} {asked}. Please reduce "
+                         f"the length of {reduce}.", "prompt" if max_tokens is None else "max_tokens")
+
+
 def check_prompt_fits(prompt: Sequence[int], max_tokens: int | None, vocab_size: int, context_len: int) -> None:
     """A non-empty prompt's ids are in the vocabulary, and it leaves the context room for max_tokens (None: for
     at least one token). max_tokens 0 (scoring alone) may fill the whole context. The gateway checks this before
@@ -160,9 +183,6 @@ def check_prompt_fits(prompt: Sequence[int], max_tokens: int | None, vocab_size:
     if bad is not None:
         raise OutOfBounds(f"prompt token id {bad} is outside the vocabulary (size {vocab_size})", "prompt")
     if len(prompt) > context_len or (len(prompt) == context_len and max_tokens != 0):
-        raise OutOfBounds(f"the prompt has {len(prompt)} tokens, but this model's context length is {context_len} "
-                          "tokens, which leaves no room for output", "prompt")
+        raise ContextOverflow(len(prompt), None, context_len)
     if max_tokens is not None and len(prompt) + max_tokens > context_len:
-        raise OutOfBounds(f"the prompt ({len(prompt)} tokens) plus max_tokens ({max_tokens}) asks for "
-                          f"{len(prompt) + max_tokens} tokens, but this model's context length is {context_len} tokens",
-                          "max_tokens")
+        raise ContextOverflow(len(prompt), max_tokens, context_len)

@@ -25,7 +25,7 @@ from gateway.openai.response_bodies import ChatFormat, CompletionFormat
 from gateway.server.auth import ApiKey, caller
 from gateway.server.client_io import collect_unless_disconnected, one_line_json, read_json
 from gateway.server.deadlines import check_not_passed, request_deadline
-from gateway.server.errors import ApiError, invalid
+from gateway.server.errors import ApiError, ContextLengthExceeded, invalid
 from gateway.server.key_limits import Lease
 from gateway.server.task_guard import require_task
 from gateway.streams.choice_stream import ChoiceEvent, GenerationStream, TextOptions, Usage, merge
@@ -38,7 +38,7 @@ from gateway.text.prompt_logprobs import PromptLogprob, echo_logprobs, join_logp
 from gateway.text.tool_call_parser import assemble
 from gateway.text.tool_specs import tool_grammar_rules
 from gateway.workers.pool import NoWorkerAvailable
-from shared.request_limits import OutOfBounds, check_prompt_fits
+from shared.request_limits import ContextOverflow, OutOfBounds, check_prompt_fits
 from shared.wire import WorkerReady
 from shared.sampling_params import SamplingParams, SamplingParamsError
 
@@ -292,6 +292,8 @@ def _check_tokens(params: SamplingParams, prompts: list[list[int]], vocab: int, 
             raise invalid("the prompt is empty after tokenization", "prompt")
         try:
             check_prompt_fits(prompt, params.max_tokens, vocab, context)
+        except ContextOverflow as e:
+            raise ContextLengthExceeded(e) from None
         except OutOfBounds as e:
             raise invalid(str(e), e.param) from None
 

@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterator
 
 from starlette.responses import JSONResponse
 
+from shared.request_limits import ContextOverflow
+
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
           405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
           501: "not_supported_error", 503: "service_unavailable_error", 504: "timeout_error"}
@@ -60,6 +62,25 @@ def is_anthropic_path(path: str) -> bool:
 
 def _under(path: str, prefix: str) -> bool:
     return path == prefix or path.startswith(prefix + "/")
+
+
+class ContextLengthExceeded(ApiError):
+    """A 400 for a prompt (with its max_tokens) longer than the context, in the words each API's clients match to
+    tell it from other 400s: OpenAI's code `context_length_exceeded` beside vLLM's message; Anthropic's own
+    messages, "prompt is too long: ..." and "input length and `max_tokens` exceed context limit: ..."."""
+
+    def __init__(self, overflow: ContextOverflow):
+        super().__init__(400, str(overflow), overflow.param, code="context_length_exceeded")
+        self.overflow = overflow
+
+    def anthropic_body(self) -> dict:
+        o = self.overflow
+        if o.max_tokens is None:  # the output needs one token at least
+            message = f"prompt is too long: {o.prompt_tokens} tokens > {o.context_len - 1} maximum"
+        else:
+            message = (f"input length and `max_tokens` exceed context limit: {o.prompt_tokens} + {o.max_tokens} > "
+                       f"{o.context_len}, decrease input length or `max_tokens` and try again")
+        return {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
 
 
 def invalid(message: str, param: str | None = None) -> ApiError:

@@ -4,8 +4,10 @@ tools bound and answered, the Responses API, and the completions-era OpenAI LLM.
 
 from __future__ import annotations
 
+import httpx2
 import pydantic
 import pytest
+from langchain_core.exceptions import ContextOverflowError
 from langchain_core.messages import AIMessageChunk, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI, OpenAI
@@ -102,3 +104,17 @@ def test_completions_llm(server):
     llm = OpenAI(model=MODEL, base_url=f"{server.url}/v1", api_key="none", temperature=0, max_tokens=10,
                  max_retries=0, timeout=120)
     assert llm.invoke("The capital of France is").strip()
+
+
+def test_a_prompt_past_the_context_is_langchains_context_overflow(server, chat):
+    """The 400 carries OpenAI's code context_length_exceeded, which LangChain turns into its ContextOverflowError
+    (what trimming and summarizing middleware catch), streamed or not; the server then answers as before."""
+    context = httpx2.get(f"{server.url}/health", timeout=10).json()["max_model_len"]
+    too_long = "hello " * (context + 100)
+    with pytest.raises(ContextOverflowError, match="maximum context length is"):
+        chat.invoke(too_long)
+    with pytest.raises(ContextOverflowError):
+        list(chat.stream(too_long))
+    with pytest.raises(ContextOverflowError):  # room for 5 prompt tokens, and the chat template alone has more
+        chat.bind(max_tokens=context - 5).invoke("Hi")
+    assert chat.invoke("Hi").text.strip()

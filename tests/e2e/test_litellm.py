@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 
+import httpx2
 import pytest
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # its price table from the package, not the internet
@@ -70,3 +71,18 @@ def test_anthropic_provider_through_messages(server):
     streamed = "".join(c.choices[0].delta.content or "" for c in litellm.completion(**kwargs, stream=True)
                        if c.choices)
     assert streamed == text
+
+
+@pytest.mark.parametrize("provider", ["openai", "hosted_vllm", "anthropic"])
+def test_a_prompt_past_the_context_is_litellms_context_window_error(server, provider):
+    """Each provider's 400 is worded as its API words a context overflow (OpenAI's code and vLLM's message;
+    Anthropic's "prompt is too long"), which LiteLLM maps to ContextWindowExceededError: what its context-window
+    fallbacks and callers that trim act on."""
+    context = httpx2.get(f"{server.url}/health", timeout=10).json()["max_model_len"]
+    base = server.url if provider == "anthropic" else f"{server.url}/v1"
+    kwargs = dict(model=f"{provider}/{MODEL}", api_base=base, api_key="none", max_tokens=5, num_retries=0)
+    with pytest.raises(litellm.ContextWindowExceededError):
+        litellm.completion(**kwargs, messages=[{"role": "user", "content": "hello " * (context + 100)}])
+    with pytest.raises(litellm.ContextWindowExceededError):
+        litellm.completion(**{**kwargs, "max_tokens": context}, messages=ASK)
+    assert litellm.completion(**kwargs, messages=ASK).choices[0].message.content

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import httpx2
 import pytest
@@ -220,6 +221,23 @@ def test_bad_input_names_the_field(served, change, field):
         counted = httpx2.post(f"{server.url}/v1/messages/count_tokens", json=body, timeout=30)
         assert counted.status_code == 400 and field in counted.json()["error"]["message"], counted.text
     assert httpx2.get(f"{server.url}/health", timeout=10).status_code == 200
+
+
+def test_a_context_overflow_is_worded_as_anthropic_words_it(served):
+    """Anthropic's own messages for a prompt past the context and for one whose max_tokens does not fit, which
+    its clients match (LangChain's ContextOverflowError: "prompt is too long"; LiteLLM: "exceed context limit")."""
+    server, tokenizer = served
+    context = httpx2.get(f"{server.url}/health", timeout=10).json()["max_model_len"]
+    long_text = " ".join(["hello"] * (context + 50))
+    r = httpx2.post(f"{server.url}/v1/messages", timeout=30, json={
+        "model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": long_text}]})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    assert re.fullmatch(rf"prompt is too long: \d+ tokens > {context - 1} maximum", r.json()["error"]["message"])
+    r = httpx2.post(f"{server.url}/v1/messages", timeout=30, json={"model": MODEL, "max_tokens": context,
+                                                                   "messages": [TEXT]})
+    assert r.status_code == 400
+    assert re.fullmatch(rf"input length and `max_tokens` exceed context limit: \d+ \+ {context} > {context}, "
+                        r"decrease input length or `max_tokens` and try again", r.json()["error"]["message"])
 
 
 def test_metrics_count_the_messages_routes(served):

@@ -81,6 +81,19 @@ def test_bad_input(server, case):
     assert good.status_code == 200, good.text
 
 
+@pytest.mark.parametrize("case", ["prompt beyond context", "prompt + max_tokens beyond context",
+                                  "max_completion_tokens beyond context"])
+def test_a_context_overflow_is_worded_as_openai_and_vllm_word_it(server, case):
+    """OpenAI's code and vLLM's message, which client libraries match to tell a context overflow from other 400s
+    (LiteLLM, LangChain: tests/e2e); another 400 has no such code."""
+    path, body, _, _ = CASES[case]
+    error = httpx2.post(server.url + path, json=body, timeout=30).json()["error"]
+    assert error["code"] == "context_length_exceeded"
+    assert error["message"].startswith("This model's maximum context length is ")
+    other = httpx2.post(server.url + COMP, json=comp(prompt=[1, 10**7]), timeout=30).json()["error"]
+    assert other["code"] is None and "maximum context length" not in other["message"]
+
+
 def test_body_over_the_limit_is_413(server):
     r = httpx2.post(server.url + COMP, json=comp(prompt="x" * 300_000), timeout=30)
     assert r.status_code == 413 and r.json()["error"]["type"] == "invalid_request_error"

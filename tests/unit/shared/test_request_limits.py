@@ -243,3 +243,25 @@ def test_a_prompt_fits_the_context_up_to_its_edge():
         with pytest.raises(rl.OutOfBounds) as refused:
             rl.check_prompt_fits(prompt, max_tokens, 10, 8)
         assert refused.value.param == param
+
+
+@pytest.mark.parametrize("prompt, max_tokens, message", [
+    (8, None, "This model's maximum context length is 8 tokens. Input tokens exceed the configured limit of 7 tokens: "
+              "your prompt has 8 tokens, which leaves no room for output. Please reduce the length of the prompt."),
+    (5, 4, "This model's maximum context length is 8 tokens. Input tokens exceed the configured limit of 4 tokens: "
+           "you requested 9 tokens (5 in the prompt, 4 in max_tokens). Please reduce the length of the prompt or "
+           "max_tokens."),
+    # max_tokens alone fills the context: no input would fit, so no input limit is named
+    (1, 8, "This model's maximum context length is 8 tokens. However, you requested 9 tokens (1 in the prompt, 8 in "
+           "max_tokens). Please reduce the length of the prompt or max_tokens."),
+])
+def test_a_context_overflow_is_worded_as_clients_match_it(prompt, max_tokens, message):
+    """OpenAI's and vLLM's words, which LiteLLM and LangChain match (tests/e2e); a token outside the vocabulary is
+    another error."""
+    with pytest.raises(rl.ContextOverflow) as refused:
+        rl.check_prompt_fits([1] * prompt, max_tokens, 10, 8)
+    assert str(refused.value) == message
+    assert (refused.value.prompt_tokens, refused.value.max_tokens, refused.value.context_len) == (prompt, max_tokens, 8)
+    with pytest.raises(rl.OutOfBounds) as other:
+        rl.check_prompt_fits([10], 1, 10, 8)
+    assert not isinstance(other.value, rl.ContextOverflow)

@@ -53,7 +53,9 @@ def test_rejects_what_can_never_fit(model):
     with pytest.raises(ValueError, match="does not fit the KV cache"):
         make_engine(model_dir, max_model_len=64, num_kv_blocks=3, block_size=16)
     engine = make_engine(model_dir, max_model_len=64, num_kv_blocks=4, block_size=16)
-    with pytest.raises(RequestRejected, match=r"prompt \(60 tokens\) plus max_tokens \(10\).*64"):
+    with pytest.raises(RequestRejected, match=r"length is 64 tokens. Input tokens exceed the configured limit of "
+                                              r"54 tokens: you requested 70 tokens \(60 in the prompt, 10 in "
+                                              r"max_tokens\)"):
         engine.add_request("a", [5] * 60, SamplingParams(max_tokens=10))
     with pytest.raises(RequestRejected, match="context length is 64"):
         engine.add_request("b", [5] * 64, SamplingParams())
