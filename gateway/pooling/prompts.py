@@ -19,7 +19,7 @@ from typing import Callable
 from tokenizers import Tokenizer
 
 from gateway.pooling.schema import LlamaEmbeddingBody
-from gateway.server.errors import invalid
+from gateway.server.errors import ApiError, invalid
 from gateway.text.mixed_prompt import mixed_prompt_ids
 from shared.pooling_config import PoolingConfig
 from shared.request_limits import MAX_EMBEDDING_INPUTS, OutOfBounds, check_prompt_fits
@@ -54,8 +54,10 @@ class PromptBuilder:
         if not ids:
             raise invalid(f"{param}: an input is empty after tokenization", param)
         if len(ids) > self.context_len:
-            raise invalid(f"{param}: an input has {len(ids)} tokens, over this model's context length of "
-                          f"{self.context_len} tokens (truncate_prompt_tokens cuts it)", param)
+            # OpenAI's code and words for an overflow, which clients (LiteLLM) match, as for generation's prompts.
+            raise ApiError(400, f"This model's maximum context length is {self.context_len} tokens. However, an "
+                                f"input of {param} has {len(ids)} tokens (truncate_prompt_tokens cuts it).", param,
+                           code="context_length_exceeded")
         try:
             check_prompt_fits(ids, 0, self.vocab_size, self.context_len)  # the ids' range
         except OutOfBounds as e:

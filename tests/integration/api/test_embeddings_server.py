@@ -200,7 +200,9 @@ def test_truncate_prompt_tokens_keeps_the_first_tokens_and_the_eos(embed_server,
     assert len(ids) > CONTEXT
     r = _post(embed_server, "/v1/embeddings", {"input": long_text})
     assert r.status_code == 400 and r.json()["error"]["param"] == "input", r.text
-    assert "context length" in r.json()["error"]["message"]
+    # OpenAI's code and words for an overflow, which LiteLLM's embedding() maps to its ContextWindowExceededError
+    assert r.json()["error"]["code"] == "context_length_exceeded"
+    assert r.json()["error"]["message"].startswith(f"This model's maximum context length is {CONTEXT} tokens.")
     cut = _vectors(_post(embed_server, "/v1/embeddings", {"input": long_text, "truncate_prompt_tokens": 20}))[0]
     by_ids = _vectors(_post(embed_server, "/v1/embeddings", {"input": ids[:19] + ids[-1:]}))[0]
     torch.testing.assert_close(cut, by_ids, atol=1e-6, rtol=1e-6)
