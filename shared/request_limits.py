@@ -172,7 +172,7 @@ class ContextOverflow(OutOfBounds):
             reduce = "the prompt or max_tokens"
         over = f"Input tokens exceed the configured limit of {input_limit} tokens:" if input_limit > 0 else "However,"
         super().__init__(f"This model's maximum context length is {context_len} tokens. {over} {asked}. Please reduce "
-                         f"the length of {reduce}.", "prompt" if max_tokens is None else "max_tokens")
+                         f"the length of {reduce}.", "max_tokens" if max_tokens else "prompt")
 
 
 def check_prompt_fits(prompt: Sequence[int], max_tokens: int | None, vocab_size: int, context_len: int) -> None:
@@ -183,6 +183,7 @@ def check_prompt_fits(prompt: Sequence[int], max_tokens: int | None, vocab_size:
     if bad is not None:
         raise OutOfBounds(f"prompt token id {bad} is outside the vocabulary (size {vocab_size})", "prompt")
     if len(prompt) > context_len or (len(prompt) == context_len and max_tokens != 0):
-        raise ContextOverflow(len(prompt), None, context_len)
+        # Scoring alone (max_tokens 0) may fill the context; anything else needs room for one token.
+        raise ContextOverflow(len(prompt), 0 if max_tokens == 0 else None, context_len)
     if max_tokens is not None and len(prompt) + max_tokens > context_len:
         raise ContextOverflow(len(prompt), max_tokens, context_len)

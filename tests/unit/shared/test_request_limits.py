@@ -251,6 +251,9 @@ def test_a_prompt_fits_the_context_up_to_its_edge():
     (5, 4, "This model's maximum context length is 8 tokens. Input tokens exceed the configured limit of 4 tokens: "
            "you requested 9 tokens (5 in the prompt, 4 in max_tokens). Please reduce the length of the prompt or "
            "max_tokens."),
+    (9, 0, "This model's maximum context length is 8 tokens. Input tokens exceed the configured limit of 8 tokens: "
+           "you requested 9 tokens (9 in the prompt, 0 in max_tokens). Please reduce the length of the prompt or "
+           "max_tokens."),  # scoring alone may fill the whole context
     # max_tokens alone fills the context: no input would fit, so no input limit is named
     (1, 8, "This model's maximum context length is 8 tokens. However, you requested 9 tokens (1 in the prompt, 8 in "
            "max_tokens). Please reduce the length of the prompt or max_tokens."),
