@@ -162,17 +162,23 @@ class ContextOverflow(OutOfBounds):
 
     def __init__(self, prompt_tokens: int, max_tokens: int | None, context_len: int):
         self.prompt_tokens, self.max_tokens, self.context_len = prompt_tokens, max_tokens, context_len
+        # The most prompt tokens that would have fitted: the output needs one token at least when max_tokens is None.
+        self.input_limit = context_len - (1 if max_tokens is None else max_tokens)
         if max_tokens is None:
-            input_limit = context_len - 1  # the output needs one token at least
             asked, reduce = f"your prompt has {prompt_tokens} tokens, which leaves no room for output", "the prompt"
         else:
-            input_limit = context_len - max_tokens
             asked = (f"you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} "
                      "in max_tokens)")
             reduce = "the prompt or max_tokens"
-        over = f"Input tokens exceed the configured limit of {input_limit} tokens:" if input_limit > 0 else "However,"
-        super().__init__(f"This model's maximum context length is {context_len} tokens. {over} {asked}. Please reduce "
-                         f"the length of {reduce}.", "max_tokens" if max_tokens else "prompt")
+        over = (f"Input tokens exceed the configured limit of {self.input_limit} tokens:" if self.input_limit > 0
+                else "However,")
+        super().__init__(f"{context_length_sentence(context_len)} {over} {asked}. Please reduce the length of "
+                         f"{reduce}.", "max_tokens" if max_tokens else "prompt")
+
+
+def context_length_sentence(context_len: int) -> str:
+    """The opening of every context-overflow message, generation's and pooling's: the words clients match."""
+    return f"This model's maximum context length is {context_len} tokens."
 
 
 def check_prompt_fits(prompt: Sequence[int], max_tokens: int | None, vocab_size: int, context_len: int) -> None:

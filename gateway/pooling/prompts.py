@@ -19,10 +19,10 @@ from typing import Callable
 from tokenizers import Tokenizer
 
 from gateway.pooling.schema import LlamaEmbeddingBody
-from gateway.server.errors import ApiError, invalid
+from gateway.server.errors import CONTEXT_LENGTH_EXCEEDED, ApiError, invalid
 from gateway.text.mixed_prompt import mixed_prompt_ids
 from shared.pooling_config import PoolingConfig
-from shared.request_limits import MAX_EMBEDDING_INPUTS, OutOfBounds, check_prompt_fits
+from shared.request_limits import MAX_EMBEDDING_INPUTS, OutOfBounds, check_prompt_fits, context_length_sentence
 
 # Qwen3-Reranker's documented prompt (its model card's transformers example), byte for byte.
 RERANKER_PREFIX = ("<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the "
@@ -55,9 +55,9 @@ class PromptBuilder:
             raise invalid(f"{param}: an input is empty after tokenization", param)
         if len(ids) > self.context_len:
             # OpenAI's code and words for an overflow, which clients (LiteLLM) match, as for generation's prompts.
-            raise ApiError(400, f"This model's maximum context length is {self.context_len} tokens. However, an "
-                                f"input of {param} has {len(ids)} tokens (truncate_prompt_tokens cuts it).", param,
-                           code="context_length_exceeded")
+            raise ApiError(400, f"{context_length_sentence(self.context_len)} However, an input of {param} has "
+                                f"{len(ids)} tokens (truncate_prompt_tokens cuts it).", param,
+                           code=CONTEXT_LENGTH_EXCEEDED)
         try:
             check_prompt_fits(ids, 0, self.vocab_size, self.context_len)  # the ids' range
         except OutOfBounds as e:

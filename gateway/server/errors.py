@@ -23,6 +23,7 @@ ANTHROPIC_PREFIX = "/v1/messages"
 OLLAMA_PREFIX = "/api/"  # Ollama's API: {"error": message}
 SHARED_PREFIX = "/v1/models"  # OpenAI's and Anthropic's clients both list and retrieve models here
 ANTHROPIC_VERSION_HEADER = "anthropic-version"  # sent by every Anthropic client
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # OpenAI's code for a prompt past the context
 
 
 class ApiError(Exception):
@@ -70,13 +71,13 @@ class ContextLengthExceeded(ApiError):
     messages, "prompt is too long: ..." and "input length and `max_tokens` exceed context limit: ..."."""
 
     def __init__(self, overflow: ContextOverflow):
-        super().__init__(400, str(overflow), overflow.param, code="context_length_exceeded")
+        super().__init__(400, str(overflow), overflow.param, code=CONTEXT_LENGTH_EXCEEDED)
         self.overflow = overflow
 
     def anthropic_body(self) -> dict:
         o = self.overflow
-        if o.max_tokens is None:  # the output needs one token at least
-            message = f"prompt is too long: {o.prompt_tokens} tokens > {o.context_len - 1} maximum"
+        if o.max_tokens is None:
+            message = f"prompt is too long: {o.prompt_tokens} tokens > {o.input_limit} maximum"
         else:
             message = (f"input length and `max_tokens` exceed context limit: {o.prompt_tokens} + {o.max_tokens} > "
                        f"{o.context_len}, decrease input length or `max_tokens` and try again")
