@@ -9,7 +9,8 @@
 #      products of the rows as stored: over a bfloat16 cache, vdpbf16ps (where the CPU has AVX-512 BF16);
 #      over an int8 cache, vpdpwssd of the key's int8 values (sign-extended) and the query in 16-bit integers
 #      (its scale and the keys' row scales multiply the 16 scores). Otherwise they are float32 products
-#      (attention_parts.scores_f32; with AVX2's 16 registers, 8 keys at a time and a tree of pair sums instead).
+#      (attention_parts.scores_f32; with AVX2's 16 registers, a few keys at a time for all the pass's heads, each key
+#      slice widened once for them, and a tree of pair sums instead).
 #      The int8 path sign-extends each key row once for the pass's heads (their count a compile-time constant)
 #      and sums the tree's levels as the keys arrive: 2-3% less attention time at head_dim 64, 5% at 128.
 #   2. the chunk's softmax weights (its maximum folded into the running one, as an online softmax does
@@ -178,11 +179,14 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
                             prefetch_rows[cdt, HD](v_cache, offs, scale_offsets.unsafe_offset(j0), n)  # for pass 2
                         var k_scales = row_scales[cdt](k_cache, scale_offsets.unsafe_offset(j0))
                         var key_sums = Array[I32x16, G](fill=I32x16(0))
-                        comptime if I16_DOT:
-                            comptime for n in range(1, G + 1):  # the head count as a constant (see pass 2)
-                                if ng == n:
+                        var f32_scores = Array[F32x16, G](fill=F32x16(0))
+                        comptime for n in range(1, G + 1):  # the head count as a constant (see pass 2)
+                            if ng == n:
+                                comptime if I16_DOT:
                                     key_sums = _key_sums_i16[HD, G, n](
                                         q16, rebind[Pointer[Scalar[I8], MutAnyOrigin]](k_cache), offs)
+                                elif not BF16_DOT:
+                                    f32_scores = scores_f32[cdt, HD, G, n](qf, k_cache, offs, k_scales)
                         comptime for g in range(G):
                             if g < ng:
                                 var s: F32x16
@@ -193,7 +197,7 @@ def attend_chunks[dt: DType, cdt: DType, HD: Int](args: Params, begin: Int, end:
                                         rebind[Pointer[Scalar[BF16], MutAnyOrigin]](qp.unsafe_offset(g * HD)),
                                         rebind[Pointer[Scalar[BF16], MutAnyOrigin]](k_cache), offs, scale)
                                 else:
-                                    s = scores_f32[cdt, HD](qf[g], k_cache, offs, k_scales)
+                                    s = f32_scores[g]
                                 s = masked(s, n, lane)
                                 maxes[g] = max(maxes[g], s)
                                 scores.unsafe_offset(g * CHUNK + j0).unsafe_store(s)

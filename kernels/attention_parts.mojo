@@ -80,44 +80,77 @@ def _hadd8(a: F32x8, b: F32x8) -> F32x8:
 
 
 @always_inline
-def _sums8(v: Array[F32x8, 8]) -> F32x8:
-    """Lane j: the sum of v[j]'s 8 lanes, by a fixed tree (pairs, quads, then the two halves)."""
-    var lo = _hadd8(_hadd8(v[0], v[1]), _hadd8(v[2], v[3]))  # v0..v3's half sums: low halves, then high
-    var hi = _hadd8(_hadd8(v[4], v[5]), _hadd8(v[6], v[7]))
+def _tree_top(lo: F32x8, hi: F32x8) -> F32x8:
+    """The last level of 8 vectors' lane sums: lane j of the result, v[j]'s sum, where lo = _hadd8 of the pair sums of
+    v0..v3 (their 128-bit half sums: low halves, then high) and hi the same of v4..v7."""
     return lo.shuffle[0, 1, 2, 3, 8, 9, 10, 11](hi) + lo.shuffle[4, 5, 6, 7, 12, 13, 14, 15](hi)
 
 
 @always_inline
-def scores_f32[cdt: DType, HD: Int](q: SIMD[F32, HD], k_cache: Pointer[Scalar[cdt], MutAnyOrigin],
-                                    offs: Pointer[Scalar[DType.int64], MutAnyOrigin], k_scales: F32x16) -> F32x16:
-    """The scores of one float32 query head (q, the attention scale applied) against the 16 keys whose rows sit at
-    offs[:16], each key's float32 dot product times its row scale (k_scales: ones unless the cache is int8).
-    With AVX-512 each key leaves a vector of partial sums and the lane tree sums the 16 (its 16 vectors and the
-    query's 8 fill the 32 zmm). AVX2's 16 ymm hold neither, so 8 keys at a time take one 8-lane accumulator each
-    over the query's 8-value slices (the key rows read from memory), and a tree of pair sums reduces the 8."""
-    comptime if HAS_AVX512:
-        var p = Array[F32x16, KEYS](fill=F32x16(0))
-        comptime for j in range(KEYS):
-            var kf = k_cache.unsafe_offset(Int(offs[unsafe_offset=j])).unsafe_load[width=HD]().cast[F32]()
-            var prod = (q * kf).reduce_add[KEYS]()
-            comptime if cdt == I8:
-                prod = prod * k_scales[j]
-            p[bitrev4(j)] = prod
-        return lane_sums(p)
-    else:
-        var halves = Array[F32x8, 2](fill=F32x8(0))
-        comptime for h in range(2):
-            var acc = Array[F32x8, 8](fill=F32x8(0))
-            comptime for c in range(0, HD, 8):
-                var qc = q.slice[8, offset=c]()
-                comptime for j in range(8):
-                    var k = k_cache.unsafe_offset(Int(offs[unsafe_offset=8 * h + j]) + c).unsafe_load[width=8]()
-                    acc[j] = qc.fma(k.cast[F32](), acc[j])
-            halves[h] = _sums8(acc)
-        var s = halves[0].join(halves[1])
+def _key_scores_avx512[cdt: DType, HD: Int](q: SIMD[F32, HD], k_cache: Pointer[Scalar[cdt], MutAnyOrigin],
+                                            offs: Pointer[Scalar[DType.int64], MutAnyOrigin],
+                                            k_scales: F32x16) -> F32x16:
+    """One head's 16 scores with AVX-512: each key leaves a vector of partial sums and the lane tree sums the 16
+    (its 16 vectors and the query's 8 fill the 32 zmm)."""
+    var p = Array[F32x16, KEYS](fill=F32x16(0))
+    comptime for j in range(KEYS):
+        var kf = k_cache.unsafe_offset(Int(offs[unsafe_offset=j])).unsafe_load[width=HD]().cast[F32]()
+        var prod = (q * kf).reduce_add[KEYS]()
         comptime if cdt == I8:
-            s = s * k_scales
-        return s
+            prod = prod * k_scales[j]
+        p[bitrev4(j)] = prod
+    return lane_sums(p)
+
+
+@always_inline
+def keys_per_pass(heads: Int) -> Int:
+    """Keys whose 8-lane accumulators the AVX2 path holds for `heads` heads at once: at most 8 accumulators, so that
+    they, the widened key slices and a query slice fit AVX2's 16 ymm."""
+    return 4 if heads <= 2 else 2
+
+
+@always_inline
+def scores_f32[cdt: DType, HD: Int, G: Int, NG: Int](q: Array[SIMD[F32, HD], G],
+                                                     k_cache: Pointer[Scalar[cdt], MutAnyOrigin],
+                                                     offs: Pointer[Scalar[DType.int64], MutAnyOrigin],
+                                                     k_scales: F32x16) -> Array[F32x16, G]:
+    """The scores of the first NG float32 query heads (q[g], the attention scale applied) against the 16 keys whose
+    rows sit at offs[:16]: per head, each key's float32 dot product times its row scale (k_scales: ones unless the
+    cache is int8). With AVX-512, head by head (_key_scores_avx512). AVX2's 16 ymm hold neither a head's 16 partial
+    vectors nor its query, so each key takes one 8-lane accumulator per head over the query's 8-value slices, a
+    few keys at a time for all NG heads (each key slice loaded and widened once for every head: over a float16
+    cache the widening was a third of the scores' time), and a fixed tree of pair sums reduces each 8 keys'
+    accumulators: per key and head the same multiply-adds and sums in the same order whatever NG."""
+    var out = Array[F32x16, G](fill=F32x16(0))
+    comptime if HAS_AVX512:
+        comptime for g in range(NG):
+            out[g] = _key_scores_avx512[cdt, HD](q[g], k_cache, offs, k_scales)
+    else:
+        comptime KP = keys_per_pass(NG)
+        comptime for h in range(2):
+            # pairs[g * 4 + p]: head g's pair sums of keys 8h + 2p and 8h + 2p + 1 (_hadd8), the tree's first level.
+            var pairs = Array[F32x8, NG * 4](fill=F32x8(0))
+            comptime for k0 in range(0, 8, KP):
+                var acc = Array[F32x8, NG * KP](fill=F32x8(0))
+                comptime for c in range(0, HD, 8):
+                    comptime for j in range(KP):
+                        var k = k_cache.unsafe_offset(Int(offs[unsafe_offset=8 * h + k0 + j]) + c).unsafe_load[
+                            width=8]().cast[F32]()
+                        comptime for g in range(NG):
+                            acc[g * KP + j] = q[g].slice[8, offset=c]().fma(k, acc[g * KP + j])
+                comptime for g in range(NG):
+                    comptime for j in range(0, KP, 2):
+                        pairs[g * 4 + (k0 + j) // 2] = _hadd8(acc[g * KP + j], acc[g * KP + j + 1])
+            comptime for g in range(NG):
+                var half = _tree_top(_hadd8(pairs[g * 4], pairs[g * 4 + 1]), _hadd8(pairs[g * 4 + 2], pairs[g * 4 + 3]))
+                comptime if h == 0:
+                    out[g] = half.join(F32x8(0))
+                else:
+                    out[g] = out[g].slice[8, offset=0]().join(half)
+        comptime if cdt == I8:
+            comptime for g in range(NG):
+                out[g] = out[g] * k_scales
+    return out^
 
 
 @always_inline
