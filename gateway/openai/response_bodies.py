@@ -76,9 +76,18 @@ class CompletionFormat(_Format):
             offsets.append(offset)
             offset += len(tokens[-1])
         return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
-                "top_logprobs": [{self.names.text(t): lp for t, lp in [(e.token_id, e.logprob), *e.top]}
-                                 for e in entries],
-                "text_offset": offsets}
+                "top_logprobs": [self._top_by_text(e) for e in entries], "text_offset": offsets}
+
+    def _top_by_text(self, entry: TokenLogprob) -> dict[str, float]:
+        """The legacy top_logprobs object, keyed by token text: the token itself and its alternatives, where
+        tokens that read alike share one key and the key keeps the highest of their logprobs. So the key with the
+        largest value names the most likely token (lm-evaluation-harness reads greediness that way), whatever
+        order the alike tokens come in."""
+        top: dict[str, float] = {}
+        for token_id, logprob in [(entry.token_id, entry.logprob), *entry.top]:
+            text = self.names.text(token_id)
+            top[text] = max(logprob, top.get(text, logprob))
+        return top
 
     def choice(self, index: int, text: str, logprobs: dict | None, finish_reason: str | None) -> dict[str, Any]:
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}

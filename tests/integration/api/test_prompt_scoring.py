@@ -73,8 +73,9 @@ def test_echo_logprobs_max_tokens_zero_scores_the_prompt(client, reference):
         row = ref[i - 1]
         assert lp.token_logprobs[i] == pytest.approx(float(row[ids[i]]), **TOL), i
         top = lp.top_logprobs[i]
-        assert top[lp.tokens[i]] == pytest.approx(lp.token_logprobs[i], **TOL)
-        assert 1 <= len(top) <= 4  # the token itself and 3 alternatives (tokens that read alike merge)
+        # The token itself and 3 alternatives; tokens that read alike share a key, which keeps the highest value.
+        assert top[lp.tokens[i]] >= lp.token_logprobs[i]
+        assert 1 <= len(top) <= 4
         assert max(top.values()) == pytest.approx(float(row.max()), **TOL)
 
 

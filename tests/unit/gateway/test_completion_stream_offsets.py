@@ -55,3 +55,16 @@ def test_streamed_offsets_follow_the_tokens_texts():
     for echo in ("", "prompt "):
         whole = CompletionFormat("m", Names()).logprobs([e.logprobs[0] for e in EVENTS], len(echo))
         assert streamed_offsets(echo) == whole["text_offset"] == [len(echo) + i for i in (0, 1, 2, 3)]
+
+
+def test_top_logprobs_key_keeps_the_highest_of_tokens_that_read_alike():
+    """Tokens 2 and 3 both read as U+FFFD: whichever order they come in, the legacy top_logprobs object keeps the
+    higher logprob under that key, so its largest value is the most likely token's."""
+    fmt = CompletionFormat("m", Names())
+    chosen_low = TokenLogprob(2, -3.0, [(3, -0.5), (1, -1.0), (2, -3.0)])
+    chosen_high = TokenLogprob(3, -0.5, [(3, -0.5), (1, -1.0), (2, -3.0)])
+    alike_lower_later = TokenLogprob(4, -2.0, [(3, -0.5), (1, -1.0), (2, -1.5)])
+    tops = fmt.logprobs([chosen_low, chosen_high, alike_lower_later], 0)["top_logprobs"]
+    assert tops[0] == {"\ufffd": -0.5, "a": -1.0}
+    assert tops[1] == {"\ufffd": -0.5, "a": -1.0}
+    assert tops[2] == {"bc": -2.0, "\ufffd": -0.5, "a": -1.0}
