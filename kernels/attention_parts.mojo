@@ -132,6 +132,7 @@ def scores_f32[cdt: DType, HD: Int, G: Int, NG: Int](q: Array[SIMD[F32, HD], G],
             out[g] = _key_scores_avx512[cdt, HD](q[g], k_cache, offs, k_scales)
     else:
         comptime KP = keys_per_pass(NG)
+        var halves = Array[F32x8, NG * 2](fill=F32x8(0))  # head g's scores of keys 0-7 at 2g, of keys 8-15 at 2g + 1
         comptime for h in range(2):
             # pairs[g * 4 + p]: head g's pair sums of keys 8h + 2p and 8h + 2p + 1 (_hadd8), the tree's first level.
             var pairs = Array[F32x8, NG * 4](fill=F32x8(0))
@@ -147,13 +148,11 @@ def scores_f32[cdt: DType, HD: Int, G: Int, NG: Int](q: Array[SIMD[F32, HD], G],
                     comptime for j in range(0, KP, 2):
                         pairs[g * 4 + (k0 + j) // 2] = _hadd8(acc[g * KP + j], acc[g * KP + j + 1])
             comptime for g in range(NG):
-                var half = _tree_top(_hadd8(pairs[g * 4], pairs[g * 4 + 1]), _hadd8(pairs[g * 4 + 2], pairs[g * 4 + 3]))
-                comptime if h == 0:
-                    out[g] = half.join(F32x8(0))
-                else:
-                    out[g] = out[g].slice[8, offset=0]().join(half)
-        comptime if cdt == I8:
-            comptime for g in range(NG):
+                halves[2 * g + h] = _tree_top(_hadd8(pairs[g * 4], pairs[g * 4 + 1]),
+                                              _hadd8(pairs[g * 4 + 2], pairs[g * 4 + 3]))
+        comptime for g in range(NG):
+            out[g] = halves[2 * g].join(halves[2 * g + 1])
+            comptime if cdt == I8:
                 out[g] = out[g] * k_scales
     return out^
 
