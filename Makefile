@@ -31,34 +31,29 @@ serve: kernels
 test: kernels
 	$(PY) -m pytest -q --durations=20 tests
 
-# Debian's prometheus package (promtool and a real Prometheus server) for tests/deploy. Needs apt and root;
-# where it cannot be had, those tests skip with the reason (and fail under CI, which runs this first).
-deploy-tools:
-	@if command -v promtool >/dev/null && command -v prometheus >/dev/null; then :; \
+# $(call apt-install,COMMANDS,PACKAGES,WHAT-NEEDS-THEM): Debian's PACKAGES by apt-get unless every one of COMMANDS is
+# on PATH already. Needs apt and root; where they cannot be had, a warning says what goes without them.
+apt-install = @if $(foreach c,$(1),command -v $(c) >/dev/null &&) true; then :; \
 	elif command -v apt-get >/dev/null && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-	    apt-get install -y -qq --no-install-recommends prometheus >/dev/null); then echo "installed prometheus"; \
-	else echo "WARNING: could not install Debian's prometheus package (promtool); tests/deploy needs it" >&2; fi
+	    apt-get install -y -qq --no-install-recommends $(2) >/dev/null); then echo "installed $(2)"; \
+	else echo "WARNING: could not install Debian's $(2); $(3)" >&2; fi
 
-# Debian's chromium and its chromedriver for tests/web_ui (the chat page in a real browser, driven by Selenium).
-# Needs apt and root; where they cannot be had, those tests skip with the reason (and fail under CI, which runs
-# this first).
+# Debian's prometheus package (promtool and a real Prometheus server) for tests/deploy: without it those tests
+# skip with the reason (and fail under CI, which runs this first).
+deploy-tools:
+	$(call apt-install,promtool prometheus,prometheus,tests/deploy needs promtool and prometheus)
+
+# Debian's chromium and its chromedriver for tests/web_ui (the chat page in a real browser, driven by Selenium):
+# without them those tests skip with the reason (and fail under CI, which runs this first).
 browser-tools:
-	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
-	elif command -v apt-get >/dev/null && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-	    apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null); then \
-	    echo "installed chromium and chromium-driver"; \
-	else echo "WARNING: could not install Debian's chromium and chromium-driver; tests/web_ui needs them" >&2; fi
+	$(call apt-install,chromium chromedriver,chromium chromium-driver,tests/web_ui needs them)
 
 # Debian's clang-19 and its OpenMP runtime, which the comparisons build llama-server with
 # (loadtest/peers/llama_server.py): GCC 12 faults in llama.cpp's AMX path, and on an AVX2-only AMD Zen 3 its build
 # prefilled at 0.75x clang-19's (llama-bench pp512 133 against 177 tok/s, Qwen3-0.6B-shaped Q4_K_M; tg64 alike).
-# Needs apt and root; where they cannot be had, the build takes the system compiler, and the results name it.
+# Without them the build takes the system compiler, and the results name it.
 peer-tools:
-	@if command -v clang-19 >/dev/null && command -v clang++-19 >/dev/null; then :; \
-	elif command -v apt-get >/dev/null && (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-	    apt-get install -y -qq --no-install-recommends clang-19 libomp-19-dev >/dev/null); then \
-	    echo "installed clang-19 and libomp-19-dev"; \
-	else echo "WARNING: could not install clang-19 and libomp-19-dev; llama-server gets the system compiler" >&2; fi
+	$(call apt-install,clang-19 clang++-19,clang-19 libomp-19-dev,llama-server gets the system compiler)
 
 bench-engine: kernels
 	$(PY) -m loadtest.bench_engine
